@@ -1,0 +1,142 @@
+//! Backend failures. Expected outcomes (replay, in flight, mismatch, fenced) are values in
+//! [`crate::outcome`], never errors.
+
+use std::fmt;
+
+/// A boxed error from a backend's client library, kept as the source.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The store operation that failed, for error messages and metrics.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[non_exhaustive]
+pub enum Operation {
+    /// [`Store::claim`](crate::Store::claim)
+    Claim,
+    /// [`Store::complete`](crate::Store::complete)
+    Complete,
+    /// [`Store::fail`](crate::Store::fail)
+    Fail,
+    /// [`Store::release`](crate::Store::release)
+    Release,
+    /// [`Store::renew`](crate::Store::renew)
+    Renew,
+    /// [`Store::checkpoint`](crate::Store::checkpoint)
+    Checkpoint,
+    /// [`Store::get`](crate::Store::get)
+    Get,
+    /// [`Store::purge_expired`](crate::Store::purge_expired)
+    PurgeExpired,
+    /// Setting the store up (connecting, migrating, creating a table).
+    Setup,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Claim => "claim",
+            Operation::Complete => "complete",
+            Operation::Fail => "fail",
+            Operation::Release => "release",
+            Operation::Renew => "renew",
+            Operation::Checkpoint => "checkpoint",
+            Operation::Get => "get",
+            Operation::PurgeExpired => "purge_expired",
+            Operation::Setup => "setup",
+        })
+    }
+}
+
+/// A store operation that did not produce an answer.
+///
+/// Whether the caller may try again is [`StoreError::is_retryable`]. A retryable error on a
+/// write may still have landed: the store's operations are built so that retrying them with
+/// the same lease (or the same claim request) is safe.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backend could not be reached or dropped the connection. Retryable.
+    #[error("the store was unavailable during {operation}; retry after a short backoff")]
+    Unavailable {
+        /// The operation that failed.
+        operation: Operation,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The backend refused the operation for now: a lock or serialization conflict,
+    /// throttling, a busy database. Retryable.
+    #[error("the store was busy or throttled during {operation}; retry after a short backoff")]
+    Busy {
+        /// The operation that failed.
+        operation: Operation,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The response is larger than this store can hold in one record. Not retryable;
+    /// nothing was written.
+    #[error(
+        "a response of {size} bytes does not fit: this store holds at most {limit} bytes per record"
+    )]
+    ResponseTooLarge {
+        /// The response's size in bytes.
+        size: usize,
+        /// The largest response this store accepts.
+        limit: usize,
+    },
+    /// A stored record could not be read back (a hand-edited row, a schema from another
+    /// version). Not retryable.
+    #[error("a stored record is corrupt ({what}); inspect or delete it")]
+    Corrupt {
+        /// Which field was unreadable.
+        what: &'static str,
+        /// The decoding error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The store is set up wrongly: a missing table, bad credentials, a bad name. Not
+    /// retryable until the configuration is fixed.
+    #[error("the store is misconfigured for {operation}; check its setup")]
+    Misconfigured {
+        /// The operation that failed.
+        operation: Operation,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+    /// Any other backend failure, with whether a retry may help.
+    #[error("the store failed during {operation}")]
+    Backend {
+        /// The operation that failed.
+        operation: Operation,
+        /// Whether retrying may succeed.
+        retryable: bool,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl StoreError {
+    /// Whether trying the same operation again may succeed.
+    ///
+    /// ```
+    /// use idem_core::{Operation, StoreError};
+    ///
+    /// let err = StoreError::Unavailable {
+    ///     operation: Operation::Claim,
+    ///     source: "connection reset".into(),
+    /// };
+    /// assert!(err.is_retryable());
+    /// assert!(!StoreError::ResponseTooLarge { size: 2, limit: 1 }.is_retryable());
+    /// ```
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Unavailable { .. } | StoreError::Busy { .. } => true,
+            StoreError::Backend { retryable, .. } => *retryable,
+            StoreError::ResponseTooLarge { .. }
+            | StoreError::Corrupt { .. }
+            | StoreError::Misconfigured { .. } => false,
+        }
+    }
+}

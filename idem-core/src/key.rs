@@ -1,0 +1,257 @@
+//! Idempotency keys: a validated scope plus key, and validated step names.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+/// The most bytes a scope, a key or a step name may hold.
+pub const MAX_PART_LEN: usize = 255;
+
+/// Which part of an identifier broke a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyPart {
+    /// The scope: the owner plus the operation, such as `acct_42/payments.create`.
+    Scope,
+    /// The key the client sent, such as the `Idempotency-Key` header.
+    Key,
+    /// The name of a step checkpointed inside one execution.
+    Step,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyPart::Scope => "scope",
+            KeyPart::Key => "key",
+            KeyPart::Step => "step name",
+        })
+    }
+}
+
+/// Why a scope, key or step name was refused. Nothing is stored for a refused input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The part was the empty string.
+    #[error("the {part} is empty; send a non-empty {part}")]
+    Empty {
+        /// The part that was empty.
+        part: KeyPart,
+    },
+    /// The part was longer than [`MAX_PART_LEN`] bytes.
+    #[error("the {part} is {len} bytes long, over the limit of {max} bytes; hash or shorten it")]
+    TooLong {
+        /// The part that was too long.
+        part: KeyPart,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit, [`MAX_PART_LEN`].
+        max: usize,
+    },
+    /// The part held a control character (such as a newline or NUL).
+    #[error("the {part} holds a control character at byte {index}; remove control characters")]
+    ControlCharacter {
+        /// The part that held the character.
+        part: KeyPart,
+        /// Byte offset of the first control character.
+        index: usize,
+    },
+}
+
+fn validate(part: KeyPart, value: &str) -> Result<(), KeyError> {
+    if value.is_empty() {
+        return Err(KeyError::Empty { part });
+    }
+    if value.len() > MAX_PART_LEN {
+        return Err(KeyError::TooLong {
+            part,
+            len: value.len(),
+            max: MAX_PART_LEN,
+        });
+    }
+    if let Some((index, _)) = value.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(KeyError::ControlCharacter { part, index });
+    }
+    Ok(())
+}
+
+/// A validated idempotency key: the scope it lives in plus the key itself.
+///
+/// Two scopes never see each other's records, so the same client key used for two
+/// operations (or by two accounts) is two independent records.
+///
+/// Rules, checked by [`Key::new`]: each part is non-empty, at most [`MAX_PART_LEN`]
+/// bytes, and free of control characters. Any UTF-8 text is accepted otherwise.
+///
+/// `Debug` and `Display` never print the key: they print a short hash
+/// ([`Key::short_hash`]) that is enough to correlate log lines.
+///
+/// ```
+/// use idem_core::Key;
+///
+/// let key = Key::new("acct_42/payments.create", "3f1c9a8e-order-1187")?;
+/// assert_eq!(key.scope(), "acct_42/payments.create");
+/// assert!(!format!("{key:?}").contains("order-1187"));
+/// assert!(Key::new("acct_42/payments.create", "").is_err());
+/// # Ok::<(), idem_core::KeyError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    scope: String,
+    key: String,
+}
+
+impl Key {
+    /// Validates and builds a key.
+    ///
+    /// # Errors
+    /// [`KeyError`] naming the part and the rule it broke.
+    pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Result<Self, KeyError> {
+        let (scope, key) = (scope.into(), key.into());
+        validate(KeyPart::Scope, &scope)?;
+        validate(KeyPart::Key, &key)?;
+        Ok(Self { scope, key })
+    }
+
+    /// The scope: the owner plus the operation.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The key within the scope.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// A short, stable hash of scope and key for logs and metrics labels.
+    ///
+    /// ```
+    /// # use idem_core::Key;
+    /// let key = Key::new("s", "k")?;
+    /// assert_eq!(key.short_hash().to_string().len(), 8);
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn short_hash(&self) -> ShortHash {
+        let digest = Sha256::new()
+            .chain_update((self.scope.len() as u64).to_be_bytes())
+            .chain_update(self.scope.as_bytes())
+            .chain_update(self.key.as_bytes())
+            .finalize();
+        ShortHash([digest[0], digest[1], digest[2], digest[3]])
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key(#{})", self.short_hash())
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.short_hash())
+    }
+}
+
+/// The first four bytes of a SHA-256, printed as eight hex digits: safe to log.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct ShortHash([u8; 4]);
+
+impl fmt::Display for ShortHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// A validated step name, as used by checkpoints: same rules as a key part.
+///
+/// ```
+/// use idem_core::StepName;
+///
+/// let step = StepName::new("charge")?;
+/// assert_eq!(step.as_str(), "charge");
+/// assert!(StepName::new("bad\nname").is_err());
+/// # Ok::<(), idem_core::KeyError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct StepName(String);
+
+impl StepName {
+    /// Validates and builds a step name.
+    ///
+    /// # Errors
+    /// [`KeyError`] with [`KeyPart::Step`] naming the rule it broke.
+    pub fn new(name: impl Into<String>) -> Result<Self, KeyError> {
+        let name = name.into();
+        validate(KeyPart::Step, &name)?;
+        Ok(Self(name))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for StepName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_limits_and_unicode() {
+        let long = "k".repeat(MAX_PART_LEN);
+        assert!(Key::new(long.clone(), long).is_ok());
+        assert!(Key::new("bestellung/zahlung", "schlüssel-✓-鍵").is_ok());
+    }
+
+    #[test]
+    fn names_the_broken_rule() {
+        assert_eq!(
+            Key::new("", "k"),
+            Err(KeyError::Empty {
+                part: KeyPart::Scope
+            })
+        );
+        assert_eq!(
+            Key::new("s", "k".repeat(256)),
+            Err(KeyError::TooLong {
+                part: KeyPart::Key,
+                len: 256,
+                max: 255
+            })
+        );
+        assert_eq!(
+            Key::new("s", "ab\u{0}"),
+            Err(KeyError::ControlCharacter {
+                part: KeyPart::Key,
+                index: 2
+            })
+        );
+        // 128 two-byte characters are 256 bytes: the limit is in bytes, not characters.
+        assert!(matches!(
+            Key::new("é".repeat(128), "k"),
+            Err(KeyError::TooLong { len: 256, .. })
+        ));
+        let message = Key::new("s", "a\tb").unwrap_err().to_string();
+        assert!(message.contains("control character"), "{message}");
+    }
+
+    #[test]
+    fn never_prints_the_key() {
+        let key = Key::new("scope-secret", "key-secret").unwrap();
+        for shown in [format!("{key:?}"), format!("{key}")] {
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        assert_ne!(
+            Key::new("ab", "c").unwrap().short_hash(),
+            Key::new("a", "bc").unwrap().short_hash()
+        );
+    }
+}

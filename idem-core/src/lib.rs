@@ -1,0 +1,62 @@
+//! # idem-core
+//!
+//! Make critical operations safe to retry. Payments, orders, webhooks, queue consumers and
+//! cron jobs get retried by clients, gateways, brokers, schedulers and double clicks; idem
+//! makes the effect happen once and gives every retry the first result back.
+//!
+//! ```
+//! use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, WorkError};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! let idem = Idempotency::new(MemoryStore::new());
+//! let key = Key::new("acct_42/payments.create", "9b1c0e7a")?;
+//! let fingerprint = Fingerprint::of_json(&serde_json::json!({"amount": 500}))?;
+//! let receipt = idem
+//!     .execute(&key, fingerprint, |ctx| async move {
+//!         // Charge the card here; ctx.token() fences downstream writes.
+//!         Ok::<_, WorkError<String>>(format!("charged with token {}", ctx.token()))
+//!     })
+//!     .await?;
+//! assert!(!receipt.replayed);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! ## Layout
+//!
+//! - [`machine`]: the pure state machine, the specification every store implements.
+//! - [`Store`]: the trait backends implement, one atomic operation per transition.
+//! - [`Idempotency`]: the driver that claims, runs the work, and stores or replays results.
+//! - [`Key`], [`Fingerprint`]: what identifies a request and what makes two requests equal.
+//! - [`MemoryStore`] (feature `memory`, on by default): the store for tests and examples.
+//!
+//! Keys, fingerprints and stored responses are never logged whole: their `Debug` forms
+//! print a short hash or a length.
+
+#![warn(missing_docs)]
+
+mod clock;
+mod driver;
+mod error;
+mod fingerprint;
+mod key;
+pub mod machine;
+#[cfg(feature = "memory")]
+mod memory;
+mod outcome;
+mod record;
+mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use driver::{
+    ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION, Error,
+    Executed, Idempotency, IdempotencyBuilder, WorkError,
+};
+pub use error::{BoxError, Operation, StoreError};
+pub use fingerprint::{Fingerprint, FingerprintBuilder};
+pub use key::{Key, KeyError, KeyPart, MAX_PART_LEN, ShortHash, StepName};
+#[cfg(feature = "memory")]
+pub use memory::MemoryStore;
+pub use outcome::{ClaimOutcome, ClaimRequest, RenewOutcome, WriteOutcome};
+pub use record::{AttemptId, Lease, Record, State, Steps, Timestamp};
+pub use store::Store;

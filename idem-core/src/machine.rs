@@ -1,0 +1,469 @@
+//! The pure state machine: **the specification every store implements**.
+//!
+//! Each function takes the existing record (or none), the request and the store's current
+//! time, and returns the outcome together with the record to write, without any I/O. The
+//! in-memory store applies these functions directly, and `idem-testkit` checks every other
+//! store's answers against them. A backend that answers differently from these functions
+//! is wrong.
+//!
+//! # Claim
+//!
+//! | existing record | outcome | write |
+//! |---|---|---|
+//! | none, or past `expires_at` | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1); steps cleared |
+//! | fingerprint differs | `Mismatch` | none (checked first for any unexpired record) |
+//! | Completed | `Replay(response)` | none |
+//! | Failed | `ReplayFailure(response)` | none |
+//! | InProgress, same attempt id, lease live | `Claimed` with the same lease (`resumed: false`) | none |
+//! | InProgress, lease live | `InFlight { retry_after }` | none |
+//! | InProgress, lease expired | `Claimed { resumed: true }` (takeover; steps kept) | token + 1, new attempt, new lease |
+//!
+//! # Fenced writes
+//!
+//! A write applies only when the record is unexpired, in progress, and carries the
+//! lease's token and attempt id; otherwise it is `Fenced` and changes nothing. A `complete`
+//! (or `fail`) retried by the same owner after the first try landed answers `Applied`
+//! without writing again.
+//!
+//! | op | effect when the fence holds |
+//! |---|---|
+//! | `complete(lease, response)` | Completed, response stored |
+//! | `fail(lease, response)` | Failed, response stored |
+//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over |
+//! | `renew(lease, extend)` | `lease_until = now + extend` |
+//! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` |
+//!
+//! A lease is live while `now < lease_until`; a record is expired once `now >= expires_at`.
+//! `get` hides expired records; `purge_expired` removes expired records except an
+//! in-progress one whose lease is still live.
+
+use std::time::Duration;
+
+use crate::{
+    ClaimOutcome, ClaimRequest, Lease, Record, RenewOutcome, State, StepName, Timestamp,
+    WriteOutcome,
+};
+
+/// An outcome and the record to write for it (`None`: write nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition<O> {
+    /// What the store answers.
+    pub outcome: O,
+    /// The record as it must be after the operation, when it changes.
+    pub write: Option<Record>,
+}
+
+impl<O> Transition<O> {
+    fn answer(outcome: O) -> Self {
+        Self {
+            outcome,
+            write: None,
+        }
+    }
+
+    fn write(outcome: O, record: Record) -> Self {
+        Self {
+            outcome,
+            write: Some(record),
+        }
+    }
+}
+
+/// The record as the outside sees it at `now`: none when it is absent or expired.
+pub fn visible(existing: Option<&Record>, now: Timestamp) -> Option<&Record> {
+    existing.filter(|record| !record.is_expired(now))
+}
+
+/// Whether `purge_expired` may delete this record at `now`.
+pub fn is_purgeable(record: &Record, now: Timestamp) -> bool {
+    record.is_expired(now) && !record.lease_is_live(now)
+}
+
+/// Claim (first table of the module docs).
+pub fn claim(
+    existing: Option<&Record>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Transition<ClaimOutcome> {
+    let Some(record) = visible(existing, now) else {
+        let token = existing.map_or(1, |old| old.token.saturating_add(1));
+        let lease_until = now.saturating_add(request.lease);
+        let fresh = Record {
+            key: request.key.clone(),
+            fingerprint: request.fingerprint,
+            state: State::InProgress,
+            token,
+            attempt: request.attempt,
+            lease_until,
+            created_at: now,
+            expires_at: now.saturating_add(request.retention),
+            response: None,
+            steps: Default::default(),
+        };
+        let outcome = ClaimOutcome::Claimed {
+            lease: lease_of(&fresh),
+            resumed: false,
+            steps: Default::default(),
+        };
+        return Transition::write(outcome, fresh);
+    };
+    if record.fingerprint != request.fingerprint {
+        return Transition::answer(ClaimOutcome::Mismatch);
+    }
+    match record.state {
+        State::Completed => Transition::answer(ClaimOutcome::Replay {
+            response: record.response.clone().unwrap_or_default(),
+        }),
+        State::Failed => Transition::answer(ClaimOutcome::ReplayFailure {
+            response: record.response.clone().unwrap_or_default(),
+        }),
+        State::InProgress if record.lease_is_live(now) => {
+            if record.attempt == request.attempt {
+                Transition::answer(ClaimOutcome::Claimed {
+                    lease: lease_of(record),
+                    resumed: false,
+                    steps: record.steps.clone(),
+                })
+            } else {
+                Transition::answer(ClaimOutcome::InFlight {
+                    retry_after: record.lease_until.saturating_duration_since(now),
+                })
+            }
+        }
+        State::InProgress => {
+            let taken = Record {
+                token: record.token.saturating_add(1),
+                attempt: request.attempt,
+                lease_until: now.saturating_add(request.lease),
+                ..record.clone()
+            };
+            let outcome = ClaimOutcome::Claimed {
+                lease: lease_of(&taken),
+                resumed: true,
+                steps: taken.steps.clone(),
+            };
+            Transition::write(outcome, taken)
+        }
+    }
+}
+
+/// Complete: store the response as the result.
+pub fn complete(
+    existing: Option<&Record>,
+    lease: &Lease,
+    response: &[u8],
+    now: Timestamp,
+) -> Transition<WriteOutcome> {
+    finish(existing, lease, State::Completed, response, now)
+}
+
+/// Fail: store the response as a permanent failure.
+pub fn fail(
+    existing: Option<&Record>,
+    lease: &Lease,
+    response: &[u8],
+    now: Timestamp,
+) -> Transition<WriteOutcome> {
+    finish(existing, lease, State::Failed, response, now)
+}
+
+/// Release: end the lease now, keeping token and steps so the next claim takes over.
+pub fn release(
+    existing: Option<&Record>,
+    lease: &Lease,
+    now: Timestamp,
+) -> Transition<WriteOutcome> {
+    fenced_update(existing, lease, now, |record| record.lease_until = now)
+}
+
+/// Renew: the lease now ends at `now + extend`.
+pub fn renew(
+    existing: Option<&Record>,
+    lease: &Lease,
+    extend: Duration,
+    now: Timestamp,
+) -> Transition<RenewOutcome> {
+    let lease_until = now.saturating_add(extend);
+    let update = fenced_update(existing, lease, now, |record| {
+        record.lease_until = lease_until
+    });
+    match update.outcome {
+        WriteOutcome::Applied => Transition {
+            outcome: RenewOutcome::Renewed(Lease {
+                lease_until,
+                ..lease.clone()
+            }),
+            write: update.write,
+        },
+        WriteOutcome::Fenced => Transition::answer(RenewOutcome::Fenced),
+    }
+}
+
+/// Checkpoint: `steps[step] = value`.
+pub fn checkpoint(
+    existing: Option<&Record>,
+    lease: &Lease,
+    step: &StepName,
+    value: &[u8],
+    now: Timestamp,
+) -> Transition<WriteOutcome> {
+    fenced_update(existing, lease, now, |record| {
+        record
+            .steps
+            .insert(step.as_str().to_owned(), value.to_vec());
+    })
+}
+
+/// The lease a record grants to its current owner.
+pub fn lease_of(record: &Record) -> Lease {
+    Lease {
+        key: record.key.clone(),
+        token: record.token,
+        attempt: record.attempt,
+        lease_until: record.lease_until,
+    }
+}
+
+/// The record if it is unexpired and still carries the lease's token and attempt.
+fn owned_by<'r>(existing: Option<&'r Record>, lease: &Lease, now: Timestamp) -> Option<&'r Record> {
+    visible(existing, now).filter(|record| {
+        record.key == lease.key && record.token == lease.token && record.attempt == lease.attempt
+    })
+}
+
+fn fenced_update(
+    existing: Option<&Record>,
+    lease: &Lease,
+    now: Timestamp,
+    change: impl FnOnce(&mut Record),
+) -> Transition<WriteOutcome> {
+    match owned_by(existing, lease, now) {
+        Some(record) if record.state == State::InProgress => {
+            let mut updated = record.clone();
+            change(&mut updated);
+            Transition::write(WriteOutcome::Applied, updated)
+        }
+        _ => Transition::answer(WriteOutcome::Fenced),
+    }
+}
+
+fn finish(
+    existing: Option<&Record>,
+    lease: &Lease,
+    terminal: State,
+    response: &[u8],
+    now: Timestamp,
+) -> Transition<WriteOutcome> {
+    match owned_by(existing, lease, now) {
+        // The same owner retrying after its first write landed.
+        Some(record) if record.state == terminal => Transition::answer(WriteOutcome::Applied),
+        _ => fenced_update(existing, lease, now, |record| {
+            record.state = terminal;
+            record.response = Some(response.to_vec());
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AttemptId, Fingerprint, Key};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
+
+    fn request(fp: &str) -> ClaimRequest {
+        ClaimRequest::new(
+            Key::new("scope", "key").unwrap(),
+            Fingerprint::of_bytes(fp),
+            HOUR,
+            24 * HOUR,
+        )
+    }
+
+    fn claimed(t: Transition<ClaimOutcome>) -> (Lease, bool, Record) {
+        match t.outcome {
+            ClaimOutcome::Claimed { lease, resumed, .. } => {
+                (lease, resumed, t.write.expect("a claim writes"))
+            }
+            other => panic!("expected Claimed, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn fresh_claim_on_nothing() {
+        let (lease, resumed, record) = claimed(claim(None, &request("a"), T0));
+        assert!(!resumed);
+        assert_eq!(lease.token, 1);
+        assert_eq!(lease.lease_until, T0.saturating_add(HOUR));
+        assert_eq!(record.state, State::InProgress);
+        assert_eq!(record.expires_at, T0.saturating_add(24 * HOUR));
+    }
+
+    #[test]
+    fn expired_record_is_reclaimed_with_next_token_and_no_steps() {
+        let (lease, _, mut record) = claimed(claim(None, &request("a"), T0));
+        record.steps.insert("s".into(), vec![1]);
+        record.state = State::Completed;
+        let later = record.expires_at;
+        let (lease2, resumed, record2) =
+            claimed(claim(Some(&record), &request("different"), later));
+        assert!(!resumed);
+        assert_eq!(lease2.token, lease.token + 1);
+        assert!(record2.steps.is_empty());
+        assert_eq!(record2.response, None);
+    }
+
+    #[test]
+    fn mismatch_is_checked_before_state() {
+        let (_, _, record) = claimed(claim(None, &request("a"), T0));
+        let t = claim(Some(&record), &request("b"), T0);
+        assert_eq!(t.outcome, ClaimOutcome::Mismatch);
+        assert_eq!(t.write, None);
+    }
+
+    #[test]
+    fn replays_and_in_flight() {
+        let req = request("a");
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        let later = T0.saturating_add(Duration::from_secs(10));
+        let t = claim(Some(&record), &request("a"), later);
+        assert_eq!(
+            t.outcome,
+            ClaimOutcome::InFlight {
+                retry_after: HOUR - Duration::from_secs(10)
+            }
+        );
+        // The same attempt gets its lease back.
+        let again = claim(Some(&record), &req, later);
+        assert_eq!(again.write, None);
+        assert!(
+            matches!(again.outcome, ClaimOutcome::Claimed { lease: ref l, resumed: false, .. } if *l == lease)
+        );
+
+        let done = complete(Some(&record), &lease, b"ok", later).write.unwrap();
+        let t = claim(Some(&done), &request("a"), later);
+        assert_eq!(
+            t.outcome,
+            ClaimOutcome::Replay {
+                response: b"ok".to_vec()
+            }
+        );
+        let failed = fail(Some(&record), &lease, b"no", later).write.unwrap();
+        let t = claim(Some(&failed), &request("a"), later);
+        assert_eq!(
+            t.outcome,
+            ClaimOutcome::ReplayFailure {
+                response: b"no".to_vec()
+            }
+        );
+    }
+
+    #[test]
+    fn takeover_keeps_steps_and_fences_the_old_owner() {
+        let (old, _, mut record) = claimed(claim(None, &request("a"), T0));
+        record.steps.insert("debit".into(), b"1".to_vec());
+        let after = record.lease_until;
+        let (new, resumed, taken) = claimed(claim(Some(&record), &request("a"), after));
+        assert!(resumed);
+        assert_eq!(new.token, old.token + 1);
+        assert_eq!(taken.steps.len(), 1);
+        assert_eq!(taken.created_at, record.created_at);
+        let step = StepName::new("x").unwrap();
+        for outcome in [
+            complete(Some(&taken), &old, b"stale", after).outcome,
+            fail(Some(&taken), &old, b"stale", after).outcome,
+            release(Some(&taken), &old, after).outcome,
+            checkpoint(Some(&taken), &old, &step, b"", after).outcome,
+        ] {
+            assert_eq!(outcome, WriteOutcome::Fenced);
+        }
+        assert_eq!(
+            renew(Some(&taken), &old, HOUR, after).outcome,
+            RenewOutcome::Fenced
+        );
+    }
+
+    #[test]
+    fn same_attempt_after_expiry_takes_over() {
+        let req = request("a");
+        let (_, _, record) = claimed(claim(None, &req, T0));
+        let (lease, resumed, _) = claimed(claim(Some(&record), &req, record.lease_until));
+        assert!(resumed);
+        assert_eq!(lease.token, 2);
+    }
+
+    #[test]
+    fn retried_complete_is_applied_but_not_a_switch_to_failed() {
+        let (lease, _, record) = claimed(claim(None, &request("a"), T0));
+        let done = complete(Some(&record), &lease, b"ok", T0).write.unwrap();
+        let again = complete(Some(&done), &lease, b"ok", T0);
+        assert_eq!(again.outcome, WriteOutcome::Applied);
+        assert_eq!(again.write, None);
+        assert_eq!(
+            fail(Some(&done), &lease, b"no", T0).outcome,
+            WriteOutcome::Fenced
+        );
+    }
+
+    #[test]
+    fn fenced_writes_need_the_attempt_too() {
+        let (lease, _, record) = claimed(claim(None, &request("a"), T0));
+        let forged = Lease {
+            attempt: AttemptId::from_bytes([9; 16]),
+            ..lease
+        };
+        assert_eq!(
+            complete(Some(&record), &forged, b"x", T0).outcome,
+            WriteOutcome::Fenced
+        );
+    }
+
+    #[test]
+    fn release_renew_checkpoint() {
+        let (lease, _, record) = claimed(claim(None, &request("a"), T0));
+        let released = release(Some(&record), &lease, T0).write.unwrap();
+        assert!(!released.lease_is_live(T0));
+        let t = claim(Some(&released), &request("a"), T0);
+        assert!(matches!(
+            t.outcome,
+            ClaimOutcome::Claimed { resumed: true, .. }
+        ));
+
+        let renewed = renew(Some(&record), &lease, 2 * HOUR, T0);
+        let RenewOutcome::Renewed(new_lease) = renewed.outcome else {
+            panic!("renew applies")
+        };
+        assert_eq!(new_lease.lease_until, T0.saturating_add(2 * HOUR));
+
+        let step = StepName::new("charge").unwrap();
+        let t = checkpoint(Some(&record), &lease, &step, b"42", T0);
+        assert_eq!(t.write.unwrap().steps["charge"], b"42");
+    }
+
+    #[test]
+    fn zero_lease_and_zero_retention_expire_at_once() {
+        let mut req = request("a");
+        req.lease = Duration::ZERO;
+        req.retention = Duration::ZERO;
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        assert!(!record.lease_is_live(T0));
+        assert!(record.is_expired(T0));
+        assert_eq!(visible(Some(&record), T0), None);
+        assert!(is_purgeable(&record, T0));
+        assert_eq!(
+            complete(Some(&record), &lease, b"", T0).outcome,
+            WriteOutcome::Fenced
+        );
+    }
+
+    #[test]
+    fn purge_spares_live_leases() {
+        let mut req = request("a");
+        req.retention = Duration::ZERO;
+        let (_, _, record) = claimed(claim(None, &req, T0));
+        assert!(record.is_expired(T0));
+        assert!(!is_purgeable(&record, T0));
+        assert!(is_purgeable(&record, record.lease_until));
+    }
+}

@@ -1,0 +1,189 @@
+//! The in-memory store: the state machine applied to a sharded map.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::machine::{self, Transition};
+use crate::{
+    ClaimOutcome, ClaimRequest, Clock, Key, Lease, Record, RenewOutcome, StepName, Store,
+    StoreError, SystemClock, Timestamp, WriteOutcome,
+};
+
+/// Enough shards that 16 tasks on different keys rarely meet on one lock.
+const SHARDS: usize = 64;
+
+type Shard = Mutex<HashMap<Key, Record>>;
+
+/// A [`Store`] in process memory, built directly on the state machine in [`crate::machine`].
+///
+/// For unit tests of handlers, single-process services and examples. Records live as long
+/// as the store, so a restart forgets them: use a database-backed store where retries can
+/// outlive the process. Keys are spread over independent shards, so tasks working on
+/// different keys do not wait on one global lock. Cloning is cheap and clones share records.
+///
+/// ```
+/// use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, ManualClock, MemoryStore, Store};
+/// use std::time::Duration;
+///
+/// # tokio_test_block_on(async {
+/// let clock = ManualClock::new();
+/// let store = MemoryStore::with_clock(clock.clone());
+/// let key = Key::new("tests", "k1")?;
+/// let request = ClaimRequest::new(key, Fingerprint::of_bytes("req"), Duration::from_secs(10), Duration::from_secs(60));
+/// assert!(matches!(store.claim(&request).await?, ClaimOutcome::Claimed { .. }));
+/// clock.advance(Duration::from_secs(61));
+/// assert_eq!(store.purge_expired(100).await?, 1);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # });
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    shards: Arc<[Shard]>,
+    hasher: RandomState,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock)
+    }
+
+    /// An empty store on the given clock (a [`ManualClock`](crate::ManualClock) in tests).
+    pub fn with_clock(clock: impl Clock + 'static) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            clock: Arc::new(clock),
+        }
+    }
+
+    /// The number of records held, expired ones included.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
+    }
+
+    /// Whether the store holds no record at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn shard(&self, key: &Key) -> &Shard {
+        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        &self.shards[index]
+    }
+
+    /// Runs one transition atomically under the key's shard lock.
+    fn apply<O>(
+        &self,
+        key: &Key,
+        transition: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
+    ) -> O {
+        let mut records = lock(self.shard(key));
+        let Transition { outcome, write } = transition(records.get(key), self.clock.now());
+        if let Some(record) = write {
+            records.insert(key.clone(), record);
+        }
+        outcome
+    }
+}
+
+// No operation leaves a shard half-written (the new record is computed before it is
+// inserted), so a panic elsewhere while holding a lock cannot corrupt it.
+fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<Key, Record>> {
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.len())
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        Ok(self.apply(&request.key, |record, now| {
+            machine::claim(record, request, now)
+        }))
+    }
+
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        Ok(self.apply(&lease.key, |record, now| {
+            machine::complete(record, lease, response, now)
+        }))
+    }
+
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        Ok(self.apply(&lease.key, |record, now| {
+            machine::fail(record, lease, response, now)
+        }))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        Ok(self.apply(&lease.key, |record, now| {
+            machine::release(record, lease, now)
+        }))
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        Ok(self.apply(&lease.key, |record, now| {
+            machine::renew(record, lease, extend, now)
+        }))
+    }
+
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        Ok(self.apply(&lease.key, |record, now| {
+            machine::checkpoint(record, lease, step, value, now)
+        }))
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let records = lock(self.shard(key));
+        Ok(machine::visible(records.get(key), self.clock.now()).cloned())
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        for shard in self.shards.iter() {
+            if purged == limit {
+                break;
+            }
+            let mut records = lock(shard);
+            let now = self.clock.now();
+            let doomed: Vec<Key> = records
+                .iter()
+                .filter(|(_, record)| machine::is_purgeable(record, now))
+                .map(|(key, _)| key.clone())
+                .take(limit - purged)
+                .collect();
+            purged += doomed.len();
+            for key in doomed {
+                records.remove(&key);
+            }
+        }
+        Ok(purged)
+    }
+}

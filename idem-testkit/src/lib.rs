@@ -1,1 +1,187 @@
-//! wip
+//! # idem-testkit
+//!
+//! The conformance suite every [`idem_core::Store`] runs: ours and yours. One line in a test
+//! file gives one named test per behaviour of the contract (DESIGN.md section 2), so a
+//! failure names the broken behaviour. A model-based test then drives random operation
+//! sequences and compares every answer with the pure state machine
+//! ([`idem_core::machine`]).
+//!
+//! ```
+//! // tests/conformance.rs of a store crate:
+//! use idem_core::MemoryStore;
+//!
+//! idem_testkit::conformance_tests!(|| async { MemoryStore::new() });
+//! # fn main() {}
+//! ```
+//!
+//! The factory is called once per test (and once per generated sequence) and must return a
+//! fresh, isolated store: an empty table, schema or key prefix of its own. Tests build their
+//! own multi-threaded Tokio runtime, so the factory may connect to a server.
+//!
+//! Stores that keep time in the process (memory, SQLite) can take a clock from the suite,
+//! which then also checks what happens when records expire later; stores that differ in
+//! what they can hold say so with [`Capabilities`]:
+//!
+//! ```
+//! use idem_core::MemoryStore;
+//! use idem_testkit::Capabilities;
+//!
+//! mod with_clock {
+//!     use super::*;
+//!     // Each generated test gets a clock of its own, handed to the factory.
+//!     idem_testkit::conformance_tests!(
+//!         manual_clock: |clock| async move { MemoryStore::with_clock(clock) },
+//!         Capabilities::default().with_max_response_bytes(2 * 1024 * 1024),
+//!     );
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! For a custom harness, [`Suite::run`] runs one [`Case`] and [`Suite::run_all`] runs every
+//! case and reports which failed.
+//!
+//! Server-backed suites read their address from the environment with [`service_url`], which
+//! skips loudly when it is unset and fails instead when `IDEM_REQUIRE_SERVICES=1`.
+
+#![warn(missing_docs)]
+
+mod capabilities;
+mod cases;
+mod model;
+mod services;
+mod suite;
+mod support;
+
+pub use capabilities::Capabilities;
+pub use services::service_url;
+pub use suite::{Case, CaseResult, Report, Suite};
+
+/// Generates one `#[test]` per conformance [`Case`], each on a fresh store from `factory`.
+///
+/// `factory` is an expression for a closure `|| async { ... }` returning any
+/// [`idem_core::Store`]; an optional second argument gives the store's [`Capabilities`].
+/// With `manual_clock:` before it, the closure takes a [`idem_core::ManualClock`] that the
+/// store must read (see [`Suite::with_manual_clock`]). Put each suite in its own module
+/// when a file holds more than one.
+#[macro_export]
+macro_rules! conformance_tests {
+    (manual_clock: $factory:expr $(,)?) => {
+        $crate::conformance_tests!(manual_clock: $factory, $crate::Capabilities::default());
+    };
+    (manual_clock: $factory:expr, $capabilities:expr $(,)?) => {
+        $crate::__with_cases!(tests (with_manual_clock, $factory, $capabilities));
+    };
+    ($factory:expr $(,)?) => {
+        $crate::conformance_tests!($factory, $crate::Capabilities::default());
+    };
+    ($factory:expr, $capabilities:expr $(,)?) => {
+        $crate::__with_cases!(tests (new, $factory, $capabilities));
+    };
+}
+
+/// The single list of cases: the `Case` enum and the generated tests both come from it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__cases! { $mode $args
+            absent_key_is_claimed_fresh => AbsentKeyIsClaimedFresh:
+                "Claiming a key with no record creates a fresh in-progress record with token 1.";
+            expired_record_is_claimed_fresh => ExpiredRecordIsClaimedFresh:
+                "Claiming an expired record is a fresh claim: token + 1, steps and response cleared, any fingerprint.";
+            different_fingerprint_is_a_mismatch => DifferentFingerprintIsAMismatch:
+                "Any unexpired record answers Mismatch to another fingerprint and stays unchanged.";
+            completed_record_replays => CompletedRecordReplays:
+                "A completed record replays its response and writes nothing.";
+            failed_record_replays_failure => FailedRecordReplaysFailure:
+                "A failed record replays its failure and writes nothing.";
+            live_lease_is_in_flight => LiveLeaseIsInFlight:
+                "A live lease answers InFlight with the time left, and writes nothing.";
+            same_attempt_gets_its_lease_back => SameAttemptGetsItsLeaseBack:
+                "A claim retried with the same attempt id gets the same lease back.";
+            expired_lease_is_taken_over => ExpiredLeaseIsTakenOver:
+                "An expired lease is taken over: token + 1, steps kept, resumed.";
+            tokens_strictly_increase => TokensStrictlyIncrease:
+                "Tokens strictly increase across takeovers, releases and re-claims after expiry.";
+            complete_stores_the_response => CompleteStoresTheResponse:
+                "complete stores the response and keeps fingerprint, token, steps and times.";
+            fail_stores_the_failure => FailStoresTheFailure:
+                "fail stores the failure as a permanent result.";
+            release_lets_the_next_claim_take_over => ReleaseLetsTheNextClaimTakeOver:
+                "release ends the lease now, keeping token and steps.";
+            renew_extends_the_lease => RenewExtendsTheLease:
+                "renew sets the lease end to now + extend.";
+            checkpoint_records_steps => CheckpointRecordsSteps:
+                "checkpoint sets one named step, replacing its earlier value.";
+            stale_owner_is_fenced_after_takeover => StaleOwnerIsFencedAfterTakeover:
+                "After a takeover, the stale owner's five writes are all fenced and the new result survives.";
+            writes_after_the_end_are_fenced => WritesAfterTheEndAreFenced:
+                "Writes to a finished, missing or expired record, or with another attempt id, are fenced.";
+            retried_terminal_writes_are_applied => RetriedTerminalWritesAreApplied:
+                "complete or fail retried after landing is Applied; switching terminal state is fenced.";
+            fingerprint_survives_completion => FingerprintSurvivesCompletion:
+                "After completion an identical retry replays and a changed one is a mismatch.";
+            scopes_are_isolated => ScopesAreIsolated:
+                "The same key in two scopes is two records.";
+            replays_are_byte_exact => ReplaysAreByteExact:
+                "Empty, binary (all 256 byte values) and non-UTF-8 responses replay byte for byte.";
+            large_responses_replay_or_are_refused => LargeResponsesReplayOrAreRefused:
+                "A response of the largest declared size replays exactly; one byte over is refused and writes nothing.";
+            keys_at_the_limits => KeysAtTheLimits:
+                "Keys of exactly 255 bytes, non-ASCII keys and keys with quotes work.";
+            get_hides_expired_records => GetHidesExpiredRecords:
+                "get answers None for absent and expired records.";
+            purge_removes_only_expired_records => PurgeRemovesOnlyExpiredRecords:
+                "purge_expired removes expired records only, within its limit, never one with a live lease.";
+            concurrent_claims_have_one_winner => ConcurrentClaimsHaveOneWinner:
+                "Concurrent claims of a fresh key: exactly one Claimed, the rest InFlight.";
+            concurrent_takeovers_have_one_winner => ConcurrentTakeoversHaveOneWinner:
+                "Concurrent takeovers of an expired lease: exactly one wins, with the next token.";
+            matches_the_state_machine => MatchesTheStateMachine:
+                "Random operation sequences: every answer equals the pure state machine's.";
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __cases {
+    (enum () $($name:ident => $variant:ident : $doc:literal;)*) => {
+        /// One behaviour of the store contract; each is a named test.
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+        #[non_exhaustive]
+        pub enum Case {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl Case {
+            /// Every case, in the order the suite runs them.
+            pub const ALL: &'static [Case] = &[$(Case::$variant,)*];
+
+            /// The case's name, which is also its generated test's name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Case::$variant => stringify!($name),)*
+                }
+            }
+
+            /// What the case checks.
+            pub const fn description(self) -> &'static str {
+                match self {
+                    $(Case::$variant => $doc,)*
+                }
+            }
+        }
+    };
+    (tests ($constructor:ident, $factory:expr, $capabilities:expr) $($name:ident => $variant:ident : $doc:literal;)*) => {
+        $(
+            #[doc = $doc]
+            #[test]
+            fn $name() {
+                $crate::Suite::$constructor($factory)
+                    .with_capabilities($capabilities)
+                    .run_blocking($crate::Case::$variant);
+            }
+        )*
+    };
+}

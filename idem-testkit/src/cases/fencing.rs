@@ -1,0 +1,346 @@
+//! The fenced-write table of DESIGN.md section 2, stale owners and retried writes.
+
+use idem_core::{ClaimOutcome, Key, Lease, RenewOutcome, State, StepName, Store, WriteOutcome};
+
+use crate::support::{HOUR, ZERO, claim, claimed, get_some, key, ok, request};
+
+fn step(name: &str) -> StepName {
+    StepName::new(name).expect("valid step name")
+}
+
+pub(crate) async fn complete_stores_the_response(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    let _ = ok(
+        store.checkpoint(&lease, &step("s"), b"v").await,
+        "checkpoint",
+    );
+    let before = get_some(store, &k).await;
+    assert_eq!(
+        ok(store.complete(&lease, b"done").await, "complete"),
+        WriteOutcome::Applied
+    );
+    let after = get_some(store, &k).await;
+    assert_eq!(after.state, State::Completed);
+    assert_eq!(after.response.as_deref(), Some(&b"done"[..]));
+    assert_eq!(
+        after.fingerprint, before.fingerprint,
+        "completion keeps the fingerprint"
+    );
+    assert_eq!(after.token, before.token);
+    assert_eq!(after.steps, before.steps, "completion keeps the steps");
+    assert_eq!(after.created_at, before.created_at);
+    assert_eq!(after.expires_at, before.expires_at);
+}
+
+pub(crate) async fn fail_stores_the_failure(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        ok(store.fail(&lease, b"declined").await, "fail"),
+        WriteOutcome::Applied
+    );
+    let after = get_some(store, &k).await;
+    assert_eq!(after.state, State::Failed);
+    assert_eq!(after.response.as_deref(), Some(&b"declined"[..]));
+    assert_eq!(after.token, lease.token);
+}
+
+pub(crate) async fn release_lets_the_next_claim_take_over(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    let _ = ok(
+        store.checkpoint(&lease, &step("debit"), b"1").await,
+        "checkpoint",
+    );
+    assert_eq!(
+        ok(store.release(&lease).await, "release"),
+        WriteOutcome::Applied
+    );
+    let record = get_some(store, &k).await;
+    assert_eq!(
+        record.state,
+        State::InProgress,
+        "release keeps the record in progress"
+    );
+    assert_eq!(record.token, lease.token, "release keeps the token");
+    let (next, resumed, steps) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert!(resumed, "the claim after a release takes over at once");
+    assert_eq!(next.token, lease.token + 1);
+    assert!(steps.contains_key("debit"), "release keeps the steps");
+}
+
+pub(crate) async fn renew_extends_the_lease(store: &dyn Store) {
+    let k = key("orders", "k1");
+    // Lease zero, renewed for an hour: live again, so a duplicate is in flight.
+    let (lease, _, _) = claimed(store, &request(&k, "a", ZERO, HOUR)).await;
+    let renewed = match ok(store.renew(&lease, HOUR).await, "renew") {
+        RenewOutcome::Renewed(renewed) => renewed,
+        RenewOutcome::Fenced => panic!("the owner's renewal was fenced"),
+    };
+    assert_eq!(renewed.token, lease.token);
+    assert_eq!(renewed.attempt, lease.attempt);
+    assert!(
+        renewed.lease_until > lease.lease_until,
+        "the lease end moved forward"
+    );
+    assert_eq!(get_some(store, &k).await.lease_until, renewed.lease_until);
+    assert!(matches!(
+        claim(store, &request(&k, "a", HOUR, HOUR)).await,
+        ClaimOutcome::InFlight { .. }
+    ));
+    // Renewed to zero: over at once, so the next claim takes over.
+    assert!(matches!(
+        ok(store.renew(&renewed, ZERO).await, "renew"),
+        RenewOutcome::Renewed(_)
+    ));
+    let (next, resumed, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert!(resumed);
+    assert_eq!(next.token, lease.token + 1);
+}
+
+pub(crate) async fn checkpoint_records_steps(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    for (name, value) in [("debit", &b"1"[..]), ("charge", b""), ("debit", b"2")] {
+        assert_eq!(
+            ok(
+                store.checkpoint(&lease, &step(name), value).await,
+                "checkpoint"
+            ),
+            WriteOutcome::Applied
+        );
+    }
+    let steps = get_some(store, &k).await.steps;
+    assert_eq!(steps.len(), 2);
+    assert_eq!(
+        steps["debit"], b"2",
+        "a step written twice keeps the last value"
+    );
+    assert_eq!(steps["charge"], b"", "an empty checkpoint is kept");
+    // Binary values and unicode names survive.
+    let all_bytes: Vec<u8> = (0..=255).collect();
+    let _ = ok(
+        store
+            .checkpoint(&lease, &step("zahlung-✓"), &all_bytes)
+            .await,
+        "checkpoint",
+    );
+    assert_eq!(get_some(store, &k).await.steps["zahlung-✓"], all_bytes);
+}
+
+/// All five fenced writes with `lease`, each of which must be refused.
+async fn assert_all_fenced(store: &dyn Store, lease: &Lease, who: &str) {
+    let results = [
+        (
+            "complete",
+            ok(store.complete(lease, b"stale").await, "complete"),
+        ),
+        ("fail", ok(store.fail(lease, b"stale").await, "fail")),
+        ("release", ok(store.release(lease).await, "release")),
+        (
+            "checkpoint",
+            ok(
+                store.checkpoint(lease, &step("stale"), b"x").await,
+                "checkpoint",
+            ),
+        ),
+    ];
+    for (op, outcome) in results {
+        assert_eq!(
+            outcome,
+            WriteOutcome::Fenced,
+            "{op} by {who} must be fenced"
+        );
+    }
+    assert_eq!(
+        ok(store.renew(lease, HOUR).await, "renew"),
+        RenewOutcome::Fenced,
+        "renew by {who} must be fenced"
+    );
+}
+
+pub(crate) async fn stale_owner_is_fenced_after_takeover(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (stale, _, _) = claimed(store, &request(&k, "a", ZERO, HOUR)).await;
+    let (owner, resumed, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert!(resumed);
+    // While the new owner works.
+    let before = get_some(store, &k).await;
+    assert_all_fenced(store, &stale, "the stale owner").await;
+    assert_eq!(
+        get_some(store, &k).await,
+        before,
+        "fenced writes change nothing"
+    );
+    assert_eq!(
+        ok(store.complete(&owner, b"winner").await, "complete"),
+        WriteOutcome::Applied
+    );
+    // After the new owner completed, the stale owner can neither overwrite nor erase it.
+    let done = get_some(store, &k).await;
+    assert_all_fenced(store, &stale, "the stale owner").await;
+    assert_eq!(get_some(store, &k).await, done);
+    assert_eq!(
+        claim(store, &request(&k, "a", HOUR, HOUR)).await,
+        ClaimOutcome::Replay {
+            response: b"winner".to_vec()
+        },
+        "the new owner's result survives the stale owner"
+    );
+}
+
+pub(crate) async fn writes_after_the_end_are_fenced(store: &dyn Store) {
+    // A completed record refuses every write but an identical retry of its completion.
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        ok(store.complete(&lease, b"r").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.fail(&lease, b"x").await, "fail"),
+        WriteOutcome::Fenced
+    );
+    assert_eq!(
+        ok(store.release(&lease).await, "release"),
+        WriteOutcome::Fenced
+    );
+    assert_eq!(
+        ok(
+            store.checkpoint(&lease, &step("s"), b"x").await,
+            "checkpoint"
+        ),
+        WriteOutcome::Fenced
+    );
+    assert_eq!(
+        ok(store.renew(&lease, HOUR).await, "renew"),
+        RenewOutcome::Fenced
+    );
+    let record = get_some(store, &k).await;
+    assert_eq!(
+        (record.state, record.response.as_deref()),
+        (State::Completed, Some(&b"r"[..]))
+    );
+
+    // A record that never existed, or has expired, refuses every write.
+    let ghost = Lease {
+        key: key("orders", "never-claimed"),
+        ..lease.clone()
+    };
+    assert_all_fenced(store, &ghost, "a lease for a missing record").await;
+    let k = key("orders", "expired");
+    let (expired, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO)).await;
+    assert_all_fenced(store, &expired, "a lease on an expired record").await;
+
+    // A lease with the right token but another attempt id is not the owner.
+    let k = key("orders", "k3");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    let forged = Lease {
+        attempt: idem_core::AttemptId::random(),
+        ..lease
+    };
+    assert_all_fenced(store, &forged, "a lease with another attempt id").await;
+}
+
+pub(crate) async fn retried_terminal_writes_are_applied(store: &dyn Store) {
+    // complete, retried after the first try landed.
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        ok(store.complete(&lease, b"r").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.complete(&lease, b"r").await, "retried complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        get_some(store, &k).await.response.as_deref(),
+        Some(&b"r"[..])
+    );
+    // fail, likewise; a complete after a landed fail is another terminal state: fenced.
+    let k = key("orders", "k2");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        ok(store.fail(&lease, b"e").await, "fail"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.fail(&lease, b"e").await, "retried fail"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.complete(&lease, b"r").await, "complete"),
+        WriteOutcome::Fenced
+    );
+    let record = get_some(store, &k).await;
+    assert_eq!(
+        (record.state, record.response.as_deref()),
+        (State::Failed, Some(&b"e"[..]))
+    );
+}
+
+pub(crate) async fn fingerprint_survives_completion(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        ok(store.complete(&lease, b"r").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        get_some(store, &k).await.fingerprint,
+        crate::support::fp("a")
+    );
+    assert_eq!(
+        claim(store, &request(&k, "a", HOUR, HOUR)).await,
+        ClaimOutcome::Replay {
+            response: b"r".to_vec()
+        },
+        "an identical retry replays"
+    );
+    assert_eq!(
+        claim(store, &request(&k, "changed", HOUR, HOUR)).await,
+        ClaimOutcome::Mismatch,
+        "a changed request under the same key is a mismatch"
+    );
+}
+
+pub(crate) async fn scopes_are_isolated(store: &dyn Store) {
+    let a = Key::new("acct_1/payments.create", "same-key").expect("valid");
+    let b = Key::new("acct_2/payments.create", "same-key").expect("valid");
+    let (la, _, _) = claimed(store, &request(&a, "a", HOUR, HOUR)).await;
+    let (lb, resumed, _) = claimed(store, &request(&b, "other", HOUR, HOUR)).await;
+    assert!(
+        !resumed && lb.token == 1,
+        "the same key in another scope is a fresh record"
+    );
+    assert_eq!(
+        ok(store.complete(&la, b"for-a").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(get_some(store, &b).await.state, State::InProgress);
+    assert_eq!(
+        ok(store.fail(&lb, b"for-b").await, "fail"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        get_some(store, &a).await.response.as_deref(),
+        Some(&b"for-a"[..])
+    );
+    // A lease for one scope does not fence writes in the other.
+    let cross = Lease {
+        key: b.clone(),
+        ..la
+    };
+    assert_eq!(
+        ok(store.complete(&cross, b"x").await, "complete"),
+        WriteOutcome::Fenced
+    );
+    // Scope and key are not concatenated: ("ab", "c") and ("a", "bc") are two records.
+    let ab_c = Key::new("ab", "c").expect("valid");
+    let a_bc = Key::new("a", "bc").expect("valid");
+    let _ = claimed(store, &request(&ab_c, "1", HOUR, HOUR)).await;
+    let (l, _, _) = claimed(store, &request(&a_bc, "2", HOUR, HOUR)).await;
+    assert_eq!(l.token, 1);
+}

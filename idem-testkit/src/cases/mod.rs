@@ -1,0 +1,7 @@
+//! The conformance cases, one function per behaviour.
+
+pub(crate) mod claim;
+pub(crate) mod concurrency;
+pub(crate) mod fencing;
+pub(crate) mod payloads;
+pub(crate) mod retention;

@@ -1,0 +1,359 @@
+//! Model-based testing: random operation sequences, every answer compared with the pure
+//! state machine's.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::machine::{self, Transition};
+use idem_core::{
+    AttemptId, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Record, RenewOutcome, StepName,
+    Store, Timestamp,
+};
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, TestRunner};
+
+use crate::support::{HOUR, ZERO};
+
+const SCOPES: [&str; 2] = ["tenant-a/op", "tenant-b/op"];
+const KEYS: [&str; 2] = ["k0", "k1"];
+const FINGERPRINTS: [&str; 2] = ["f0", "f1"];
+const STEPS: [&str; 2] = ["debit", "charge"];
+const ATTEMPTS: usize = 3;
+/// Larger than any sequence can create, so a purge is deterministic.
+const PURGE_LIMIT: usize = 1000;
+/// Bounds the search for a smaller failing sequence.
+const MAX_SHRINK_STEPS: usize = 512;
+
+/// A duration of zero or one hour: over at once, or live for the whole run on any server.
+#[derive(Clone, Copy, Debug)]
+enum Span {
+    Zero,
+    Hour,
+}
+
+impl Span {
+    fn duration(self) -> Duration {
+        match self {
+            Span::Zero => ZERO,
+            Span::Hour => HOUR,
+        }
+    }
+}
+
+/// One generated operation. Lease indexes pick among the leases claimed so far.
+#[derive(Clone, Debug)]
+enum Op {
+    Claim {
+        scope: usize,
+        key: usize,
+        fingerprint: usize,
+        attempt: usize,
+        lease: Span,
+        retention: Span,
+    },
+    Complete {
+        lease: usize,
+        response: u8,
+    },
+    Fail {
+        lease: usize,
+        response: u8,
+    },
+    Release {
+        lease: usize,
+    },
+    Renew {
+        lease: usize,
+        extend: Span,
+    },
+    Checkpoint {
+        lease: usize,
+        step: usize,
+        value: u8,
+    },
+    Get {
+        scope: usize,
+        key: usize,
+    },
+    Purge,
+}
+
+fn span() -> impl Strategy<Value = Span> {
+    prop_oneof![Just(Span::Zero), Just(Span::Hour)]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let lease = 0..8usize;
+    prop_oneof![
+        4 => (0..SCOPES.len(), 0..KEYS.len(), 0..FINGERPRINTS.len(), 0..ATTEMPTS, span(), span()).prop_map(
+            |(scope, key, fingerprint, attempt, lease, retention)| Op::Claim { scope, key, fingerprint, attempt, lease, retention }
+        ),
+        2 => (lease.clone(), any::<u8>()).prop_map(|(lease, response)| Op::Complete { lease, response }),
+        1 => (lease.clone(), any::<u8>()).prop_map(|(lease, response)| Op::Fail { lease, response }),
+        1 => lease.clone().prop_map(|lease| Op::Release { lease }),
+        1 => (lease.clone(), span()).prop_map(|(lease, extend)| Op::Renew { lease, extend }),
+        1 => (lease, 0..STEPS.len(), any::<u8>()).prop_map(|(lease, step, value)| Op::Checkpoint { lease, step, value }),
+        1 => (0..SCOPES.len(), 0..KEYS.len()).prop_map(|(scope, key)| Op::Get { scope, key }),
+        1 => Just(Op::Purge),
+    ]
+}
+
+fn sequence() -> impl Strategy<Value = Vec<Op>> {
+    proptest::collection::vec(op(), 1..=40)
+}
+
+/// The reference: the pure state machine over a map, at one fixed instant. Zero spans are
+/// over at that instant and hour spans are live, exactly as on a real store during a run.
+struct Model {
+    records: BTreeMap<Key, Record>,
+    now: Timestamp,
+}
+
+impl Model {
+    fn apply<O>(
+        &mut self,
+        key: &Key,
+        step: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
+    ) -> O {
+        let Transition { outcome, write } = step(self.records.get(key), self.now);
+        if let Some(record) = write {
+            self.records.insert(key.clone(), record);
+        }
+        outcome
+    }
+
+    fn purge(&mut self) -> usize {
+        let before = self.records.len();
+        let now = self.now;
+        self.records
+            .retain(|_, record| !machine::is_purgeable(record, now));
+        before - self.records.len()
+    }
+}
+
+/// The parts of a claim outcome that must agree exactly (times come from different clocks).
+fn comparable_claim(outcome: &ClaimOutcome, request: &ClaimRequest) -> Result<String, String> {
+    Ok(match outcome {
+        ClaimOutcome::Claimed {
+            lease,
+            resumed,
+            steps,
+        } => {
+            if lease.key != request.key {
+                return Err("the lease is for another key".into());
+            }
+            format!(
+                "Claimed(token {}, attempt {:?}, resumed {resumed}, steps {steps:?})",
+                lease.token, lease.attempt
+            )
+        }
+        ClaimOutcome::Replay { response } => format!("Replay({response:?})"),
+        ClaimOutcome::ReplayFailure { response } => format!("ReplayFailure({response:?})"),
+        ClaimOutcome::InFlight { retry_after } => {
+            if retry_after.is_zero() || *retry_after > request.lease.max(HOUR) {
+                return Err(format!(
+                    "InFlight with an impossible retry_after {retry_after:?}"
+                ));
+            }
+            "InFlight".into()
+        }
+        ClaimOutcome::Mismatch => "Mismatch".into(),
+        other => format!("{other:?}"),
+    })
+}
+
+fn comparable_record(record: Option<&Record>) -> String {
+    match record {
+        None => "None".into(),
+        Some(r) => format!(
+            "Some({:?} token {} attempt {:?} fingerprint {:?} response {:?} steps {:?})",
+            r.state, r.token, r.attempt, r.fingerprint, r.response, r.steps
+        ),
+    }
+}
+
+fn comparable_renew(outcome: &RenewOutcome) -> String {
+    match outcome {
+        RenewOutcome::Renewed(lease) => format!("Renewed(token {})", lease.token),
+        RenewOutcome::Fenced => "Fenced".into(),
+    }
+}
+
+/// Runs one sequence on a fresh store and on the model; the first disagreement is an error.
+async fn check_sequence(store: &dyn Store, ops: &[Op]) -> Result<(), String> {
+    let attempts: Vec<AttemptId> = (0..ATTEMPTS).map(|_| AttemptId::random()).collect();
+    let mut model = Model {
+        records: BTreeMap::new(),
+        now: Timestamp::now(),
+    };
+    // Leases held so far, pairwise: what the store granted and what the model granted.
+    let mut leases: Vec<(Lease, Lease)> = Vec::new();
+    let key = |scope: usize, key: usize| Key::new(SCOPES[scope], KEYS[key]).expect("valid");
+    let store_error =
+        |i: usize, err: idem_core::StoreError| format!("op {i}: the store failed: {err}");
+
+    for (i, op) in ops.iter().enumerate() {
+        let lease_at = |index: usize| leases.get(index % leases.len().max(1)).cloned();
+        let (actual, expected) = match *op {
+            Op::Claim {
+                scope,
+                key: k,
+                fingerprint,
+                attempt,
+                lease,
+                retention,
+            } => {
+                let request = ClaimRequest::new(
+                    key(scope, k),
+                    Fingerprint::of_bytes(FINGERPRINTS[fingerprint]),
+                    lease.duration(),
+                    retention.duration(),
+                )
+                .with_attempt(attempts[attempt]);
+                let actual = store.claim(&request).await.map_err(|e| store_error(i, e))?;
+                let expected = model.apply(&request.key, |r, now| machine::claim(r, &request, now));
+                if let (
+                    ClaimOutcome::Claimed { lease: a, .. },
+                    ClaimOutcome::Claimed { lease: e, .. },
+                ) = (&actual, &expected)
+                {
+                    leases.push((a.clone(), e.clone()));
+                }
+                (
+                    comparable_claim(&actual, &request).map_err(|e| format!("op {i}: {e}"))?,
+                    comparable_claim(&expected, &request)?,
+                )
+            }
+            Op::Complete { lease, response } | Op::Fail { lease, response } => {
+                let Some((held, modelled)) = lease_at(lease) else {
+                    continue;
+                };
+                let body = vec![response; usize::from(response % 4)];
+                let (actual, expected) = if matches!(op, Op::Complete { .. }) {
+                    (
+                        store.complete(&held, &body).await,
+                        model.apply(&held.key, |r, now| {
+                            machine::complete(r, &modelled, &body, now)
+                        }),
+                    )
+                } else {
+                    (
+                        store.fail(&held, &body).await,
+                        model.apply(&held.key, |r, now| machine::fail(r, &modelled, &body, now)),
+                    )
+                };
+                (
+                    format!("{:?}", actual.map_err(|e| store_error(i, e))?),
+                    format!("{expected:?}"),
+                )
+            }
+            Op::Release { lease } => {
+                let Some((held, modelled)) = lease_at(lease) else {
+                    continue;
+                };
+                let actual = store.release(&held).await.map_err(|e| store_error(i, e))?;
+                let expected = model.apply(&held.key, |r, now| machine::release(r, &modelled, now));
+                (format!("{actual:?}"), format!("{expected:?}"))
+            }
+            Op::Renew { lease, extend } => {
+                let Some((held, modelled)) = lease_at(lease) else {
+                    continue;
+                };
+                let actual = store
+                    .renew(&held, extend.duration())
+                    .await
+                    .map_err(|e| store_error(i, e))?;
+                let expected = model.apply(&held.key, |r, now| {
+                    machine::renew(r, &modelled, extend.duration(), now)
+                });
+                (comparable_renew(&actual), comparable_renew(&expected))
+            }
+            Op::Checkpoint { lease, step, value } => {
+                let Some((held, modelled)) = lease_at(lease) else {
+                    continue;
+                };
+                let name = StepName::new(STEPS[step]).expect("valid");
+                let actual = store
+                    .checkpoint(&held, &name, &[value])
+                    .await
+                    .map_err(|e| store_error(i, e))?;
+                let expected = model.apply(&held.key, |r, now| {
+                    machine::checkpoint(r, &modelled, &name, &[value], now)
+                });
+                (format!("{actual:?}"), format!("{expected:?}"))
+            }
+            Op::Get { scope, key: k } => {
+                let k = key(scope, k);
+                let actual = store.get(&k).await.map_err(|e| store_error(i, e))?;
+                let expected = machine::visible(model.records.get(&k), model.now);
+                (
+                    comparable_record(actual.as_ref()),
+                    comparable_record(expected),
+                )
+            }
+            Op::Purge => {
+                let actual = store
+                    .purge_expired(PURGE_LIMIT)
+                    .await
+                    .map_err(|e| store_error(i, e))?;
+                (
+                    format!("purged {actual}"),
+                    format!("purged {}", model.purge()),
+                )
+            }
+        };
+        if actual != expected {
+            let mut report = String::new();
+            let _ = writeln!(
+                report,
+                "op {i} ({op:?}): the store answered {actual}, the state machine {expected}"
+            );
+            return Err(report);
+        }
+    }
+    Ok(())
+}
+
+/// Generates sequences, runs each on a fresh store, and shrinks the first failure.
+pub(crate) async fn run<F, Fut>(factory: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Store>>,
+{
+    let config = Config {
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let cases = config.cases;
+    let mut runner = TestRunner::new(config);
+    let strategy = sequence();
+    for case in 0..cases {
+        let mut tree = strategy
+            .new_tree(&mut runner)
+            .expect("the strategy always generates");
+        let Err(first) = check_sequence(factory().await.as_ref(), &tree.current()).await else {
+            continue;
+        };
+        let (mut smallest, mut reason) = (tree.current(), first);
+        let mut steps = 0;
+        while steps < MAX_SHRINK_STEPS && tree.simplify() {
+            steps += 1;
+            match check_sequence(factory().await.as_ref(), &tree.current()).await {
+                Err(why) => (smallest, reason) = (tree.current(), why),
+                Ok(()) => {
+                    if !tree.complicate() {
+                        break;
+                    }
+                }
+            }
+        }
+        panic!(
+            "the store disagrees with the state machine (sequence {case} of {cases}, shrunk in {steps} steps)\n{reason}\nsequence ({} ops): {smallest:#?}",
+            smallest.len()
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! Running the cases: one at a time, or all with a report.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use idem_core::{ManualClock, Store};
+
+use crate::Capabilities;
+use crate::cases::{claim, concurrency, fencing, payloads, retention};
+use crate::model;
+
+crate::__with_cases!(enum ());
+
+type StoreFuture = Pin<Box<dyn Future<Output = Arc<dyn Store>> + Send>>;
+type Factory = Arc<dyn Fn() -> StoreFuture + Send + Sync>;
+
+/// A store factory with its capabilities: runs conformance cases.
+///
+/// ```
+/// use idem_core::MemoryStore;
+/// use idem_testkit::{Case, Suite};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let suite = Suite::new(|| async { MemoryStore::new() });
+/// suite.run(Case::ScopesAreIsolated).await; // panics if the store breaks the case
+/// let report = suite.run_all().await;
+/// assert!(report.passed(), "{report}");
+/// # });
+/// ```
+#[derive(Clone)]
+pub struct Suite {
+    factory: Factory,
+    capabilities: Capabilities,
+}
+
+impl Suite {
+    /// A suite over stores made by `factory`, each fresh and isolated.
+    pub fn new<F, Fut, S>(factory: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = S> + Send + 'static,
+        S: Store + 'static,
+    {
+        let factory = Arc::new(factory);
+        Self {
+            factory: Arc::new(move || {
+                let made = factory();
+                Box::pin(async move { Arc::new(made.await) as Arc<dyn Store> })
+            }),
+            capabilities: Capabilities::default(),
+        }
+    }
+
+    /// A suite over stores that read the [`ManualClock`] they are given: the suite makes
+    /// one clock (shared by every store this suite makes, and by nothing else) and moves it
+    /// in the cases that need time to pass.
+    ///
+    /// ```
+    /// use idem_core::MemoryStore;
+    /// use idem_testkit::{Case, Suite};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let suite = Suite::with_manual_clock(|clock| async move { MemoryStore::with_clock(clock) });
+    /// suite.run(Case::GetHidesExpiredRecords).await;
+    /// # });
+    /// ```
+    pub fn with_manual_clock<F, Fut, S>(factory: F) -> Self
+    where
+        F: Fn(ManualClock) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = S> + Send + 'static,
+        S: Store + 'static,
+    {
+        let clock = ManualClock::new();
+        let mut suite = {
+            let clock = clock.clone();
+            Self::new(move || factory(clock.clone()))
+        };
+        suite.capabilities.manual_clock = Some(clock);
+        suite
+    }
+
+    /// Declares what the store can do.
+    #[must_use]
+    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
+        let clock = self.capabilities.manual_clock.take();
+        self.capabilities = Capabilities {
+            manual_clock: capabilities.manual_clock.or(clock),
+            ..capabilities
+        };
+        self
+    }
+
+    /// Runs one case on a fresh store; panics with the broken behaviour if it fails.
+    pub async fn run(&self, case: Case) {
+        let caps = &self.capabilities;
+        if case == Case::MatchesTheStateMachine {
+            return self.run_model().await;
+        }
+        let store = (self.factory)().await;
+        let s = store.as_ref();
+        match case {
+            Case::AbsentKeyIsClaimedFresh => claim::absent_key_is_claimed_fresh(s).await,
+            Case::ExpiredRecordIsClaimedFresh => {
+                claim::expired_record_is_claimed_fresh(s, caps).await
+            }
+            Case::DifferentFingerprintIsAMismatch => {
+                claim::different_fingerprint_is_a_mismatch(s).await
+            }
+            Case::CompletedRecordReplays => claim::completed_record_replays(s).await,
+            Case::FailedRecordReplaysFailure => claim::failed_record_replays_failure(s).await,
+            Case::LiveLeaseIsInFlight => claim::live_lease_is_in_flight(s).await,
+            Case::SameAttemptGetsItsLeaseBack => claim::same_attempt_gets_its_lease_back(s).await,
+            Case::ExpiredLeaseIsTakenOver => claim::expired_lease_is_taken_over(s).await,
+            Case::TokensStrictlyIncrease => claim::tokens_strictly_increase(s).await,
+            Case::CompleteStoresTheResponse => fencing::complete_stores_the_response(s).await,
+            Case::FailStoresTheFailure => fencing::fail_stores_the_failure(s).await,
+            Case::ReleaseLetsTheNextClaimTakeOver => {
+                fencing::release_lets_the_next_claim_take_over(s).await
+            }
+            Case::RenewExtendsTheLease => fencing::renew_extends_the_lease(s).await,
+            Case::CheckpointRecordsSteps => fencing::checkpoint_records_steps(s).await,
+            Case::StaleOwnerIsFencedAfterTakeover => {
+                fencing::stale_owner_is_fenced_after_takeover(s).await
+            }
+            Case::WritesAfterTheEndAreFenced => fencing::writes_after_the_end_are_fenced(s).await,
+            Case::RetriedTerminalWritesAreApplied => {
+                fencing::retried_terminal_writes_are_applied(s).await
+            }
+            Case::FingerprintSurvivesCompletion => {
+                fencing::fingerprint_survives_completion(s).await
+            }
+            Case::ScopesAreIsolated => fencing::scopes_are_isolated(s).await,
+            Case::ReplaysAreByteExact => payloads::replays_are_byte_exact(s).await,
+            Case::LargeResponsesReplayOrAreRefused => {
+                payloads::large_responses_replay_or_are_refused(s, caps).await
+            }
+            Case::KeysAtTheLimits => payloads::keys_at_the_limits(s).await,
+            Case::GetHidesExpiredRecords => retention::get_hides_expired_records(s, caps).await,
+            Case::PurgeRemovesOnlyExpiredRecords => {
+                retention::purge_removes_only_expired_records(s, caps).await
+            }
+            Case::ConcurrentClaimsHaveOneWinner => {
+                concurrency::concurrent_claims_have_one_winner(store).await
+            }
+            Case::ConcurrentTakeoversHaveOneWinner => {
+                concurrency::concurrent_takeovers_have_one_winner(store).await
+            }
+            Case::MatchesTheStateMachine => unreachable!("handled above"),
+        }
+    }
+
+    /// The model's generator is not `Send`, so it runs on a thread of its own with its own
+    /// runtime; the stores it makes live on that runtime.
+    async fn run_model(&self) {
+        let factory = Arc::clone(&self.factory);
+        let run = tokio::task::spawn_blocking(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a Tokio runtime for the model-based case")
+                .block_on(model::run(|| factory()))
+        });
+        if let Err(err) = run.await {
+            match err.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(err) => panic!("the model-based case did not finish: {err}"),
+            }
+        }
+    }
+
+    /// Runs one case on a new multi-threaded Tokio runtime; what the generated tests call.
+    pub fn run_blocking(&self, case: Case) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime for the conformance case")
+            .block_on(self.run(case));
+    }
+
+    /// Runs every case, each in its own task so one failure does not hide the next.
+    pub async fn run_all(&self) -> Report {
+        let mut results = Vec::with_capacity(Case::ALL.len());
+        for &case in Case::ALL {
+            let suite = self.clone();
+            let outcome = tokio::spawn(async move { suite.run(case).await }).await;
+            let failure = outcome.err().map(|err| match err.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "the case panicked".to_owned()),
+                Err(err) => format!("the case did not finish: {err}"),
+            });
+            results.push(CaseResult { case, failure });
+        }
+        Report { results }
+    }
+}
+
+impl fmt::Debug for Suite {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Suite")
+            .field("capabilities", &self.capabilities)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The result of one case in [`Suite::run_all`].
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    /// The case.
+    pub case: Case,
+    /// Why it failed, or `None` when it passed.
+    pub failure: Option<String>,
+}
+
+/// What [`Suite::run_all`] found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// One result per case, in order.
+    pub results: Vec<CaseResult>,
+}
+
+impl Report {
+    /// True when every case passed.
+    pub fn passed(&self) -> bool {
+        self.results.iter().all(|r| r.failure.is_none())
+    }
+
+    /// The cases that failed.
+    pub fn failed(&self) -> Vec<Case> {
+        self.results
+            .iter()
+            .filter(|r| r.failure.is_some())
+            .map(|r| r.case)
+            .collect()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let failed = self.failed();
+        writeln!(
+            f,
+            "{} passed, {} failed",
+            self.results.len() - failed.len(),
+            failed.len()
+        )?;
+        for result in &self.results {
+            if let Some(why) = &result.failure {
+                let first = why.lines().next().unwrap_or_default();
+                writeln!(f, "  FAILED {}: {first}", result.case.name())?;
+            }
+        }
+        Ok(())
+    }
+}

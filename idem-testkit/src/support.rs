@@ -1,0 +1,64 @@
+//! Small helpers shared by the cases.
+
+use std::time::Duration;
+
+use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Record, Steps, Store};
+
+/// A lease or retention that outlives any test run on any server.
+pub(crate) const HOUR: Duration = Duration::from_secs(3600);
+/// A lease or retention that is over the moment it starts.
+pub(crate) const ZERO: Duration = Duration::ZERO;
+
+pub(crate) fn key(scope: &str, key: &str) -> Key {
+    Key::new(scope, key).expect("test keys are valid")
+}
+
+pub(crate) fn fp(text: &str) -> Fingerprint {
+    Fingerprint::of_bytes(text)
+}
+
+pub(crate) fn request(
+    key: &Key,
+    fingerprint: &str,
+    lease: Duration,
+    retention: Duration,
+) -> ClaimRequest {
+    ClaimRequest::new(key.clone(), fp(fingerprint), lease, retention)
+}
+
+pub(crate) async fn claim(store: &dyn Store, request: &ClaimRequest) -> ClaimOutcome {
+    store
+        .claim(request)
+        .await
+        .unwrap_or_else(|err| panic!("claim failed with a store error: {err}"))
+}
+
+/// Claims and insists on a fresh or taken-over lease.
+pub(crate) async fn claimed(store: &dyn Store, request: &ClaimRequest) -> (Lease, bool, Steps) {
+    match claim(store, request).await {
+        ClaimOutcome::Claimed {
+            lease,
+            resumed,
+            steps,
+        } => (lease, resumed, steps),
+        other => panic!("expected Claimed, the store answered {other:?}"),
+    }
+}
+
+pub(crate) async fn get(store: &dyn Store, key: &Key) -> Option<Record> {
+    store
+        .get(key)
+        .await
+        .unwrap_or_else(|err| panic!("get failed with a store error: {err}"))
+}
+
+pub(crate) async fn get_some(store: &dyn Store, key: &Key) -> Record {
+    get(store, key)
+        .await
+        .expect("get found no record where one must be")
+}
+
+/// Unwraps a store call that must not fail.
+pub(crate) fn ok<T>(result: Result<T, idem_core::StoreError>, what: &str) -> T {
+    result.unwrap_or_else(|err| panic!("{what} failed with a store error: {err}"))
+}

@@ -1,0 +1,13 @@
+//! MemoryStore passes the whole conformance suite, on the system clock and on a manual one.
+
+use idem_core::MemoryStore;
+
+idem_testkit::conformance_tests!(|| async { MemoryStore::new() });
+
+mod manual_clock {
+    use idem_core::MemoryStore;
+
+    idem_testkit::conformance_tests!(manual_clock: |clock| async move {
+        MemoryStore::with_clock(clock)
+    });
+}

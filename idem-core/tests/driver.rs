@@ -1,0 +1,529 @@
+//! The driver on the memory store with a manual clock: deterministic, no sleeping.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, ConfigError, Error, Executed, Fingerprint, Idempotency, Key, Lease,
+    ManualClock, MemoryStore, Operation, Record, RenewOutcome, State, StepName, Store, StoreError,
+    WorkError, WriteOutcome,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    charge_id: String,
+    amount: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum PaymentError {
+    Declined,
+    ProviderDown,
+    TimedOut,
+}
+
+fn setup() -> (Idempotency<MemoryStore>, ManualClock) {
+    let clock = ManualClock::new();
+    let idem = Idempotency::builder(MemoryStore::with_clock(clock.clone()))
+        .lease(LEASE)
+        .build()
+        .expect("valid settings");
+    (idem, clock)
+}
+
+fn key() -> Key {
+    Key::new("acct_42/payments.create", "order-1187").expect("valid")
+}
+
+fn fingerprint(amount: u64) -> Fingerprint {
+    Fingerprint::builder()
+        .field("EUR")
+        .field(amount.to_be_bytes())
+        .finish()
+}
+
+/// Work that counts its runs and returns a receipt.
+fn charge(
+    runs: &Arc<AtomicUsize>,
+) -> impl FnOnce(idem_core::Context) -> std::future::Ready<Result<Receipt, WorkError<PaymentError>>>
+{
+    let runs = Arc::clone(runs);
+    move |_ctx| {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        std::future::ready(Ok(Receipt {
+            charge_id: format!("ch_{n}"),
+            amount: 500,
+        }))
+    }
+}
+
+#[tokio::test]
+async fn runs_once_and_replays_the_first_result() {
+    let (idem, _) = setup();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = idem
+        .execute(&key(), fingerprint(500), charge(&runs))
+        .await
+        .unwrap();
+    assert!(!first.replayed);
+    for _ in 0..5 {
+        let again = idem
+            .execute(&key(), fingerprint(500), charge(&runs))
+            .await
+            .unwrap();
+        assert_eq!(
+            again,
+            Executed {
+                value: first.value.clone(),
+                replayed: true
+            }
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_changed_request_under_the_same_key_is_a_mismatch() {
+    let (idem, _) = setup();
+    let runs = Arc::new(AtomicUsize::new(0));
+    idem.execute(&key(), fingerprint(500), charge(&runs))
+        .await
+        .unwrap();
+    let err = idem
+        .execute(&key(), fingerprint(900), charge(&runs))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Mismatch), "{err:?}");
+    assert!(!err.is_retryable());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_permanent_failure_is_stored_and_replayed() {
+    let (idem, _) = setup();
+    let runs = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..3 {
+        let runs = Arc::clone(&runs);
+        let err = idem
+            .execute(&key(), fingerprint(500), move |_ctx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err::<Receipt, _>(WorkError::Permanent(PaymentError::Declined))
+            })
+            .await
+            .unwrap_err();
+        match err {
+            Error::Failed { error, replayed } => {
+                assert_eq!(error, PaymentError::Declined);
+                assert_eq!(replayed, attempt > 0);
+            }
+            other => panic!("expected Failed, got {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_retryable_failure_releases_the_key_at_once() {
+    let (idem, _) = setup();
+    let err = idem
+        .execute(&key(), fingerprint(500), |_ctx| async {
+            Err::<Receipt, _>(WorkError::Retryable(PaymentError::ProviderDown))
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Retryable(PaymentError::ProviderDown)));
+    assert!(err.is_retryable());
+    let record = idem.store().get(&key()).await.unwrap().unwrap();
+    assert_eq!(record.response, None, "nothing is stored");
+    // No waiting: the next attempt takes over immediately and runs the work.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let runs2 = Arc::clone(&runs);
+    let done = idem
+        .execute(&key(), fingerprint(500), move |ctx| async move {
+            runs2.fetch_add(1, Ordering::SeqCst);
+            assert!(ctx.resumed());
+            assert_eq!(ctx.token(), 2);
+            Ok::<_, WorkError<PaymentError>>(7)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Executed {
+            value: 7,
+            replayed: false
+        }
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_holds_the_key_until_the_lease_ends() {
+    let (idem, clock) = setup();
+    let err = idem
+        .execute(&key(), fingerprint(500), |_ctx| async {
+            Err::<u32, _>(WorkError::Unknown(PaymentError::TimedOut))
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::OutcomeUnknown(PaymentError::TimedOut)));
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem
+        .execute(&key(), fingerprint(500), charge(&runs))
+        .await
+        .unwrap_err();
+    match err {
+        Error::InFlight { retry_after } => assert_eq!(retry_after, LEASE),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    clock.advance(LEASE);
+    let resumed = idem
+        .execute(&key(), fingerprint(500), |ctx| async move {
+            Ok::<_, WorkError<PaymentError>>(ctx.resumed())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        resumed,
+        Executed {
+            value: true,
+            replayed: false
+        }
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the work never ran while the lease was held"
+    );
+}
+
+#[tokio::test]
+async fn a_duplicate_while_the_work_runs_is_in_flight() {
+    let (idem, clock) = setup();
+    let idem = Arc::new(idem);
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let first = tokio::spawn({
+        let idem = Arc::clone(&idem);
+        async move {
+            idem.execute(&key(), fingerprint(500), |_ctx| async move {
+                started_tx.send(()).unwrap();
+                finish_rx.await.unwrap();
+                Ok::<_, WorkError<PaymentError>>("first".to_string())
+            })
+            .await
+        }
+    });
+    started_rx.await.unwrap();
+    clock.advance(Duration::from_secs(10));
+    let runs = Arc::new(AtomicUsize::new(0));
+    match idem.execute(&key(), fingerprint(500), charge(&runs)).await {
+        Err(Error::InFlight { retry_after }) => assert_eq!(retry_after, Duration::from_secs(20)),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    finish_tx.send(()).unwrap();
+    assert_eq!(first.await.unwrap().unwrap().value, "first");
+    let replay = idem
+        .execute(&key(), fingerprint(500), |_ctx| async {
+            Ok::<String, WorkError<PaymentError>>("never".into())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        replay,
+        Executed {
+            value: "first".to_string(),
+            replayed: true
+        }
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_stale_owner_learns_it_lost_the_lease_and_the_new_result_stands() {
+    let (idem, clock) = setup();
+    let idem = Arc::new(idem);
+    let (started_tx, started_rx) = oneshot::channel();
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let stale = tokio::spawn({
+        let idem = Arc::clone(&idem);
+        async move {
+            idem.execute(&key(), fingerprint(500), |_ctx| async move {
+                started_tx.send(()).unwrap();
+                finish_rx.await.unwrap();
+                Ok::<_, WorkError<PaymentError>>("stale".to_string())
+            })
+            .await
+        }
+    });
+    started_rx.await.unwrap();
+    clock.advance(LEASE);
+    let winner = idem
+        .execute(&key(), fingerprint(500), |_ctx| async {
+            Ok::<_, WorkError<PaymentError>>("winner".to_string())
+        })
+        .await
+        .unwrap();
+    assert!(!winner.replayed);
+    finish_tx.send(()).unwrap();
+    let err = stale.await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::LeaseLost), "{err:?}");
+    let replay = idem
+        .execute(&key(), fingerprint(500), |_ctx| async {
+            Ok::<String, WorkError<PaymentError>>("never".into())
+        })
+        .await
+        .unwrap();
+    assert_eq!(replay.value, "winner");
+}
+
+#[tokio::test]
+async fn dropping_execute_mid_work_stores_nothing_and_frees_the_key_after_the_lease() {
+    let (idem, clock) = setup();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let k = key();
+    {
+        let mut pending = std::pin::pin!(idem.execute(&k, fingerprint(500), |_ctx| {
+            std::future::pending::<Result<u8, WorkError<PaymentError>>>()
+        }));
+        // Poll once: the claim happens and the work starts. Then drop it (client gone).
+        std::future::poll_fn(|cx| {
+            assert!(pending.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+    let record = idem
+        .store()
+        .get(&key())
+        .await
+        .unwrap()
+        .expect("the claim happened");
+    assert_eq!((record.state, record.response), (State::InProgress, None));
+    assert!(matches!(
+        idem.execute(&key(), fingerprint(500), charge(&runs)).await,
+        Err(Error::InFlight { .. })
+    ));
+    clock.advance(LEASE);
+    let done = idem
+        .execute(&key(), fingerprint(500), charge(&runs))
+        .await
+        .unwrap();
+    assert!(!done.replayed);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_result_over_the_cap_is_a_stored_failure_not_a_second_run() {
+    let clock = ManualClock::new();
+    let idem = Idempotency::builder(MemoryStore::with_clock(clock))
+        .max_response_bytes(64)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..2 {
+        let runs = Arc::clone(&runs);
+        let err = idem
+            .execute(&key(), fingerprint(1), move |_ctx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, WorkError<PaymentError>>("x".repeat(100))
+            })
+            .await
+            .unwrap_err();
+        match err {
+            Error::ResultTooLarge {
+                size,
+                limit,
+                replayed,
+            } => {
+                assert_eq!((size, limit, replayed), (102, 64, attempt > 0));
+            }
+            other => panic!("expected ResultTooLarge, got {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // A result of exactly the cap fits.
+    let exact = idem
+        .execute(
+            &Key::new("s", "exact").unwrap(),
+            fingerprint(1),
+            |_ctx| async { Ok::<_, WorkError<PaymentError>>("x".repeat(62)) },
+        )
+        .await
+        .unwrap();
+    assert!(!exact.replayed);
+}
+
+#[tokio::test]
+async fn an_unserializable_result_is_a_stored_failure() {
+    let (idem, _) = setup();
+    for attempt in 0..2 {
+        let err = idem
+            .execute(&key(), fingerprint(1), |_ctx| async {
+                // JSON maps need string keys.
+                Ok::<_, WorkError<PaymentError>>(HashMap::from([((1, 2), 3)]))
+            })
+            .await
+            .unwrap_err();
+        match err {
+            Error::Unserializable { source, replayed } => {
+                assert_eq!(replayed, attempt > 0);
+                assert_eq!(source.is_some(), attempt == 0);
+            }
+            other => panic!("expected Unserializable, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stored_result_of_another_type_is_a_decode_error() {
+    let (idem, _) = setup();
+    idem.execute(&key(), fingerprint(1), |_ctx| async {
+        Ok::<_, WorkError<()>>("text".to_string())
+    })
+    .await
+    .unwrap();
+    let err = idem
+        .execute(&key(), fingerprint(1), |_ctx| async {
+            Ok::<u64, WorkError<()>>(1)
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Decode(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn settings_that_cannot_work_are_refused() {
+    let build = |lease, retention, cap| {
+        Idempotency::builder(MemoryStore::new())
+            .lease(lease)
+            .retention(retention)
+            .max_response_bytes(cap)
+            .build()
+    };
+    let s = Duration::from_secs;
+    assert_eq!(
+        build(Duration::ZERO, s(60), 1).unwrap_err(),
+        ConfigError::ZeroLease
+    );
+    assert_eq!(
+        build(s(60), s(59), 1).unwrap_err(),
+        ConfigError::RetentionShorterThanLease {
+            retention: s(59),
+            lease: s(60)
+        }
+    );
+    assert_eq!(
+        build(s(1), s(1), 0).unwrap_err(),
+        ConfigError::ZeroResponseCap
+    );
+    assert!(build(s(1), s(1), 1).is_ok());
+}
+
+/// A store whose backend is down: every call fails.
+struct DownStore {
+    calls: AtomicUsize,
+}
+
+impl DownStore {
+    fn down(&self, operation: Operation) -> StoreError {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        StoreError::Unavailable {
+            operation,
+            source: "connection refused".into(),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for DownStore {
+    async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        Err(self.down(Operation::Claim))
+    }
+    async fn complete(&self, _: &Lease, _: &[u8]) -> Result<WriteOutcome, StoreError> {
+        Err(self.down(Operation::Complete))
+    }
+    async fn fail(&self, _: &Lease, _: &[u8]) -> Result<WriteOutcome, StoreError> {
+        Err(self.down(Operation::Fail))
+    }
+    async fn release(&self, _: &Lease) -> Result<WriteOutcome, StoreError> {
+        Err(self.down(Operation::Release))
+    }
+    async fn renew(&self, _: &Lease, _: Duration) -> Result<RenewOutcome, StoreError> {
+        Err(self.down(Operation::Renew))
+    }
+    async fn checkpoint(
+        &self,
+        _: &Lease,
+        _: &StepName,
+        _: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        Err(self.down(Operation::Checkpoint))
+    }
+    async fn get(&self, _: &Key) -> Result<Option<Record>, StoreError> {
+        Err(self.down(Operation::Get))
+    }
+    async fn purge_expired(&self, _: usize) -> Result<usize, StoreError> {
+        Err(self.down(Operation::PurgeExpired))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_is_down_fails_closed() {
+    let idem = Idempotency::new(DownStore {
+        calls: AtomicUsize::new(0),
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem
+        .execute(&key(), fingerprint(500), charge(&runs))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Store(StoreError::Unavailable {
+                operation: Operation::Claim,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_retryable());
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the work never runs without a claim"
+    );
+    assert_eq!(
+        idem.store().calls.load(Ordering::SeqCst),
+        3,
+        "the claim was retried, boundedly"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("claim") && message.contains("retry"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn works_through_a_shared_dyn_store() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let idem = Idempotency::new(Arc::clone(&store));
+    let runs = Arc::new(AtomicUsize::new(0));
+    idem.execute(&key(), fingerprint(1), charge(&runs))
+        .await
+        .unwrap();
+    let record = store.get(&key()).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Completed);
+    let stored: Receipt = serde_json::from_slice(record.response.as_deref().unwrap()).unwrap();
+    assert_eq!(stored.charge_id, "ch_1");
+}

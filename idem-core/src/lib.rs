@@ -50,7 +50,8 @@ mod store;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use driver::{
     ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION, Error,
-    Executed, Idempotency, IdempotencyBuilder, WorkError,
+    Executed, Heartbeat, Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted, WorkError,
+    observe,
 };
 pub use error::{BoxError, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};

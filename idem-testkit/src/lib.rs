@@ -143,6 +143,12 @@ macro_rules! __with_cases {
                 "Concurrent claims of a fresh key: exactly one Claimed, the rest InFlight.";
             concurrent_takeovers_have_one_winner => ConcurrentTakeoversHaveOneWinner:
                 "Concurrent takeovers of an expired lease: exactly one wins, with the next token.";
+            steps_run_once_across_takeovers => StepsRunOnceAcrossTakeovers:
+                "Driver: a two-step payment resumes after a takeover; each step's closure runs once, then every retry replays.";
+            a_stale_owner_cannot_store_its_result => AStaleOwnerCannotStoreItsResult:
+                "Driver: an owner whose lease was taken over gets LeaseLost and the new owner's result stands.";
+            waiting_duplicates_share_one_execution => WaitingDuplicatesShareOneExecution:
+                "Driver: 32 concurrent executes with InFlightPolicy::Wait run the work once; 31 get replays.";
             matches_the_state_machine => MatchesTheStateMachine:
                 "Random operation sequences: every answer equals the pure state machine's.";
         }

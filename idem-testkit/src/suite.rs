@@ -8,7 +8,7 @@ use std::sync::Arc;
 use idem_core::{ManualClock, Store};
 
 use crate::Capabilities;
-use crate::cases::{claim, concurrency, fencing, payloads, retention};
+use crate::cases::{claim, concurrency, driver, fencing, payloads, retention};
 use crate::model;
 
 crate::__with_cases!(enum ());
@@ -146,6 +146,15 @@ impl Suite {
             }
             Case::ConcurrentTakeoversHaveOneWinner => {
                 concurrency::concurrent_takeovers_have_one_winner(store).await
+            }
+            Case::StepsRunOnceAcrossTakeovers => {
+                driver::steps_run_once_across_takeovers(store, caps).await
+            }
+            Case::AStaleOwnerCannotStoreItsResult => {
+                driver::a_stale_owner_cannot_store_its_result(store, caps).await
+            }
+            Case::WaitingDuplicatesShareOneExecution => {
+                driver::waiting_duplicates_share_one_execution(store).await
             }
             Case::MatchesTheStateMachine => unreachable!("handled above"),
         }

@@ -200,12 +200,14 @@ async fn a_store_that_forgets_the_fingerprint_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_whose_claim_is_not_atomic_is_reported() {
     let report = report_for(Flaw::NonAtomicClaim).await;
-    // Sequentially it is correct, so only the races can catch it, and they must.
+    // Sequentially it is correct, so only the races can catch it, and they must:
+    // the store-level races and the driver's herd of waiting duplicates.
     assert_eq!(
         report.failed(),
         vec![
             Case::ConcurrentClaimsHaveOneWinner,
-            Case::ConcurrentTakeoversHaveOneWinner
+            Case::ConcurrentTakeoversHaveOneWinner,
+            Case::WaitingDuplicatesShareOneExecution,
         ],
         "{report}"
     );

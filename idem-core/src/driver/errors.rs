@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::StoreError;
+use crate::{KeyError, StoreError};
 
 /// How the protected work failed; the kind decides what is stored.
 ///
@@ -24,7 +24,8 @@ use crate::StoreError;
 /// }
 /// # let _ = classify(PaymentError::CardDeclined);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
+#[non_exhaustive]
 pub enum WorkError<E> {
     /// The operation failed for good: the error is stored and every retry gets it back.
     Permanent(E),
@@ -35,6 +36,33 @@ pub enum WorkError<E> {
     /// kept until it expires: duplicates see in-flight until then, and a later retry takes
     /// over (resuming through its checkpointed steps).
     Unknown(E),
+    /// The driver stopped the work: raised by [`Context::step`](crate::Context::step), never
+    /// built by hand. Propagate it with `?`; the lease is kept, nothing is stored.
+    Interrupted(Interrupted),
+}
+
+impl<E> From<Interrupted> for WorkError<E> {
+    fn from(interrupted: Interrupted) -> Self {
+        WorkError::Interrupted(interrupted)
+    }
+}
+
+/// Why the driver interrupted the work (see [`WorkError::Interrupted`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Interrupted {
+    /// Another attempt took the key over; this run's writes no longer count.
+    #[error("the lease was lost to another attempt")]
+    LeaseLost,
+    /// A step name broke the naming rules.
+    #[error("invalid step name")]
+    InvalidStepName(#[source] KeyError),
+    /// Writing a checkpoint failed in the store.
+    #[error("the checkpoint could not be written")]
+    Store(#[source] StoreError),
+    /// A step's value could not be serialised, or a stored one read back as its type.
+    #[error("a step value could not be encoded or decoded")]
+    Codec(#[source] serde_json::Error),
 }
 
 /// Why a duplicate-free answer could not be given, or the stored failure.
@@ -97,6 +125,10 @@ pub enum Error<E> {
     /// it was stored?). Not retryable.
     #[error("a stored result could not be decoded as the expected type")]
     Decode(#[source] serde_json::Error),
+    /// The driver interrupted the work (an invalid step name, or a step value that could
+    /// not be encoded or decoded). The lease is kept until it expires.
+    #[error("the work was interrupted")]
+    Interrupted(#[source] Interrupted),
     /// The store failed. The work did not run if the claim failed; if storing the result
     /// failed after the work ran, the key stays held until its lease ends.
     #[error(transparent)]
@@ -129,7 +161,8 @@ impl<E> Error<E> {
             | Error::Mismatch
             | Error::ResultTooLarge { .. }
             | Error::Unserializable { .. }
-            | Error::Decode(_) => false,
+            | Error::Decode(_)
+            | Error::Interrupted(_) => false,
         }
     }
 
@@ -162,4 +195,14 @@ pub enum ConfigError {
     /// The response cap was zero.
     #[error("the response size cap must be at least one byte")]
     ZeroResponseCap,
+    /// A heartbeat interval of zero, or not shorter than the lease, cannot keep it alive.
+    #[error(
+        "the heartbeat interval ({every:?}) must be above zero and shorter than the lease ({lease:?})"
+    )]
+    HeartbeatNotShorterThanLease {
+        /// The interval asked for.
+        every: Duration,
+        /// The lease asked for.
+        lease: Duration,
+    },
 }

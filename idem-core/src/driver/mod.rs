@@ -2,6 +2,8 @@
 
 mod context;
 mod errors;
+pub mod observe;
+mod policy;
 mod stored_failure;
 
 use std::future::Future;
@@ -10,13 +12,18 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Instrument;
 
 pub use context::Context;
-pub use errors::{ConfigError, Error, WorkError};
+pub use errors::{ConfigError, Error, Interrupted, WorkError};
+pub use policy::{Heartbeat, InFlightPolicy};
 use stored_failure::StoredFailure;
 
-use crate::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Store, StoreError, WriteOutcome};
+use crate::{
+    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Operation, RenewOutcome, Steps, Store,
+    StoreError, WriteOutcome,
+};
 
 /// The default lease: how long one attempt owns a key before others may take over.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -62,9 +69,28 @@ pub struct Executed<T> {
 #[derive(Debug, Clone)]
 pub struct Idempotency<S> {
     store: Arc<S>,
+    settings: Settings,
+}
+
+#[derive(Debug, Clone)]
+struct Settings {
     lease: Duration,
     retention: Duration,
     max_response_bytes: usize,
+    heartbeat: Heartbeat,
+    in_flight: InFlightPolicy,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            heartbeat: Heartbeat::Auto,
+            in_flight: InFlightPolicy::Reject,
+        }
+    }
 }
 
 /// Settings for [`Idempotency`]; see [`Idempotency::builder`].
@@ -72,29 +98,41 @@ pub struct Idempotency<S> {
 #[must_use = "call build() to get the Idempotency"]
 pub struct IdempotencyBuilder<S> {
     store: S,
-    lease: Duration,
-    retention: Duration,
-    max_response_bytes: usize,
+    settings: Settings,
 }
 
 impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// How long one attempt owns a key before another may take over (default 60 s).
     /// Longer than the work usually takes; too long delays recovery after a crash.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
     /// How long results are kept and replayed, from the first claim (default 24 h).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
+        self.settings.retention = retention;
         self
     }
 
     /// The largest serialised result stored (default 1 MiB). The store's own limit, when
     /// lower, applies too.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
+        self.settings.max_response_bytes = bytes;
+        self
+    }
+
+    /// Whether and how often the lease is renewed while the work runs (default
+    /// [`Heartbeat::Auto`]: every third of the lease, for leases of 3 s or more).
+    pub fn heartbeat(mut self, heartbeat: Heartbeat) -> Self {
+        self.settings.heartbeat = heartbeat;
+        self
+    }
+
+    /// What a duplicate does while another attempt holds the key (default
+    /// [`InFlightPolicy::Reject`]).
+    pub fn in_flight(mut self, policy: InFlightPolicy) -> Self {
+        self.settings.in_flight = policy;
         self
     }
 
@@ -115,25 +153,33 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError`] for a zero lease, a retention shorter than the lease or a zero cap.
+    /// [`ConfigError`] for a zero lease, a retention shorter than the lease, a zero cap or
+    /// a heartbeat interval that is zero or not shorter than the lease.
     pub fn build(self) -> Result<Idempotency<S>, ConfigError> {
-        if self.lease.is_zero() {
+        let Settings {
+            lease,
+            retention,
+            max_response_bytes,
+            heartbeat,
+            ..
+        } = self.settings;
+        if lease.is_zero() {
             return Err(ConfigError::ZeroLease);
         }
-        if self.retention < self.lease {
-            return Err(ConfigError::RetentionShorterThanLease {
-                retention: self.retention,
-                lease: self.lease,
-            });
+        if retention < lease {
+            return Err(ConfigError::RetentionShorterThanLease { retention, lease });
         }
-        if self.max_response_bytes == 0 {
+        if max_response_bytes == 0 {
             return Err(ConfigError::ZeroResponseCap);
+        }
+        if let Heartbeat::Every(every) = heartbeat {
+            if every.is_zero() || every >= lease {
+                return Err(ConfigError::HeartbeatNotShorterThanLease { every, lease });
+            }
         }
         Ok(Idempotency {
             store: Arc::new(self.store),
-            lease: self.lease,
-            retention: self.retention,
-            max_response_bytes: self.max_response_bytes,
+            settings: self.settings,
         })
     }
 }
@@ -143,9 +189,7 @@ impl<S: Store + 'static> Idempotency<S> {
     pub fn new(store: S) -> Self {
         Self {
             store: Arc::new(store),
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            settings: Settings::default(),
         }
     }
 
@@ -153,9 +197,7 @@ impl<S: Store + 'static> Idempotency<S> {
     pub fn builder(store: S) -> IdempotencyBuilder<S> {
         IdempotencyBuilder {
             store,
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
-            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            settings: Settings::default(),
         }
     }
 
@@ -223,37 +265,41 @@ impl<S: Store + 'static> Idempotency<S> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let request = ClaimRequest::new(key.clone(), fingerprint, self.lease, self.retention);
-        // The same request (same attempt id) on every try: a claim that landed but whose
-        // answer was lost returns the same lease instead of in-flight.
-        let outcome = retry_store(|| self.store.claim(&request)).await?;
-        let (lease, resumed, steps) = match outcome {
-            ClaimOutcome::Claimed {
+        let (lease, resumed, steps) = match self.claim(key, fingerprint).await? {
+            Claim::Won {
                 lease,
                 resumed,
                 steps,
             } => (lease, resumed, steps),
-            ClaimOutcome::Replay { response } => {
+            Claim::Replay(response) => {
+                observe::count(observe::REPLAYS);
                 let value = serde_json::from_slice(&response).map_err(Error::Decode)?;
                 return Ok(Executed {
                     value,
                     replayed: true,
                 });
             }
-            ClaimOutcome::ReplayFailure { response } => {
+            Claim::ReplayFailure(response) => {
+                observe::count(observe::REPLAYS);
                 let failure: StoredFailure<E> =
                     serde_json::from_slice(&response).map_err(Error::Decode)?;
                 return Err(failure.into_error(true));
             }
-            ClaimOutcome::InFlight { retry_after } => return Err(Error::InFlight { retry_after }),
-            ClaimOutcome::Mismatch => return Err(Error::Mismatch),
         };
-        if resumed {
-            tracing::info!(token = lease.token, "took over an expired lease");
-        }
 
-        let context = Context::new(lease.clone(), resumed, steps);
-        match work(context).await {
+        let store: Arc<dyn Store> = self.store.clone();
+        let context = Context::new(store, lease, resumed, steps);
+        let started = Instant::now();
+        let result = self
+            .run_with_heartbeat(work(context.clone()), &context)
+            .await;
+        observe::work_duration(started.elapsed());
+        if context.is_lease_lost() {
+            // Another attempt owns the key: whatever this run produced must not be stored.
+            return Err(Error::LeaseLost);
+        }
+        let lease = context.lease();
+        match result {
             Ok(value) => self.store_value(&lease, value).await,
             Err(WorkError::Permanent(error)) => {
                 let stored = StoredFailure::Work { error };
@@ -262,20 +308,125 @@ impl<S: Store + 'static> Idempotency<S> {
             Err(WorkError::Retryable(error)) => {
                 // Best effort: if the release fails, the lease simply runs out.
                 if let Err(err) = self.store.release(&lease).await {
+                    observe::store_error(Operation::Release);
                     tracing::warn!(error = %err, "could not release the lease; it will expire");
                 }
                 Err(Error::Retryable(error))
             }
             Err(WorkError::Unknown(error)) => Err(Error::OutcomeUnknown(error)),
+            Err(WorkError::Interrupted(Interrupted::LeaseLost)) => Err(Error::LeaseLost),
+            Err(WorkError::Interrupted(Interrupted::Store(err))) => Err(Error::Store(err)),
+            Err(WorkError::Interrupted(other)) => Err(Error::Interrupted(other)),
+        }
+    }
+
+    /// Claims the key, waiting for another attempt under [`InFlightPolicy::Wait`].
+    async fn claim<E>(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, Error<E>> {
+        let Settings {
+            lease,
+            retention,
+            in_flight,
+            ..
+        } = self.settings;
+        // The same request (same attempt id) on every try: a claim that landed but whose
+        // answer was lost returns the same lease instead of in-flight.
+        let request = ClaimRequest::new(key.clone(), fingerprint, lease, retention);
+        let deadline = match in_flight {
+            InFlightPolicy::Wait { timeout } => Some(Instant::now() + timeout),
+            InFlightPolicy::Reject => None,
+        };
+        let mut backoff = policy::WAIT_FIRST_BACKOFF;
+        let mut waited = false;
+        loop {
+            let outcome = retry_store(Operation::Claim, || self.store.claim(&request)).await?;
+            return Ok(match outcome {
+                ClaimOutcome::Claimed {
+                    lease,
+                    resumed,
+                    steps,
+                } => {
+                    observe::count(observe::CLAIMS);
+                    if resumed {
+                        observe::count(observe::TAKEOVERS);
+                        tracing::info!(token = lease.token, "took over an expired lease");
+                    }
+                    Claim::Won {
+                        lease,
+                        resumed,
+                        steps,
+                    }
+                }
+                ClaimOutcome::Replay { response } => Claim::Replay(response),
+                ClaimOutcome::ReplayFailure { response } => Claim::ReplayFailure(response),
+                ClaimOutcome::InFlight { retry_after } => {
+                    let now = Instant::now();
+                    match deadline {
+                        Some(deadline) if now < deadline => {
+                            if !waited {
+                                waited = true;
+                                observe::count(observe::WAITS);
+                            }
+                            let pause = policy::jittered(backoff).min(deadline - now);
+                            tokio::time::sleep(pause).await;
+                            backoff = (backoff * 2).min(policy::WAIT_MAX_BACKOFF);
+                            continue;
+                        }
+                        _ => {
+                            observe::count(observe::IN_FLIGHT_REJECTIONS);
+                            return Err(Error::InFlight { retry_after });
+                        }
+                    }
+                }
+                ClaimOutcome::Mismatch => {
+                    observe::count(observe::MISMATCHES);
+                    return Err(Error::Mismatch);
+                }
+            });
+        }
+    }
+
+    /// Polls `work` to completion, renewing the lease on the heartbeat's schedule. A fenced
+    /// renewal marks the lease lost on `context` (the work can watch
+    /// [`Context::lease_lost`]); the work itself is not dropped.
+    async fn run_with_heartbeat<Fut: Future>(&self, work: Fut, context: &Context) -> Fut::Output {
+        let Some(every) = self.settings.heartbeat.interval(self.settings.lease) else {
+            return work.await;
+        };
+        tokio::pin!(work);
+        let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                output = &mut work => return output,
+                _ = ticks.tick(), if !context.is_lease_lost() => self.renew(context).await,
+            }
+        }
+    }
+
+    async fn renew(&self, context: &Context) {
+        let lease = context.lease();
+        match context.store().renew(&lease, self.settings.lease).await {
+            Ok(RenewOutcome::Renewed(renewed)) => context.set_lease(renewed),
+            Ok(RenewOutcome::Fenced) => {
+                observe::count(observe::FENCED_WRITES);
+                tracing::warn!("heartbeat fenced: another attempt took the key over");
+                context.mark_lost();
+            }
+            Err(err) => {
+                // The next beat tries again; the fence protects the result if the lease
+                // runs out meanwhile.
+                observe::store_error(Operation::Renew);
+                tracing::warn!(error = %err, "heartbeat failed");
+            }
         }
     }
 
     fn response_cap(&self) -> usize {
+        let cap = self.settings.max_response_bytes;
         self.store
             .max_response_bytes()
-            .map_or(self.max_response_bytes, |limit| {
-                limit.min(self.max_response_bytes)
-            })
+            .map_or(cap, |limit| limit.min(cap))
     }
 
     async fn store_value<T: Serialize, E: Serialize>(
@@ -305,12 +456,12 @@ impl<S: Store + 'static> Idempotency<S> {
             };
             return Err(self.store_failure(lease, stored).await);
         }
-        match retry_store(|| self.store.complete(lease, &bytes)).await? {
+        match retry_store(Operation::Complete, || self.store.complete(lease, &bytes)).await? {
             WriteOutcome::Applied => Ok(Executed {
                 value,
                 replayed: false,
             }),
-            WriteOutcome::Fenced => Err(Error::LeaseLost),
+            WriteOutcome::Fenced => Err(fenced_at_the_end()),
         }
     }
 
@@ -321,21 +472,45 @@ impl<S: Store + 'static> Idempotency<S> {
         failure: StoredFailure<E>,
     ) -> Error<E> {
         let (bytes, stored) = failure.encode(self.response_cap());
-        match retry_store(|| self.store.fail(lease, &bytes)).await {
+        match retry_store(Operation::Fail, || self.store.fail(lease, &bytes)).await {
             Ok(WriteOutcome::Applied) => stored.into_error(false),
-            Ok(WriteOutcome::Fenced) => Error::LeaseLost,
+            Ok(WriteOutcome::Fenced) => fenced_at_the_end(),
             Err(err) => Error::Store(err),
         }
     }
 }
 
-async fn retry_store<O, Fut>(mut call: impl FnMut() -> Fut) -> Result<O, StoreError>
+/// What the claim left the driver to do.
+enum Claim {
+    Won {
+        lease: Lease,
+        resumed: bool,
+        steps: Steps,
+    },
+    Replay(Vec<u8>),
+    ReplayFailure(Vec<u8>),
+}
+
+fn fenced_at_the_end<E>() -> Error<E> {
+    observe::count(observe::FENCED_WRITES);
+    observe::count(observe::LEASE_LOSSES);
+    Error::LeaseLost
+}
+
+async fn retry_store<O, Fut>(
+    operation: Operation,
+    mut call: impl FnMut() -> Fut,
+) -> Result<O, StoreError>
 where
     Fut: Future<Output = Result<O, StoreError>>,
 {
     let mut tries = 1;
     loop {
-        match call().await {
+        let result = call().await;
+        if result.is_err() {
+            observe::store_error(operation);
+        }
+        match result {
             Err(err) if err.is_retryable() && tries < STORE_ATTEMPTS => {
                 tracing::debug!(error = %err, tries, "retrying a store call");
                 tokio::time::sleep(STORE_BACKOFF * tries).await;

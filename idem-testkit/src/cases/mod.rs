@@ -2,6 +2,7 @@
 
 pub(crate) mod claim;
 pub(crate) mod concurrency;
+pub(crate) mod driver;
 pub(crate) mod fencing;
 pub(crate) mod payloads;
 pub(crate) mod retention;

@@ -1,0 +1,54 @@
+//! Metric names and the events that move them, through the `metrics` facade.
+//!
+//! Install any `metrics` recorder (Prometheus, StatsD ...) to collect them; without one
+//! they cost nothing. No metric carries a key, fingerprint or response.
+//!
+//! | name | kind | moves when |
+//! |---|---|---|
+//! | `idem_claims_total` | counter | a claim won: the work is about to run (takeovers included) |
+//! | `idem_takeovers_total` | counter | a claim took over an expired lease of another attempt |
+//! | `idem_replays_total` | counter | a stored result or failure was replayed |
+//! | `idem_in_flight_rejections_total` | counter | `execute` answered `InFlight` |
+//! | `idem_waits_total` | counter | an `execute` under `InFlightPolicy::Wait` waited for another attempt |
+//! | `idem_mismatches_total` | counter | a key was reused with another fingerprint |
+//! | `idem_fenced_writes_total` | counter | a write (complete, fail, renew, checkpoint) was fenced |
+//! | `idem_lease_losses_total` | counter | an execution learned that another attempt took its key over |
+//! | `idem_store_errors_total` | counter | a store call failed; label `operation` |
+//! | `idem_work_duration_seconds` | histogram | the work finished, whatever its outcome |
+
+use std::time::Duration;
+
+use crate::Operation;
+
+/// `idem_claims_total`
+pub const CLAIMS: &str = "idem_claims_total";
+/// `idem_takeovers_total`
+pub const TAKEOVERS: &str = "idem_takeovers_total";
+/// `idem_replays_total`
+pub const REPLAYS: &str = "idem_replays_total";
+/// `idem_in_flight_rejections_total`
+pub const IN_FLIGHT_REJECTIONS: &str = "idem_in_flight_rejections_total";
+/// `idem_waits_total`
+pub const WAITS: &str = "idem_waits_total";
+/// `idem_mismatches_total`
+pub const MISMATCHES: &str = "idem_mismatches_total";
+/// `idem_fenced_writes_total`
+pub const FENCED_WRITES: &str = "idem_fenced_writes_total";
+/// `idem_lease_losses_total`
+pub const LEASE_LOSSES: &str = "idem_lease_losses_total";
+/// `idem_store_errors_total`, labelled with `operation`.
+pub const STORE_ERRORS: &str = "idem_store_errors_total";
+/// `idem_work_duration_seconds`
+pub const WORK_DURATION: &str = "idem_work_duration_seconds";
+
+pub(crate) fn count(name: &'static str) {
+    metrics::counter!(name).increment(1);
+}
+
+pub(crate) fn store_error(operation: Operation) {
+    metrics::counter!(STORE_ERRORS, "operation" => operation.to_string()).increment(1);
+}
+
+pub(crate) fn work_duration(elapsed: Duration) {
+    metrics::histogram!(WORK_DURATION).record(elapsed.as_secs_f64());
+}

@@ -1,0 +1,83 @@
+//! Driver policies: heartbeats and what a duplicate does while another attempt runs.
+
+use std::time::Duration;
+
+/// Below this lease, `Heartbeat::Auto` does not renew: the work is expected to fit.
+pub(crate) const AUTO_HEARTBEAT_MIN_LEASE: Duration = Duration::from_secs(3);
+
+/// Whether the driver renews the lease while the work runs.
+///
+/// ```
+/// use idem_core::{Heartbeat, Idempotency, MemoryStore};
+/// use std::time::Duration;
+///
+/// let idem = Idempotency::builder(MemoryStore::new())
+///     .lease(Duration::from_secs(30))
+///     .heartbeat(Heartbeat::Every(Duration::from_secs(5)))
+///     .build()?;
+/// # let _ = idem;
+/// # Ok::<(), idem_core::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Heartbeat {
+    /// Renew every third of the lease when the lease is 3 seconds or more (the default).
+    #[default]
+    Auto,
+    /// Never renew: work that outlives its lease may be taken over.
+    Off,
+    /// Renew at this interval, which must be shorter than the lease.
+    Every(Duration),
+}
+
+impl Heartbeat {
+    /// The renewal interval for `lease`, if any.
+    pub(crate) fn interval(self, lease: Duration) -> Option<Duration> {
+        match self {
+            Heartbeat::Auto if lease >= AUTO_HEARTBEAT_MIN_LEASE => Some(lease / 3),
+            Heartbeat::Auto | Heartbeat::Off => None,
+            Heartbeat::Every(every) => Some(every),
+        }
+    }
+}
+
+/// What `execute` does when another attempt holds the key.
+///
+/// ```
+/// use idem_core::{Idempotency, InFlightPolicy, MemoryStore};
+/// use std::time::Duration;
+///
+/// // A queue consumer: wait up to 10 s for the first delivery's result.
+/// let idem = Idempotency::builder(MemoryStore::new())
+///     .in_flight(InFlightPolicy::Wait { timeout: Duration::from_secs(10) })
+///     .build()?;
+/// # let _ = idem;
+/// # Ok::<(), idem_core::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InFlightPolicy {
+    /// Answer [`Error::InFlight`](crate::Error::InFlight) with `retry_after` at once (the
+    /// default): right for HTTP APIs, whose clients retry.
+    #[default]
+    Reject,
+    /// Poll with backoff and jitter until the other attempt finishes (replaying its result)
+    /// or its lease expires (taking over), giving up with `InFlight` after `timeout`.
+    /// Never runs the work while another attempt's lease is live.
+    Wait {
+        /// The longest time to wait.
+        timeout: Duration,
+    },
+}
+
+/// First and largest pause between polls of a waiting duplicate.
+pub(crate) const WAIT_FIRST_BACKOFF: Duration = Duration::from_millis(10);
+pub(crate) const WAIT_MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// `backoff` scaled by a random factor in [0.5, 1.0], so waiters do not poll in step.
+pub(crate) fn jittered(backoff: Duration) -> Duration {
+    let mut byte = [0u8; 1];
+    // Without randomness, waiters still back off; they just poll in step.
+    let random = getrandom::fill(&mut byte).map_or(255, |()| byte[0]);
+    backoff.mul_f64(0.5 + f64::from(random) / 510.0)
+}

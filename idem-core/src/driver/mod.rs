@@ -213,13 +213,19 @@ impl<S: Store + 'static> Idempotency<S> {
     /// - Completed before with the same fingerprint: returns the stored result with
     ///   `replayed: true`; `work` does not run.
     /// - Failed permanently before: [`Error::Failed`] with the stored error, `replayed: true`.
-    /// - Another attempt holds a live lease: [`Error::InFlight`] with `retry_after`.
+    /// - Another attempt holds a live lease: [`Error::InFlight`] with `retry_after`, or,
+    ///   under [`InFlightPolicy::Wait`], a wait with backoff and jitter that ends in that
+    ///   attempt's result (a replay), a takeover once its lease expires, or `InFlight` at
+    ///   the timeout.
     /// - A different fingerprint under the same key: [`Error::Mismatch`].
     /// - An expired lease of another attempt: takes over ([`Context::resumed`] is true).
     /// - The claim fails in the store: [`Error::Store`]; `work` does not run (fail closed).
     /// - `work` returns [`WorkError::Permanent`]: the error is stored and replayed.
     /// - [`WorkError::Retryable`]: the lease is released, nothing is stored.
     /// - [`WorkError::Unknown`]: the lease is kept until it expires.
+    /// - While `work` runs, the lease is renewed on the [`Heartbeat`] schedule. A fenced
+    ///   renewal marks the lease lost ([`Context::lease_lost`] completes); when `work`
+    ///   returns, nothing is stored and the answer is [`Error::LeaseLost`].
     /// - Another attempt took over meanwhile: [`Error::LeaseLost`]; nothing is stored.
     ///
     /// If the returned future is dropped while `work` runs (a client disconnected), nothing

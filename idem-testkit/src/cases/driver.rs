@@ -12,7 +12,7 @@ use crate::support::{HOUR, key};
 
 /// Long enough that a busy machine never outlives it by accident between two calls, short
 /// enough that stores on a real clock can wait it out in a blink.
-const SHORT_LEASE: Duration = Duration::from_millis(40);
+const SHORT_LEASE: Duration = Duration::from_millis(5);
 
 /// Makes a lease of `lease` run out: moves the suite's clock, or waits on a real one.
 async fn let_lease_expire(caps: &Capabilities, lease: Duration) {

@@ -1,0 +1,1 @@
+DELETE FROM idem_records WHERE scope = ?1 AND key = ?2

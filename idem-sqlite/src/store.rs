@@ -1,0 +1,374 @@
+//! `SqliteStore`: the state machine applied inside `BEGIN IMMEDIATE` transactions.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::machine::{self, Transition};
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Clock, Key, Lease, Operation, Record, RenewOutcome, StepName,
+    Store, StoreError, SystemClock, Timestamp, WriteOutcome,
+};
+use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
+
+use crate::connection::ConnectionThread;
+use crate::errors::{RowError, map};
+use crate::{rows, schema};
+
+const SELECT_PURGEABLE: &str = include_str!("../sql/select_purgeable.sql");
+const DELETE_RECORD: &str = include_str!("../sql/delete_record.sql");
+const DELETE_STEPS: &str = include_str!("../sql/delete_steps.sql");
+
+/// How long a transition waits for another connection's write lock by default.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An idem [`Store`] in a SQLite database: a file shared by any number of processes, or
+/// memory.
+///
+/// - Every transition is one `BEGIN IMMEDIATE` transaction that reads the record, applies
+///   the state machine ([`idem_core::machine`]) and writes the result, so concurrent
+///   claims from threads or processes serialise on SQLite's write lock.
+/// - File databases use WAL mode, `synchronous = FULL` (a committed result survives a power
+///   cut) and a busy timeout (default 5 s, then a retryable [`StoreError::Busy`]).
+/// - rusqlite is blocking, so each store owns one connection on a thread of its own; async
+///   callers never block the executor. Clones share that connection.
+/// - Time is this process's clock (injectable with [`SqliteStoreBuilder::clock`]), so
+///   processes sharing a file should run on machines with synchronised clocks.
+///
+/// ```
+/// use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+/// use idem_sqlite::SqliteStore;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// # let dir = std::env::temp_dir().join(format!("idem-sqlite-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
+/// let store = SqliteStore::open(dir.join("idem.db"))?;
+/// let idem = Idempotency::new(store);
+/// let key = Key::new("acct_42/payments.create", "order-1187")?;
+/// let done = idem
+///     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
+///         Ok::<_, WorkError<()>>("charged".to_string())
+///     })
+///     .await?;
+/// # let _ = done;
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    connection: ConnectionThread,
+    clock: Arc<dyn Clock>,
+    location: Arc<str>,
+}
+
+/// Settings for opening a [`SqliteStore`]; see [`SqliteStore::builder`].
+#[must_use = "call open() to open the store"]
+pub struct SqliteStoreBuilder {
+    path: Option<PathBuf>,
+    busy_timeout: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl SqliteStoreBuilder {
+    /// How long a transition waits for another connection's write lock before it fails
+    /// with a retryable [`StoreError::Busy`] (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The clock transitions read (default: the system clock). Tests pass a
+    /// [`ManualClock`](idem_core::ManualClock).
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Opens (creating when missing) the database and idem's tables.
+    ///
+    /// # Errors
+    /// [`StoreError::Misconfigured`] when the file cannot be opened or was written by a
+    /// newer idem; [`StoreError::Busy`] when another process holds the lock too long.
+    pub fn open(self) -> Result<SqliteStore, StoreError> {
+        let setup = |err| map(Operation::Setup, err);
+        let (connection, location) = match &self.path {
+            Some(path) => {
+                let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | OpenFlags::SQLITE_OPEN_CREATE
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_URI;
+                let connection = Connection::open_with_flags(path, flags).map_err(setup)?;
+                (connection, path.display().to_string())
+            }
+            None => (
+                Connection::open_in_memory().map_err(setup)?,
+                ":memory:".to_owned(),
+            ),
+        };
+        connection.busy_timeout(self.busy_timeout).map_err(setup)?;
+        if self.path.is_some() {
+            // WAL lets readers run beside the writer; FULL makes each commit durable.
+            connection
+                .pragma_update(None, "journal_mode", "WAL")
+                .map_err(setup)?;
+            connection
+                .pragma_update(None, "synchronous", "FULL")
+                .map_err(setup)?;
+        }
+        let mut connection = connection;
+        schema::migrate(&mut connection)?;
+        let thread =
+            ConnectionThread::spawn(connection).map_err(|err| StoreError::Unavailable {
+                operation: Operation::Setup,
+                source: err.into(),
+            })?;
+        Ok(SqliteStore {
+            connection: thread,
+            clock: self.clock,
+            location: location.into(),
+        })
+    }
+}
+
+impl fmt::Debug for SqliteStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStoreBuilder")
+            .field("path", &self.path)
+            .field("busy_timeout", &self.busy_timeout)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) a database file with the default settings.
+    ///
+    /// # Errors
+    /// See [`SqliteStoreBuilder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::builder(path).open()
+    }
+
+    /// A private in-memory database: gone when the last clone of the store is dropped.
+    ///
+    /// # Errors
+    /// See [`SqliteStoreBuilder::open`].
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        Self::builder_in_memory().open()
+    }
+
+    /// Settings for a database file.
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: Some(path.as_ref().to_owned()),
+            ..Self::builder_in_memory()
+        }
+    }
+
+    /// Settings for a private in-memory database.
+    pub fn builder_in_memory() -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: None,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    /// Marks the key completed inside the caller's own transaction, so that business rows
+    /// written in the same transaction and the key's completion commit together, or
+    /// neither does.
+    ///
+    /// - Same rules as [`Store::complete`]: fenced by the lease; `Fenced` changes nothing.
+    /// - `tx` must be a transaction on the same database file, begun with
+    ///   `TransactionBehavior::Immediate` so that the fence check and the write cannot
+    ///   be interleaved with another writer.
+    /// - Store as `response` the bytes the driver would store (the JSON of the value the
+    ///   work returns): the driver's own `complete` afterwards finds the record completed
+    ///   by the same owner and leaves it as it is.
+    /// - If the transaction rolls back, the record stays in progress under the lease, and
+    ///   is claimable again once the lease is released or expires.
+    ///
+    /// ```
+    /// use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Store, WriteOutcome};
+    /// use idem_sqlite::SqliteStore;
+    /// use rusqlite::{Connection, TransactionBehavior};
+    /// use std::time::Duration;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = std::env::temp_dir().join(format!("idem-sqlite-doc-tx-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let path = dir.join("shop.db");
+    /// let store = SqliteStore::open(&path)?;
+    /// let request = ClaimRequest::new(
+    ///     Key::new("shop/checkout", "order-7")?,
+    ///     Fingerprint::of_bytes("amount=500"),
+    ///     Duration::from_secs(30),
+    ///     Duration::from_secs(86_400),
+    /// );
+    /// let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await? else { panic!() };
+    ///
+    /// let mut conn = Connection::open(&path)?;
+    /// conn.execute("CREATE TABLE IF NOT EXISTS ledger (order_id TEXT, cents INTEGER)", [])?;
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("INSERT INTO ledger VALUES ('order-7', 500)", [])?;
+    /// assert_eq!(store.complete_in(&tx, &lease, br#""debited""#)?, WriteOutcome::Applied);
+    /// tx.commit()?; // the debit and the idempotency record land together
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when SQLite fails; roll the transaction back then.
+    pub fn complete_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        lease: &Lease,
+        response: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        rows::apply(tx, &lease.key, self.clock.now(), |record, now| {
+            machine::complete(record, lease, response, now)
+        })
+        .map_err(|err| err.into_store_error(Operation::Complete))
+    }
+
+    /// Runs one transition in its own `BEGIN IMMEDIATE` transaction on the store's thread.
+    async fn transition<O, F>(
+        &self,
+        operation: Operation,
+        key: &Key,
+        step: F,
+    ) -> Result<O, StoreError>
+    where
+        O: Send + 'static,
+        F: FnOnce(Option<&Record>, Timestamp) -> Transition<O> + Send + 'static,
+    {
+        let (key, clock) = (key.clone(), Arc::clone(&self.clock));
+        self.connection
+            .run(operation, move |connection| {
+                let run = || -> Result<O, RowError> {
+                    let tx =
+                        connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    // Read the clock once the write lock is held, so time moves forward
+                    // with the order of transactions.
+                    let outcome = rows::apply(&tx, &key, clock.now(), step)?;
+                    tx.commit()?;
+                    Ok(outcome)
+                };
+                run().map_err(|err| err.into_store_error(operation))
+            })
+            .await
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("location", &self.location)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let request = request.clone();
+        let key = request.key.clone();
+        self.transition(Operation::Claim, &key, move |record, now| {
+            machine::claim(record, &request, now)
+        })
+        .await
+    }
+
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        let (lease, response) = (lease.clone(), response.to_vec());
+        let key = lease.key.clone();
+        self.transition(Operation::Complete, &key, move |record, now| {
+            machine::complete(record, &lease, &response, now)
+        })
+        .await
+    }
+
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        let (lease, response) = (lease.clone(), response.to_vec());
+        let key = lease.key.clone();
+        self.transition(Operation::Fail, &key, move |record, now| {
+            machine::fail(record, &lease, &response, now)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        let lease = lease.clone();
+        let key = lease.key.clone();
+        self.transition(Operation::Release, &key, move |record, now| {
+            machine::release(record, &lease, now)
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        let lease = lease.clone();
+        let key = lease.key.clone();
+        self.transition(Operation::Renew, &key, move |record, now| {
+            machine::renew(record, &lease, extend, now)
+        })
+        .await
+    }
+
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        let (lease, step, value) = (lease.clone(), step.clone(), value.to_vec());
+        let key = lease.key.clone();
+        self.transition(Operation::Checkpoint, &key, move |record, now| {
+            machine::checkpoint(record, &lease, &step, &value, now)
+        })
+        .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let (key, clock) = (key.clone(), Arc::clone(&self.clock));
+        self.connection
+            .run(Operation::Get, move |connection| {
+                let record = rows::read(connection, &key)
+                    .map_err(|err| err.into_store_error(Operation::Get))?;
+                Ok(machine::visible(record.as_ref(), clock.now()).cloned())
+            })
+            .await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let clock = Arc::clone(&self.clock);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.connection
+            .run(Operation::PurgeExpired, move |connection| {
+                let mut purge = || -> Result<usize, rusqlite::Error> {
+                    let tx =
+                        connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                    let now = i64::try_from(clock.now().as_unix_millis()).unwrap_or(i64::MAX);
+                    let doomed: Vec<(String, String)> = tx
+                        .prepare_cached(SELECT_PURGEABLE)?
+                        .query_map(params![now, limit], |row| Ok((row.get(0)?, row.get(1)?)))?
+                        .collect::<Result<_, _>>()?;
+                    for (scope, key) in &doomed {
+                        tx.prepare_cached(DELETE_RECORD)?
+                            .execute(params![scope, key])?;
+                        tx.prepare_cached(DELETE_STEPS)?
+                            .execute(params![scope, key])?;
+                    }
+                    tx.commit()?;
+                    Ok(doomed.len())
+                };
+                purge().map_err(|err| map(Operation::PurgeExpired, err))
+            })
+            .await
+    }
+}

@@ -56,12 +56,6 @@ pub use capabilities::Capabilities;
 pub use services::service_url;
 pub use suite::{Case, CaseResult, Report, Suite};
 
-/// The workspace README's examples, compiled and run as doc tests here, where both
-/// `idem-core` and the testkit are in reach.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
-
 /// Generates one `#[test]` per conformance [`Case`], each on a fresh store from `factory`.
 ///
 /// `factory` is an expression for a closure `|| async { ... }` returning any

@@ -1,6 +1,24 @@
 #!/usr/bin/env bash
-# Runs every test in the workspace: unit, integration, conformance and doc tests.
-# This is the README's test command; .ci/run runs it too.
+# Runs every test in the workspace: unit, conformance, multi-process, server-backed and doc
+# tests. This is the README's test command; .ci/run runs it with IDEM_REQUIRE_SERVICES=1.
+#
+# It starts the test services the server-backed suites need (scripts/services.sh) and
+# stops again only those it started. Where they cannot be started (no root to install
+# them, say) the server-backed tests skip with a loud notice, unless
+# IDEM_REQUIRE_SERVICES=1, which turns that into a failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+SERVICES=(postgres)
+
+if services_env=$(scripts/services.sh start "${SERVICES[@]}"); then
+  eval "$services_env"
+  trap 'if [[ -n ${IDEM_SERVICES_STARTED:-} ]]; then scripts/services.sh stop $IDEM_SERVICES_STARTED; fi' EXIT
+elif [[ ${IDEM_REQUIRE_SERVICES:-0} == 1 ]]; then
+  echo "test: the test services did not start, and IDEM_REQUIRE_SERVICES=1" >&2
+  exit 1
+else
+  echo "test: the test services did not start; server-backed tests will be skipped" >&2
+fi
+
 cargo test --workspace --locked "$@"

@@ -61,21 +61,30 @@ pub use suite::{Case, CaseResult, Report, Suite};
 /// `factory` is an expression for a closure `|| async { ... }` returning any
 /// [`idem_core::Store`]; an optional second argument gives the store's [`Capabilities`].
 /// With `manual_clock:` before it, the closure takes a [`idem_core::ManualClock`] that the
-/// store must read (see [`Suite::with_manual_clock`]). Put each suite in its own module
-/// when a file holds more than one.
+/// store must read (see [`Suite::with_manual_clock`]). With `service: "VARIABLE",` before
+/// it, the closure takes the value of that environment variable (a server's address), and
+/// the tests skip loudly when it is unset, or fail when `IDEM_REQUIRE_SERVICES=1` (see
+/// [`Suite::for_service`]). Put each suite in its own module when a file holds more than
+/// one.
 #[macro_export]
 macro_rules! conformance_tests {
+    (service: $variable:literal, $factory:expr $(,)?) => {
+        $crate::conformance_tests!(service: $variable, $factory, $crate::Capabilities::default());
+    };
+    (service: $variable:literal, $factory:expr, $capabilities:expr $(,)?) => {
+        $crate::__with_cases!(tests ($crate::Suite::for_service($variable, $factory), $capabilities));
+    };
     (manual_clock: $factory:expr $(,)?) => {
         $crate::conformance_tests!(manual_clock: $factory, $crate::Capabilities::default());
     };
     (manual_clock: $factory:expr, $capabilities:expr $(,)?) => {
-        $crate::__with_cases!(tests (with_manual_clock, $factory, $capabilities));
+        $crate::__with_cases!(tests (Some($crate::Suite::with_manual_clock($factory)), $capabilities));
     };
     ($factory:expr $(,)?) => {
         $crate::conformance_tests!($factory, $crate::Capabilities::default());
     };
     ($factory:expr, $capabilities:expr $(,)?) => {
-        $crate::__with_cases!(tests (new, $factory, $capabilities));
+        $crate::__with_cases!(tests (Some($crate::Suite::new($factory)), $capabilities));
     };
 }
 
@@ -179,14 +188,17 @@ macro_rules! __cases {
             }
         }
     };
-    (tests ($constructor:ident, $factory:expr, $capabilities:expr) $($name:ident => $variant:ident : $doc:literal;)*) => {
+    (tests ($suite:expr, $capabilities:expr) $($name:ident => $variant:ident : $doc:literal;)*) => {
         $(
             #[doc = $doc]
             #[test]
             fn $name() {
-                $crate::Suite::$constructor($factory)
-                    .with_capabilities($capabilities)
-                    .run_blocking($crate::Case::$variant);
+                let suite: ::core::option::Option<$crate::Suite> = $suite;
+                if let ::core::option::Option::Some(suite) = suite {
+                    suite
+                        .with_capabilities($capabilities)
+                        .run_blocking($crate::Case::$variant);
+                }
             }
         )*
     };

@@ -7,7 +7,7 @@
 /// - Unset otherwise: prints a loud notice to stderr and returns `None`; the caller returns
 ///   early.
 ///
-/// ```
+/// ```no_run
 /// // In a test:
 /// let Some(url) = idem_testkit::service_url("IDEM_TEST_EXAMPLE_URL") else { return };
 /// # let _ = url;

@@ -81,6 +81,34 @@ impl Suite {
         suite
     }
 
+    /// A suite over stores on a server whose address is in the environment variable
+    /// `variable`; the factory receives that address.
+    ///
+    /// - Set: the suite.
+    /// - Unset: `None` after a loud notice on stderr, so the caller skips; or a panic when
+    ///   `IDEM_REQUIRE_SERVICES=1`, so CI never skips a backend (see [`crate::service_url`]).
+    ///
+    /// ```no_run
+    /// use idem_core::MemoryStore;
+    /// use idem_testkit::{Case, Suite};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// // MemoryStore stands in for a server-backed store built from the address.
+    /// if let Some(suite) = Suite::for_service("IDEM_TEST_EXAMPLE_URL", |_url| async { MemoryStore::new() }) {
+    ///     suite.run(Case::ScopesAreIsolated).await;
+    /// }
+    /// # });
+    /// ```
+    pub fn for_service<F, Fut, S>(variable: &str, factory: F) -> Option<Self>
+    where
+        F: Fn(String) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = S> + Send + 'static,
+        S: Store + 'static,
+    {
+        let address = crate::service_url(variable)?;
+        Some(Self::new(move || factory(address.clone())))
+    }
+
     /// Declares what the store can do.
     #[must_use]
     pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {

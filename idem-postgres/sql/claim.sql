@@ -1,0 +1,35 @@
+-- One statement per claim. The upsert writes when the key is new, expired, or in progress
+-- with an expired lease under the same fingerprint (a takeover). When it does not write, the
+-- existing record comes back in the same round trip, and the client answers replay,
+-- mismatch or in-flight from it with the state machine.
+-- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
+WITH claimed AS (
+    INSERT INTO {table} AS r
+        (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at,
+         response, steps, resumed)
+    VALUES ($1, $2, $3, 'in_progress', 1, $4,
+            now() + $5::bigint * interval '1 millisecond', now(),
+            now() + $6::bigint * interval '1 millisecond', NULL, '{}'::jsonb, false)
+    ON CONFLICT (scope, key) DO UPDATE SET
+        -- An expired record is replaced by a fresh one; a takeover keeps what it had.
+        fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint ELSE r.fingerprint END,
+        state       = 'in_progress',
+        token       = r.token + 1,
+        attempt     = excluded.attempt,
+        lease_until = excluded.lease_until,
+        created_at  = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
+        expires_at  = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END,
+        response    = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.response END,
+        steps       = CASE WHEN r.expires_at <= now() THEN '{}'::jsonb ELSE r.steps END,
+        resumed     = r.expires_at > now()
+    WHERE r.expires_at <= now()
+       OR (r.fingerprint = excluded.fingerprint
+           AND r.state = 'in_progress'
+           AND r.lease_until <= now())
+    RETURNING {columns}
+)
+SELECT true AS claimed, * FROM claimed
+UNION ALL
+SELECT false AS claimed, {columns}
+FROM {table}
+WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)

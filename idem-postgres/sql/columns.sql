@@ -1,0 +1,12 @@
+state,
+token,
+attempt,
+fingerprint,
+floor(extract(epoch FROM lease_until) * 1000)::bigint AS lease_until_ms,
+floor(extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
+floor(extract(epoch FROM expires_at) * 1000)::bigint AS expires_at_ms,
+response,
+resumed,
+ARRAY(SELECT s.key FROM jsonb_each_text(steps) AS s ORDER BY s.key) AS step_names,
+ARRAY(SELECT decode(s.value, 'base64') FROM jsonb_each_text(steps) AS s ORDER BY s.key) AS step_values,
+floor(extract(epoch FROM now()) * 1000)::bigint AS now_ms

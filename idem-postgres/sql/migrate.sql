@@ -1,0 +1,27 @@
+-- idem's table. {table} is the configured (validated) table name, {index} a prefix for
+-- index names derived from it. Every statement is idempotent: migrate() may run at every
+-- start, from many processes at once (it runs under an advisory lock).
+CREATE TABLE IF NOT EXISTS {table} (
+    scope       text        NOT NULL,
+    key         text        NOT NULL,
+    fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
+    state       text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
+    token       bigint      NOT NULL CHECK (token >= 1),
+    attempt     bytea       NOT NULL CHECK (octet_length(attempt) = 16),
+    lease_until timestamptz NOT NULL,
+    created_at  timestamptz NOT NULL,
+    expires_at  timestamptz NOT NULL,
+    response    bytea,
+    -- Checkpoints: step name -> base64 of its value.
+    steps       jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    -- Whether the last claim took over from another attempt.
+    resumed     boolean     NOT NULL DEFAULT false,
+    PRIMARY KEY (scope, key)
+);
+
+-- purge_expired scans by expiry.
+CREATE INDEX IF NOT EXISTS {index}_expires_at ON {table} (expires_at);
+
+-- Finding stuck work: in-progress records by lease end.
+CREATE INDEX IF NOT EXISTS {index}_in_progress_lease ON {table} (lease_until)
+    WHERE state = 'in_progress';

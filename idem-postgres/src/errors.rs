@@ -1,0 +1,87 @@
+//! sqlx errors mapped to idem's error kinds, with the retryable flag set.
+
+use idem_core::{Operation, StoreError};
+
+/// SQLSTATE classes and codes a retry can get past.
+fn retryable_code(code: &str) -> bool {
+    matches!(
+        code,
+        "40001" // serialization_failure
+            | "40P01" // deadlock_detected
+            | "55P03" // lock_not_available
+            | "57P01" // admin_shutdown
+            | "57P02" // crash_shutdown
+            | "57P03" // cannot_connect_now
+            | "57014" // query_canceled (statement timeout)
+    ) || code.starts_with("08") // connection exceptions
+        || code.starts_with("53") // insufficient resources
+}
+
+pub(crate) fn map(operation: Operation, err: sqlx::Error) -> StoreError {
+    match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => StoreError::Unavailable {
+            operation,
+            source: err.into(),
+        },
+        sqlx::Error::Configuration(_) => StoreError::Misconfigured {
+            operation,
+            source: err.into(),
+        },
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreError::Corrupt {
+            what: "a column of the record",
+            source: Some(err.into()),
+        },
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|code| code.into_owned()).unwrap_or_default();
+            if code == "40001" || code == "40P01" || code == "55P03" {
+                StoreError::Busy {
+                    operation,
+                    source: err.into(),
+                }
+            } else if retryable_code(&code) {
+                StoreError::Unavailable {
+                    operation,
+                    source: err.into(),
+                }
+            } else if code == "42P01" || code == "42703" || code.starts_with("28") {
+                // Undefined table or column (migrate() not run), or bad credentials.
+                StoreError::Misconfigured {
+                    operation,
+                    source: err.into(),
+                }
+            } else {
+                StoreError::Backend {
+                    operation,
+                    retryable: false,
+                    source: err.into(),
+                }
+            }
+        }
+        _ => StoreError::Backend {
+            operation,
+            retryable: false,
+            source: err.into(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_loss_is_retryable_and_config_is_not() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(map(Operation::Claim, io).is_retryable());
+        assert!(map(Operation::Claim, sqlx::Error::PoolTimedOut).is_retryable());
+        let config = sqlx::Error::Configuration("bad url".into());
+        assert!(!map(Operation::Setup, config).is_retryable());
+        assert!(retryable_code("40001") && retryable_code("08006") && retryable_code("53300"));
+        assert!(!retryable_code("23505") && !retryable_code("42P01"));
+    }
+}

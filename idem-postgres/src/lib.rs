@@ -1,0 +1,57 @@
+//! # idem-postgres
+//!
+//! The PostgreSQL store for [idem](idem_core), over an sqlx [`PgPool`](sqlx::PgPool).
+//!
+//! ```no_run
+//! use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+//! use idem_postgres::PostgresStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
+//! let store = PostgresStore::new(pool);
+//! store.migrate().await?; // creates the table when missing; safe at every start
+//! let idem = Idempotency::new(store);
+//! let key = Key::new("acct_42/payments.create", "order-1187")?;
+//! let done = idem
+//!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
+//!         Ok::<_, WorkError<()>>("charged".to_string())
+//!     })
+//!     .await?;
+//! # let _ = done;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## The table
+//!
+//! [`PostgresStore::migrate`] runs this DDL, with `{table}` the configured name
+//! (`idem_records` by default) and `{index}` its unqualified part. To manage the schema
+//! yourself, run the same statements in your own migrations.
+//!
+//! ```sql
+#![doc = include_str!("../sql/migrate.sql")]
+//! ```
+//!
+//! ## Completing in your own transaction
+//!
+//! When the work's effect is rows in the same database, write them and mark the key
+//! completed in one transaction with [`PostgresStore::complete_in`]: both commit or
+//! neither does.
+//!
+//! ## Errors
+//!
+//! sqlx errors become [`StoreError`](idem_core::StoreError)s: connection loss, pool
+//! timeouts, serialization failures and deadlocks are retryable; a missing table (run
+//! `migrate()`), bad credentials and constraint violations are not.
+
+#![warn(missing_docs)]
+
+mod errors;
+mod queries;
+mod rows;
+mod store;
+mod table;
+
+pub use sqlx;
+pub use store::{PostgresStore, PostgresStoreBuilder};
+pub use table::{DEFAULT_TABLE, TableNameError};

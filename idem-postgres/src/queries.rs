@@ -1,0 +1,50 @@
+//! The SQL, read from `sql/*.sql` and specialised once for the configured table.
+
+use std::sync::Arc;
+
+use crate::table::TableName;
+
+const MIGRATE: &str = include_str!("../sql/migrate.sql");
+const COLUMNS: &str = include_str!("../sql/columns.sql");
+const CLAIM: &str = include_str!("../sql/claim.sql");
+const SELECT: &str = include_str!("../sql/select.sql");
+const FINISH: &str = include_str!("../sql/finish.sql");
+const RELEASE: &str = include_str!("../sql/release.sql");
+const RENEW: &str = include_str!("../sql/renew.sql");
+const CHECKPOINT: &str = include_str!("../sql/checkpoint.sql");
+const PURGE: &str = include_str!("../sql/purge.sql");
+
+/// Every statement the store runs, for one table.
+#[derive(Debug)]
+pub(crate) struct Queries {
+    pub(crate) migrate: Arc<str>,
+    pub(crate) claim: Arc<str>,
+    pub(crate) select: Arc<str>,
+    pub(crate) finish: Arc<str>,
+    pub(crate) release: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) checkpoint: Arc<str>,
+    pub(crate) purge: Arc<str>,
+}
+
+impl Queries {
+    pub(crate) fn for_table(table: &TableName) -> Self {
+        // Only validated identifiers are spliced in; every value is a bind parameter.
+        let render = |sql: &str| -> Arc<str> {
+            sql.replace("{columns}", COLUMNS.trim_end())
+                .replace("{table}", table.qualified())
+                .replace("{index}", table.table())
+                .into()
+        };
+        Self {
+            migrate: render(MIGRATE),
+            claim: render(CLAIM),
+            select: render(SELECT),
+            finish: render(FINISH),
+            release: render(RELEASE),
+            renew: render(RENEW),
+            checkpoint: render(CHECKPOINT),
+            purge: render(PURGE),
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! `PostgresStore`: one statement per transition, times from the database clock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Key, Lease, Operation, Record, RenewOutcome, StepName, Store,
+    StoreError, WriteOutcome, machine,
+};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
+
+use crate::errors::map;
+use crate::queries::Queries;
+use crate::rows::{self, DecodeError};
+use crate::table::{DEFAULT_TABLE, TableName, TableNameError};
+
+/// Upper bound on rows one purge statement deletes, so a large backlog is cleared in
+/// short transactions.
+const PURGE_BATCH: usize = 1_000;
+
+/// How often a claim statement is re-run when a concurrent transaction changed the row
+/// between the statement's conflict check and its read (rare; each retry is cheap).
+const CLAIM_ATTEMPTS: usize = 8;
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn token(lease: &Lease) -> i64 {
+    // Tokens past i64::MAX cannot exist in the table, so such a lease is fenced anyway.
+    i64::try_from(lease.token).unwrap_or(i64::MAX)
+}
+
+/// An idem [`Store`] in a PostgreSQL table, over an sqlx [`PgPool`].
+///
+/// - `claim` is one `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ... RETURNING`
+///   statement that also returns the existing record when it does not write, so a
+///   replay, a mismatch or an in-flight answer costs one round trip.
+/// - Every fenced write is one `UPDATE ... WHERE scope = $1 AND key = $2 AND token = $3
+///   AND attempt = $4 AND state = 'in_progress'`.
+/// - All times come from the database's `now()`, never from the client.
+/// - The table is created by [`PostgresStore::migrate`]; its name is configurable.
+///
+/// ```no_run
+/// use idem_core::Idempotency;
+/// use idem_postgres::PostgresStore;
+/// use sqlx::PgPool;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = PgPool::connect("postgres://app@127.0.0.1/app").await?;
+/// let store = PostgresStore::builder(pool).table("billing.idem_records")?.build();
+/// store.migrate().await?;
+/// let idem = Idempotency::new(store);
+/// # let _ = idem;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    table: TableName,
+    queries: Arc<Queries>,
+}
+
+/// Settings for a [`PostgresStore`]; see [`PostgresStore::builder`].
+#[derive(Debug)]
+#[must_use = "call build() to get the store"]
+pub struct PostgresStoreBuilder {
+    pool: PgPool,
+    table: TableName,
+}
+
+impl PostgresStoreBuilder {
+    /// The table to use: `name` or `schema.name` (default `idem_records`).
+    ///
+    /// # Errors
+    /// [`TableNameError`] unless each part is a plain identifier (ASCII letters, digits,
+    /// underscores; the table part at most 40 bytes).
+    pub fn table(mut self, name: &str) -> Result<Self, TableNameError> {
+        self.table = TableName::parse(name)?;
+        Ok(self)
+    }
+
+    /// Builds the store. Call [`PostgresStore::migrate`] before first use.
+    pub fn build(self) -> PostgresStore {
+        PostgresStore {
+            queries: Arc::new(Queries::for_table(&self.table)),
+            pool: self.pool,
+            table: self.table,
+        }
+    }
+}
+
+impl PostgresStore {
+    /// A store on the default table, `idem_records`.
+    pub fn new(pool: PgPool) -> Self {
+        Self::builder(pool).build()
+    }
+
+    /// Starts a builder over `pool`.
+    pub fn builder(pool: PgPool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            pool,
+            table: TableName::parse(DEFAULT_TABLE).unwrap_or_else(|_| unreachable!("valid")),
+        }
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates the table and its indexes when missing (the DDL is in the crate docs).
+    /// Idempotent, and safe to run from many processes at once: it holds a transaction
+    /// advisory lock while it runs.
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the database refuses (missing privileges, say).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let setup = |err| map(Operation::Setup, err);
+        let mut tx = self.pool.begin().await.map_err(setup)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem.migrate'))")
+            .execute(&mut *tx)
+            .await
+            .map_err(setup)?;
+        sqlx::raw_sql(AssertSqlSafe(self.queries.migrate.to_string()))
+            .execute(&mut *tx)
+            .await
+            .map_err(setup)?;
+        tx.commit().await.map_err(setup)
+    }
+
+    /// Marks the key completed inside the caller's own transaction, so that business rows
+    /// written in the same transaction and the key's completion commit together, or
+    /// neither does.
+    ///
+    /// - Same rules as [`Store::complete`]: fenced by the lease; `Fenced` changes nothing,
+    ///   and the caller should roll back.
+    /// - Pass `&mut *tx` for an sqlx `Transaction<'_, Postgres>`.
+    /// - Store as `response` the bytes the driver would store (the JSON of the value the
+    ///   work returns): the driver's own `complete` afterwards finds the record completed
+    ///   by the same owner and leaves it as it is.
+    /// - If the transaction rolls back, the record stays in progress under the lease and is
+    ///   claimable again once the lease is released or expires.
+    ///
+    /// ```no_run
+    /// # use idem_core::{Lease, WriteOutcome};
+    /// # use idem_postgres::PostgresStore;
+    /// # async fn pay(store: &PostgresStore, lease: &Lease) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = store.pool().begin().await?;
+    /// sqlx::query("INSERT INTO ledger (order_id, cents) VALUES ($1, $2)")
+    ///     .bind("order-7")
+    ///     .bind(500_i64)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// match store.complete_in(&mut tx, lease, br#"{"paid":500}"#).await? {
+    ///     WriteOutcome::Applied => tx.commit().await?, // debit and completion land together
+    ///     _ => tx.rollback().await?,                   // another attempt owns the key
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// A [`StoreError`] when the database fails; roll the transaction back then.
+    pub async fn complete_in(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        response: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        let applied: bool = self
+            .finish_query(lease, response, "completed")
+            .fetch_one(&mut *conn)
+            .await
+            .and_then(|row| row.try_get("applied"))
+            .map_err(|err| map(Operation::Complete, err))?;
+        Ok(if applied {
+            WriteOutcome::Applied
+        } else {
+            WriteOutcome::Fenced
+        })
+    }
+
+    fn fenced<'q>(&self, sql: &Arc<str>, lease: &'q Lease) -> Query<'q, Postgres, PgArguments> {
+        sqlx::query(AssertSqlSafe(Arc::clone(sql)))
+            .bind(lease.key.scope())
+            .bind(lease.key.key())
+            .bind(token(lease))
+            .bind(&lease.attempt.as_bytes()[..])
+    }
+
+    fn finish_query<'q>(
+        &self,
+        lease: &'q Lease,
+        response: &'q [u8],
+        state: &'static str,
+    ) -> Query<'q, Postgres, PgArguments> {
+        self.fenced(&self.queries.finish, lease)
+            .bind(response)
+            .bind(state)
+    }
+
+    async fn finish(
+        &self,
+        operation: Operation,
+        lease: &Lease,
+        response: &[u8],
+        state: &'static str,
+    ) -> Result<WriteOutcome, StoreError> {
+        let applied: bool = self
+            .finish_query(lease, response, state)
+            .fetch_one(&self.pool)
+            .await
+            .and_then(|row| row.try_get("applied"))
+            .map_err(|err| map(operation, err))?;
+        Ok(if applied {
+            WriteOutcome::Applied
+        } else {
+            WriteOutcome::Fenced
+        })
+    }
+
+    async fn fenced_update(
+        &self,
+        operation: Operation,
+        query: Query<'_, Postgres, PgArguments>,
+    ) -> Result<WriteOutcome, StoreError> {
+        let done = query
+            .execute(&self.pool)
+            .await
+            .map_err(|err| map(operation, err))?;
+        Ok(if done.rows_affected() == 1 {
+            WriteOutcome::Applied
+        } else {
+            WriteOutcome::Fenced
+        })
+    }
+
+    async fn select(&self, key: &Key, operation: Operation) -> Result<Option<PgRow>, StoreError> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.select)))
+            .bind(key.scope())
+            .bind(key.key())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| map(operation, err))
+    }
+}
+
+fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<rows::Decoded, StoreError> {
+    rows::decode(key, row).map_err(|err| match err {
+        DecodeError::Sqlx(err) => map(operation, err),
+        DecodeError::Corrupt(what) => StoreError::Corrupt { what, source: None },
+    })
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.table)
+            .field("pool_size", &self.pool.size())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let key = &request.key;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.claim)))
+                .bind(key.scope())
+                .bind(key.key())
+                .bind(&request.fingerprint.as_bytes()[..])
+                .bind(&request.attempt.as_bytes()[..])
+                .bind(millis(request.lease))
+                .bind(millis(request.retention))
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(|err| map(Operation::Claim, err))?;
+            // No row: a concurrent transaction inserted the key after this statement's
+            // snapshot was taken, so its read saw nothing. One more read sees it.
+            let (claimed, row) = match row {
+                Some(row) => {
+                    let claimed: bool = row
+                        .try_get("claimed")
+                        .map_err(|err| map(Operation::Claim, err))?;
+                    (claimed, row)
+                }
+                None => match self.select(key, Operation::Claim).await? {
+                    Some(row) => (false, row),
+                    None => continue, // purged meanwhile: claim again
+                },
+            };
+            let decoded = decode(key, &row, Operation::Claim)?;
+            if claimed {
+                return Ok(ClaimOutcome::Claimed {
+                    lease: machine::lease_of(&decoded.record),
+                    resumed: decoded.resumed,
+                    steps: decoded.record.steps,
+                });
+            }
+            // The record as it is: the state machine answers for it. If it says a write
+            // was due, the row changed under the statement: run it again.
+            let answer = machine::claim(Some(&decoded.record), request, decoded.now);
+            if answer.write.is_none() {
+                return Ok(answer.outcome);
+            }
+        }
+        Err(StoreError::Busy {
+            operation: Operation::Claim,
+            source: "the record kept changing under concurrent claims; retry".into(),
+        })
+    }
+
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.finish(Operation::Complete, lease, response, "completed")
+            .await
+    }
+
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.finish(Operation::Fail, lease, response, "failed")
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        let query = self.fenced(&self.queries.release, lease);
+        self.fenced_update(Operation::Release, query).await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        let row = self
+            .fenced(&self.queries.renew, lease)
+            .bind(millis(extend))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|err| map(Operation::Renew, err))?;
+        let Some(row) = row else {
+            return Ok(RenewOutcome::Fenced);
+        };
+        let lease_until: i64 = row
+            .try_get("lease_until_ms")
+            .map_err(|err| map(Operation::Renew, err))?;
+        let lease_until = rows::millis(lease_until).map_err(|_| StoreError::Corrupt {
+            what: "a lease end before 1970",
+            source: None,
+        })?;
+        Ok(RenewOutcome::Renewed(Lease {
+            lease_until,
+            ..lease.clone()
+        }))
+    }
+
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        let query = self
+            .fenced(&self.queries.checkpoint, lease)
+            .bind(step.as_str())
+            .bind(value);
+        self.fenced_update(Operation::Checkpoint, query).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let Some(row) = self.select(key, Operation::Get).await? else {
+            return Ok(None);
+        };
+        let decoded = decode(key, &row, Operation::Get)?;
+        Ok(machine::visible(Some(&decoded.record), decoded.now).cloned())
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        while purged < limit {
+            let batch = (limit - purged).min(PURGE_BATCH);
+            let done = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.purge)))
+                .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+                .execute(&self.pool)
+                .await
+                .map_err(|err| map(Operation::PurgeExpired, err))?;
+            let deleted = usize::try_from(done.rows_affected()).unwrap_or(usize::MAX);
+            purged += deleted;
+            if deleted < batch {
+                break;
+            }
+        }
+        Ok(purged)
+    }
+}

@@ -1,0 +1,140 @@
+//! The configurable table name, validated so it can be spliced into SQL safely.
+
+use std::fmt;
+
+/// The table name used when none is configured.
+pub const DEFAULT_TABLE: &str = "idem_records";
+
+/// Why a table name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TableNameError {
+    /// The name (or its schema part) was empty.
+    #[error("the table name is empty; use a name such as `idem_records` or `app.idem_records`")]
+    Empty,
+    /// A part was longer than PostgreSQL's 63-byte identifier limit (index names built
+    /// from it need room too, so the table part is held to 40 bytes).
+    #[error("`{part}` is {len} bytes long, over the limit of {max} bytes")]
+    TooLong {
+        /// The offending part.
+        part: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A part held something other than ASCII letters, digits and underscores, or began
+    /// with a digit.
+    #[error(
+        "`{part}` is not a plain identifier: use ASCII letters, digits and underscores, not starting with a digit"
+    )]
+    NotAnIdentifier {
+        /// The offending part.
+        part: String,
+    },
+}
+
+/// A table name: `table` or `schema.table`, plain lower-case-safe identifiers only.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct TableName {
+    qualified: String,
+    table: String,
+}
+
+fn check(part: &str, max: usize) -> Result<(), TableNameError> {
+    if part.is_empty() {
+        return Err(TableNameError::Empty);
+    }
+    if part.len() > max {
+        return Err(TableNameError::TooLong {
+            part: part.to_owned(),
+            len: part.len(),
+            max,
+        });
+    }
+    let mut chars = part.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return Err(TableNameError::NotAnIdentifier {
+            part: part.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+impl TableName {
+    pub(crate) fn parse(name: &str) -> Result<Self, TableNameError> {
+        let (schema, table) = match name.split_once('.') {
+            Some((schema, table)) => (Some(schema), table),
+            None => (None, name),
+        };
+        if let Some(schema) = schema {
+            check(schema, 63)?;
+        }
+        check(table, 40)?;
+        Ok(Self {
+            qualified: name.to_ascii_lowercase(),
+            table: table.to_ascii_lowercase(),
+        })
+    }
+
+    /// The name to write in SQL (`schema.table` or `table`).
+    pub(crate) fn qualified(&self) -> &str {
+        &self.qualified
+    }
+
+    /// The unqualified name, for index names.
+    pub(crate) fn table(&self) -> &str {
+        &self.table
+    }
+}
+
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.qualified)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_and_qualified_names() {
+        assert_eq!(
+            TableName::parse("idem_records").unwrap().qualified(),
+            "idem_records"
+        );
+        let qualified = TableName::parse("Billing.Idem_2").unwrap();
+        assert_eq!(
+            (qualified.qualified(), qualified.table()),
+            ("billing.idem_2", "idem_2")
+        );
+    }
+
+    #[test]
+    fn refuses_anything_that_could_be_sql() {
+        for bad in [
+            "",
+            "a;drop table x",
+            "1abc",
+            "a b",
+            "a.b.c",
+            "\"q\"",
+            "a-b",
+            "é",
+        ] {
+            assert!(TableName::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(matches!(
+            TableName::parse(&"t".repeat(41)),
+            Err(TableNameError::TooLong {
+                len: 41,
+                max: 40,
+                ..
+            })
+        ));
+    }
+}

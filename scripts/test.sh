@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SERVICES=(postgres)
+SERVICES=(postgres redis redis-cluster)
 
 if services_env=$(scripts/services.sh start "${SERVICES[@]}"); then
   eval "$services_env"

@@ -19,6 +19,10 @@ pub struct Capabilities {
     /// True when the store declared `max_response_bytes` as its own limit: one byte more
     /// must then be refused with `StoreError::ResponseTooLarge`, writing nothing.
     pub max_response_bytes_is_limit: bool,
+    /// True when the store deletes a record by itself the moment it becomes purgeable
+    /// (expired, and no live lease), as Redis does with `PEXPIREAT`: `purge_expired` then
+    /// finds nothing, and a key claimed again after that starts over at token 1.
+    pub expired_records_vanish: bool,
     /// The clock the store reads, set by [`Suite::with_manual_clock`](crate::Suite::with_manual_clock).
     pub(crate) manual_clock: Option<ManualClock>,
 }
@@ -28,12 +32,20 @@ impl Default for Capabilities {
         Self {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             max_response_bytes_is_limit: false,
+            expired_records_vanish: false,
             manual_clock: None,
         }
     }
 }
 
 impl Capabilities {
+    /// Declares that the store deletes records itself once they are purgeable.
+    #[must_use]
+    pub fn with_expired_records_vanishing(mut self) -> Self {
+        self.expired_records_vanish = true;
+        self
+    }
+
     /// Declares the store's largest response, which it must enforce itself.
     #[must_use]
     pub fn with_max_response_bytes(mut self, limit: usize) -> Self {

@@ -126,6 +126,13 @@ impl Model {
         outcome
     }
 
+    /// Deletes what a store whose records vanish by themselves has deleted by now.
+    fn vanish(&mut self) {
+        let now = self.now;
+        self.records
+            .retain(|_, record| !machine::is_purgeable(record, now));
+    }
+
     fn purge(&mut self) -> usize {
         let before = self.records.len();
         let now = self.now;
@@ -184,7 +191,7 @@ fn comparable_renew(outcome: &RenewOutcome) -> String {
 }
 
 /// Runs one sequence on a fresh store and on the model; the first disagreement is an error.
-async fn check_sequence(store: &dyn Store, ops: &[Op]) -> Result<(), String> {
+async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(), String> {
     let attempts: Vec<AttemptId> = (0..ATTEMPTS).map(|_| AttemptId::random()).collect();
     let mut model = Model {
         records: BTreeMap::new(),
@@ -197,6 +204,9 @@ async fn check_sequence(store: &dyn Store, ops: &[Op]) -> Result<(), String> {
         |i: usize, err: idem_core::StoreError| format!("op {i}: the store failed: {err}");
 
     for (i, op) in ops.iter().enumerate() {
+        if vanish {
+            model.vanish();
+        }
         let lease_at = |index: usize| leases.get(index % leases.len().max(1)).cloned();
         let (actual, expected) = match *op {
             Op::Claim {
@@ -319,7 +329,7 @@ async fn check_sequence(store: &dyn Store, ops: &[Op]) -> Result<(), String> {
 }
 
 /// Generates sequences, runs each on a fresh store, and shrinks the first failure.
-pub(crate) async fn run<F, Fut>(factory: F)
+pub(crate) async fn run<F, Fut>(factory: F, vanish: bool)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Store>>,
@@ -335,14 +345,15 @@ where
         let mut tree = strategy
             .new_tree(&mut runner)
             .expect("the strategy always generates");
-        let Err(first) = check_sequence(factory().await.as_ref(), &tree.current()).await else {
+        let Err(first) = check_sequence(factory().await.as_ref(), &tree.current(), vanish).await
+        else {
             continue;
         };
         let (mut smallest, mut reason) = (tree.current(), first);
         let mut steps = 0;
         while steps < MAX_SHRINK_STEPS && tree.simplify() {
             steps += 1;
-            match check_sequence(factory().await.as_ref(), &tree.current()).await {
+            match check_sequence(factory().await.as_ref(), &tree.current(), vanish).await {
                 Err(why) => (smallest, reason) = (tree.current(), why),
                 Ok(()) => {
                     if !tree.complicate() {

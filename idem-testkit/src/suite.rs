@@ -192,12 +192,13 @@ impl Suite {
     /// runtime; the stores it makes live on that runtime.
     async fn run_model(&self) {
         let factory = Arc::clone(&self.factory);
+        let vanish = self.capabilities.expired_records_vanish;
         let run = tokio::task::spawn_blocking(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a Tokio runtime for the model-based case")
-                .block_on(model::run(|| factory()))
+                .block_on(model::run(|| factory(), vanish))
         });
         if let Err(err) = run.await {
             match err.try_into_panic() {

@@ -1,0 +1,88 @@
+-- Helpers shared by every script; each script's file is appended to this one.
+--
+-- A record is one hash: f fingerprint, s state, t token, a attempt, l lease end (ms),
+-- c created (ms), e expires (ms), r response, z 1 when the last claim was a takeover,
+-- and one field "step:<name>" per checkpoint. Times are milliseconds on the server's clock.
+
+-- Integers as text without an exponent (tostring(1.7e12) would give "1.7e+12").
+local function num(n)
+  return string.format('%.0f', n)
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A record vanishes once it is expired and no live lease holds it (what purge_expired
+-- removes elsewhere); Redis deletes it then on its own, through PEXPIREAT.
+local function purgeable(r, now)
+  return now >= r.e and not (r.s == 'in_progress' and now < r.l)
+end
+
+-- The record, or nil when there is none (deleting one whose moment to vanish has come
+-- but which Redis has not yet deleted: within the same millisecond, say).
+local function load(key, now)
+  local raw = redis.call('HGETALL', key)
+  if #raw == 0 then
+    return nil
+  end
+  local r = { steps = {} }
+  for i = 1, #raw, 2 do
+    local field, value = raw[i], raw[i + 1]
+    if string.sub(field, 1, 5) == 'step:' then
+      table.insert(r.steps, string.sub(field, 6))
+      table.insert(r.steps, value)
+    else
+      r[field] = value
+    end
+  end
+  r.t, r.l, r.c, r.e = tonumber(r.t), tonumber(r.l), tonumber(r.c), tonumber(r.e)
+  if purgeable(r, now) then
+    redis.call('DEL', key)
+    return nil
+  end
+  return r
+end
+
+-- Keep the key exactly as long as it may be needed: until it expires, or until its lease
+-- ends if that is later.
+local function keep(key, r, now)
+  local until_ms = r.e
+  if r.s == 'in_progress' and r.l > until_ms then
+    until_ms = r.l
+  end
+  if until_ms <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIREAT', key, num(until_ms))
+  end
+end
+
+-- The record when it is unexpired, in progress-or-finished, and owned by this lease.
+local function owned(key, token, attempt, now)
+  local r = load(key, now)
+  if r == nil or now >= r.e or r.t ~= token or r.a ~= attempt then
+    return nil
+  end
+  return r
+end
+
+-- complete and fail: 1 when applied (or already applied by this owner), 0 when fenced.
+local function finish(key, token, attempt, response, terminal)
+  local now = now_ms()
+  local r = owned(key, token, attempt, now)
+  if r == nil then
+    return 0
+  end
+  if r.s == terminal then
+    return 1
+  end
+  if r.s ~= 'in_progress' then
+    return 0
+  end
+  redis.call('HSET', key, 's', terminal, 'r', response)
+  r.s = terminal
+  keep(key, r, now)
+  return 1
+end

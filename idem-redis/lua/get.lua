@@ -1,0 +1,16 @@
+-- get. KEYS[1] record. {} when absent or expired, else {fingerprint, state, token, attempt,
+-- lease_until, created_at, expires_at, has_response, response, step, value, ...}.
+local now = now_ms()
+local r = load(KEYS[1], now)
+if r == nil or now >= r.e then
+  return {}
+end
+local has_response = 0
+if r.r ~= nil then
+  has_response = 1
+end
+local reply = { r.f, r.s, r.t, r.a, r.l, r.c, r.e, has_response, r.r or '' }
+for _, item in ipairs(r.steps) do
+  table.insert(reply, item)
+end
+return reply

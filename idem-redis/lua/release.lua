@@ -1,0 +1,11 @@
+-- release. KEYS[1] record; ARGV token, attempt. 1 applied, 0 fenced.
+local key = KEYS[1]
+local now = now_ms()
+local r = owned(key, tonumber(ARGV[1]), ARGV[2], now)
+if r == nil or r.s ~= 'in_progress' then
+  return 0
+end
+r.l = now
+redis.call('HSET', key, 'l', num(now))
+keep(key, r, now)
+return 1

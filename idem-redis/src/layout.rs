@@ -1,0 +1,62 @@
+//! Where a record lives: one hash per key, under the configured prefix, with a hash tag.
+
+use idem_core::Key;
+
+/// The prefix used when none is configured.
+pub const DEFAULT_PREFIX: &str = "idem:";
+
+/// Why a key prefix was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrefixError {
+    /// The prefix held `{` or `}`, which would change the key's cluster hash tag.
+    #[error("the key prefix must not contain '{{' or '}}': they decide a key's cluster slot")]
+    Braces,
+    /// The prefix was longer than 128 bytes.
+    #[error("the key prefix is {len} bytes long, over the limit of 128")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
+}
+
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), PrefixError> {
+    if prefix.contains(['{', '}']) {
+        return Err(PrefixError::Braces);
+    }
+    if prefix.len() > 128 {
+        return Err(PrefixError::TooLong { len: prefix.len() });
+    }
+    Ok(())
+}
+
+/// `<prefix>{<scope length>:<scope>:<key>}`: the length keeps ("ab", "c") and ("a", "bc")
+/// apart, and the braces make the whole record one cluster hash tag. A `}` inside the
+/// scope or key only shortens the tag; the key is still the same for every call.
+pub(crate) fn record_key(prefix: &str, key: &Key) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + key.scope().len() + key.key().len() + 8);
+    out.extend_from_slice(prefix.as_bytes());
+    out.push(b'{');
+    out.extend_from_slice(key.scope().len().to_string().as_bytes());
+    out.push(b':');
+    out.extend_from_slice(key.scope().as_bytes());
+    out.push(b':');
+    out.extend_from_slice(key.key().as_bytes());
+    out.push(b'}');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unambiguous_and_tagged() {
+        let a = record_key("p:", &Key::new("ab", "c").unwrap());
+        let b = record_key("p:", &Key::new("a", "bc").unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a, b"p:{2:ab:c}");
+        assert_eq!(check_prefix("app{1}"), Err(PrefixError::Braces));
+        assert!(check_prefix("billing:idem:").is_ok());
+    }
+}

@@ -1,0 +1,66 @@
+//! # idem-redis
+//!
+//! The Redis store for [idem](idem_core): standalone Redis through a
+//! [`ConnectionManager`](redis::aio::ConnectionManager), or Redis Cluster, behind one
+//! type, [`RedisStore`]. Every transition is one Lua script that runs atomically on the
+//! server, reads the server's clock, and touches one key.
+//!
+//! ```no_run
+//! use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+//! use idem_redis::RedisStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let idem = Idempotency::new(RedisStore::standalone("redis://127.0.0.1:6379").await?);
+//! let key = Key::new("acct_42/payments.create", "order-1187")?;
+//! let done = idem
+//!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
+//!         Ok::<_, WorkError<()>>("charged".to_string())
+//!     })
+//!     .await?;
+//! # let _ = done;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Configuring Redis for these guarantees
+//!
+//! idem's promise (the work runs once, every retry gets the first result) holds only as
+//! long as Redis keeps what it acknowledged. Configure the server accordingly:
+//!
+//! - **Persistence.** Turn on the append-only file. With `appendonly yes` and
+//!   `appendfsync everysec`, a crash of the Redis machine (not just the process) can lose
+//!   about the last second of acknowledged writes: a claim or a completed result written
+//!   in that second disappears, so a retry may run the work again. With
+//!   `appendfsync always`, every write is on disk before it is acknowledged and a crash
+//!   loses nothing, at the cost of a disk sync per write. Without persistence (or with RDB
+//!   snapshots only), a restart loses every record.
+//! - **No eviction.** Set `maxmemory-policy noeviction`. Any evicting policy may delete a
+//!   record early, turning a replay into a second execution; with `noeviction` a full
+//!   Redis refuses new claims instead (an error, so the work does not run).
+//! - **Failover.** Replication is asynchronous. When a primary fails and a replica is
+//!   promoted, writes the replica had not yet received are lost, with the same effect as
+//!   a lost second above. Where that matters, put downstream effects behind their own
+//!   idempotency ([`Context::derive`](idem_core::Context::derive)) or use a store with
+//!   synchronous durability (PostgreSQL).
+//! - **Memory.** Each record costs its response plus about 200 bytes; retention bounds how
+//!   many records live at once.
+//!
+//! ## Layout
+//!
+//! Record `(scope, key)` is the hash `<prefix>{<scope length>:<scope>:<key>}`: fields
+//! `f` fingerprint, `s` state, `t` token, `a` attempt, `l` lease end, `c` created,
+//! `e` expires (milliseconds), `r` response, `z` takeover flag, and `step:<name>` per
+//! checkpoint. A record lives until it expires or its lease ends, whichever is later;
+//! Redis deletes it then, so `purge_expired` returns 0, and a key claimed again after its
+//! record vanished starts over at token 1.
+
+#![warn(missing_docs)]
+
+mod errors;
+mod layout;
+mod scripts;
+mod store;
+
+pub use layout::{DEFAULT_PREFIX, PrefixError};
+pub use redis;
+pub use store::RedisStore;

@@ -1,0 +1,390 @@
+//! `RedisStore`: every transition one Lua script, atomic on the server.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    AttemptId, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Operation, Record,
+    RenewOutcome, State, StepName, Steps, Store, StoreError, Timestamp, WriteOutcome,
+};
+use redis::aio::ConnectionManager;
+use redis::cluster_async::ClusterConnection;
+use redis::{FromRedisValue, RedisResult, ScriptInvocation, Value};
+
+use crate::errors::{map, unexpected};
+use crate::layout::{self, DEFAULT_PREFIX, PrefixError};
+use crate::scripts::Scripts;
+
+/// The two kinds of connection, behind one store type.
+#[derive(Clone)]
+enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<T> {
+        // Both handles are cheap clones over one multiplexed connection (per node).
+        match self {
+            Connection::Standalone(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await,
+        }
+    }
+}
+
+/// An idem [`Store`] in Redis or Redis Cluster.
+///
+/// - Each transition is one Lua script (`lua/*.lua`), atomic on the server, sent with
+///   `EVALSHA` and loaded again transparently after `NOSCRIPT`.
+/// - Each record is one hash whose key carries a `{...}` hash tag, so every script touches
+///   one key in one cluster slot.
+/// - Time is the server's (`TIME` inside the script), never the client's.
+/// - Retention is `PEXPIREAT`: a record lives until it expires, or until its lease ends if
+///   that is later, and Redis deletes it then. So `purge_expired` has nothing to do, and a
+///   key claimed again after its record vanished starts again at token 1 (the attempt id
+///   still fences the old owner out).
+/// - A key prefix (default `idem:`) lets several applications share one Redis.
+///
+/// Read the crate docs for the server configuration the guarantees depend on.
+///
+/// ```no_run
+/// use idem_core::Idempotency;
+/// use idem_redis::RedisStore;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::standalone("redis://127.0.0.1:6379").await?.with_prefix("billing:idem:")?;
+/// let idem = Idempotency::new(store);
+/// # let _ = idem;
+/// let cluster = RedisStore::cluster(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"]).await?;
+/// # let _ = cluster;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    connection: Connection,
+    prefix: Arc<str>,
+    scripts: Arc<Scripts>,
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn timestamp(value: i64) -> Result<Timestamp, StoreError> {
+    u64::try_from(value)
+        .map(Timestamp::from_unix_millis)
+        .map_err(|_| unexpected("a negative time"))
+}
+
+fn int(value: &Value) -> Result<i64, StoreError> {
+    match value {
+        Value::Int(n) => Ok(*n),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .ok_or_else(|| unexpected("a number that does not parse")),
+        _ => Err(unexpected("a reply that is not a number")),
+    }
+}
+
+fn bytes(value: Value) -> Result<Vec<u8>, StoreError> {
+    match value {
+        Value::BulkString(bytes) => Ok(bytes),
+        Value::SimpleString(text) => Ok(text.into_bytes()),
+        _ => Err(unexpected("a reply that is not a string")),
+    }
+}
+
+fn steps(pairs: impl Iterator<Item = Value>) -> Result<Steps, StoreError> {
+    let mut steps = Steps::new();
+    let mut pairs = pairs;
+    while let Some(name) = pairs.next() {
+        let value = pairs
+            .next()
+            .ok_or_else(|| unexpected("a step without a value"))?;
+        let name = String::from_utf8(bytes(name)?)
+            .map_err(|_| unexpected("a step name that is not UTF-8"))?;
+        steps.insert(name, bytes(value)?);
+    }
+    Ok(steps)
+}
+
+fn array(value: Value) -> Result<Vec<Value>, StoreError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        _ => Err(unexpected("a reply that is not an array")),
+    }
+}
+
+impl RedisStore {
+    /// Connects to a standalone Redis (or a primary behind a proxy) at `url`, through a
+    /// [`ConnectionManager`] that reconnects by itself.
+    ///
+    /// # Errors
+    /// [`StoreError`] when the URL is invalid or the server does not answer.
+    pub async fn standalone(url: &str) -> Result<Self, StoreError> {
+        let setup = |err| map(Operation::Setup, err);
+        let client = redis::Client::open(url).map_err(setup)?;
+        let manager = ConnectionManager::new(client).await.map_err(setup)?;
+        Ok(Self::from_connection_manager(manager))
+    }
+
+    /// Connects to a Redis Cluster through any of its `nodes`.
+    ///
+    /// # Errors
+    /// [`StoreError`] when a URL is invalid or the cluster does not answer.
+    pub async fn cluster<I, T>(nodes: I) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: redis::IntoConnectionInfo,
+    {
+        let setup = |err| map(Operation::Setup, err);
+        let client = redis::cluster::ClusterClient::new(nodes).map_err(setup)?;
+        let connection = client.get_async_connection().await.map_err(setup)?;
+        Ok(Self::from_cluster_connection(connection))
+    }
+
+    /// A store over a connection manager you configured yourself.
+    pub fn from_connection_manager(manager: ConnectionManager) -> Self {
+        Self::new(Connection::Standalone(manager))
+    }
+
+    /// A store over a cluster connection you configured yourself.
+    pub fn from_cluster_connection(connection: ClusterConnection) -> Self {
+        Self::new(Connection::Cluster(connection))
+    }
+
+    fn new(connection: Connection) -> Self {
+        Self {
+            connection,
+            prefix: DEFAULT_PREFIX.into(),
+            scripts: Arc::new(Scripts::new()),
+        }
+    }
+
+    /// Puts every record under `prefix` (default `idem:`), so several applications can
+    /// share one Redis.
+    ///
+    /// # Errors
+    /// [`PrefixError`] when the prefix holds `{` or `}` or is over 128 bytes.
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, PrefixError> {
+        layout::check_prefix(prefix)?;
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    fn key(&self, key: &Key) -> Vec<u8> {
+        layout::record_key(&self.prefix, key)
+    }
+
+    async fn fenced(
+        &self,
+        operation: Operation,
+        script: &redis::Script,
+        lease: &Lease,
+        extra: &[&[u8]],
+    ) -> Result<i64, StoreError> {
+        let mut invocation = script.key(self.key(&lease.key));
+        invocation
+            .arg(lease.token)
+            .arg(&lease.attempt.as_bytes()[..]);
+        for arg in extra {
+            invocation.arg(*arg);
+        }
+        self.connection
+            .invoke::<i64>(&invocation)
+            .await
+            .map_err(|err| map(operation, err))
+    }
+
+    async fn write(
+        &self,
+        operation: Operation,
+        script: &redis::Script,
+        lease: &Lease,
+        extra: &[&[u8]],
+    ) -> Result<WriteOutcome, StoreError> {
+        Ok(match self.fenced(operation, script, lease, extra).await? {
+            1 => WriteOutcome::Applied,
+            _ => WriteOutcome::Fenced,
+        })
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.connection {
+            Connection::Standalone(_) => "standalone",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("connection", &kind)
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let mut invocation = self.scripts.claim.key(self.key(&request.key));
+        invocation
+            .arg(&request.fingerprint.as_bytes()[..])
+            .arg(&request.attempt.as_bytes()[..])
+            .arg(millis(request.lease))
+            .arg(millis(request.retention));
+        let reply: Value = self
+            .connection
+            .invoke(&invocation)
+            .await
+            .map_err(|err| map(Operation::Claim, err))?;
+        let mut items = array(reply)?.into_iter();
+        let kind = bytes(
+            items
+                .next()
+                .ok_or_else(|| unexpected("an empty claim reply"))?,
+        )?;
+        let mut next = || {
+            items
+                .next()
+                .ok_or_else(|| unexpected("a short claim reply"))
+        };
+        Ok(match kind.as_slice() {
+            b"claimed" => {
+                let token =
+                    u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative token"))?;
+                let lease_until = timestamp(int(&next()?)?)?;
+                let resumed = int(&next()?)? == 1;
+                ClaimOutcome::Claimed {
+                    lease: Lease {
+                        key: request.key.clone(),
+                        token,
+                        attempt: request.attempt,
+                        lease_until,
+                    },
+                    resumed,
+                    steps: steps(items)?,
+                }
+            }
+            b"replay" => ClaimOutcome::Replay {
+                response: bytes(next()?)?,
+            },
+            b"replay_failure" => ClaimOutcome::ReplayFailure {
+                response: bytes(next()?)?,
+            },
+            b"in_flight" => {
+                let millis =
+                    u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative wait"))?;
+                ClaimOutcome::InFlight {
+                    retry_after: Duration::from_millis(millis),
+                }
+            }
+            b"mismatch" => ClaimOutcome::Mismatch,
+            _ => return Err(unexpected("an unknown claim answer")),
+        })
+    }
+
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.write(
+            Operation::Complete,
+            &self.scripts.complete,
+            lease,
+            &[response],
+        )
+        .await
+    }
+
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.write(Operation::Fail, &self.scripts.fail, lease, &[response])
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.write(Operation::Release, &self.scripts.release, lease, &[])
+            .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        let extend = millis(extend).to_string();
+        let lease_until = self
+            .fenced(
+                Operation::Renew,
+                &self.scripts.renew,
+                lease,
+                &[extend.as_bytes()],
+            )
+            .await?;
+        if lease_until < 0 {
+            return Ok(RenewOutcome::Fenced);
+        }
+        Ok(RenewOutcome::Renewed(Lease {
+            lease_until: timestamp(lease_until)?,
+            ..lease.clone()
+        }))
+    }
+
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        self.write(
+            Operation::Checkpoint,
+            &self.scripts.checkpoint,
+            lease,
+            &[step.as_str().as_bytes(), value],
+        )
+        .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let invocation = self.scripts.get.key(self.key(key));
+        let reply: Value = self
+            .connection
+            .invoke(&invocation)
+            .await
+            .map_err(|err| map(Operation::Get, err))?;
+        let items = array(reply)?;
+        if items.is_empty() {
+            return Ok(None);
+        }
+        let mut items = items.into_iter();
+        let mut next = || items.next().ok_or_else(|| unexpected("a short record"));
+        let fingerprint: [u8; 32] = bytes(next()?)?
+            .try_into()
+            .map_err(|_| unexpected("a fingerprint that is not 32 bytes"))?;
+        let state = State::parse(&String::from_utf8_lossy(&bytes(next()?)?))
+            .ok_or_else(|| unexpected("an unknown state"))?;
+        let token = u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative token"))?;
+        let attempt: [u8; 16] = bytes(next()?)?
+            .try_into()
+            .map_err(|_| unexpected("an attempt id that is not 16 bytes"))?;
+        let lease_until = timestamp(int(&next()?)?)?;
+        let created_at = timestamp(int(&next()?)?)?;
+        let expires_at = timestamp(int(&next()?)?)?;
+        let has_response = int(&next()?)? == 1;
+        let response = bytes(next()?)?;
+        Ok(Some(Record {
+            key: key.clone(),
+            fingerprint: Fingerprint::from_bytes(fingerprint),
+            state,
+            token,
+            attempt: AttemptId::from_bytes(attempt),
+            lease_until,
+            created_at,
+            expires_at,
+            response: has_response.then_some(response),
+            steps: steps(items)?,
+        }))
+    }
+
+    /// Redis deletes each record itself (`PEXPIREAT`) at the moment it becomes purgeable,
+    /// so there is never anything left to purge.
+    async fn purge_expired(&self, _limit: usize) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+}

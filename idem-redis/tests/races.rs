@@ -1,0 +1,137 @@
+//! 64 tasks race each fresh key, on standalone Redis and on the cluster: one execution per
+//! key. And a script-cache flush in the middle of a run breaks nothing.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_core::{Error, Fingerprint, Idempotency, Key, WorkError};
+use idem_redis::RedisStore;
+use idem_redis::redis;
+use tokio::sync::Barrier;
+
+const TASKS: usize = 64;
+const KEYS: usize = 100;
+
+async fn race(store: RedisStore) {
+    let idem = Arc::new(Idempotency::new(store));
+    for n in 0..KEYS {
+        let key = Key::new("race", format!("key-{n}")).unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(TASKS));
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let (idem, key, runs, barrier) = (
+                    Arc::clone(&idem),
+                    key.clone(),
+                    Arc::clone(&runs),
+                    Arc::clone(&barrier),
+                );
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    idem.execute(&key, Fingerprint::of_bytes("same"), |_ctx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, WorkError<()>>(())
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let mut executed = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(done) => executed += usize::from(!done.replayed),
+                Err(Error::InFlight { .. }) => {}
+                Err(other) => panic!("key-{n}: unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "key-{n}: the work ran more than once"
+        );
+        assert_eq!(executed, 1, "key-{n}: executions reported");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_per_key_execute_once_on_standalone() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    race(common::standalone(&url).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_tasks_per_key_execute_once_on_the_cluster() {
+    let Some(nodes) = idem_testkit::service_url(common::CLUSTER) else {
+        return;
+    };
+    race(common::cluster(&nodes).await).await;
+}
+
+/// `SCRIPT FLUSH` on every given server.
+async fn flush_scripts(urls: &[String]) {
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+async fn survive_script_flushes(store: RedisStore, servers: Vec<String>) {
+    let idem = Idempotency::new(store);
+    for n in 0..60 {
+        if n % 20 == 10 {
+            flush_scripts(&servers).await;
+        }
+        let key = Key::new("flush", format!("key-{n}")).unwrap();
+        let first = idem
+            .execute(&key, Fingerprint::of_bytes("x"), |_ctx| async move {
+                Ok::<_, WorkError<()>>(n)
+            })
+            .await
+            .expect("a flushed script is loaded again transparently");
+        assert!(!first.replayed);
+        if n % 20 == 10 {
+            flush_scripts(&servers).await;
+        }
+        let again = idem
+            .execute(&key, Fingerprint::of_bytes("x"), |_ctx| async move {
+                Ok::<_, WorkError<()>>(-1)
+            })
+            .await
+            .unwrap();
+        assert_eq!((again.value, again.replayed), (n, true));
+    }
+}
+
+#[tokio::test]
+async fn a_script_flush_mid_run_breaks_nothing_on_standalone() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    survive_script_flushes(common::standalone(&url).await, vec![url]).await;
+}
+
+#[tokio::test]
+async fn a_script_flush_mid_run_breaks_nothing_on_the_cluster() {
+    let Some(nodes) = idem_testkit::service_url(common::CLUSTER) else {
+        return;
+    };
+    survive_script_flushes(common::cluster(&nodes).await, common::nodes(&nodes)).await;
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_retryable_error() {
+    // Port 1 on loopback: nothing listens.
+    let err = RedisStore::standalone("redis://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+}

@@ -1,0 +1,63 @@
+//! The condition and update expressions, kept together so they can be read as the
+//! state machine's rules.
+
+use std::collections::HashMap;
+
+use crate::item::NAMES;
+
+/// Claim of a key with no record or an expired one: a fresh record. `ADD` continues the
+/// token of an expired record, or starts it at 1.
+pub(crate) const FRESH_CONDITION: &str = "attribute_not_exists(#pk) OR #ea <= :now";
+pub(crate) const FRESH_UPDATE: &str = "SET #fp = :fp, #st = :in_progress, #at = :at, #lu = :lu, \
+     #ca = :now, #ea = :ea, #ttl = :ttl, #stp = :no_steps, #rz = :false \
+     ADD #tk :one REMOVE #rs";
+
+/// Takeover of an expired lease, as a compare-and-set on the token that was read.
+pub(crate) const TAKEOVER_CONDITION: &str = "#tk = :seen_token AND #at = :seen_attempt \
+     AND #st = :in_progress AND #fp = :fp AND #lu <= :cutoff AND #ea > :now";
+pub(crate) const TAKEOVER_UPDATE: &str =
+    "SET #tk = :token, #at = :at, #lu = :lu, #ttl = :ttl, #rz = :true";
+
+/// Every write after a claim: the owner's token and attempt, in progress, unexpired.
+pub(crate) const FENCE: &str = "#tk = :token AND #at = :at AND #st = :in_progress AND #ea > :now";
+pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response";
+pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
+pub(crate) const RENEW_UPDATE: &str = "SET #lu = :lu";
+pub(crate) const RAISE_TTL_UPDATE: &str = "SET #ttl = :ttl";
+pub(crate) const RAISE_TTL_CONDITION: &str = "#tk = :token AND #at = :at";
+pub(crate) const CHECKPOINT_UPDATE: &str = "SET #stp.#step = :value";
+
+/// Purgeable records (expired, no lease live within the skew margin) under the prefix.
+pub(crate) const PURGEABLE: &str = "begins_with(#pk, :prefix) AND #ea <= :now \
+     AND NOT (#st = :in_progress AND #lu > :cutoff)";
+
+/// The attribute names the expressions use: DynamoDB refuses unused ones.
+pub(crate) fn names(expressions: &[&str]) -> HashMap<String, String> {
+    let used = |placeholder: &str| {
+        expressions.iter().any(|expression| {
+            expression
+                .split(|c: char| !(c == '#' || c.is_ascii_alphanumeric() || c == '_'))
+                .any(|token| token == placeholder)
+        })
+    };
+    NAMES
+        .iter()
+        .filter(|(placeholder, _)| used(placeholder))
+        .map(|(placeholder, name)| ((*placeholder).to_owned(), (*name).to_owned()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_used_names_are_sent() {
+        let names = names(&[FENCE, RELEASE_UPDATE]);
+        let mut keys: Vec<_> = names.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["#at", "#ea", "#lu", "#st", "#tk"]);
+        assert!(!super::names(&[CHECKPOINT_UPDATE]).contains_key("#st"));
+        assert!(super::names(&[CHECKPOINT_UPDATE]).contains_key("#stp"));
+    }
+}

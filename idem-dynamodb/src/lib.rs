@@ -1,0 +1,70 @@
+//! # idem-dynamodb
+//!
+//! The DynamoDB store for [idem](idem_core), over a configured
+//! [`aws_sdk_dynamodb::Client`]. See [`DynamoDbStore`] for how each transition maps to a
+//! conditional write, and for the clock trade-off.
+//!
+//! ```no_run
+//! use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+//! use idem_dynamodb::DynamoDbStore;
+//!
+//! # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let idem = Idempotency::new(DynamoDbStore::new(client, "idem"));
+//! let key = Key::new("acct_42/payments.create", "order-1187")?;
+//! let done = idem
+//!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
+//!         Ok::<_, WorkError<()>>("charged".to_string())
+//!     })
+//!     .await?;
+//! # let _ = done;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## The table
+//!
+//! One item per `(scope, key)`, partition key `pk` only; [`create_table`] makes it (and
+//! shows the CloudFormation equivalent). Attributes, named in [`attributes`]:
+//!
+//! | attribute | type | holds |
+//! |---|---|---|
+//! | `pk` | S | `<prefix><scope length>:<scope>:<key>` |
+//! | `fp` | B | fingerprint (32 bytes) |
+//! | `st` | S | `in_progress`, `completed` or `failed` |
+//! | `tk` | N | fencing token |
+//! | `at` | B | attempt id of the owner (16 bytes) |
+//! | `lu`, `ca`, `ea` | N | lease end, creation, expiry (ms since the epoch, client clock) |
+//! | `rs` | B | response (absent while in progress) |
+//! | `stp` | M | checkpoints: step name to value (B) |
+//! | `rz` | BOOL | whether the last claim was a takeover |
+//! | `ttl` | N | TTL: epoch seconds, the later of expiry and lease end |
+//!
+//! ## Limits
+//!
+//! DynamoDB refuses items over 400 KB, so responses are capped at [`MAX_RESPONSE_BYTES`]
+//! (the driver's cap drops to it automatically); a larger one is refused with
+//! `StoreError::ResponseTooLarge` before anything is written. Keep checkpoints small: they
+//! share the item. Throttling and transient server errors are retryable errors; failed
+//! conditions are outcomes (replay, in flight, fenced), never errors.
+
+#![warn(missing_docs)]
+
+mod errors;
+mod expressions;
+mod item;
+mod store;
+mod table;
+
+/// The item's attribute names.
+pub mod attributes {
+    pub use crate::item::{
+        ATTEMPT, CREATED_AT, EXPIRES_AT, FINGERPRINT, LEASE_UNTIL, PK, RESPONSE, RESUMED, STATE,
+        STEPS, TOKEN, TTL,
+    };
+}
+
+pub use aws_sdk_dynamodb;
+pub use store::{
+    DEFAULT_SKEW_MARGIN, DynamoDbStore, DynamoDbStoreBuilder, MAX_RESPONSE_BYTES, PrefixError,
+};
+pub use table::create_table;

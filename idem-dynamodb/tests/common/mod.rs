@@ -1,0 +1,46 @@
+//! Clients for DynamoDB Local, and stores isolated by key prefix in a shared table.
+
+#![allow(dead_code)] // each test binary uses what it needs
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use idem_dynamodb::DynamoDbStore;
+use idem_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use idem_dynamodb::aws_sdk_dynamodb::{Client, Config};
+
+pub(crate) const ENDPOINT: &str = "IDEM_TEST_DYNAMODB_ENDPOINT";
+
+/// A client for DynamoDB Local at `endpoint` (a loopback address from the services script).
+pub(crate) fn client(endpoint: &str) -> Client {
+    let config = Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "idem-tests"))
+        .build();
+    Client::from_conf(config)
+}
+
+/// The table this test process uses.
+pub(crate) fn table() -> String {
+    format!("idem_tests_{}", std::process::id())
+}
+
+pub(crate) fn unique_prefix() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    format!("t{}#", NEXT.fetch_add(1, Ordering::SeqCst))
+}
+
+/// A store under a prefix no other test uses, with no skew margin so lease expiry is exact.
+pub(crate) async fn store(endpoint: &str) -> DynamoDbStore {
+    let client = client(endpoint);
+    idem_dynamodb::create_table(&client, &table())
+        .await
+        .expect("create the test table");
+    DynamoDbStore::builder(client, table())
+        .prefix(&unique_prefix())
+        .expect("a valid prefix")
+        .skew_margin(Duration::ZERO)
+        .build()
+}

@@ -1,6 +1,7 @@
 //! Idempotency keys: a validated scope plus key, and validated step names.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
@@ -98,8 +99,10 @@ fn validate(part: KeyPart, value: &str) -> Result<(), KeyError> {
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
-    scope: String,
-    key: String,
+    // Shared, so the many copies a key goes through (lease, record, map entry) cost a
+    // reference count, not an allocation.
+    scope: Arc<str>,
+    key: Arc<str>,
 }
 
 impl Key {
@@ -108,10 +111,13 @@ impl Key {
     /// # Errors
     /// [`KeyError`] naming the part and the rule it broke.
     pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Result<Self, KeyError> {
-        let (scope, key) = (scope.into(), key.into());
+        let (scope, key): (String, String) = (scope.into(), key.into());
         validate(KeyPart::Scope, &scope)?;
         validate(KeyPart::Key, &key)?;
-        Ok(Self { scope, key })
+        Ok(Self {
+            scope: scope.into(),
+            key: key.into(),
+        })
     }
 
     /// The scope: the owner plus the operation.

@@ -1,6 +1,7 @@
 //! The in-memory store: the state machine applied to a sharded map.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -88,11 +89,24 @@ impl MemoryStore {
         transition: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
     ) -> O {
         let mut records = lock(self.shard(key));
-        let Transition { outcome, write } = transition(records.get(key), self.clock.now());
-        if let Some(record) = write {
-            records.insert(key.clone(), record);
+        let now = self.clock.now();
+        // One hash and probe per operation: the entry serves the read and the write.
+        match records.entry(key.clone()) {
+            Entry::Occupied(mut entry) => {
+                let Transition { outcome, write } = transition(Some(entry.get()), now);
+                if let Some(record) = write {
+                    entry.insert(record);
+                }
+                outcome
+            }
+            Entry::Vacant(entry) => {
+                let Transition { outcome, write } = transition(None, now);
+                if let Some(record) = write {
+                    entry.insert(record);
+                }
+                outcome
+            }
         }
-        outcome
     }
 }
 

@@ -30,21 +30,28 @@ pub(crate) struct Queries {
 impl Queries {
     pub(crate) fn for_table(table: &TableName) -> Self {
         // Only validated identifiers are spliced in; every value is a bind parameter.
-        let render = |sql: &str| -> Arc<str> {
-            sql.replace("{columns}", COLUMNS.trim_end())
+        let render = |sql: &str, steps_when: &str| -> Arc<str> {
+            let columns = COLUMNS
+                .lines()
+                .filter(|line| !line.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            sql.replace("{columns}", columns.trim_end())
+                .replace("{steps_when}", steps_when)
                 .replace("{table}", table.qualified())
                 .replace("{index}", table.table())
                 .into()
         };
+        let render_all = |sql: &str| render(sql, "true");
         Self {
-            migrate: render(MIGRATE),
-            claim: render(CLAIM),
-            select: render(SELECT),
-            finish: render(FINISH),
-            release: render(RELEASE),
-            renew: render(RENEW),
-            checkpoint: render(CHECKPOINT),
-            purge: render(PURGE),
+            migrate: render_all(MIGRATE),
+            claim: render(CLAIM, "state = 'in_progress'"),
+            select: render_all(SELECT),
+            finish: render_all(FINISH),
+            release: render_all(RELEASE),
+            renew: render_all(RENEW),
+            checkpoint: render_all(CHECKPOINT),
+            purge: render_all(PURGE),
         }
     }
 }

@@ -40,7 +40,7 @@ end
 if now < r.l then
   if r.a == attempt then
     -- The same attempt asking again (its first answer was lost): the same lease.
-    return claimed(r.t, r.l, 0, r.steps)
+    return claimed(r.t, r.l, 0, steps_of(key))
   end
   return { 'in_flight', r.l - now }
 end
@@ -48,4 +48,4 @@ end
 r.t, r.l = r.t + 1, now + lease
 redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'z', '1')
 keep(key, r, now)
-return claimed(r.t, r.l, 1, r.steps)
+return claimed(r.t, r.l, 1, steps_of(key))

@@ -20,29 +20,36 @@ local function purgeable(r, now)
   return now >= r.e and not (r.s == 'in_progress' and now < r.l)
 end
 
--- The record, or nil when there is none (deleting one whose moment to vanish has come
--- but which Redis has not yet deleted: within the same millisecond, say).
+-- The record's fields, or nil when there is none (deleting one whose moment to vanish has
+-- come but which Redis has not yet deleted: within the same millisecond, say). Steps are
+-- read separately (steps_of), only where an answer carries them.
 local function load(key, now)
-  local raw = redis.call('HGETALL', key)
-  if #raw == 0 then
+  local v = redis.call('HMGET', key, 'f', 's', 't', 'a', 'l', 'c', 'e', 'r', 'z')
+  if not v[1] then
     return nil
   end
-  local r = { steps = {} }
-  for i = 1, #raw, 2 do
-    local field, value = raw[i], raw[i + 1]
-    if string.sub(field, 1, 5) == 'step:' then
-      table.insert(r.steps, string.sub(field, 6))
-      table.insert(r.steps, value)
-    else
-      r[field] = value
-    end
-  end
-  r.t, r.l, r.c, r.e = tonumber(r.t), tonumber(r.l), tonumber(r.c), tonumber(r.e)
+  local r = {
+    f = v[1], s = v[2], t = tonumber(v[3]), a = v[4], l = tonumber(v[5]),
+    c = tonumber(v[6]), e = tonumber(v[7]), r = v[8] or nil, z = v[9],
+  }
   if purgeable(r, now) then
     redis.call('DEL', key)
     return nil
   end
   return r
+end
+
+-- The checkpoints as a flat list: name, value, name, value ...
+local function steps_of(key)
+  local raw = redis.call('HGETALL', key)
+  local steps = {}
+  for i = 1, #raw, 2 do
+    if string.sub(raw[i], 1, 5) == 'step:' then
+      table.insert(steps, string.sub(raw[i], 6))
+      table.insert(steps, raw[i + 1])
+    end
+  end
+  return steps
 end
 
 -- Keep the key exactly as long as it may be needed: until it expires, or until its lease

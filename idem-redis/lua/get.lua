@@ -6,11 +6,11 @@ if r == nil or now >= r.e then
   return {}
 end
 local has_response = 0
-if r.r ~= nil then
+if r.r then
   has_response = 1
 end
 local reply = { r.f, r.s, r.t, r.a, r.l, r.c, r.e, has_response, r.r or '' }
-for _, item in ipairs(r.steps) do
+for _, item in ipairs(steps_of(KEYS[1])) do
   table.insert(reply, item)
 end
 return reply

@@ -200,15 +200,23 @@ async fn a_store_that_forgets_the_fingerprint_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_whose_claim_is_not_atomic_is_reported() {
     let report = report_for(Flaw::NonAtomicClaim).await;
-    // Sequentially it is correct, so only the races can catch it, and they must:
-    // the store-level races and the driver's herd of waiting duplicates.
-    assert_eq!(
-        report.failed(),
-        vec![
+    // Sequentially it is correct, so only races can catch it. The two store-level races
+    // must; the driver's herd of waiting duplicates may (whether its race window is hit
+    // varies from run to run), and nothing else may fail.
+    assert_reported(
+        &report,
+        &[
             Case::ConcurrentClaimsHaveOneWinner,
             Case::ConcurrentTakeoversHaveOneWinner,
-            Case::WaitingDuplicatesShareOneExecution,
         ],
+    );
+    let allowed = [
+        Case::ConcurrentClaimsHaveOneWinner,
+        Case::ConcurrentTakeoversHaveOneWinner,
+        Case::WaitingDuplicatesShareOneExecution,
+    ];
+    assert!(
+        report.failed().iter().all(|case| allowed.contains(case)),
         "{report}"
     );
 }

@@ -1,0 +1,105 @@
+//! The memory store's own floor: claim-and-complete pairs per second at the Store level,
+//! on one core, and with 16 tasks on different keys over every core.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, MemoryStore, Store, WriteOutcome};
+
+use crate::target::{BoxError, RESPONSE};
+
+fn requests(prefix: &str, n: usize) -> Result<Vec<ClaimRequest>, BoxError> {
+    let fingerprint = Fingerprint::of_bytes("bench");
+    (0..n)
+        .map(|i| {
+            let key = Key::new("bench", format!("{prefix}{i}"))?;
+            Ok(ClaimRequest::new(
+                key,
+                fingerprint,
+                Duration::from_secs(60),
+                Duration::from_secs(3600),
+            ))
+        })
+        .collect()
+}
+
+/// Claims and completes every request; the requests are built before the clock starts.
+async fn pairs(store: &MemoryStore, requests: &[ClaimRequest]) -> Result<(), BoxError> {
+    for request in requests {
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(request).await? else {
+            return Err("a fresh key was not claimed".into());
+        };
+        if store.complete(&lease, RESPONSE).await? != WriteOutcome::Applied {
+            return Err("a completion was fenced".into());
+        }
+    }
+    Ok(())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Median over `rounds` of [`one_core_once`], each on a fresh store.
+pub(crate) fn one_core(n: usize, rounds: usize) -> Result<f64, BoxError> {
+    Ok(median(
+        (0..rounds.max(1))
+            .map(|_| one_core_once(n))
+            .collect::<Result<_, _>>()?,
+    ))
+}
+
+/// Median over `rounds` of [`many_tasks_once`], each on a fresh store.
+pub(crate) fn many_tasks(
+    n: usize,
+    tasks: usize,
+    threads: usize,
+    rounds: usize,
+) -> Result<f64, BoxError> {
+    Ok(median(
+        (0..rounds.max(1))
+            .map(|_| many_tasks_once(n, tasks, threads))
+            .collect::<Result<_, _>>()?,
+    ))
+}
+
+/// Pairs per second on a single-threaded runtime.
+fn one_core_once(n: usize) -> Result<f64, BoxError> {
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    runtime.block_on(async {
+        let store = MemoryStore::new();
+        let warm = requests("warm", n / 10 + 1)?;
+        pairs(&store, &warm).await?;
+        let timed = requests("timed", n)?;
+        let started = Instant::now();
+        pairs(&store, &timed).await?;
+        Ok(n as f64 / started.elapsed().as_secs_f64())
+    })
+}
+
+/// Pairs per second with `tasks` tasks on distinct keys over a runtime of `threads` workers.
+fn many_tasks_once(n: usize, tasks: usize, threads: usize) -> Result<f64, BoxError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .build()?;
+    runtime.block_on(async {
+        let store = MemoryStore::new();
+        let batches: Vec<Vec<ClaimRequest>> = (0..tasks)
+            .map(|t| requests(&format!("t{t}-"), n / tasks))
+            .collect::<Result<_, _>>()?;
+        let store = Arc::new(store);
+        let started = Instant::now();
+        let handles: Vec<_> = batches
+            .into_iter()
+            .map(|batch| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { pairs(&store, &batch).await.map_err(|e| e.to_string()) })
+            })
+            .collect();
+        for handle in handles {
+            handle.await??;
+        }
+        Ok((n / tasks * tasks) as f64 / started.elapsed().as_secs_f64())
+    })
+}

@@ -3,15 +3,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Error, Fingerprint, Idempotency, Key, ManualClock, Store,
-    Timestamp, WorkError,
+    ClaimOutcome, ClaimRequest, Fingerprint, Idempotency, Key, ManualClock, Store, Timestamp,
 };
 use idem_dynamodb::DynamoDbStore;
-use tokio::sync::Barrier;
 
 #[tokio::test]
 async fn a_takeover_waits_for_the_skew_margin() {
@@ -67,43 +64,7 @@ async fn thirty_two_tasks_per_key_execute_once() {
         return;
     };
     let idem = Arc::new(Idempotency::new(common::store(&endpoint).await));
-    for n in 0..KEYS {
-        let key = Key::new("race", format!("key-{n}")).unwrap();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (idem, key, runs, barrier) = (
-                    Arc::clone(&idem),
-                    key.clone(),
-                    Arc::clone(&runs),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    idem.execute(&key, Fingerprint::of_bytes("same"), |_ctx| async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, WorkError<()>>(())
-                    })
-                    .await
-                })
-            })
-            .collect();
-        let mut executed = 0;
-        for task in tasks {
-            match task.await.unwrap() {
-                Ok(done) => executed += usize::from(!done.replayed),
-                Err(Error::InFlight { .. }) => {}
-                Err(other) => panic!("key-{n}: unexpected {other:?}"),
-            }
-        }
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "key-{n}: the work ran more than once"
-        );
-        assert_eq!(executed, 1, "key-{n}");
-    }
+    idem_testkit::execute_races(idem, KEYS, TASKS, |_key| async { Ok(()) }).await;
 }
 
 #[tokio::test]

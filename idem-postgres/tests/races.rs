@@ -5,8 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use idem_core::{Error, Fingerprint, Idempotency, Key, WorkError};
-use tokio::sync::Barrier;
+use idem_core::Idempotency;
 
 const TASKS: usize = 64;
 const KEYS: usize = 100;
@@ -18,46 +17,23 @@ async fn sixty_four_tasks_per_key_execute_once() {
     let pool = store.pool().clone();
     sqlx_effects(&pool).await;
     let idem = Arc::new(Idempotency::new(store));
+    let effects = pool.clone();
 
-    for n in 0..KEYS {
-        let key = Key::new("race", format!("key-{n}")).unwrap();
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (idem, key, barrier, pool) = (
-                    Arc::clone(&idem),
-                    key.clone(),
-                    Arc::clone(&barrier),
-                    pool.clone(),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    let name = key.key().to_owned();
-                    idem.execute(&key, Fingerprint::of_bytes("same"), |_ctx| async move {
-                        idem_postgres::sqlx::query("INSERT INTO race_effects (key) VALUES ($1)")
-                            .bind(name)
-                            .execute(&pool)
-                            .await
-                            .map_err(|e| WorkError::Retryable(e.to_string()))?;
-                        Ok::<_, WorkError<String>>(())
-                    })
-                    .await
-                })
-            })
-            .collect();
-        let mut executed = 0;
-        for task in tasks {
-            match task.await.unwrap() {
-                Ok(done) => executed += usize::from(!done.replayed),
-                Err(Error::InFlight { .. }) => {}
-                Err(other) => panic!("key-{n}: unexpected {other:?}"),
-            }
+    idem_testkit::execute_races(idem, KEYS, TASKS, move |key| {
+        let pool = pool.clone();
+        async move {
+            idem_postgres::sqlx::query("INSERT INTO race_effects (key) VALUES ($1)")
+                .bind(key.key().to_owned())
+                .execute(&pool)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
         }
-        assert_eq!(executed, 1, "key-{n}: executions among {TASKS} tasks");
-    }
+    })
+    .await;
     let per_key: Vec<(String, i64)> =
         idem_postgres::sqlx::query_as("SELECT key, count(*) FROM race_effects GROUP BY key")
-            .fetch_all(&pool)
+            .fetch_all(&effects)
             .await
             .unwrap();
     assert_eq!(per_key.len(), KEYS, "every key ran once");

@@ -4,55 +4,22 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::{Error, Fingerprint, Idempotency, Key, WorkError};
+use idem_core::{Fingerprint, Idempotency, Key, WorkError};
 use idem_redis::RedisStore;
 use idem_redis::redis;
-use tokio::sync::Barrier;
 
 const TASKS: usize = 64;
 const KEYS: usize = 100;
 
 async fn race(store: RedisStore) {
-    let idem = Arc::new(Idempotency::new(store));
-    for n in 0..KEYS {
-        let key = Key::new("race", format!("key-{n}")).unwrap();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let barrier = Arc::new(Barrier::new(TASKS));
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (idem, key, runs, barrier) = (
-                    Arc::clone(&idem),
-                    key.clone(),
-                    Arc::clone(&runs),
-                    Arc::clone(&barrier),
-                );
-                tokio::spawn(async move {
-                    barrier.wait().await;
-                    idem.execute(&key, Fingerprint::of_bytes("same"), |_ctx| async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, WorkError<()>>(())
-                    })
-                    .await
-                })
-            })
-            .collect();
-        let mut executed = 0;
-        for task in tasks {
-            match task.await.unwrap() {
-                Ok(done) => executed += usize::from(!done.replayed),
-                Err(Error::InFlight { .. }) => {}
-                Err(other) => panic!("key-{n}: unexpected {other:?}"),
-            }
-        }
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "key-{n}: the work ran more than once"
-        );
-        assert_eq!(executed, 1, "key-{n}: executions reported");
-    }
+    idem_testkit::execute_races(
+        Arc::new(Idempotency::new(store)),
+        KEYS,
+        TASKS,
+        |_key| async { Ok(()) },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

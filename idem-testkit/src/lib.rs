@@ -38,7 +38,8 @@
 //! ```
 //!
 //! For a custom harness, [`Suite::run`] runs one [`Case`] and [`Suite::run_all`] runs every
-//! case and reports which failed.
+//! case and reports which failed. [`execute_races`] races many `execute` calls per key for
+//! a store's own tests, with a side effect the store's database can count.
 //!
 //! Server-backed suites read their address from the environment with [`service_url`], which
 //! skips loudly when it is unset and fails instead when `IDEM_REQUIRE_SERVICES=1`.
@@ -48,11 +49,13 @@
 mod capabilities;
 mod cases;
 mod model;
+mod races;
 mod services;
 mod suite;
 mod support;
 
 pub use capabilities::Capabilities;
+pub use races::execute_races;
 pub use services::service_url;
 pub use suite::{Case, CaseResult, Report, Suite};
 

@@ -102,7 +102,7 @@ start_postgres() {
   ensure_postgres
   local bin data=$STATE/postgres/data
   bin=$(pg_bin)
-  if [[ -f $data/postmaster.pid ]] && kill -0 "$(head -n 1 "$data/postmaster.pid")" 2>/dev/null; then
+  if running_postgres; then
     say "postgres already runs on 127.0.0.1:$PG_PORT"
     return 0
   fi
@@ -134,14 +134,20 @@ stop_postgres() {
 }
 
 env_postgres() { echo "export IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"; }
-running_postgres() { [[ -f $STATE/postgres/data/postmaster.pid ]] && kill -0 "$(head -n 1 "$STATE/postgres/data/postmaster.pid")" 2>/dev/null; }
+# Running means: our pid file names a live process, and the server answers (a reused pid
+# after a crash does not count).
+running_postgres() {
+  [[ -f $STATE/postgres/data/postmaster.pid ]] \
+    && kill -0 "$(head -n 1 "$STATE/postgres/data/postmaster.pid")" 2>/dev/null \
+    && "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" 2>/dev/null
+}
 
 # ---- Redis -----------------------------------------------------------------------------
 
 start_redis_server() { # name, port, extra args...
   local name=$1 port=$2; shift 2
   local dir=$STATE/$name
-  if pid_alive "$dir/redis.pid"; then
+  if pid_alive "$dir/redis.pid" && redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1; then
     say "$name already runs on 127.0.0.1:$port"
     return 0
   fi
@@ -171,7 +177,7 @@ start_redis() {
 
 stop_redis() { stop_redis_server redis; }
 env_redis() { echo "export IDEM_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT"; }
-running_redis() { pid_alive "$STATE/redis/redis.pid"; }
+running_redis() { pid_alive "$STATE/redis/redis.pid" && redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; }
 
 cluster_ok() { redis-cli -h 127.0.0.1 -p "${CLUSTER_PORTS[0]}" cluster info | grep -q 'cluster_state:ok'; }
 
@@ -203,7 +209,7 @@ env_redis_cluster() {
   (IFS=,; echo "export IDEM_TEST_REDIS_CLUSTER_NODES=${nodes[*]}")
 }
 
-running_redis_cluster() { pid_alive "$STATE/redis-cluster/${CLUSTER_PORTS[0]}/redis.pid"; }
+running_redis_cluster() { pid_alive "$STATE/redis-cluster/${CLUSTER_PORTS[0]}/redis.pid" && cluster_ok 2>/dev/null; }
 
 # ---- DynamoDB Local --------------------------------------------------------------------
 
@@ -215,7 +221,7 @@ dynamodb_answers() {
 start_dynamodb() {
   ensure_dynamodb
   local pidfile=$STATE/dynamodb/java.pid dir
-  if pid_alive "$pidfile"; then
+  if running_dynamodb; then
     say "dynamodb already runs on 127.0.0.1:$DYNAMODB_PORT"
     return 0
   fi
@@ -240,7 +246,7 @@ stop_dynamodb() {
 }
 
 env_dynamodb() { echo "export IDEM_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$DYNAMODB_PORT"; }
-running_dynamodb() { pid_alive "$STATE/dynamodb/java.pid"; }
+running_dynamodb() { pid_alive "$STATE/dynamodb/java.pid" && dynamodb_answers 2>/dev/null; }
 
 # ---- commands --------------------------------------------------------------------------
 

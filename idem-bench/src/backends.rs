@@ -228,7 +228,7 @@ async fn dynamodb_pair(
     let client = dynamodb_client(endpoint);
     idem_dynamodb::create_table(&client, "idem_bench").await?;
     idem_dynamodb::create_table(&client, "idem_bench_raw").await?;
-    let store = DynamoDbStore::builder(client.clone(), "idem_bench")
+    let store = DynamoDbStore::builder(client.clone(), "idem_bench")?
         .prefix(prefix)?
         .build();
     let raw = RawDynamoDb::new(client, "idem_bench_raw".into(), prefix.to_owned());

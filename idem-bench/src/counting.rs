@@ -65,7 +65,10 @@ impl<S: Store> Store for CountingStore<S> {
         self.count();
         self.inner.purge_expired(limit).await
     }
-    fn max_response_bytes(&self) -> Option<usize> {
-        self.inner.max_response_bytes()
+    fn expiry(&self) -> idem_core::Expiry {
+        self.inner.expiry()
+    }
+    fn max_record_bytes(&self) -> Option<usize> {
+        self.inner.max_record_bytes()
     }
 }

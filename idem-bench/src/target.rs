@@ -2,6 +2,7 @@
 //! operations with the same client.
 
 use async_trait::async_trait;
+use idem_core::Outcome;
 use idem_core::{Fingerprint, Idempotency, Key, Store, WorkError};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -57,8 +58,9 @@ impl<S: Store + 'static> Target for IdemTarget<S> {
             })
             .await;
         match result {
-            Ok(done) if done.replayed => Ok(Done::Replayed),
-            Ok(_) => Ok(Done::Executed),
+            Ok(Outcome::Completed { replayed: true, .. }) => Ok(Done::Replayed),
+            Ok(Outcome::Completed { .. }) => Ok(Done::Executed),
+            Ok(_) => Err("the work failed".into()),
             Err(idem_core::Error::InFlight { .. }) => Ok(Done::Busy),
             Err(err) => Err(format!("{err}: {:?}", std::error::Error::source(&err)).into()),
         }

@@ -73,15 +73,28 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
-    /// The response is larger than this store can hold in one record. Not retryable;
-    /// nothing was written.
+    /// The response does not fit in the record: alone, or beside the checkpoints already
+    /// stored in it. Not retryable; nothing was written.
     #[error(
-        "a response of {size} bytes does not fit: this store holds at most {limit} bytes per record"
+        "a response of {size} bytes does not fit: this store holds at most {limit} bytes per record, checkpoints included"
     )]
     ResponseTooLarge {
         /// The response's size in bytes.
         size: usize,
-        /// The largest response this store accepts.
+        /// The most the store holds per record.
+        limit: usize,
+    },
+    /// A checkpoint does not fit in the record: alone, or beside what it already holds.
+    /// Not retryable; nothing was written.
+    #[error(
+        "the checkpoint of step `{step}` ({size} bytes) does not fit: this store holds at most {limit} bytes per record, checkpoints included"
+    )]
+    StepTooLarge {
+        /// The step's name.
+        step: String,
+        /// The checkpoint's size in bytes (name and value).
+        size: usize,
+        /// The most the store holds per record.
         limit: usize,
     },
     /// A stored record could not be read back (a hand-edited row, a schema from another
@@ -96,7 +109,7 @@ pub enum StoreError {
     },
     /// The store is set up wrongly: a missing table, bad credentials, a bad name. Not
     /// retryable until the configuration is fixed.
-    #[error("the store is misconfigured for {operation}; check its setup")]
+    #[error("the store is misconfigured for {operation}: {source}")]
     Misconfigured {
         /// The operation that failed.
         operation: Operation,
@@ -105,7 +118,7 @@ pub enum StoreError {
         source: BoxError,
     },
     /// Any other backend failure, with whether a retry may help.
-    #[error("the store failed during {operation}")]
+    #[error("the store failed during {operation}: {source}")]
     Backend {
         /// The operation that failed.
         operation: Operation,
@@ -135,6 +148,7 @@ impl StoreError {
             StoreError::Unavailable { .. } | StoreError::Busy { .. } => true,
             StoreError::Backend { retryable, .. } => *retryable,
             StoreError::ResponseTooLarge { .. }
+            | StoreError::StepTooLarge { .. }
             | StoreError::Corrupt { .. }
             | StoreError::Misconfigured { .. } => false,
         }

@@ -11,13 +11,13 @@
 //! let idem = Idempotency::new(MemoryStore::new());
 //! let key = Key::new("acct_42/payments.create", "9b1c0e7a")?;
 //! let fingerprint = Fingerprint::of_json(&serde_json::json!({"amount": 500}))?;
-//! let receipt = idem
+//! let outcome = idem
 //!     .execute(&key, fingerprint, |ctx| async move {
 //!         // Charge the card here; ctx.token() fences downstream writes.
 //!         Ok::<_, WorkError<String>>(format!("charged with token {}", ctx.token()))
 //!     })
 //!     .await?;
-//! assert!(!receipt.replayed);
+//! assert!(!outcome.replayed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
 //! ```
@@ -40,24 +40,30 @@ mod driver;
 mod error;
 mod fingerprint;
 mod key;
+mod limits;
 pub mod machine;
 #[cfg(feature = "memory")]
 mod memory;
 mod outcome;
+mod purger;
 mod record;
+pub mod storage_name;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use driver::{
-    ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION, Error,
-    Executed, Heartbeat, Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted, WorkError,
-    observe,
+    Completion, ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION,
+    Error, Heartbeat, Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted,
+    InterruptedKind, Outcome, ValuePart, WorkError, WorkResult, WorkResultExt, done, observe,
 };
 pub use error::{BoxError, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
 pub use key::{Key, KeyError, KeyPart, MAX_PART_LEN, ShortHash, StepName};
+pub use limits::{MAX_DURATION, clamp_duration, duration_millis};
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 pub use outcome::{ClaimOutcome, ClaimRequest, RenewOutcome, WriteOutcome};
-pub use record::{AttemptId, Lease, Record, State, Steps, Timestamp};
-pub use store::Store;
+pub use purger::Purger;
+pub use record::{AttemptId, Lease, Record, RecordParts, State, Steps, Timestamp};
+pub use storage_name::StorageNameError;
+pub use store::{Expiry, Store};

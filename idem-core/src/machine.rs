@@ -6,12 +6,20 @@
 //! store's answers against them. A backend that answers differently from these functions
 //! is wrong.
 //!
+//! # Time
+//!
+//! A lease is live while `now < lease_until`. A record is *expired* once
+//! `now >= expires_at`, and it is *absent* when it is expired **and** no live lease holds
+//! it ([`Record::is_absent`]): a live owner's record is in flight, whatever its
+//! retention, so a fresh claim can never run the work beside a live owner. Durations
+//! longer than [`MAX_DURATION`](crate::MAX_DURATION) count as that.
+//!
 //! # Claim
 //!
 //! | existing record | outcome | write |
 //! |---|---|---|
-//! | none, or past `expires_at` | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1); steps cleared |
-//! | fingerprint differs | `Mismatch` | none (checked first for any unexpired record) |
+//! | none, or absent (expired, no live lease) | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1); steps cleared |
+//! | fingerprint differs | `Mismatch` | none (checked first for any record that is not absent) |
 //! | Completed | `Replay(response)` | none |
 //! | Failed | `ReplayFailure(response)` | none |
 //! | InProgress, same attempt id, lease live | `Claimed` with the same lease (`resumed: false`) | none |
@@ -20,7 +28,7 @@
 //!
 //! # Fenced writes
 //!
-//! A write applies only when the record is unexpired, in progress, and carries the
+//! A write applies only when the record is not absent, in progress, and carries the
 //! lease's token and attempt id; otherwise it is `Fenced` and changes nothing. A `complete`
 //! (or `fail`) retried by the same owner after the first try landed answers `Applied`
 //! without writing again.
@@ -33,15 +41,13 @@
 //! | `renew(lease, extend)` | `lease_until = now + extend` |
 //! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` |
 //!
-//! A lease is live while `now < lease_until`; a record is expired once `now >= expires_at`.
-//! `get` hides expired records; `purge_expired` removes expired records except an
-//! in-progress one whose lease is still live.
+//! `get` hides absent records; `purge_expired` removes absent records ([`is_purgeable`]).
 
 use std::time::Duration;
 
 use crate::{
     ClaimOutcome, ClaimRequest, Lease, Record, RenewOutcome, State, StepName, Timestamp,
-    WriteOutcome,
+    WriteOutcome, clamp_duration,
 };
 
 /// An outcome and the record to write for it (`None`: write nothing).
@@ -69,14 +75,15 @@ impl<O> Transition<O> {
     }
 }
 
-/// The record as the outside sees it at `now`: none when it is absent or expired.
+/// The record as the outside sees it at `now`: none when there is none or it is absent
+/// (expired and held by no live lease).
 pub fn visible(existing: Option<&Record>, now: Timestamp) -> Option<&Record> {
-    existing.filter(|record| !record.is_expired(now))
+    existing.filter(|record| !record.is_absent(now))
 }
 
-/// Whether `purge_expired` may delete this record at `now`.
+/// Whether `purge_expired` may delete this record at `now`: exactly when it is absent.
 pub fn is_purgeable(record: &Record, now: Timestamp) -> bool {
-    record.is_expired(now) && !record.lease_is_live(now)
+    record.is_absent(now)
 }
 
 /// Claim (first table of the module docs).
@@ -87,7 +94,7 @@ pub fn claim(
 ) -> Transition<ClaimOutcome> {
     let Some(record) = visible(existing, now) else {
         let token = existing.map_or(1, |old| old.token.saturating_add(1));
-        let lease_until = now.saturating_add(request.lease);
+        let lease_until = now.saturating_add(clamp_duration(request.lease));
         let fresh = Record {
             key: request.key.clone(),
             fingerprint: request.fingerprint,
@@ -96,52 +103,44 @@ pub fn claim(
             attempt: request.attempt,
             lease_until,
             created_at: now,
-            expires_at: now.saturating_add(request.retention),
+            expires_at: now.saturating_add(clamp_duration(request.retention)),
             response: None,
             steps: Default::default(),
         };
-        let outcome = ClaimOutcome::Claimed {
-            lease: lease_of(&fresh),
-            resumed: false,
-            steps: Default::default(),
-        };
+        let outcome = ClaimOutcome::claimed(lease_of(&fresh), false, Default::default());
         return Transition::write(outcome, fresh);
     };
     if record.fingerprint != request.fingerprint {
         return Transition::answer(ClaimOutcome::Mismatch);
     }
     match record.state {
-        State::Completed => Transition::answer(ClaimOutcome::Replay {
-            response: record.response.clone().unwrap_or_default(),
-        }),
-        State::Failed => Transition::answer(ClaimOutcome::ReplayFailure {
-            response: record.response.clone().unwrap_or_default(),
-        }),
+        State::Completed => Transition::answer(ClaimOutcome::replay(
+            record.response.clone().unwrap_or_default(),
+        )),
+        State::Failed => Transition::answer(ClaimOutcome::replay_failure(
+            record.response.clone().unwrap_or_default(),
+        )),
         State::InProgress if record.lease_is_live(now) => {
             if record.attempt == request.attempt {
-                Transition::answer(ClaimOutcome::Claimed {
-                    lease: lease_of(record),
-                    resumed: false,
-                    steps: record.steps.clone(),
-                })
+                Transition::answer(ClaimOutcome::claimed(
+                    lease_of(record),
+                    false,
+                    record.steps.clone(),
+                ))
             } else {
-                Transition::answer(ClaimOutcome::InFlight {
-                    retry_after: record.lease_until.saturating_duration_since(now),
-                })
+                Transition::answer(ClaimOutcome::in_flight(
+                    record.lease_until.saturating_duration_since(now),
+                ))
             }
         }
         State::InProgress => {
             let taken = Record {
                 token: record.token.saturating_add(1),
                 attempt: request.attempt,
-                lease_until: now.saturating_add(request.lease),
+                lease_until: now.saturating_add(clamp_duration(request.lease)),
                 ..record.clone()
             };
-            let outcome = ClaimOutcome::Claimed {
-                lease: lease_of(&taken),
-                resumed: true,
-                steps: taken.steps.clone(),
-            };
+            let outcome = ClaimOutcome::claimed(lease_of(&taken), true, taken.steps.clone());
             Transition::write(outcome, taken)
         }
     }
@@ -183,16 +182,13 @@ pub fn renew(
     extend: Duration,
     now: Timestamp,
 ) -> Transition<RenewOutcome> {
-    let lease_until = now.saturating_add(extend);
+    let lease_until = now.saturating_add(clamp_duration(extend));
     let update = fenced_update(existing, lease, now, |record| {
         record.lease_until = lease_until
     });
     match update.outcome {
         WriteOutcome::Applied => Transition {
-            outcome: RenewOutcome::Renewed(Lease {
-                lease_until,
-                ..lease.clone()
-            }),
+            outcome: RenewOutcome::Renewed(lease.clone().with_lease_until(lease_until)),
             write: update.write,
         },
         WriteOutcome::Fenced => Transition::answer(RenewOutcome::Fenced),
@@ -216,15 +212,16 @@ pub fn checkpoint(
 
 /// The lease a record grants to its current owner.
 pub fn lease_of(record: &Record) -> Lease {
-    Lease {
-        key: record.key.clone(),
-        token: record.token,
-        attempt: record.attempt,
-        lease_until: record.lease_until,
-    }
+    Lease::new(
+        record.key.clone(),
+        record.token,
+        record.attempt,
+        record.lease_until,
+        record.created_at,
+    )
 }
 
-/// The record if it is unexpired and still carries the lease's token and attempt.
+/// The record if it is present and still carries the lease's token and attempt.
 fn owned_by<'r>(existing: Option<&'r Record>, lease: &Lease, now: Timestamp) -> Option<&'r Record> {
     visible(existing, now).filter(|record| {
         record.key == lease.key && record.token == lease.token && record.attempt == lease.attempt
@@ -330,9 +327,7 @@ mod tests {
         let t = claim(Some(&record), &request("a"), later);
         assert_eq!(
             t.outcome,
-            ClaimOutcome::InFlight {
-                retry_after: HOUR - Duration::from_secs(10)
-            }
+            ClaimOutcome::in_flight(HOUR - Duration::from_secs(10))
         );
         // The same attempt gets its lease back.
         let again = claim(Some(&record), &req, later);
@@ -343,20 +338,10 @@ mod tests {
 
         let done = complete(Some(&record), &lease, b"ok", later).write.unwrap();
         let t = claim(Some(&done), &request("a"), later);
-        assert_eq!(
-            t.outcome,
-            ClaimOutcome::Replay {
-                response: b"ok".to_vec()
-            }
-        );
+        assert_eq!(t.outcome, ClaimOutcome::replay(b"ok".to_vec()));
         let failed = fail(Some(&record), &lease, b"no", later).write.unwrap();
         let t = claim(Some(&failed), &request("a"), later);
-        assert_eq!(
-            t.outcome,
-            ClaimOutcome::ReplayFailure {
-                response: b"no".to_vec()
-            }
-        );
+        assert_eq!(t.outcome, ClaimOutcome::replay_failure(b"no".to_vec()));
     }
 
     #[test]
@@ -409,10 +394,8 @@ mod tests {
     #[test]
     fn fenced_writes_need_the_attempt_too() {
         let (lease, _, record) = claimed(claim(None, &request("a"), T0));
-        let forged = Lease {
-            attempt: AttemptId::from_bytes([9; 16]),
-            ..lease
-        };
+        let mut forged = lease;
+        forged.attempt = AttemptId::from_bytes([9; 16]);
         assert_eq!(
             complete(Some(&record), &forged, b"x", T0).outcome,
             WriteOutcome::Fenced
@@ -465,5 +448,85 @@ mod tests {
         assert!(record.is_expired(T0));
         assert!(!is_purgeable(&record, T0));
         assert!(is_purgeable(&record, record.lease_until));
+    }
+
+    /// Issue 12, item 1: a takeover or heartbeat can push the lease past `expires_at`;
+    /// the record must stay in flight until that lease ends, never be claimed afresh.
+    #[test]
+    fn a_live_lease_keeps_an_expired_record_present() {
+        let mut req = request("a");
+        req.retention = Duration::ZERO;
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        assert_eq!(visible(Some(&record), T0), Some(&record));
+        let later = T0.saturating_add(Duration::from_secs(10));
+        // A second claim while the lease lives: in flight, not a fresh claim.
+        let t = claim(Some(&record), &request("a"), later);
+        assert_eq!(
+            t.outcome,
+            ClaimOutcome::in_flight(HOUR - Duration::from_secs(10))
+        );
+        assert_eq!(t.write, None);
+        // Another fingerprint is a mismatch, as on any present record.
+        assert_eq!(
+            claim(Some(&record), &request("b"), later).outcome,
+            ClaimOutcome::Mismatch
+        );
+        // The owner still writes: a heartbeat, a checkpoint, then its result.
+        let renewed = renew(Some(&record), &lease, 2 * HOUR, later).write.unwrap();
+        assert!(renewed.lease_until > record.lease_until);
+        let step = StepName::new("s").unwrap();
+        let with_step = checkpoint(Some(&renewed), &lease, &step, b"1", later)
+            .write
+            .unwrap();
+        let done = complete(Some(&with_step), &lease, b"ok", later);
+        assert_eq!(done.outcome, WriteOutcome::Applied);
+        // Completed, the expired record is absent: the next claim is fresh.
+        let done = done.write.unwrap();
+        assert!(done.is_absent(later));
+        let (next, resumed, _) = claimed(claim(Some(&done), &request("b"), later));
+        assert!(!resumed);
+        assert_eq!(next.token, lease.token + 1);
+    }
+
+    #[test]
+    fn a_takeover_near_the_end_of_retention_is_not_overtaken() {
+        let mut req = request("a");
+        req.lease = Duration::from_secs(60);
+        req.retention = Duration::from_secs(90);
+        let (_, _, record) = claimed(claim(None, &req, T0));
+        // At 80 s the first lease is over: a takeover whose new lease outlives retention.
+        let at = T0.saturating_add(Duration::from_secs(80));
+        let (taken, resumed, record) = claimed(claim(
+            Some(&record),
+            &req.clone().with_attempt(AttemptId::random()),
+            at,
+        ));
+        assert!(resumed);
+        // At 100 s retention has ended but the takeover's lease lives until 140 s.
+        let after = T0.saturating_add(Duration::from_secs(100));
+        assert!(matches!(
+            claim(Some(&record), &request("a"), after).outcome,
+            ClaimOutcome::InFlight { .. }
+        ));
+        assert_eq!(
+            complete(Some(&record), &taken, b"ok", after).outcome,
+            WriteOutcome::Applied
+        );
+    }
+
+    #[test]
+    fn durations_past_the_maximum_count_as_the_maximum() {
+        let mut req = request("a");
+        req.lease = Duration::MAX;
+        req.retention = Duration::MAX;
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        assert_eq!(lease.lease_until, T0.saturating_add(crate::MAX_DURATION));
+        assert_eq!(record.expires_at, T0.saturating_add(crate::MAX_DURATION));
+        let RenewOutcome::Renewed(renewed) =
+            renew(Some(&record), &lease, Duration::MAX, T0).outcome
+        else {
+            panic!("renew applies")
+        };
+        assert_eq!(renewed.lease_until, T0.saturating_add(crate::MAX_DURATION));
     }
 }

@@ -32,9 +32,11 @@ pub struct ClaimRequest {
     pub fingerprint: Fingerprint,
     /// Identifies this attempt; send the same request again to retry an ambiguous claim.
     pub attempt: AttemptId,
-    /// How long the lease lasts from the store's `now`.
+    /// How long the lease lasts from the store's `now`. Longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) counts as that.
     pub lease: Duration,
-    /// How long a new record is kept from its creation.
+    /// How long a new record is kept from its creation. Longer than
+    /// [`MAX_DURATION`](crate::MAX_DURATION) counts as that.
     pub retention: Duration,
 }
 
@@ -59,10 +61,24 @@ impl ClaimRequest {
 }
 
 /// What a claim found and did.
+///
+/// Stores build outcomes with the constructors ([`ClaimOutcome::claimed`] and friends), so
+/// that a field added later breaks no store; callers match on the variants.
+///
+/// ```
+/// use idem_core::ClaimOutcome;
+///
+/// let outcome = ClaimOutcome::replay(b"receipt".to_vec());
+/// match outcome {
+///     ClaimOutcome::Replay { response, .. } => assert_eq!(response, b"receipt"),
+///     _ => unreachable!(),
+/// }
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClaimOutcome {
     /// The caller now owns the key and must do the work.
+    #[non_exhaustive]
     Claimed {
         /// The lease to fence every later write with.
         lease: Lease,
@@ -73,22 +89,51 @@ pub enum ClaimOutcome {
         steps: Steps,
     },
     /// The work completed before; here is its response, byte for byte.
+    #[non_exhaustive]
     Replay {
         /// The stored response.
         response: Vec<u8>,
     },
     /// The work failed permanently before; here is the stored failure, byte for byte.
+    #[non_exhaustive]
     ReplayFailure {
         /// The stored failure.
         response: Vec<u8>,
     },
     /// Another attempt holds a live lease; try again after `retry_after`.
+    #[non_exhaustive]
     InFlight {
         /// Time left on the other attempt's lease.
         retry_after: Duration,
     },
     /// The key exists for a request with a different fingerprint: the client reused a key.
     Mismatch,
+}
+
+impl ClaimOutcome {
+    /// [`ClaimOutcome::Claimed`].
+    pub fn claimed(lease: Lease, resumed: bool, steps: Steps) -> Self {
+        ClaimOutcome::Claimed {
+            lease,
+            resumed,
+            steps,
+        }
+    }
+
+    /// [`ClaimOutcome::Replay`].
+    pub fn replay(response: Vec<u8>) -> Self {
+        ClaimOutcome::Replay { response }
+    }
+
+    /// [`ClaimOutcome::ReplayFailure`].
+    pub fn replay_failure(response: Vec<u8>) -> Self {
+        ClaimOutcome::ReplayFailure { response }
+    }
+
+    /// [`ClaimOutcome::InFlight`].
+    pub fn in_flight(retry_after: Duration) -> Self {
+        ClaimOutcome::InFlight { retry_after }
+    }
 }
 
 impl fmt::Debug for ClaimOutcome {

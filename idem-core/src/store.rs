@@ -10,6 +10,30 @@ use crate::{
     WriteOutcome,
 };
 
+/// How a store gets rid of records once they are absent (expired, no live lease):
+/// [`Store::expiry`] declares it, so that callers and the conformance suite know whether
+/// [`Store::purge_expired`] must run.
+///
+/// ```
+/// use idem_core::{Expiry, MemoryStore, Store};
+///
+/// assert_eq!(MemoryStore::new().expiry(), Expiry::Purge);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Expiry {
+    /// Records stay until [`Store::purge_expired`] deletes them: run it regularly (see
+    /// [`Purger`](crate::Purger)). PostgreSQL, SQLite and the memory store.
+    Purge,
+    /// The store deletes each record itself the moment it becomes absent (Redis with
+    /// `PEXPIREAT`); `purge_expired` finds nothing to do, and a key claimed after its
+    /// record vanished starts a new lifetime at token 1.
+    Vanishes,
+    /// The store deletes absent records itself, some time later (DynamoDB TTL, typically
+    /// within days); `purge_expired` may hurry it, at the cost of scanning.
+    Eventually,
+}
+
 /// Where idempotency records live.
 ///
 /// **The contract.** Every method is one atomic operation on the backend (one statement,
@@ -19,12 +43,19 @@ use crate::{
 /// Run `idem-testkit`'s conformance suite to check an implementation.
 ///
 /// **Fencing.** Every write after a claim carries the [`Lease`] and applies only while the
-/// record is unexpired, in progress, and carries the lease's token *and* attempt id;
+/// record is present, in progress, and carries the lease's token *and* attempt id;
 /// otherwise it answers [`WriteOutcome::Fenced`] and changes nothing.
 ///
 /// **Time.** `now` is the store's clock: the database server's where it has one.
-/// A lease is live while `now < lease_until`; a record is expired once `now >= expires_at`
-/// and then counts as absent everywhere.
+/// A lease is live while `now < lease_until`; a record is expired once `now >= expires_at`,
+/// and it counts as absent (everywhere: claim, writes, `get`, purge) only when it is
+/// expired **and** no live lease holds it. A live owner's record is never claimed
+/// afresh, whatever its retention. Durations longer than
+/// [`MAX_DURATION`](crate::MAX_DURATION) count as that ([`clamp_duration`](crate::clamp_duration)).
+///
+/// **Names.** A store that keeps records in a flat key space under a namespace (a key
+/// prefix) must map (namespace, scope, key) to its storage key injectively and never
+/// reach past its own namespace; [`crate::storage_name`] does exactly that.
 ///
 /// Usable as `Arc<dyn Store>`:
 ///
@@ -39,19 +70,21 @@ use crate::{
 pub trait Store: Send + Sync {
     /// Claims `request.key` for `request.attempt`.
     ///
-    /// - No record, or an expired one: writes a fresh in-progress record (token = the
-    ///   expired record's token + 1, or 1; steps cleared; `expires_at = now + retention`;
-    ///   `lease_until = now + lease`) and answers [`ClaimOutcome::Claimed`] with
-    ///   `resumed: false`.
-    /// - An unexpired record with another fingerprint: [`ClaimOutcome::Mismatch`], whatever
+    /// - No record, or an absent one (expired, no live lease): writes a fresh in-progress
+    ///   record (token = the old record's token + 1, or 1; steps cleared;
+    ///   `expires_at = now + retention`; `lease_until = now + lease`) and answers
+    ///   [`ClaimOutcome::Claimed`] with `resumed: false`.
+    /// - A present record with another fingerprint: [`ClaimOutcome::Mismatch`], whatever
     ///   its state.
     /// - Completed: [`ClaimOutcome::Replay`] with the stored response, byte for byte.
     /// - Failed: [`ClaimOutcome::ReplayFailure`] with the stored response, byte for byte.
     /// - In progress with a live lease held by the same attempt id: the same lease again
     ///   (`Claimed`, `resumed: false`, stored steps), writing nothing.
-    /// - In progress with a live lease: [`ClaimOutcome::InFlight`] with the time left.
+    /// - In progress with a live lease: [`ClaimOutcome::InFlight`] with the time left,
+    ///   even when the record's retention has ended.
     /// - In progress with an expired lease: takeover: token + 1, the new attempt id,
     ///   `lease_until = now + lease`, steps kept, `Claimed` with `resumed: true`.
+    /// - The lease answered carries the record's `created_at`.
     /// - Exactly one of any number of concurrent claims on a fresh key (or of a takeover)
     ///   is `Claimed`.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError>;
@@ -62,8 +95,8 @@ pub trait Store: Send + Sync {
     /// - Keeps the fingerprint, token, steps and times.
     /// - Retried by the same owner after the first call landed (record Completed with the
     ///   lease's token and attempt): `Applied`, writing nothing.
-    /// - A response larger than the store can hold is [`StoreError::ResponseTooLarge`] and
-    ///   writes nothing.
+    /// - A response the store cannot hold (see [`Store::max_record_bytes`]) is
+    ///   [`StoreError::ResponseTooLarge`] and writes nothing.
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError>;
 
     /// Stores `response` as a permanent failure and marks the record Failed.
@@ -80,14 +113,16 @@ pub trait Store: Send + Sync {
     /// Extends the lease (a heartbeat).
     ///
     /// - Applies only while the fence holds; otherwise [`RenewOutcome::Fenced`].
-    /// - Sets `lease_until = now + extend` and answers the lease with its new end.
+    /// - Sets `lease_until = now + extend` and answers the lease with its new end; the
+    ///   record stays present as long as that lease lives, even past its retention.
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError>;
 
     /// Records a named checkpoint for multi-step work.
     ///
     /// - Applies only while the fence holds; otherwise `Fenced`.
     /// - Sets `steps[step] = value`, replacing an earlier value of the same step.
-    /// - Steps survive takeovers and are cleared when an expired record is claimed afresh.
+    /// - Steps survive takeovers and are cleared when an absent record is claimed afresh.
+    /// - A value the store cannot hold is [`StoreError::StepTooLarge`] and writes nothing.
     async fn checkpoint(
         &self,
         lease: &Lease,
@@ -97,21 +132,29 @@ pub trait Store: Send + Sync {
 
     /// Reads a record for inspection.
     ///
-    /// - `None` when there is no record or it is expired.
+    /// - `None` when there is no record or it is absent (expired, no live lease).
     /// - Changes nothing.
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError>;
 
-    /// Deletes up to `limit` expired records and answers how many it deleted.
+    /// Deletes up to `limit` absent records of this store (its namespace only) and
+    /// answers how many it deleted.
     ///
-    /// - Deletes only records with `now >= expires_at`.
-    /// - Never deletes an in-progress record whose lease is live.
+    /// - Deletes only records with `now >= expires_at` and no live lease.
+    /// - Never reaches another namespace sharing the backend.
     /// - Safe to run from many processes at once.
+    /// - Stores whose [`Store::expiry`] is [`Expiry::Vanishes`] answer 0.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError>;
 
-    /// The largest response this store can hold, when it has a limit below the driver's.
+    /// How this store gets rid of absent records (default [`Expiry::Purge`]).
+    fn expiry(&self) -> Expiry {
+        Expiry::Purge
+    }
+
+    /// The most bytes one record's response and checkpoints (names and values together)
+    /// may hold, when the store has such a limit; the driver keeps below it.
     ///
     /// - `None` (the default): no limit of its own.
-    fn max_response_bytes(&self) -> Option<usize> {
+    fn max_record_bytes(&self) -> Option<usize> {
         None
     }
 }
@@ -144,8 +187,11 @@ macro_rules! forward_store {
             async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
                 (**self).purge_expired(limit).await
             }
-            fn max_response_bytes(&self) -> Option<usize> {
-                (**self).max_response_bytes()
+            fn expiry(&self) -> Expiry {
+                (**self).expiry()
+            }
+            fn max_record_bytes(&self) -> Option<usize> {
+                (**self).max_record_bytes()
             }
         }
     )*};

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, ConfigError, Error, Executed, Fingerprint, Idempotency, Key, Lease,
-    ManualClock, MemoryStore, Operation, Record, RenewOutcome, State, StepName, Store, StoreError,
-    WorkError, WriteOutcome,
+    ClaimOutcome, ClaimRequest, ConfigError, Error, Fingerprint, Idempotency, Key, Lease,
+    ManualClock, MemoryStore, Operation, Outcome, Record, RenewOutcome, State, StepName, Store,
+    StoreError, ValuePart, WorkError, WriteOutcome,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
@@ -72,7 +72,8 @@ async fn runs_once_and_replays_the_first_result() {
         .execute(&key(), fingerprint(500), charge(&runs))
         .await
         .unwrap();
-    assert!(!first.replayed);
+    assert!(!first.replayed());
+    let value = first.value().unwrap();
     for _ in 0..5 {
         let again = idem
             .execute(&key(), fingerprint(500), charge(&runs))
@@ -80,8 +81,8 @@ async fn runs_once_and_replays_the_first_result() {
             .unwrap();
         assert_eq!(
             again,
-            Executed {
-                value: first.value.clone(),
+            Outcome::Completed {
+                value: value.clone(),
                 replayed: true
             }
         );
@@ -111,20 +112,20 @@ async fn a_permanent_failure_is_stored_and_replayed() {
     let runs = Arc::new(AtomicUsize::new(0));
     for attempt in 0..3 {
         let runs = Arc::clone(&runs);
-        let err = idem
+        let outcome = idem
             .execute(&key(), fingerprint(500), move |_ctx| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Err::<Receipt, _>(WorkError::Permanent(PaymentError::Declined))
             })
             .await
-            .unwrap_err();
-        match err {
-            Error::Failed { error, replayed } => {
-                assert_eq!(error, PaymentError::Declined);
-                assert_eq!(replayed, attempt > 0);
+            .unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Failed {
+                error: PaymentError::Declined,
+                replayed: attempt > 0
             }
-            other => panic!("expected Failed, got {other:?}"),
-        }
+        );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -132,14 +133,13 @@ async fn a_permanent_failure_is_stored_and_replayed() {
 #[tokio::test]
 async fn a_retryable_failure_releases_the_key_at_once() {
     let (idem, _) = setup();
-    let err = idem
+    let outcome = idem
         .execute(&key(), fingerprint(500), |_ctx| async {
             Err::<Receipt, _>(WorkError::Retryable(PaymentError::ProviderDown))
         })
         .await
-        .unwrap_err();
-    assert!(matches!(err, Error::Retryable(PaymentError::ProviderDown)));
-    assert!(err.is_retryable());
+        .unwrap();
+    assert_eq!(outcome, Outcome::Retryable(PaymentError::ProviderDown));
     let record = idem.store().get(&key()).await.unwrap().unwrap();
     assert_eq!(record.response, None, "nothing is stored");
     // No waiting: the next attempt takes over immediately and runs the work.
@@ -156,7 +156,7 @@ async fn a_retryable_failure_releases_the_key_at_once() {
         .unwrap();
     assert_eq!(
         done,
-        Executed {
+        Outcome::Completed {
             value: 7,
             replayed: false
         }
@@ -167,13 +167,13 @@ async fn a_retryable_failure_releases_the_key_at_once() {
 #[tokio::test]
 async fn an_unknown_outcome_holds_the_key_until_the_lease_ends() {
     let (idem, clock) = setup();
-    let err = idem
+    let outcome = idem
         .execute(&key(), fingerprint(500), |_ctx| async {
             Err::<u32, _>(WorkError::Unknown(PaymentError::TimedOut))
         })
         .await
-        .unwrap_err();
-    assert!(matches!(err, Error::OutcomeUnknown(PaymentError::TimedOut)));
+        .unwrap();
+    assert_eq!(outcome, Outcome::Unknown(PaymentError::TimedOut));
 
     let runs = Arc::new(AtomicUsize::new(0));
     let err = idem
@@ -193,7 +193,7 @@ async fn an_unknown_outcome_holds_the_key_until_the_lease_ends() {
         .unwrap();
     assert_eq!(
         resumed,
-        Executed {
+        Outcome::Completed {
             value: true,
             replayed: false
         }
@@ -230,7 +230,10 @@ async fn a_duplicate_while_the_work_runs_is_in_flight() {
         other => panic!("expected InFlight, got {other:?}"),
     }
     finish_tx.send(()).unwrap();
-    assert_eq!(first.await.unwrap().unwrap().value, "first");
+    assert_eq!(
+        first.await.unwrap().unwrap().value().as_deref(),
+        Some("first")
+    );
     let replay = idem
         .execute(&key(), fingerprint(500), |_ctx| async {
             Ok::<String, WorkError<PaymentError>>("never".into())
@@ -239,7 +242,7 @@ async fn a_duplicate_while_the_work_runs_is_in_flight() {
         .unwrap();
     assert_eq!(
         replay,
-        Executed {
+        Outcome::Completed {
             value: "first".to_string(),
             replayed: true
         }
@@ -272,7 +275,7 @@ async fn a_stale_owner_learns_it_lost_the_lease_and_the_new_result_stands() {
         })
         .await
         .unwrap();
-    assert!(!winner.replayed);
+    assert!(!winner.replayed());
     finish_tx.send(()).unwrap();
     let err = stale.await.unwrap().unwrap_err();
     assert!(matches!(err, Error::LeaseLost), "{err:?}");
@@ -282,7 +285,7 @@ async fn a_stale_owner_learns_it_lost_the_lease_and_the_new_result_stands() {
         })
         .await
         .unwrap();
-    assert_eq!(replay.value, "winner");
+    assert_eq!(replay.value().as_deref(), Some("winner"));
 }
 
 #[tokio::test]
@@ -317,7 +320,7 @@ async fn dropping_execute_mid_work_stores_nothing_and_frees_the_key_after_the_le
         .execute(&key(), fingerprint(500), charge(&runs))
         .await
         .unwrap();
-    assert!(!done.replayed);
+    assert!(!done.replayed());
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -359,7 +362,7 @@ async fn a_result_over_the_cap_is_a_stored_failure_not_a_second_run() {
         )
         .await
         .unwrap();
-    assert!(!exact.replayed);
+    assert!(!exact.replayed());
 }
 
 #[tokio::test]
@@ -374,7 +377,12 @@ async fn an_unserializable_result_is_a_stored_failure() {
             .await
             .unwrap_err();
         match err {
-            Error::Unserializable { source, replayed } => {
+            Error::Unserializable {
+                what,
+                source,
+                replayed,
+            } => {
+                assert_eq!(what, ValuePart::Result);
                 assert_eq!(replayed, attempt > 0);
                 assert_eq!(source.is_some(), attempt == 0);
             }

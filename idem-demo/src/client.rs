@@ -19,7 +19,7 @@ async fn send_until_answered(shop: &Shop, order: &str, cents: u64, crash_first: 
             Answer::InFlight(retry_after) => {
                 tokio::time::sleep(retry_after.min(Duration::from_millis(20))).await;
             }
-            Answer::Crashed | Answer::Retry => {
+            Answer::Crashed | Answer::TimedOut | Answer::Retry => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         }

@@ -124,82 +124,108 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let unprotected_time = started.elapsed();
 
     let (with, without) = (&protected.counters, &unprotected.counters);
-    let (paid, doubled, cents) = protected.audit()?;
-    let (paid_raw, doubled_raw, cents_raw) = unprotected.audit()?;
+    let (ledger, ledger_raw) = (protected.audit()?, unprotected.audit()?);
     let expected: u64 = orders.iter().map(|o| o.cents).sum();
-    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
     let euros = |cents: u64| format!("{}.{:02}", cents / 100, cents % 100);
+    let row = |label: &str, with: String, without: String| {
+        println!("  {label:<46} {with:>10} {without:>10}");
+    };
+    let none = || "-".to_string();
 
     println!();
-    println!("  {:<34} {:>12} {:>12}", "", "with idem", "without");
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "requests sent",
-        n(&with.requests),
-        n(&without.requests)
+    row("", "with idem".into(), "without".into());
+    row(
+        "requests sent, answered as follows:",
+        with.requests().to_string(),
+        without.requests().to_string(),
     );
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "payments executed (ledger debits)",
-        n(&with.executions),
-        n(&without.executions)
+    row(
+        "  paid, by a payment this request made",
+        n(&with.paid_now),
+        n(&without.paid_now),
     );
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "replays of the first result",
-        n(&with.replays),
-        "-"
+    row(
+        "  paid, replaying the order's first payment",
+        n(&with.paid_replayed),
+        none(),
     );
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "answered in flight, retried",
+    row(
+        "  \"in flight\": the client sent it again",
         n(&with.in_flight),
-        "-"
+        none(),
     );
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "changed amounts rejected",
+    row(
+        "  refused: same key, changed amount",
         n(&with.conflicts),
-        "-"
+        none(),
     );
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "worker crashes",
-        n(&with.crashes),
-        n(&without.crashes)
+    row(
+        "  \"try again\": the server failed",
+        n(&with.retry),
+        n(&without.retry),
     );
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "takeovers after a crash",
+    row(
+        "  no answer: the worker crashed (simulated)",
+        n(&with.crashed),
+        n(&without.crashed),
+    );
+    row(
+        "  no answer: the client's 50 ms timeout ran out",
+        n(&with.timed_out),
+        n(&without.timed_out),
+    );
+    row(
+        "takeovers of a key a request had abandoned",
         n(&with.takeovers),
-        "-"
+        none(),
     );
-    println!("  {:<34} {:>12} {:>12}", "orders debited", paid, paid_raw);
-    println!(
-        "  {:<34} {:>12} {:>12}",
-        "orders debited more than once", doubled, doubled_raw
+    row(
+        "ledger: debits (payments that took money)",
+        ledger.debits.to_string(),
+        ledger_raw.debits.to_string(),
+    );
+    row(
+        "ledger: orders debited",
+        ledger.orders.to_string(),
+        ledger_raw.orders.to_string(),
+    );
+    row(
+        "ledger: orders debited more than once",
+        ledger.orders_debited_twice.to_string(),
+        ledger_raw.orders_debited_twice.to_string(),
+    );
+    row("money taken", euros(ledger.cents), euros(ledger_raw.cents));
+    row(
+        "money owed (one debit per order)",
+        euros(expected),
+        euros(expected),
+    );
+    row(
+        "time",
+        format!("{protected_time:.2?}"),
+        format!("{unprotected_time:.2?}"),
     );
     println!(
-        "  {:<34} {:>12} {:>12}",
-        "money taken (expected)",
-        euros(cents),
-        euros(cents_raw)
-    );
-    println!("  {:<34} {:>12} {:>12}", "", euros(expected), "");
-    println!(
-        "  {:<34} {:>11.2?} {:>11.2?}",
-        "time", protected_time, unprotected_time
+        "  Each request sent is counted in one answer row. Debits exceed \"paid, by a payment this\n  \
+         request made\" only by requests whose client timed out after the payment went through."
     );
     println!();
-    let all_paid_once = paid == orders.len() as u64 && doubled == 0 && cents == expected;
+    let all_paid_once = ledger.orders == orders.len() as u64
+        && ledger.debits == ledger.orders
+        && ledger.cents == expected;
     if all_paid_once {
         println!(
-            "  ledger check: every order debited exactly once with idem; {doubled_raw} orders debited twice or more without it."
+            "  ledger check: every order debited exactly once with idem; {} orders debited twice or more without it.",
+            ledger_raw.orders_debited_twice
         );
     } else {
         println!(
-            "  ledger check FAILED: {paid} orders debited, {doubled} more than once, {} taken of {} expected.",
-            euros(cents),
+            "  ledger check FAILED: {} debits for {} orders, {} orders more than once, {} taken of {} owed.",
+            ledger.debits,
+            ledger.orders,
+            ledger.orders_debited_twice,
+            euros(ledger.cents),
             euros(expected)
         );
     }
@@ -212,5 +238,54 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     } else {
         Err("the ledger check failed".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 11: the summary printed "payments executed 491" beside "orders debited 500",
+    /// and 65 "worker crashes" for a storm of 40. Every figure must mean one thing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_figure_of_the_summary_means_one_thing() {
+        let dir = std::env::temp_dir().join(format!("idem-demo-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let orders = storm::script(120, 7);
+        let crashes = orders
+            .iter()
+            .filter(|o| o.pattern == Pattern::CrashThenRetry)
+            .count() as u64;
+        for (shop, path) in [
+            (Shop::protected as fn(&std::path::Path) -> _, "protected.db"),
+            (Shop::unprotected, "unprotected.db"),
+        ] {
+            let shop = Arc::new(shop(&dir.join(path)).unwrap());
+            run(Arc::clone(&shop), &orders, 16, "test").await;
+            let c = &shop.counters;
+            let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+            assert_eq!(
+                load(&c.crashed),
+                crashes,
+                "{path}: one crash per crashing order"
+            );
+            let audit = shop.audit().unwrap();
+            assert_eq!(
+                audit.orders,
+                orders.len() as u64,
+                "{path}: every order paid"
+            );
+            // Debits are payments that answered "paid now", plus those whose client gave
+            // up after the payment went through.
+            assert!(
+                audit.debits >= load(&c.paid_now)
+                    && audit.debits <= load(&c.paid_now) + load(&c.timed_out),
+                "{path}: {} debits, {} paid now, {} timed out",
+                audit.debits,
+                load(&c.paid_now),
+                load(&c.timed_out)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{Error, Fingerprint, Idempotency, Key, Lease, WorkError, WriteOutcome};
+use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, WorkError, WriteOutcome};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::rusqlite::{Connection, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
@@ -29,20 +29,72 @@ pub(crate) enum Answer {
     Conflict,
     /// The worker died mid-payment; the client saw a timeout.
     Crashed,
+    /// The client gave up waiting (the request may still finish on the server).
+    TimedOut,
     /// The server says: try again.
     Retry,
 }
 
-/// Counters the summary prints.
+/// How the requests were answered: every request sent is counted in exactly one of these.
 #[derive(Default, Debug)]
 pub(crate) struct Counters {
-    pub(crate) requests: AtomicU64,
-    pub(crate) executions: AtomicU64,
-    pub(crate) replays: AtomicU64,
+    /// Paid, by the payment this request made.
+    pub(crate) paid_now: AtomicU64,
+    /// Paid, by replaying the payment an earlier request made.
+    pub(crate) paid_replayed: AtomicU64,
     pub(crate) in_flight: AtomicU64,
     pub(crate) conflicts: AtomicU64,
+    pub(crate) retry: AtomicU64,
+    /// The simulated crashes: the worker died mid-payment.
+    pub(crate) crashed: AtomicU64,
+    /// The client's timeout ran out on a worker that had not crashed.
+    pub(crate) timed_out: AtomicU64,
+    /// Not an answer: how many executions took over a key an earlier request abandoned.
     pub(crate) takeovers: AtomicU64,
-    pub(crate) crashes: AtomicU64,
+}
+
+impl Counters {
+    /// Every request sent: the sum of the answers.
+    pub(crate) fn requests(&self) -> u64 {
+        [
+            &self.paid_now,
+            &self.paid_replayed,
+            &self.in_flight,
+            &self.conflicts,
+            &self.retry,
+            &self.crashed,
+            &self.timed_out,
+        ]
+        .iter()
+        .map(|n| n.load(Ordering::Relaxed))
+        .sum()
+    }
+
+    fn count(&self, answer: &Answer, replayed: bool) {
+        let counter = match answer {
+            Answer::Paid if replayed => &self.paid_replayed,
+            Answer::Paid => &self.paid_now,
+            Answer::InFlight(_) => &self.in_flight,
+            Answer::Conflict => &self.conflicts,
+            Answer::Crashed => &self.crashed,
+            Answer::TimedOut => &self.timed_out,
+            Answer::Retry => &self.retry,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The ledger, as the audit reads it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Audit {
+    /// Debit rows: payments that took money.
+    pub(crate) debits: u64,
+    /// Orders with at least one debit.
+    pub(crate) orders: u64,
+    /// Orders with more than one debit.
+    pub(crate) orders_debited_twice: u64,
+    /// Money taken, in cents.
+    pub(crate) cents: u64,
 }
 
 pub(crate) struct Shop {
@@ -90,12 +142,13 @@ impl Shop {
         })
     }
 
-    /// Debits the ledger; with a lease, marks the key completed in the same transaction.
+    /// Debits the ledger; inside an execution, marks the key completed in the same
+    /// transaction.
     async fn debit(
         &self,
         order: &str,
         cents: u64,
-        lease: Option<Lease>,
+        ctx: Option<Context>,
     ) -> Result<Option<Receipt>, Box<dyn std::error::Error + Send + Sync>> {
         let ledger = Arc::clone(&self.ledger);
         let store = self.idem.as_ref().map(|idem| idem.store().clone());
@@ -114,9 +167,9 @@ impl Shop {
                 cents,
                 payment: tx.last_insert_rowid(),
             };
-            if let (Some(store), Some(lease)) = (store, lease) {
-                let bytes = serde_json::to_vec(&receipt)?;
-                if store.complete_in(&tx, &lease, &bytes)? == WriteOutcome::Fenced {
+            if let (Some(store), Some(ctx)) = (store, ctx) {
+                let completion = ctx.prepare_completion(&receipt)?;
+                if store.complete_in(&tx, &completion)? == WriteOutcome::Fenced {
                     // Another worker owns the order now: this debit must not happen.
                     return Ok(None);
                 }
@@ -130,19 +183,20 @@ impl Shop {
     /// One request for `order`. With `crash`, the worker dies after calling the provider
     /// and before the debit commits.
     pub(crate) async fn request(&self, order: &str, cents: u64, crash: bool) -> Answer {
-        self.counters.requests.fetch_add(1, Ordering::Relaxed);
+        let (answer, replayed) = self.answer(order, cents, crash).await;
+        self.counters.count(&answer, replayed);
+        answer
+    }
+
+    async fn answer(&self, order: &str, cents: u64, crash: bool) -> (Answer, bool) {
         let Some(idem) = &self.idem else {
             provider_latency().await;
             if crash {
-                self.counters.crashes.fetch_add(1, Ordering::Relaxed);
-                return Answer::Crashed;
+                return (Answer::Crashed, false);
             }
             return match self.debit(order, cents, None).await {
-                Ok(_) => {
-                    self.counters.executions.fetch_add(1, Ordering::Relaxed);
-                    Answer::Paid
-                }
-                Err(_) => Answer::Retry,
+                Ok(_) => (Answer::Paid, false),
+                Err(_) => (Answer::Retry, false),
             };
         };
         let key = Key::new("shop/checkout", order).expect("order ids are valid keys");
@@ -159,11 +213,8 @@ impl Shop {
                 // The process dies here: nothing after this point ever runs.
                 std::future::pending::<()>().await;
             }
-            match self.debit(order, cents, Some(ctx.lease())).await {
-                Ok(Some(receipt)) => {
-                    self.counters.executions.fetch_add(1, Ordering::Relaxed);
-                    Ok(receipt)
-                }
+            match self.debit(order, cents, Some(ctx)).await {
+                Ok(Some(receipt)) => Ok(receipt),
                 Ok(None) => Err(WorkError::Retryable("fenced".to_owned())),
                 Err(err) => Err(WorkError::Retryable(err.to_string())),
             }
@@ -171,44 +222,41 @@ impl Shop {
         // A crashed worker never answers: the client gives up after its timeout, which
         // drops the execution mid-work, exactly as a killed process leaves it.
         let Ok(result) = tokio::time::timeout(Duration::from_millis(50), execution).await else {
-            self.counters.crashes.fetch_add(1, Ordering::Relaxed);
-            return Answer::Crashed;
+            return (
+                if crash {
+                    Answer::Crashed
+                } else {
+                    Answer::TimedOut
+                },
+                false,
+            );
         };
         match result {
-            Ok(done) => {
-                if done.replayed {
-                    self.counters.replays.fetch_add(1, Ordering::Relaxed);
-                }
-                Answer::Paid
-            }
-            Err(Error::InFlight { retry_after }) => {
-                self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
-                Answer::InFlight(retry_after)
-            }
-            Err(Error::Mismatch) => {
-                self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                Answer::Conflict
-            }
-            Err(_) => Answer::Retry,
+            Ok(Outcome::Completed { replayed, .. }) => (Answer::Paid, replayed),
+            Err(Error::InFlight { retry_after }) => (Answer::InFlight(retry_after), false),
+            Err(Error::Mismatch) => (Answer::Conflict, false),
+            _ => (Answer::Retry, false),
         }
     }
 
-    /// Orders debited, orders debited more than once, and the total debited.
-    pub(crate) fn audit(&self) -> Result<(u64, u64, u64), idem_sqlite::rusqlite::Error> {
+    /// What the ledger holds, read from the ledger itself.
+    pub(crate) fn audit(&self) -> Result<Audit, idem_sqlite::rusqlite::Error> {
         let conn = self
             .ledger
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         conn.query_row(
-            "SELECT count(*), coalesce(sum(debits > 1), 0), coalesce(sum(total), 0)
+            "SELECT coalesce(sum(debits), 0), count(*), coalesce(sum(debits > 1), 0),
+                    coalesce(sum(total), 0)
              FROM (SELECT count(*) AS debits, sum(cents) AS total FROM ledger GROUP BY order_id)",
             [],
             |row| {
-                Ok((
-                    row.get::<_, i64>(0)? as u64,
-                    row.get::<_, i64>(1)? as u64,
-                    row.get::<_, i64>(2)? as u64,
-                ))
+                Ok(Audit {
+                    debits: row.get::<_, i64>(0)? as u64,
+                    orders: row.get::<_, i64>(1)? as u64,
+                    orders_debited_twice: row.get::<_, i64>(2)? as u64,
+                    cents: row.get::<_, i64>(3)? as u64,
+                })
             },
         )
     }

@@ -5,9 +5,11 @@ use std::collections::HashMap;
 
 use crate::item::NAMES;
 
-/// Claim of a key with no record or an expired one: a fresh record. `ADD` continues the
-/// token of an expired record, or starts it at 1.
-pub(crate) const FRESH_CONDITION: &str = "attribute_not_exists(#pk) OR #ea <= :now";
+/// Claim of a key with no record or an absent one (expired, and no lease live within the
+/// skew margin): a fresh record. `ADD` continues the token of an absent record still
+/// stored, or starts it at 1.
+pub(crate) const FRESH_CONDITION: &str = "attribute_not_exists(#pk) \
+     OR (#ea <= :now AND NOT (#st = :in_progress AND #lu > :cutoff))";
 pub(crate) const FRESH_UPDATE: &str = "SET #fp = :fp, #st = :in_progress, #at = :at, #lu = :lu, \
      #ca = :now, #ea = :ea, #ttl = :ttl, #stp = :no_steps, #rz = :false \
      ADD #tk :one REMOVE #rs";
@@ -18,16 +20,23 @@ pub(crate) const TAKEOVER_CONDITION: &str = "#tk = :seen_token AND #at = :seen_a
 pub(crate) const TAKEOVER_UPDATE: &str =
     "SET #tk = :token, #at = :at, #lu = :lu, #ttl = :ttl, #rz = :true";
 
-/// Every write after a claim: the owner's token and attempt, in progress, unexpired.
-pub(crate) const FENCE: &str = "#tk = :token AND #at = :at AND #st = :in_progress AND #ea > :now";
+/// Every write after a claim: the owner's token and attempt, in progress, present
+/// (unexpired, or held by a lease live within the skew margin).
+pub(crate) const FENCE: &str = "#tk = :token AND #at = :at AND #st = :in_progress \
+     AND (#ea > :now OR #lu > :cutoff)";
 pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response";
 pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
+/// A renewal whose new lease end the item's TTL already covers: the common case, one
+/// conditional write.
 pub(crate) const RENEW_UPDATE: &str = "SET #lu = :lu";
-pub(crate) const RAISE_TTL_UPDATE: &str = "SET #ttl = :ttl";
-pub(crate) const RAISE_TTL_CONDITION: &str = "#tk = :token AND #at = :at";
+pub(crate) const RENEW_COVERED: &str = "#ttl >= :ttl";
+/// A renewal that must move the TTL too: both in the same conditional write.
+pub(crate) const RENEW_AND_TTL_UPDATE: &str = "SET #lu = :lu, #ttl = :ttl";
 pub(crate) const CHECKPOINT_UPDATE: &str = "SET #stp.#step = :value";
 
-/// Purgeable records (expired, no lease live within the skew margin) under the prefix.
+/// Absent records (expired, no lease live within the skew margin) of this store's
+/// namespace: `:prefix` is its `namespace_prefix`, which begins the partition key of its
+/// records and of no other namespace's.
 pub(crate) const PURGEABLE: &str = "begins_with(#pk, :prefix) AND #ea <= :now \
      AND NOT (#st = :in_progress AND #lu > :cutoff)";
 
@@ -57,6 +66,7 @@ mod tests {
         let mut keys: Vec<_> = names.keys().map(String::as_str).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["#at", "#ea", "#lu", "#st", "#tk"]);
+        assert!(super::names(&[RENEW_COVERED]).contains_key("#ttl"));
         assert!(!super::names(&[CHECKPOINT_UPDATE]).contains_key("#st"));
         assert!(super::names(&[CHECKPOINT_UPDATE]).contains_key("#stp"));
     }

@@ -2,11 +2,14 @@
 
 use std::collections::HashMap;
 
+use std::time::Duration;
+
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use idem_core::{AttemptId, Fingerprint, Key, Record, State, Steps, StoreError, Timestamp};
+use idem_core::{Key, Record, StoreError, Timestamp, storage_name};
 
-/// Partition key: `<prefix><scope length>:<scope>:<key>` (string).
+/// Partition key: `<prefix length>:<prefix><scope length>:<scope>:<key>` (string; see
+/// [`idem_core::storage_name`]).
 pub const PK: &str = "pk";
 /// Fingerprint (binary, 32 bytes).
 pub const FINGERPRINT: &str = "fp";
@@ -29,7 +32,7 @@ pub const STEPS: &str = "stp";
 /// Whether the last claim took over from another attempt (boolean).
 pub const RESUMED: &str = "rz";
 /// DynamoDB's TTL attribute: epoch *seconds* after which the item may be deleted, the later
-/// of expiry and lease end (number).
+/// of expiry and lease end plus the skew margin (number).
 pub const TTL: &str = "ttl";
 
 /// Expression attribute names for every attribute (several are reserved words).
@@ -48,13 +51,10 @@ pub(crate) const NAMES: [(&str, &str); 12] = [
     ("#ttl", TTL),
 ];
 
+/// The item's partition key: injective over (prefix, scope, key), and exactly the keys of
+/// one prefix begin with [`storage_name::namespace_prefix`] of it.
 pub(crate) fn partition_key(prefix: &str, key: &Key) -> String {
-    format!(
-        "{prefix}{}:{}:{}",
-        key.scope().len(),
-        key.scope(),
-        key.key()
-    )
+    storage_name::namespaced_key_name(prefix, key)
 }
 
 pub(crate) fn n(value: u64) -> AttributeValue {
@@ -69,34 +69,32 @@ pub(crate) fn s(text: &str) -> AttributeValue {
     AttributeValue::S(text.to_owned())
 }
 
-/// Epoch seconds, rounded up, of the later of two instants.
-pub(crate) fn ttl_seconds(a: Timestamp, b: Timestamp) -> u64 {
-    a.max(b).as_unix_millis().div_ceil(1000)
+/// The TTL for a record expiring at `expires_at` whose lease ends at `lease_until`: epoch
+/// seconds, rounded up, of the later of the expiry and the lease end plus `margin`. No
+/// DynamoDB deletion can then come before the record is absent on any client whose clock
+/// is within the margin.
+pub(crate) fn ttl_seconds(expires_at: Timestamp, lease_until: Timestamp, margin: Duration) -> u64 {
+    expires_at
+        .max(lease_until.saturating_add(margin))
+        .as_unix_millis()
+        .div_ceil(1000)
 }
 
 fn corrupt(what: &'static str) -> StoreError {
     StoreError::Corrupt { what, source: None }
 }
 
-fn number(
-    item: &HashMap<String, AttributeValue>,
-    name: &str,
-    what: &'static str,
-) -> Result<u64, StoreError> {
+fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Option<u64> {
     match item.get(name) {
-        Some(AttributeValue::N(text)) => text.parse().map_err(|_| corrupt(what)),
-        _ => Err(corrupt(what)),
+        Some(AttributeValue::N(text)) => text.parse().ok(),
+        _ => None,
     }
 }
 
-fn binary<'i>(
-    item: &'i HashMap<String, AttributeValue>,
-    name: &str,
-    what: &'static str,
-) -> Result<&'i [u8], StoreError> {
+fn binary<'i>(item: &'i HashMap<String, AttributeValue>, name: &str) -> &'i [u8] {
     match item.get(name) {
-        Some(AttributeValue::B(blob)) => Ok(blob.as_ref()),
-        _ => Err(corrupt(what)),
+        Some(AttributeValue::B(blob)) => blob.as_ref(),
+        _ => &[],
     }
 }
 
@@ -106,51 +104,35 @@ pub(crate) fn decode(
     item: &HashMap<String, AttributeValue>,
 ) -> Result<(Record, bool), StoreError> {
     let state = match item.get(STATE) {
-        Some(AttributeValue::S(text)) => {
-            State::parse(text).ok_or_else(|| corrupt("an unknown state"))?
-        }
-        _ => return Err(corrupt("a missing state")),
+        Some(AttributeValue::S(text)) => text.as_str(),
+        _ => "",
     };
-    let mut steps = Steps::new();
-    if let Some(AttributeValue::M(map)) = item.get(STEPS) {
-        for (name, value) in map {
-            let AttributeValue::B(blob) = value else {
-                return Err(corrupt("a step value that is not binary"));
-            };
-            steps.insert(name.clone(), blob.as_ref().to_vec());
-        }
-    }
     let response = match item.get(RESPONSE) {
         Some(AttributeValue::B(blob)) => Some(blob.as_ref().to_vec()),
         Some(_) => return Err(corrupt("a response that is not binary")),
         None => None,
     };
-    let record = Record {
-        key: key.clone(),
-        fingerprint: Fingerprint::from_bytes(
-            binary(item, FINGERPRINT, "a missing fingerprint")?
-                .try_into()
-                .map_err(|_| corrupt("a fingerprint that is not 32 bytes"))?,
-        ),
-        state,
-        token: number(item, TOKEN, "a missing token")?,
-        attempt: AttemptId::from_bytes(
-            binary(item, ATTEMPT, "a missing attempt id")?
-                .try_into()
-                .map_err(|_| corrupt("an attempt id that is not 16 bytes"))?,
-        ),
-        lease_until: Timestamp::from_unix_millis(number(item, LEASE_UNTIL, "a missing lease end")?),
-        created_at: Timestamp::from_unix_millis(number(
-            item,
-            CREATED_AT,
-            "a missing creation time",
-        )?),
-        expires_at: Timestamp::from_unix_millis(number(item, EXPIRES_AT, "a missing expiry")?),
-        response,
-        steps,
-    };
+    // A number that is missing or does not parse is one core's builder refuses (-1).
+    let n = |name| number(item, name).map_or(-1, i128::from);
+    let mut parts = Record::parts(key.clone())
+        .fingerprint(binary(item, FINGERPRINT))
+        .state(state)
+        .token(n(TOKEN))
+        .attempt(binary(item, ATTEMPT))
+        .lease_until_millis(n(LEASE_UNTIL))
+        .created_at_millis(n(CREATED_AT))
+        .expires_at_millis(n(EXPIRES_AT))
+        .response(response);
+    if let Some(AttributeValue::M(map)) = item.get(STEPS) {
+        for (name, value) in map {
+            let AttributeValue::B(blob) = value else {
+                return Err(corrupt("a step value that is not binary"));
+            };
+            parts = parts.step(name.as_str(), blob.as_ref().to_vec());
+        }
+    }
     let resumed = matches!(item.get(RESUMED), Some(AttributeValue::Bool(true)));
-    Ok((record, resumed))
+    Ok((parts.build()?, resumed))
 }
 
 #[cfg(test)]
@@ -162,13 +144,29 @@ mod tests {
         let a = partition_key("p#", &Key::new("ab", "c").unwrap());
         let b = partition_key("p#", &Key::new("a", "bc").unwrap());
         assert_ne!(a, b);
-        assert_eq!(a, "p#2:ab:c");
+        assert_eq!(a, "2:p#2:ab:c");
+        // Issue 11: prefixes `tenantX1` and `tenantX` met in `tenantX11:x:y:zzzzzzz:w`.
+        let long = partition_key("tenantX1", &Key::new("x", "y:zzzzzzz:w").unwrap());
+        let short = partition_key("tenantX", &Key::new("x:y:zzzzzzz", "w").unwrap());
+        assert_ne!(long, short);
+        assert!(!long.starts_with(&storage_name::namespace_prefix("tenantX")));
     }
 
     #[test]
-    fn ttl_is_the_later_instant_rounded_up() {
+    fn ttl_covers_expiry_and_the_lease_with_its_margin() {
         let t = |ms| Timestamp::from_unix_millis(ms);
-        assert_eq!(ttl_seconds(t(1_001), t(500)), 2);
-        assert_eq!(ttl_seconds(t(1_000), t(2_000)), 2);
+        assert_eq!(ttl_seconds(t(1_001), t(500), Duration::ZERO), 2);
+        assert_eq!(ttl_seconds(t(1_000), t(2_000), Duration::ZERO), 2);
+        assert_eq!(ttl_seconds(t(1_000), t(2_000), Duration::from_secs(2)), 4);
+    }
+
+    #[test]
+    fn a_malformed_item_is_corrupt_naming_the_field() {
+        let key = Key::new("s", "k").unwrap();
+        let err = decode(&key, &HashMap::new()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Corrupt { what, .. } if what.contains("fingerprint")),
+            "{err:?}"
+        );
     }
 }

@@ -9,7 +9,7 @@
 //! use idem_dynamodb::DynamoDbStore;
 //!
 //! # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! let idem = Idempotency::new(DynamoDbStore::new(client, "idem"));
+//! let idem = Idempotency::new(DynamoDbStore::new(client, "idem")?);
 //! let key = Key::new("acct_42/payments.create", "order-1187")?;
 //! let done = idem
 //!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
@@ -28,7 +28,7 @@
 //!
 //! | attribute | type | holds |
 //! |---|---|---|
-//! | `pk` | S | `<prefix><scope length>:<scope>:<key>` |
+//! | `pk` | S | `<prefix length>:<prefix><scope length>:<scope>:<key>` ([`idem_core::storage_name`]) |
 //! | `fp` | B | fingerprint (32 bytes) |
 //! | `st` | S | `in_progress`, `completed` or `failed` |
 //! | `tk` | N | fencing token |
@@ -37,15 +37,28 @@
 //! | `rs` | B | response (absent while in progress) |
 //! | `stp` | M | checkpoints: step name to value (B) |
 //! | `rz` | BOOL | whether the last claim was a takeover |
-//! | `ttl` | N | TTL: epoch seconds, the later of expiry and lease end |
+//! | `ttl` | N | TTL: epoch seconds, the later of expiry and lease end plus the skew margin |
 //!
 //! ## Limits
 //!
-//! DynamoDB refuses items over 400 KB, so responses are capped at [`MAX_RESPONSE_BYTES`]
-//! (the driver's cap drops to it automatically); a larger one is refused with
-//! `StoreError::ResponseTooLarge` before anything is written. Keep checkpoints small: they
-//! share the item. Throttling and transient server errors are retryable errors; failed
-//! conditions are outcomes (replay, in flight, fenced), never errors.
+//! DynamoDB refuses items over 400 KB, so a record's response and checkpoints together are
+//! capped at [`MAX_RECORD_BYTES`]: the driver keeps below it, checking the whole record
+//! before it writes a result or a checkpoint (and stores a too-large value as the
+//! execution's permanent failure, so the work never runs twice for it); the store refuses
+//! a larger write with `StoreError::ResponseTooLarge` or `StoreError::StepTooLarge`
+//! before anything is written. Throttling and transient server errors are retryable
+//! errors; failed conditions are outcomes (replay, in flight, fenced), never errors. A
+//! table DynamoDB refuses (a bad name, a missing table, no access) is
+//! `StoreError::Misconfigured` with DynamoDB's own words.
+//!
+//! ## Expiry
+//!
+//! DynamoDB's TTL deletes absent records by itself, lazily (typically within days); reads
+//! and claims check presence themselves, so a late deletion changes nothing but storage.
+//! `purge_expired` scans the whole table: a TTL-enabled table rarely needs it. A table
+//! shared by many prefixes, or an operator who must list records, pays for a `Scan`
+//! per call; a global secondary index on a prefix attribute would pay off beyond a few
+//! hundred thousand items.
 
 #![warn(missing_docs)]
 
@@ -65,6 +78,6 @@ pub mod attributes {
 
 pub use aws_sdk_dynamodb;
 pub use store::{
-    DEFAULT_SKEW_MARGIN, DynamoDbStore, DynamoDbStoreBuilder, MAX_RESPONSE_BYTES, PrefixError,
+    DEFAULT_SKEW_MARGIN, DynamoDbStore, DynamoDbStoreBuilder, MAX_RECORD_BYTES, PrefixError,
 };
-pub use table::create_table;
+pub use table::{TableNameError, create_table};

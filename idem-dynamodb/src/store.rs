@@ -11,17 +11,20 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Clock, Key, Lease, Operation, Record, RenewOutcome, State,
-    StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome, machine,
+    ClaimOutcome, ClaimRequest, Clock, Expiry, Key, Lease, Operation, Record, RenewOutcome, State,
+    StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome, duration_millis, machine,
+    storage_name,
 };
 
-use crate::errors::map;
+use crate::errors::{is_item_too_large, map};
 use crate::expressions::{self as x, names};
 use crate::item::{self, b, n, s};
+use crate::table::{TableName, TableNameError};
 
-/// The largest response the store accepts: DynamoDB refuses items over 400 KB, and the
-/// rest of the item (key, times, checkpoints) needs room too.
-pub const MAX_RESPONSE_BYTES: usize = 350_000;
+/// The most a record's response and checkpoints (names and values together) may hold:
+/// DynamoDB refuses items over 400 KB (409 600 bytes), and the rest of the item (the
+/// partition key, times, attribute names) needs room too.
+pub const MAX_RECORD_BYTES: usize = 400_000;
 
 /// The default skew margin: a takeover waits this long past the lease end, for the clocks
 /// of the machines sharing the table to disagree by up to this much.
@@ -33,20 +36,30 @@ const CLAIM_ATTEMPTS: usize = 8;
 
 /// An idem [`Store`] in a DynamoDB table.
 ///
-/// - `claim` is one conditional `UpdateItem` (fresh record when absent or expired), with
-///   `ReturnValuesOnConditionCheckFailure = ALL_OLD`, so a replay, a mismatch or an
-///   in-flight answer costs one round trip; a takeover adds a second conditional write
-///   (a compare-and-set on the token it read). When the server sends no old item, one
-///   strongly consistent `GetItem` reads it.
+/// - `claim` is one conditional `UpdateItem` (fresh record when absent: expired and held
+///   by no live lease), with `ReturnValuesOnConditionCheckFailure = ALL_OLD`, so a replay,
+///   a mismatch or an in-flight answer costs one round trip; a takeover adds a second
+///   conditional write (a compare-and-set on the token it read). When the server sends no
+///   old item, one strongly consistent `GetItem` reads it.
 /// - Every fenced write is an `UpdateItem` conditioned on the token, the attempt, the
-///   state and the expiry; a failed condition is an outcome, never an error.
+///   state and presence; a failed condition is an outcome, never an error. A renewal is
+///   one conditional write; it also moves the TTL, in the same write, when the new lease
+///   outlives it.
 /// - DynamoDB has no server clock, so the store reads the client's clock: a takeover
 ///   waits until `lease_until + skew_margin` (default 2 s). The margin protects a live
 ///   owner against clients whose clocks run ahead by up to the margin, at the price of
 ///   recovering that much later after a crash.
-/// - Retention uses DynamoDB's TTL attribute (`ttl`, epoch seconds); since TTL deletes
-///   lazily, every read and claim checks the expiry itself.
-/// - Responses over [`MAX_RESPONSE_BYTES`] are refused before anything is written.
+/// - Retention uses DynamoDB's TTL attribute (`ttl`, epoch seconds), set to the later of
+///   the expiry and the lease end plus the skew margin, so DynamoDB never deletes a
+///   record a live lease holds. TTL deletes lazily (typically within days), so every read
+///   and claim checks presence itself: the [`Expiry`] is [`Expiry::Eventually`].
+///   `purge_expired` hurries it with a `Scan` of the whole table (filtered to this
+///   store's prefix): it reads every item, so run it rarely or not at all.
+/// - A key prefix lets several applications share a table; prefixes that are prefixes of
+///   each other (`app`, `app1`) never share an item, and a purge reaches only its own.
+/// - A response or checkpoint that cannot fit in the item is refused before anything is
+///   written ([`MAX_RECORD_BYTES`]; the driver checks the whole record, response and
+///   checkpoints together, before writing).
 ///
 /// ```no_run
 /// use idem_core::Idempotency;
@@ -54,7 +67,7 @@ const CLAIM_ATTEMPTS: usize = 8;
 ///
 /// # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), Box<dyn std::error::Error>> {
 /// idem_dynamodb::create_table(&client, "idem").await?; // development and tests
-/// let store = DynamoDbStore::builder(client, "idem").prefix("billing#")?.build();
+/// let store = DynamoDbStore::builder(client, "idem")?.prefix("billing")?.build();
 /// let idem = Idempotency::new(store);
 /// # let _ = idem;
 /// # Ok(())
@@ -63,8 +76,11 @@ const CLAIM_ATTEMPTS: usize = 8;
 #[derive(Clone)]
 pub struct DynamoDbStore {
     client: Client,
-    table: Arc<str>,
+    table: TableName,
     prefix: Arc<str>,
+    /// `storage_name::namespace_prefix(prefix)`: what every partition key of this store
+    /// begins with, and no other prefix's does.
+    namespace: Arc<str>,
     skew_margin: Duration,
     clock: Arc<dyn Clock>,
 }
@@ -89,7 +105,8 @@ pub enum PrefixError {
 
 impl DynamoDbStoreBuilder {
     /// Puts every record of this store under `prefix`, so several applications (or
-    /// tests) can share one table; `purge_expired` only touches its own prefix.
+    /// tests) can share one table; `purge_expired` only touches its own prefix. Any bytes
+    /// will do: prefixes never meet, even when one is a prefix of another.
     ///
     /// # Errors
     /// [`PrefixError`] when the prefix is over 512 bytes.
@@ -98,6 +115,7 @@ impl DynamoDbStoreBuilder {
             return Err(PrefixError::TooLong { len: prefix.len() });
         }
         self.store.prefix = prefix.into();
+        self.store.namespace = storage_name::namespace_prefix(prefix).into();
         Ok(self)
     }
 
@@ -127,18 +145,16 @@ impl fmt::Debug for DynamoDbStoreBuilder {
     }
 }
 
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// The conditional-check failure's old item, if this error is one; `Err` otherwise.
 type ConditionFailure = Option<HashMap<String, AttributeValue>>;
 
+type UpdateError = aws_sdk_dynamodb::error::SdkError<
+    UpdateItemError,
+    aws_sdk_dynamodb::config::http::HttpResponse,
+>;
+
 fn condition_failed(
-    err: aws_sdk_dynamodb::error::SdkError<
-        UpdateItemError,
-        aws_sdk_dynamodb::config::http::HttpResponse,
-    >,
+    err: UpdateError,
     operation: Operation,
 ) -> Result<ConditionFailure, StoreError> {
     match err.as_service_error() {
@@ -151,21 +167,29 @@ fn condition_failed(
 
 impl DynamoDbStore {
     /// A store on `table` with the defaults (no prefix, 2 s skew margin, system clock).
-    pub fn new(client: Client, table: impl Into<String>) -> Self {
-        Self::builder(client, table).build()
+    ///
+    /// # Errors
+    /// [`TableNameError`] for a name DynamoDB would refuse (3 to 255 characters: ASCII
+    /// letters, digits, `_`, `-`, `.`).
+    pub fn new(client: Client, table: &str) -> Result<Self, TableNameError> {
+        Ok(Self::builder(client, table)?.build())
     }
 
     /// Starts a builder.
-    pub fn builder(client: Client, table: impl Into<String>) -> DynamoDbStoreBuilder {
-        DynamoDbStoreBuilder {
+    ///
+    /// # Errors
+    /// [`TableNameError`] for a name DynamoDB would refuse.
+    pub fn builder(client: Client, table: &str) -> Result<DynamoDbStoreBuilder, TableNameError> {
+        Ok(DynamoDbStoreBuilder {
             store: Self {
                 client,
-                table: table.into().into(),
+                table: TableName::parse(table)?,
                 prefix: "".into(),
+                namespace: storage_name::namespace_prefix("").into(),
                 skew_margin: DEFAULT_SKEW_MARGIN,
                 clock: Arc::new(SystemClock),
             },
-        }
+        })
     }
 
     /// The client.
@@ -177,24 +201,42 @@ impl DynamoDbStore {
         s(&item::partition_key(&self.prefix, key))
     }
 
+    /// `now - skew_margin`: a lease that ended after it may still be live on a client
+    /// whose clock runs ahead.
+    fn cutoff(&self, now: Timestamp) -> u64 {
+        now.as_unix_millis()
+            .saturating_sub(duration_millis(self.skew_margin))
+    }
+
+    fn ttl(&self, expires_at: Timestamp, lease_until: Timestamp) -> AttributeValue {
+        n(item::ttl_seconds(expires_at, lease_until, self.skew_margin))
+    }
+
     /// An `UpdateItem` on `key` with these expressions and the names they use.
     fn update(&self, key: &Key, update: &str, condition: &str) -> UpdateItemFluentBuilder {
         self.client
             .update_item()
-            .table_name(self.table.as_ref())
+            .table_name(self.table.as_str())
             .key(item::PK, self.pk(key))
             .update_expression(update)
             .condition_expression(condition)
             .set_expression_attribute_names(Some(names(&[update, condition])))
     }
 
-    /// A fenced update: the lease's token, attempt, in progress and unexpired.
-    fn fenced(&self, lease: &Lease, update: &str, now: Timestamp) -> UpdateItemFluentBuilder {
-        self.update(&lease.key, update, x::FENCE)
+    /// A fenced update: the lease's token, attempt, in progress and present.
+    fn fenced(
+        &self,
+        lease: &Lease,
+        update: &str,
+        condition: &str,
+        now: Timestamp,
+    ) -> UpdateItemFluentBuilder {
+        self.update(&lease.key, update, condition)
             .expression_attribute_values(":token", n(lease.token))
             .expression_attribute_values(":at", b(lease.attempt.as_bytes()))
             .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
             .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .expression_attribute_values(":cutoff", n(self.cutoff(now)))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
     }
 
@@ -206,7 +248,7 @@ impl DynamoDbStore {
         let output = self
             .client
             .get_item()
-            .table_name(self.table.as_ref())
+            .table_name(self.table.as_str())
             .key(item::PK, self.pk(key))
             .consistent_read(true)
             .send()
@@ -224,17 +266,18 @@ impl DynamoDbStore {
         request: &ClaimRequest,
         now: Timestamp,
     ) -> Result<Result<ClaimOutcome, ConditionFailure>, StoreError> {
-        let lease_until = now.saturating_add(request.lease);
-        let expires_at = now.saturating_add(request.retention);
+        let lease_until = now.saturating_add(idem_core::clamp_duration(request.lease));
+        let expires_at = now.saturating_add(idem_core::clamp_duration(request.retention));
         let result = self
             .update(&request.key, x::FRESH_UPDATE, x::FRESH_CONDITION)
             .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .expression_attribute_values(":cutoff", n(self.cutoff(now)))
             .expression_attribute_values(":fp", b(request.fingerprint.as_bytes()))
             .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
             .expression_attribute_values(":at", b(request.attempt.as_bytes()))
             .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
             .expression_attribute_values(":ea", n(expires_at.as_unix_millis()))
-            .expression_attribute_values(":ttl", n(item::ttl_seconds(expires_at, lease_until)))
+            .expression_attribute_values(":ttl", self.ttl(expires_at, lease_until))
             .expression_attribute_values(":no_steps", AttributeValue::M(HashMap::new()))
             .expression_attribute_values(":false", AttributeValue::Bool(false))
             .expression_attribute_values(":one", n(1))
@@ -249,11 +292,11 @@ impl DynamoDbStore {
                     source: None,
                 })?;
                 let (record, _) = item::decode(&request.key, item)?;
-                Ok(Ok(ClaimOutcome::Claimed {
-                    lease: machine::lease_of(&record),
-                    resumed: false,
-                    steps: record.steps,
-                }))
+                Ok(Ok(ClaimOutcome::claimed(
+                    machine::lease_of(&record),
+                    false,
+                    record.steps,
+                )))
             }
             Err(err) => Ok(Err(condition_failed(err, Operation::Claim)?)),
         }
@@ -265,11 +308,7 @@ impl DynamoDbStore {
         seen: &Record,
         now: Timestamp,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let lease_until = now.saturating_add(request.lease);
-        let cutoff = Timestamp::from_unix_millis(
-            now.as_unix_millis()
-                .saturating_sub(millis(self.skew_margin)),
-        );
+        let lease_until = now.saturating_add(idem_core::clamp_duration(request.lease));
         let token = seen.token.saturating_add(1);
         let result = self
             .update(&request.key, x::TAKEOVER_UPDATE, x::TAKEOVER_CONDITION)
@@ -277,12 +316,12 @@ impl DynamoDbStore {
             .expression_attribute_values(":seen_attempt", b(seen.attempt.as_bytes()))
             .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
             .expression_attribute_values(":fp", b(request.fingerprint.as_bytes()))
-            .expression_attribute_values(":cutoff", n(cutoff.as_unix_millis()))
+            .expression_attribute_values(":cutoff", n(self.cutoff(now)))
             .expression_attribute_values(":now", n(now.as_unix_millis()))
             .expression_attribute_values(":token", n(token))
             .expression_attribute_values(":at", b(request.attempt.as_bytes()))
             .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
-            .expression_attribute_values(":ttl", n(item::ttl_seconds(seen.expires_at, lease_until)))
+            .expression_attribute_values(":ttl", self.ttl(seen.expires_at, lease_until))
             .expression_attribute_values(":true", AttributeValue::Bool(true))
             .return_values(ReturnValue::AllNew)
             .send()
@@ -294,11 +333,11 @@ impl DynamoDbStore {
                     source: None,
                 })?;
                 let (record, _) = item::decode(&request.key, item)?;
-                Ok(Some(ClaimOutcome::Claimed {
-                    lease: machine::lease_of(&record),
-                    resumed: true,
-                    steps: record.steps,
-                }))
+                Ok(Some(ClaimOutcome::claimed(
+                    machine::lease_of(&record),
+                    true,
+                    record.steps,
+                )))
             }
             // Another claimant changed the item first: read it again.
             Err(err) => condition_failed(err, Operation::Claim).map(|_| None),
@@ -312,15 +351,16 @@ impl DynamoDbStore {
         response: &[u8],
         terminal: State,
     ) -> Result<WriteOutcome, StoreError> {
-        if response.len() > MAX_RESPONSE_BYTES {
-            return Err(StoreError::ResponseTooLarge {
-                size: response.len(),
-                limit: MAX_RESPONSE_BYTES,
-            });
+        let too_large = || StoreError::ResponseTooLarge {
+            size: response.len(),
+            limit: MAX_RECORD_BYTES,
+        };
+        if response.len() > MAX_RECORD_BYTES {
+            return Err(too_large());
         }
         let now = self.now();
         let result = self
-            .fenced(lease, x::FINISH_UPDATE, now)
+            .fenced(lease, x::FINISH_UPDATE, x::FENCE, now)
             .expression_attribute_values(":terminal", s(terminal.as_str()))
             .expression_attribute_values(":response", b(response))
             .send()
@@ -328,6 +368,10 @@ impl DynamoDbStore {
         let Err(err) = result else {
             return Ok(WriteOutcome::Applied);
         };
+        if is_item_too_large(&err) {
+            // The response fits alone, not beside the checkpoints the item holds.
+            return Err(too_large());
+        }
         // The same owner retrying after its first try landed is not fenced.
         let old = condition_failed(err, operation)?;
         let landed = old
@@ -401,17 +445,15 @@ impl Store for DynamoDbStore {
                         lease,
                         resumed,
                         steps,
+                        ..
                     },
                     None,
                 ) => {
-                    return Ok(ClaimOutcome::Claimed {
-                        lease: Lease {
-                            lease_until,
-                            ..lease
-                        },
+                    return Ok(ClaimOutcome::claimed(
+                        lease.with_lease_until(lease_until),
                         resumed,
                         steps,
-                    });
+                    ));
                 }
                 // A fresh claim was due, yet the condition failed: the item changed.
                 (_, Some(_)) => {}
@@ -435,49 +477,48 @@ impl Store for DynamoDbStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
-        let builder = self.fenced(lease, x::RELEASE_UPDATE, self.now());
+        let builder = self.fenced(lease, x::RELEASE_UPDATE, x::FENCE, self.now());
         self.fenced_write(Operation::Release, builder).await
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         let now = self.now();
-        let lease_until = now.saturating_add(extend);
+        let lease_until = now.saturating_add(idem_core::clamp_duration(extend));
+        let renewed = RenewOutcome::Renewed(lease.clone().with_lease_until(lease_until));
+        // The TTL this lease needs; the item's expiry can only push it later.
+        let needed = self.ttl(Timestamp::from_unix_millis(0), lease_until);
+        let covered = format!("{} AND {}", x::FENCE, x::RENEW_COVERED);
         let result = self
-            .fenced(lease, x::RENEW_UPDATE, now)
+            .fenced(lease, x::RENEW_UPDATE, &covered, now)
             .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
-            .return_values(ReturnValue::AllNew)
+            .expression_attribute_values(":ttl", needed.clone())
             .send()
             .await;
-        let output = match result {
-            Ok(output) => output,
-            Err(err) => {
-                return condition_failed(err, Operation::Renew).map(|_| RenewOutcome::Fenced);
-            }
+        let old = match result {
+            Ok(_) => return Ok(renewed),
+            Err(err) => condition_failed(err, Operation::Renew)?,
         };
-        // A lease renewed past the record's TTL moves the TTL too, so DynamoDB never
-        // deletes a record under a live lease (a second write, only in that case).
-        let ttl = output
-            .attributes()
-            .and_then(|item| match item.get(item::TTL) {
-                Some(AttributeValue::N(text)) => text.parse::<u64>().ok(),
-                _ => None,
-            })
-            .unwrap_or(0);
-        let wanted = item::ttl_seconds(lease_until, lease_until);
-        if ttl < wanted {
-            let raise = self
-                .update(&lease.key, x::RAISE_TTL_UPDATE, x::RAISE_TTL_CONDITION)
-                .expression_attribute_values(":token", n(lease.token))
-                .expression_attribute_values(":at", b(lease.attempt.as_bytes()))
-                .expression_attribute_values(":ttl", n(wanted));
-            if self.fenced_write(Operation::Renew, raise).await? == WriteOutcome::Fenced {
-                return Ok(RenewOutcome::Fenced);
-            }
+        // Refused: fenced, or the TTL must move with the lease. The old item tells which;
+        // without one, the write below decides on the fence alone.
+        let fenced = old
+            .map(|item| item::decode(&lease.key, &item))
+            .transpose()?
+            .is_some_and(|(record, _)| {
+                let mut seen = record;
+                seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
+                machine::renew(Some(&seen), lease, extend, now).outcome == RenewOutcome::Fenced
+            });
+        if fenced {
+            return Ok(RenewOutcome::Fenced);
         }
-        Ok(RenewOutcome::Renewed(Lease {
-            lease_until,
-            ..lease.clone()
-        }))
+        let builder = self
+            .fenced(lease, x::RENEW_AND_TTL_UPDATE, x::FENCE, now)
+            .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
+            .expression_attribute_values(":ttl", needed);
+        Ok(match self.fenced_write(Operation::Renew, builder).await? {
+            WriteOutcome::Applied => renewed,
+            WriteOutcome::Fenced => RenewOutcome::Fenced,
+        })
     }
 
     async fn checkpoint(
@@ -486,11 +527,24 @@ impl Store for DynamoDbStore {
         step: &StepName,
         value: &[u8],
     ) -> Result<WriteOutcome, StoreError> {
+        let size = step.as_str().len() + value.len();
+        let too_large = || StoreError::StepTooLarge {
+            step: step.as_str().to_owned(),
+            size,
+            limit: MAX_RECORD_BYTES,
+        };
+        if size > MAX_RECORD_BYTES {
+            return Err(too_large());
+        }
         let builder = self
-            .fenced(lease, x::CHECKPOINT_UPDATE, self.now())
+            .fenced(lease, x::CHECKPOINT_UPDATE, x::FENCE, self.now())
             .expression_attribute_names("#step", step.as_str())
             .expression_attribute_values(":value", b(value));
-        self.fenced_write(Operation::Checkpoint, builder).await
+        match builder.send().await {
+            Ok(_) => Ok(WriteOutcome::Applied),
+            Err(err) if is_item_too_large(&err) => Err(too_large()),
+            Err(err) => condition_failed(err, Operation::Checkpoint).map(|_| WriteOutcome::Fenced),
+        }
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
@@ -498,14 +552,14 @@ impl Store for DynamoDbStore {
             return Ok(None);
         };
         let (record, _) = item::decode(key, &found)?;
-        Ok(machine::visible(Some(&record), self.now()).cloned())
+        let mut seen = record.clone();
+        seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
+        Ok(machine::visible(Some(&seen), self.now()).map(|_| record))
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let now = self.now();
-        let cutoff = now
-            .as_unix_millis()
-            .saturating_sub(millis(self.skew_margin));
+        let cutoff = self.cutoff(now);
         let filter_names = names(&[x::PURGEABLE, "#tk"]);
         let mut purged = 0;
         let mut start: Option<HashMap<String, AttributeValue>> = None;
@@ -513,11 +567,11 @@ impl Store for DynamoDbStore {
             let page = self
                 .client
                 .scan()
-                .table_name(self.table.as_ref())
+                .table_name(self.table.as_str())
                 .filter_expression(x::PURGEABLE)
                 .projection_expression("#pk, #tk")
                 .set_expression_attribute_names(Some(filter_names.clone()))
-                .expression_attribute_values(":prefix", s(&self.prefix))
+                .expression_attribute_values(":prefix", s(&self.namespace))
                 .expression_attribute_values(":now", n(now.as_unix_millis()))
                 .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
                 .expression_attribute_values(":cutoff", n(cutoff))
@@ -533,17 +587,17 @@ impl Store for DynamoDbStore {
                 let (Some(pk), Some(token)) = (found.get(item::PK), found.get(item::TOKEN)) else {
                     continue;
                 };
-                // Deleted only if still purgeable and not claimed again since the scan.
+                // Deleted only if still absent and not claimed again since the scan.
                 let condition = format!("#tk = :token AND {}", x::PURGEABLE);
                 let deleted = self
                     .client
                     .delete_item()
-                    .table_name(self.table.as_ref())
+                    .table_name(self.table.as_str())
                     .key(item::PK, pk.clone())
                     .condition_expression(condition.clone())
                     .set_expression_attribute_names(Some(names(&[condition.as_str()])))
                     .expression_attribute_values(":token", token.clone())
-                    .expression_attribute_values(":prefix", s(&self.prefix))
+                    .expression_attribute_values(":prefix", s(&self.namespace))
                     .expression_attribute_values(":now", n(now.as_unix_millis()))
                     .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
                     .expression_attribute_values(":cutoff", n(cutoff))
@@ -565,7 +619,11 @@ impl Store for DynamoDbStore {
         }
     }
 
-    fn max_response_bytes(&self) -> Option<usize> {
-        Some(MAX_RESPONSE_BYTES)
+    fn expiry(&self) -> Expiry {
+        Expiry::Eventually
+    }
+
+    fn max_record_bytes(&self) -> Option<usize> {
+        Some(MAX_RECORD_BYTES)
     }
 }

@@ -1,5 +1,8 @@
-//! Creating the table, for development and tests.
+//! The table's name, checked by DynamoDB's rules, and creating the table for development
+//! and tests.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_dynamodb::Client;
@@ -11,6 +14,58 @@ use idem_core::{Operation, StoreError};
 
 use crate::errors::map;
 use crate::item;
+
+/// Why a table name was refused: DynamoDB accepts 3 to 255 characters, each an ASCII
+/// letter, digit, `_`, `-` or `.`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TableNameError {
+    /// Shorter than 3 or longer than 255 characters.
+    #[error("the table name is {len} characters long; DynamoDB accepts 3 to 255")]
+    Length {
+        /// Its length.
+        len: usize,
+    },
+    /// A character DynamoDB does not accept.
+    #[error(
+        "the table name holds {character:?} at byte {index}; DynamoDB accepts only ASCII letters, digits, '_', '-' and '.'"
+    )]
+    Character {
+        /// The first refused character.
+        character: char,
+        /// Its byte offset.
+        index: usize,
+    },
+}
+
+/// A table name DynamoDB accepts.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct TableName(Arc<str>);
+
+impl TableName {
+    pub(crate) fn parse(name: &str) -> Result<Self, TableNameError> {
+        if let Some((index, character)) = name
+            .char_indices()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+        {
+            return Err(TableNameError::Character { character, index });
+        }
+        if !(3..=255).contains(&name.len()) {
+            return Err(TableNameError::Length { len: name.len() });
+        }
+        Ok(Self(name.into()))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// Creates `table` when it does not exist: partition key `pk` (string), on-demand
 /// billing, TTL on the `ttl` attribute; then waits (at most a minute) until it is active.
@@ -32,8 +87,10 @@ use crate::item;
 /// ```
 ///
 /// # Errors
-/// A [`StoreError`] when the table cannot be created or does not become active in time.
+/// [`StoreError::Misconfigured`] for a name DynamoDB does not accept, and a
+/// [`StoreError`] when the table cannot be created or does not become active in time.
 pub async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
+    TableName::parse(table).map_err(|err| setup_error(err.into()))?;
     let created = client
         .create_table()
         .table_name(table)
@@ -104,5 +161,30 @@ fn setup_error(source: idem_core::BoxError) -> StoreError {
     StoreError::Misconfigured {
         operation: Operation::Setup,
         source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_dynamodbs_rules() {
+        for good in ["idem", "idem_records", "Idem-2.prod", &"t".repeat(255)] {
+            assert!(TableName::parse(good).is_ok(), "{good}");
+        }
+        assert_eq!(
+            TableName::parse("idem\"; DROP TABLE x; --"),
+            Err(TableNameError::Character {
+                character: '"',
+                index: 4
+            })
+        );
+        assert_eq!(
+            TableName::parse("ab"),
+            Err(TableNameError::Length { len: 2 })
+        );
+        assert!(TableName::parse(&"t".repeat(256)).is_err());
+        assert!(TableName::parse("tablé").is_err());
     }
 }

@@ -1,4 +1,4 @@
-//! DynamoDB-specific behaviour: the skew margin, races, and errors.
+//! DynamoDB-specific behaviour: the skew margin, races, names, sizes, TTL and errors.
 
 mod common;
 
@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Idempotency, Key, ManualClock, Store, Timestamp,
+    ClaimOutcome, ClaimRequest, Fingerprint, Idempotency, Key, ManualClock, RenewOutcome, StepName,
+    Store, StoreError, Timestamp, WriteOutcome,
 };
-use idem_dynamodb::DynamoDbStore;
+use idem_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
+use idem_dynamodb::{DynamoDbStore, MAX_RECORD_BYTES, TableNameError};
 
 #[tokio::test]
 async fn a_takeover_waits_for_the_skew_margin() {
@@ -20,7 +22,8 @@ async fn a_takeover_waits_for_the_skew_margin() {
         .await
         .unwrap();
     let clock = ManualClock::starting_at(Timestamp::now());
-    let store = DynamoDbStore::builder(client, common::table())
+    let store = DynamoDbStore::builder(client, &common::table())
+        .unwrap()
         .prefix(&common::unique_prefix())
         .unwrap()
         .skew_margin(Duration::from_secs(2))
@@ -42,7 +45,9 @@ async fn a_takeover_waits_for_the_skew_margin() {
 
     clock.advance(Duration::from_secs(10)); // the lease has ended, the margin has not
     match store.claim(&request(())).await.unwrap() {
-        ClaimOutcome::InFlight { retry_after } => assert_eq!(retry_after, Duration::from_secs(2)),
+        ClaimOutcome::InFlight { retry_after, .. } => {
+            assert_eq!(retry_after, Duration::from_secs(2))
+        }
         other => panic!("a takeover inside the skew margin: {other:?}"),
     }
     clock.advance(Duration::from_secs(2));
@@ -72,7 +77,7 @@ async fn a_missing_table_is_a_configuration_error() {
     let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
         return;
     };
-    let store = DynamoDbStore::new(common::client(&endpoint), "no_such_table");
+    let store = DynamoDbStore::new(common::client(&endpoint), "no_such_table").unwrap();
     let request = ClaimRequest::new(
         Key::new("s", "k").unwrap(),
         Fingerprint::of_bytes("x"),
@@ -80,17 +85,20 @@ async fn a_missing_table_is_a_configuration_error() {
         Duration::from_secs(1),
     );
     let err = store.claim(&request).await.unwrap_err();
-    assert!(
-        matches!(err, idem_core::StoreError::Misconfigured { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, StoreError::Misconfigured { .. }), "{err:?}");
     assert!(!err.is_retryable());
+    // The message says what is wrong, in DynamoDB's words, not just "it failed".
+    let message = err.to_string();
+    assert!(
+        message.contains("ResourceNotFoundException") && message.contains("table"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
 async fn an_unreachable_endpoint_is_a_retryable_error() {
     // Port 1 on loopback: nothing listens.
-    let store = DynamoDbStore::new(common::client("http://127.0.0.1:1"), "t");
+    let store = DynamoDbStore::new(common::client("http://127.0.0.1:1"), "idem").unwrap();
     let request = ClaimRequest::new(
         Key::new("s", "k").unwrap(),
         Fingerprint::of_bytes("x"),
@@ -99,4 +107,167 @@ async fn an_unreachable_endpoint_is_a_retryable_error() {
     );
     let err = store.claim(&request).await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
+}
+
+/// Issue 11: a table name DynamoDB refuses is refused when the store is built, with a
+/// clear error; before, the first claim failed with "the store failed during claim".
+#[test]
+fn an_invalid_table_name_is_refused_when_the_store_is_built() {
+    let client = common::client("http://127.0.0.1:1");
+    let err = DynamoDbStore::new(client.clone(), "idem\"; DROP TABLE x; --").unwrap_err();
+    assert_eq!(
+        err,
+        TableNameError::Character {
+            character: '"',
+            index: 4
+        }
+    );
+    assert!(err.to_string().contains("DynamoDB accepts"), "{err}");
+    assert!(matches!(
+        DynamoDbStore::new(client, "ab"),
+        Err(TableNameError::Length { len: 2 })
+    ));
+}
+
+/// Issue 11: with prefixes `tenantX1` and `tenantX`, a key of one met a key of the other
+/// (both `tenantX11:x:y:zzzzzzz:w`): the second store replayed the first one's secret, and
+/// its purge deleted the first one's records.
+#[tokio::test]
+async fn prefixes_that_are_prefixes_of_each_other_share_nothing() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let run = common::unique_prefix();
+    let long = common::store_in(&endpoint, &format!("{run}tenantX1")).await;
+    let short = common::store_in(&endpoint, &format!("{run}tenantX")).await;
+    let hour = Duration::from_secs(3600);
+    let claim = |key: Key, lease: Duration, retention: Duration| {
+        ClaimRequest::new(key, Fingerprint::of_bytes("same"), lease, retention)
+    };
+    let secret = Key::new("x", "y:zzzzzzz:w").unwrap();
+    let ClaimOutcome::Claimed { lease, .. } = long.claim(&claim(secret, hour, hour)).await.unwrap()
+    else {
+        panic!("a fresh claim")
+    };
+    assert_eq!(
+        long.complete(&lease, b"the secret").await.unwrap(),
+        WriteOutcome::Applied
+    );
+    let other = Key::new("x:y:zzzzzzz", "w").unwrap();
+    match short.claim(&claim(other, hour, hour)).await.unwrap() {
+        ClaimOutcome::Claimed { lease, .. } => assert_eq!(lease.token, 1),
+        leaked => panic!("the other prefix's record leaked: {leaked:?}"),
+    }
+
+    // An absent record of the long prefix survives the short prefix's purge.
+    let gone = Key::new("purge", "k").unwrap();
+    let _ = long
+        .claim(&claim(gone.clone(), Duration::ZERO, Duration::ZERO))
+        .await
+        .unwrap();
+    assert_eq!(short.purge_expired(100).await.unwrap(), 0);
+    assert_eq!(long.purge_expired(100).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn values_that_do_not_fit_in_the_item_are_refused_and_change_nothing() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let store = common::store(&endpoint).await;
+    let hour = Duration::from_secs(3600);
+    let request = ClaimRequest::new(
+        Key::new("sizes", "k").unwrap(),
+        Fingerprint::of_bytes("x"),
+        hour,
+        hour,
+    );
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    let step = StepName::new("receipt").unwrap();
+    let err = store
+        .checkpoint(&lease, &step, &vec![1; MAX_RECORD_BYTES])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::StepTooLarge { step, .. } if step == "receipt"),
+        "{err:?}"
+    );
+    // Fits alone, but not beside the checkpoint already in the item: DynamoDB refuses the
+    // item, and the store says which value did not fit.
+    assert_eq!(
+        store
+            .checkpoint(&lease, &step, &vec![1; 300_000])
+            .await
+            .unwrap(),
+        WriteOutcome::Applied
+    );
+    let err = store.complete(&lease, &vec![2; 200_000]).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::ResponseTooLarge { size: 200_000, .. }),
+        "{err:?}"
+    );
+    let record = store.get(&request.key).await.unwrap().unwrap();
+    assert_eq!(record.response, None, "nothing was written");
+    assert_eq!(
+        store.complete(&lease, b"small").await.unwrap(),
+        WriteOutcome::Applied
+    );
+}
+
+#[tokio::test]
+async fn a_renewal_past_retention_moves_the_ttl_in_the_same_write() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let store = common::store_in(&endpoint, &prefix).await;
+    let key = Key::new("ttl", "k").unwrap();
+    let request = ClaimRequest::new(
+        key.clone(),
+        Fingerprint::of_bytes("x"),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    let ttl = || async {
+        let item = common::client(&endpoint)
+            .get_item()
+            .table_name(common::table())
+            .key(
+                "pk",
+                AttributeValue::S(idem_core::storage_name::namespaced_key_name(&prefix, &key)),
+            )
+            .consistent_read(true)
+            .send()
+            .await
+            .unwrap();
+        match item.item().and_then(|item| item.get("ttl")) {
+            Some(AttributeValue::N(n)) => n.parse::<u64>().unwrap(),
+            other => panic!("no ttl: {other:?}"),
+        }
+    };
+    let before = ttl().await;
+    // A renewal inside the TTL leaves it; one past it moves it with the lease.
+    let RenewOutcome::Renewed(short) = store.renew(&lease, Duration::from_secs(30)).await.unwrap()
+    else {
+        panic!("renewed")
+    };
+    assert_eq!(ttl().await, before);
+    let RenewOutcome::Renewed(long) = store
+        .renew(&short, Duration::from_secs(7200))
+        .await
+        .unwrap()
+    else {
+        panic!("renewed")
+    };
+    let after = ttl().await;
+    assert!(
+        after * 1000 >= long.lease_until.as_unix_millis(),
+        "the TTL ({after} s) covers the lease ({:?})",
+        long.lease_until
+    );
 }

@@ -1,5 +1,6 @@
--- One statement per claim. The upsert writes when the key is new, expired, or in progress
--- with an expired lease under the same fingerprint (a takeover). When it does not write, the
+-- One statement per claim. The upsert writes when the key is new, absent (expired and held
+-- by no live lease), or in progress with an expired lease under the same fingerprint (a
+-- takeover). When it does not write, the
 -- existing record comes back in the same round trip, and the client answers replay,
 -- mismatch or in-flight from it with the state machine.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
@@ -11,18 +12,18 @@ WITH claimed AS (
             now() + $5::bigint * interval '1 millisecond', now(),
             now() + $6::bigint * interval '1 millisecond', NULL, '{}'::jsonb, false)
     ON CONFLICT (scope, key) DO UPDATE SET
-        -- An expired record is replaced by a fresh one; a takeover keeps what it had.
-        fingerprint = CASE WHEN r.expires_at <= now() THEN excluded.fingerprint ELSE r.fingerprint END,
+        -- An absent record is replaced by a fresh one; a takeover keeps what it had.
+        fingerprint = CASE WHEN NOT {r.present} THEN excluded.fingerprint ELSE r.fingerprint END,
         state       = 'in_progress',
         token       = r.token + 1,
         attempt     = excluded.attempt,
         lease_until = excluded.lease_until,
-        created_at  = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END,
-        response    = CASE WHEN r.expires_at <= now() THEN NULL ELSE r.response END,
-        steps       = CASE WHEN r.expires_at <= now() THEN '{}'::jsonb ELSE r.steps END,
-        resumed     = r.expires_at > now()
-    WHERE r.expires_at <= now()
+        created_at  = CASE WHEN NOT {r.present} THEN excluded.created_at ELSE r.created_at END,
+        expires_at  = CASE WHEN NOT {r.present} THEN excluded.expires_at ELSE r.expires_at END,
+        response    = CASE WHEN NOT {r.present} THEN NULL ELSE r.response END,
+        steps       = CASE WHEN NOT {r.present} THEN '{}'::jsonb ELSE r.steps END,
+        resumed     = {r.present}
+    WHERE NOT {r.present}
        OR (r.fingerprint = excluded.fingerprint
            AND r.state = 'in_progress'
            AND r.lease_until <= now())

@@ -5,7 +5,7 @@ WITH finished AS (
     UPDATE {table}
     SET state = $6, response = $5
     WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
-      AND state = 'in_progress' AND expires_at > now()
+      AND state = 'in_progress' AND {present}
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM finished)

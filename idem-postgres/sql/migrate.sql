@@ -1,5 +1,5 @@
--- idem's table. {table} is the configured (validated) table name, {index} a prefix for
--- index names derived from it. Every statement is idempotent: migrate() may run at every
+-- idem's table. {table} is the configured (validated, quoted) table name; index names are
+-- derived from it (`"<table>-<what>"`, which no table name idem accepts can equal). Every statement is idempotent: migrate() may run at every
 -- start, from many processes at once (it runs under an advisory lock).
 CREATE TABLE IF NOT EXISTS {table} (
     scope       text        NOT NULL,
@@ -20,8 +20,8 @@ CREATE TABLE IF NOT EXISTS {table} (
 );
 
 -- purge_expired scans by expiry.
-CREATE INDEX IF NOT EXISTS {index}_expires_at ON {table} (expires_at);
+CREATE INDEX IF NOT EXISTS {index_expires_at} ON {table} (expires_at);
 
 -- Finding stuck work: in-progress records by lease end.
-CREATE INDEX IF NOT EXISTS {index}_in_progress_lease ON {table} (lease_until)
+CREATE INDEX IF NOT EXISTS {index_in_progress_lease} ON {table} (lease_until)
     WHERE state = 'in_progress';

@@ -2,4 +2,4 @@
 UPDATE {table}
 SET lease_until = now()
 WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
-  AND state = 'in_progress' AND expires_at > now()
+  AND state = 'in_progress' AND {present}

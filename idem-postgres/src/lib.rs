@@ -24,9 +24,10 @@
 //!
 //! ## The table
 //!
-//! [`PostgresStore::migrate`] runs this DDL, with `{table}` the configured name
-//! (`idem_records` by default) and `{index}` its unqualified part. To manage the schema
-//! yourself, run the same statements in your own migrations.
+//! [`PostgresStore::migrate`] runs this DDL, with `{table}` the configured name, quoted
+//! (`"idem_records"` by default, `"billing"."order"` for `billing.order`), and each index
+//! named `"<table>-<what>"`. To manage the schema yourself, run the same statements in
+//! your own migrations.
 //!
 //! ```sql
 #![doc = include_str!("../sql/migrate.sql")]
@@ -37,6 +38,13 @@
 //! When the work's effect is rows in the same database, write them and mark the key
 //! completed in one transaction with [`PostgresStore::complete_in`]: both commit or
 //! neither does.
+//!
+//! ## Expiry
+//!
+//! Records stay until [`Store::purge_expired`](idem_core::Store::purge_expired) deletes
+//! them (batches of 1 000, `SKIP LOCKED`, safe from many processes); run an
+//! [`idem_core::Purger`] beside the application. A record counts as absent only when it is
+//! expired and no live lease holds it, and the purge deletes only those.
 //!
 //! ## Errors
 //!

@@ -14,6 +14,15 @@ const RENEW: &str = include_str!("../sql/renew.sql");
 const CHECKPOINT: &str = include_str!("../sql/checkpoint.sql");
 const PURGE: &str = include_str!("../sql/purge.sql");
 
+/// When a row counts as present (DESIGN.md section 2): unexpired, or held by a live lease.
+/// Every statement that decides between "there is a record" and "there is none" uses it,
+/// as `{present}`, or `{r.present}` for the row aliased `r`.
+fn present(row: &str) -> String {
+    format!(
+        "({row}expires_at > now() OR ({row}state = 'in_progress' AND {row}lease_until > now()))"
+    )
+}
+
 /// Every statement the store runs, for one table.
 #[derive(Debug)]
 pub(crate) struct Queries {
@@ -38,8 +47,14 @@ impl Queries {
                 .join("\n");
             sql.replace("{columns}", columns.trim_end())
                 .replace("{steps_when}", steps_when)
+                .replace("{r.present}", &present("r."))
+                .replace("{present}", &present(""))
                 .replace("{table}", table.qualified())
-                .replace("{index}", table.table())
+                .replace("{index_expires_at}", &table.index("expires_at"))
+                .replace(
+                    "{index_in_progress_lease}",
+                    &table.index("in_progress_lease"),
+                )
                 .into()
         };
         let render_all = |sql: &str| render(sql, "true");

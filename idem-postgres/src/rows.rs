@@ -1,8 +1,10 @@
-//! Decoding a row of `columns.sql` into a record.
+//! Decoding a row of `columns.sql` into a record, through core's validated builder.
 
-use idem_core::{AttemptId, Fingerprint, Key, Record, State, Steps, Timestamp};
+use idem_core::{Key, Operation, Record, StoreError, Timestamp};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
+
+use crate::errors::map;
 
 /// A decoded row: the record, whether its last claim was a takeover, and the database's
 /// `now()` when the statement ran.
@@ -12,60 +14,40 @@ pub(crate) struct Decoded {
     pub(crate) now: Timestamp,
 }
 
-/// What can go wrong decoding: sqlx failed, or the row holds what idem never writes.
-pub(crate) enum DecodeError {
-    Sqlx(sqlx::Error),
-    Corrupt(&'static str),
-}
-
-impl From<sqlx::Error> for DecodeError {
-    fn from(err: sqlx::Error) -> Self {
-        DecodeError::Sqlx(err)
-    }
-}
-
-pub(crate) fn millis(value: i64) -> Result<Timestamp, DecodeError> {
+pub(crate) fn millis(value: i64) -> Result<Timestamp, StoreError> {
     u64::try_from(value)
         .map(Timestamp::from_unix_millis)
-        .map_err(|_| DecodeError::Corrupt("a timestamp before 1970"))
+        .map_err(|_| StoreError::Corrupt {
+            what: "a time before 1970",
+            source: None,
+        })
 }
 
-pub(crate) fn decode(key: &Key, row: &PgRow) -> Result<Decoded, DecodeError> {
-    let state: String = row.try_get("state")?;
-    let token: i64 = row.try_get("token")?;
-    let attempt: Vec<u8> = row.try_get("attempt")?;
-    let fingerprint: Vec<u8> = row.try_get("fingerprint")?;
-    let names: Vec<String> = row.try_get("step_names")?;
-    let values: Vec<Vec<u8>> = row.try_get("step_values")?;
+pub(crate) fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded, StoreError> {
+    let column = |err| map(operation, err);
+    let names: Vec<String> = row.try_get("step_names").map_err(column)?;
+    let values: Vec<Vec<u8>> = row.try_get("step_values").map_err(column)?;
     if names.len() != values.len() {
-        return Err(DecodeError::Corrupt(
-            "steps whose names and values differ in number",
-        ));
+        return Err(StoreError::Corrupt {
+            what: "steps whose names and values differ in number",
+            source: None,
+        });
     }
-    let steps: Steps = names.into_iter().zip(values).collect();
-    let record = Record {
-        key: key.clone(),
-        fingerprint: Fingerprint::from_bytes(
-            fingerprint
-                .try_into()
-                .map_err(|_| DecodeError::Corrupt("a fingerprint that is not 32 bytes"))?,
-        ),
-        state: State::parse(&state).ok_or(DecodeError::Corrupt("an unknown state"))?,
-        token: u64::try_from(token).map_err(|_| DecodeError::Corrupt("a negative token"))?,
-        attempt: AttemptId::from_bytes(
-            attempt
-                .try_into()
-                .map_err(|_| DecodeError::Corrupt("an attempt id that is not 16 bytes"))?,
-        ),
-        lease_until: millis(row.try_get("lease_until_ms")?)?,
-        created_at: millis(row.try_get("created_at_ms")?)?,
-        expires_at: millis(row.try_get("expires_at_ms")?)?,
-        response: row.try_get("response")?,
-        steps,
-    };
+    let mut parts = Record::parts(key.clone())
+        .fingerprint(&row.try_get::<Vec<u8>, _>("fingerprint").map_err(column)?)
+        .state(row.try_get::<String, _>("state").map_err(column)?)
+        .token(row.try_get::<i64, _>("token").map_err(column)?)
+        .attempt(&row.try_get::<Vec<u8>, _>("attempt").map_err(column)?)
+        .lease_until_millis(row.try_get::<i64, _>("lease_until_ms").map_err(column)?)
+        .created_at_millis(row.try_get::<i64, _>("created_at_ms").map_err(column)?)
+        .expires_at_millis(row.try_get::<i64, _>("expires_at_ms").map_err(column)?)
+        .response(row.try_get("response").map_err(column)?);
+    for (name, value) in names.into_iter().zip(values) {
+        parts = parts.step(name, value);
+    }
     Ok(Decoded {
-        record,
-        resumed: row.try_get("resumed")?,
-        now: millis(row.try_get("now_ms")?)?,
+        record: parts.build()?,
+        resumed: row.try_get("resumed").map_err(column)?,
+        now: millis(row.try_get("now_ms").map_err(column)?)?,
     })
 }

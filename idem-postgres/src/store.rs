@@ -6,16 +6,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Key, Lease, Operation, Record, RenewOutcome, StepName, Store,
-    StoreError, WriteOutcome, machine,
+    ClaimOutcome, ClaimRequest, Completion, Key, Lease, Operation, Record, RenewOutcome, StepName,
+    Store, StoreError, WriteOutcome, duration_millis, machine,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
+use sqlx::{Acquire, AssertSqlSafe, PgPool, Postgres, Row};
 
 use crate::errors::map;
 use crate::queries::Queries;
-use crate::rows::{self, DecodeError};
+use crate::rows;
 use crate::table::{DEFAULT_TABLE, TableName, TableNameError};
 
 /// Upper bound on rows one purge statement deletes, so a large backlog is cleared in
@@ -26,8 +26,11 @@ const PURGE_BATCH: usize = 1_000;
 /// between the statement's conflict check and its read (rare; each retry is cheap).
 const CLAIM_ATTEMPTS: usize = 8;
 
+/// Milliseconds for SQL: clamped to `MAX_DURATION`, so no interval ever leaves
+/// PostgreSQL's range.
 fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+    // duration_millis is at most 3.2e12: it always fits.
+    i64::try_from(duration_millis(duration)).unwrap_or(i64::MAX)
 }
 
 fn token(lease: &Lease) -> i64 {
@@ -138,52 +141,75 @@ impl PostgresStore {
     /// written in the same transaction and the key's completion commit together, or
     /// neither does.
     ///
+    /// - `conn` is whatever sqlx users hold: `&mut Transaction<'_, Postgres>` (the usual
+    ///   case), `&mut PgConnection`, or anything else that implements [`Acquire`].
+    /// - `completion` comes from [`Context::prepare_completion`](idem_core::Context::prepare_completion)
+    ///   inside the work: the bytes are exactly those the driver stores, and once the
+    ///   transaction commits the driver answers with exactly that value (a heartbeat that
+    ///   meanwhile finds the record completed does not turn it into a lost lease, and one
+    ///   that waits for the row lock this transaction holds does not stall the work).
     /// - Same rules as [`Store::complete`]: fenced by the lease; `Fenced` changes nothing,
     ///   and the caller should roll back.
-    /// - Pass `&mut *tx` for an sqlx `Transaction<'_, Postgres>`.
-    /// - Store as `response` the bytes the driver would store (the JSON of the value the
-    ///   work returns): the driver's own `complete` afterwards finds the record completed
-    ///   by the same owner and leaves it as it is.
     /// - If the transaction rolls back, the record stays in progress under the lease and is
     ///   claimable again once the lease is released or expires.
     ///
     /// ```no_run
-    /// # use idem_core::{Lease, WriteOutcome};
-    /// # use idem_postgres::PostgresStore;
-    /// # async fn pay(store: &PostgresStore, lease: &Lease) -> Result<(), Box<dyn std::error::Error>> {
-    /// let mut tx = store.pool().begin().await?;
-    /// sqlx::query("INSERT INTO ledger (order_id, cents) VALUES ($1, $2)")
-    ///     .bind("order-7")
-    ///     .bind(500_i64)
-    ///     .execute(&mut *tx)
+    /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, WriteOutcome};
+    /// use idem_postgres::PostgresStore;
+    ///
+    /// # async fn pay(idem: Idempotency<PostgresStore>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let key = Key::new("shop/checkout", "order-7")?;
+    /// let store = idem.store().clone();
+    /// let outcome = idem
+    ///     .execute(&key, Fingerprint::of_bytes("amount=500"), |ctx| async move {
+    ///         let receipt = serde_json::json!({"paid": 500});
+    ///         let completion = ctx.prepare_completion(&receipt)?;
+    ///         let retry = |e: sqlx::Error| WorkError::Retryable(e.to_string());
+    ///         let mut tx = store.pool().begin().await.map_err(retry)?;
+    ///         sqlx::query("INSERT INTO ledger (order_id, cents) VALUES ($1, $2)")
+    ///             .bind("order-7")
+    ///             .bind(500_i64)
+    ///             .execute(&mut *tx)
+    ///             .await
+    ///             .map_err(retry)?;
+    ///         match store.complete_in(&mut tx, &completion).await {
+    ///             // The debit and the completion land together.
+    ///             Ok(WriteOutcome::Applied) => tx.commit().await.map_err(|e| WorkError::Unknown(e.to_string()))?,
+    ///             // Another attempt owns the key: the transaction rolls back when dropped.
+    ///             _ => return Err(WorkError::Retryable("lost the key".to_string())),
+    ///         }
+    ///         Ok(receipt)
+    ///     })
     ///     .await?;
-    /// match store.complete_in(&mut tx, lease, br#"{"paid":500}"#).await? {
-    ///     WriteOutcome::Applied => tx.commit().await?, // debit and completion land together
-    ///     _ => tx.rollback().await?,                   // another attempt owns the key
-    /// }
+    /// # let _ = outcome;
     /// # Ok(())
     /// # }
     /// ```
     ///
     /// # Errors
     /// A [`StoreError`] when the database fails; roll the transaction back then.
-    pub async fn complete_in(
+    pub async fn complete_in<'c, A>(
         &self,
-        conn: &mut PgConnection,
-        lease: &Lease,
-        response: &[u8],
-    ) -> Result<WriteOutcome, StoreError> {
+        conn: A,
+        completion: &Completion,
+    ) -> Result<WriteOutcome, StoreError>
+    where
+        A: Acquire<'c, Database = Postgres>,
+    {
+        let failed = |err| map(Operation::Complete, err);
+        let mut conn = conn.acquire().await.map_err(failed)?;
         let applied: bool = self
-            .finish_query(lease, response, "completed")
+            .finish_query(completion.lease(), completion.bytes(), "completed")
             .fetch_one(&mut *conn)
             .await
             .and_then(|row| row.try_get("applied"))
-            .map_err(|err| map(Operation::Complete, err))?;
-        Ok(if applied {
-            WriteOutcome::Applied
+            .map_err(failed)?;
+        if applied {
+            completion.written();
+            Ok(WriteOutcome::Applied)
         } else {
-            WriteOutcome::Fenced
-        })
+            Ok(WriteOutcome::Fenced)
+        }
     }
 
     fn fenced<'q>(&self, sql: &Arc<str>, lease: &'q Lease) -> Query<'q, Postgres, PgArguments> {
@@ -251,13 +277,6 @@ impl PostgresStore {
     }
 }
 
-fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<rows::Decoded, StoreError> {
-    rows::decode(key, row).map_err(|err| match err {
-        DecodeError::Sqlx(err) => map(operation, err),
-        DecodeError::Corrupt(what) => StoreError::Corrupt { what, source: None },
-    })
-}
-
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStore")
@@ -296,13 +315,13 @@ impl Store for PostgresStore {
                     None => continue, // purged meanwhile: claim again
                 },
             };
-            let decoded = decode(key, &row, Operation::Claim)?;
+            let decoded = rows::decode(key, &row, Operation::Claim)?;
             if claimed {
-                return Ok(ClaimOutcome::Claimed {
-                    lease: machine::lease_of(&decoded.record),
-                    resumed: decoded.resumed,
-                    steps: decoded.record.steps,
-                });
+                return Ok(ClaimOutcome::claimed(
+                    machine::lease_of(&decoded.record),
+                    decoded.resumed,
+                    decoded.record.steps,
+                ));
             }
             // The record as it is: the state machine answers for it. If it says a write
             // was due, the row changed under the statement: run it again.
@@ -345,14 +364,10 @@ impl Store for PostgresStore {
         let lease_until: i64 = row
             .try_get("lease_until_ms")
             .map_err(|err| map(Operation::Renew, err))?;
-        let lease_until = rows::millis(lease_until).map_err(|_| StoreError::Corrupt {
-            what: "a lease end before 1970",
-            source: None,
-        })?;
-        Ok(RenewOutcome::Renewed(Lease {
-            lease_until,
-            ..lease.clone()
-        }))
+        let lease_until = rows::millis(lease_until)?;
+        Ok(RenewOutcome::Renewed(
+            lease.clone().with_lease_until(lease_until),
+        ))
     }
 
     async fn checkpoint(
@@ -372,7 +387,7 @@ impl Store for PostgresStore {
         let Some(row) = self.select(key, Operation::Get).await? else {
             return Ok(None);
         };
-        let decoded = decode(key, &row, Operation::Get)?;
+        let decoded = rows::decode(key, &row, Operation::Get)?;
         Ok(machine::visible(Some(&decoded.record), decoded.now).cloned())
     }
 

@@ -5,7 +5,7 @@ use std::fmt;
 /// The table name used when none is configured.
 pub const DEFAULT_TABLE: &str = "idem_records";
 
-/// Why a table name was refused.
+/// Why a table name was refused. Reserved words are accepted: every name is quoted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TableNameError {
@@ -34,10 +34,14 @@ pub enum TableNameError {
     },
 }
 
-/// A table name: `table` or `schema.table`, plain lower-case-safe identifiers only.
+/// A table name: `table` or `schema.table`, each part a plain identifier, folded to lower
+/// case as PostgreSQL folds unquoted names, and always written quoted, so that reserved
+/// words (`order`, `user`) are names like any other.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct TableName {
+    /// `"schema"."table"` or `"table"`.
     qualified: String,
+    /// The table part, unquoted.
     table: String,
 }
 
@@ -74,20 +78,29 @@ impl TableName {
             check(schema, 63)?;
         }
         check(table, 40)?;
+        // Validated parts hold no quote, so wrapping them in quotes is all quoting needs.
+        let quote = |part: &str| format!("\"{}\"", part.to_ascii_lowercase());
+        let qualified = match schema {
+            Some(schema) => format!("{}.{}", quote(schema), quote(table)),
+            None => quote(table),
+        };
         Ok(Self {
-            qualified: name.to_ascii_lowercase(),
+            qualified,
             table: table.to_ascii_lowercase(),
         })
     }
 
-    /// The name to write in SQL (`schema.table` or `table`).
+    /// The name to write in SQL, quoted: `"schema"."table"` or `"table"`.
     pub(crate) fn qualified(&self) -> &str {
         &self.qualified
     }
 
-    /// The unqualified name, for index names.
-    pub(crate) fn table(&self) -> &str {
-        &self.table
+    /// An index of this table named `<table>-<what>`, quoted. The `-` cannot appear in a
+    /// table name idem accepts, so an index name never equals another idem table's name
+    /// (tables and indexes share one namespace per schema), and two tables' indexes
+    /// never meet.
+    pub(crate) fn index(&self, what: &str) -> String {
+        format!("\"{}-{what}\"", self.table)
     }
 }
 
@@ -102,16 +115,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn accepts_plain_and_qualified_names() {
+    fn accepts_plain_qualified_and_reserved_names_and_quotes_them() {
         assert_eq!(
             TableName::parse("idem_records").unwrap().qualified(),
-            "idem_records"
+            "\"idem_records\""
         );
         let qualified = TableName::parse("Billing.Idem_2").unwrap();
-        assert_eq!(
-            (qualified.qualified(), qualified.table()),
-            ("billing.idem_2", "idem_2")
-        );
+        assert_eq!(qualified.qualified(), "\"billing\".\"idem_2\"");
+        assert_eq!(qualified.index("expires_at"), "\"idem_2-expires_at\"");
+        for reserved in ["order", "user", "select.table"] {
+            assert!(TableName::parse(reserved).is_ok(), "{reserved}");
+        }
     }
 
     #[test]

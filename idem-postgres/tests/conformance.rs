@@ -1,8 +1,13 @@
 //! PostgresStore passes the whole conformance suite on a real server, each case on a table
-//! of its own.
+//! named after the suite's namespace.
 
 mod common;
 
-idem_testkit::conformance_tests!(service: "IDEM_TEST_POSTGRES_URL", |url: String| async move {
-    common::fresh_store(&url, 16).await
-});
+use idem_testkit::Namespace;
+
+idem_testkit::conformance_tests!(
+    service: "IDEM_TEST_POSTGRES_URL",
+    |url: String, namespace: Namespace| async move {
+        common::store_in(&url, namespace.as_str(), 16).await
+    }
+);

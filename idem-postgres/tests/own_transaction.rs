@@ -1,17 +1,32 @@
-//! Completing inside the caller's sqlx transaction, and how errors are classified.
+//! Completing inside the caller's sqlx transaction, table names, and how errors are
+//! classified.
 
 mod common;
 
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, State, Store, StoreError, WriteOutcome,
+    ClaimRequest, Context, Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store,
+    StoreError, WorkError, WriteOutcome,
 };
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx;
 
 const LEASE: Duration = Duration::from_secs(30);
 const DAY: Duration = Duration::from_secs(86_400);
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    order: String,
+    cents: u64,
+}
+
+fn receipt(order: &str) -> Receipt {
+    Receipt {
+        order: order.into(),
+        cents: 500,
+    }
+}
 
 async fn setup(url: &str) -> (PostgresStore, String) {
     let store = common::fresh_store(url, 4).await;
@@ -25,14 +40,6 @@ async fn setup(url: &str) -> (PostgresStore, String) {
     (store, ledger)
 }
 
-async fn claim(store: &PostgresStore, key: &Key) -> Lease {
-    let request = ClaimRequest::new(key.clone(), Fingerprint::of_bytes("500"), LEASE, DAY);
-    match store.claim(&request).await.unwrap() {
-        ClaimOutcome::Claimed { lease, .. } => lease,
-        other => panic!("expected a claim, got {other:?}"),
-    }
-}
-
 async fn debits(store: &PostgresStore, ledger: &str, order: &str) -> i64 {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {ledger} WHERE order_id = $1"
@@ -43,13 +50,22 @@ async fn debits(store: &PostgresStore, ledger: &str, order: &str) -> i64 {
     .unwrap()
 }
 
-async fn debit_and_complete(
+/// What the work does in each test: debit the ledger and complete the key in one sqlx
+/// transaction; `pause` runs while the transaction (and the record's row lock) is held.
+async fn debit_in_one_transaction<F, Fut>(
     store: &PostgresStore,
     ledger: &str,
+    ctx: &Context,
     order: &str,
-    lease: &Lease,
     commit: bool,
-) -> WriteOutcome {
+    pause: F,
+) -> Result<Receipt, WorkError<String>>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let receipt = receipt(order);
+    let completion = ctx.prepare_completion(&receipt)?;
     let mut tx = store.pool().begin().await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {ledger} VALUES ($1, 500)"
@@ -58,51 +74,100 @@ async fn debit_and_complete(
     .execute(&mut *tx)
     .await
     .unwrap();
-    let outcome = store
-        .complete_in(&mut tx, lease, b"\"receipt\"")
-        .await
-        .unwrap();
-    if commit && outcome == WriteOutcome::Applied {
+    match store.complete_in(&mut tx, &completion).await.unwrap() {
+        WriteOutcome::Applied => {}
+        WriteOutcome::Fenced => {
+            tx.rollback().await.unwrap();
+            return Err(WorkError::Retryable("another attempt owns the key".into()));
+        }
+    }
+    pause().await;
+    if commit {
         tx.commit().await.unwrap();
+        Ok(receipt)
     } else {
         tx.rollback().await.unwrap();
+        Err(WorkError::Retryable("rolled back".into()))
     }
-    outcome
 }
 
 #[tokio::test]
 async fn business_rows_and_completion_commit_together() {
     let Some(url) = common::url() else { return };
     let (store, ledger) = setup(&url).await;
+    let idem = Idempotency::new(store.clone());
     let key = Key::new("shop/checkout", "order-1").unwrap();
-    let lease = claim(&store, &key).await;
-    assert_eq!(
-        debit_and_complete(&store, &ledger, "order-1", &lease, true).await,
-        WriteOutcome::Applied
-    );
+    for attempt in 0..3 {
+        let outcome = idem
+            .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+                let (store, ledger) = (store.clone(), ledger.clone());
+                async move {
+                    debit_in_one_transaction(&store, &ledger, &ctx, "order-1", true, || async {})
+                        .await
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Completed {
+                value: receipt("order-1"),
+                replayed: attempt > 0
+            }
+        );
+    }
     assert_eq!(debits(&store, &ledger, "order-1").await, 1);
     let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Completed);
+    let stored: Receipt = serde_json::from_slice(record.response.as_deref().unwrap()).unwrap();
     assert_eq!(
-        (record.state, record.response.as_deref()),
-        (State::Completed, Some(&b"\"receipt\""[..]))
+        stored,
+        receipt("order-1"),
+        "the bytes the driver would store"
     );
-    // The driver's own complete afterwards, by the same owner, finds it landed.
-    assert_eq!(
-        store.complete(&lease, b"\"receipt\"").await.unwrap(),
-        WriteOutcome::Applied
-    );
+}
+
+#[tokio::test]
+async fn complete_in_takes_a_plain_connection_too() {
+    let Some(url) = common::url() else { return };
+    let (store, ledger) = setup(&url).await;
+    let idem = Idempotency::new(store.clone());
+    let key = Key::new("shop/checkout", "order-c").unwrap();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let store = store.clone();
+            async move {
+                let completion = ctx.prepare_completion(&receipt("order-c"))?;
+                let mut conn = store.pool().acquire().await.unwrap();
+                assert_eq!(
+                    store.complete_in(&mut *conn, &completion).await.unwrap(),
+                    WriteOutcome::Applied
+                );
+                Ok::<_, WorkError<String>>(receipt("order-c"))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(receipt("order-c")));
+    let _ = ledger;
 }
 
 #[tokio::test]
 async fn a_rollback_leaves_the_key_claimable_again() {
     let Some(url) = common::url() else { return };
     let (store, ledger) = setup(&url).await;
+    let idem = Idempotency::new(store.clone());
     let key = Key::new("shop/checkout", "order-2").unwrap();
-    let lease = claim(&store, &key).await;
-    assert_eq!(
-        debit_and_complete(&store, &ledger, "order-2", &lease, false).await,
-        WriteOutcome::Applied
-    );
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, ledger) = (store.clone(), ledger.clone());
+            async move {
+                debit_in_one_transaction(&store, &ledger, &ctx, "order-2", false, || async {}).await
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Retryable("rolled back".into()));
     assert_eq!(
         debits(&store, &ledger, "order-2").await,
         0,
@@ -114,31 +179,123 @@ async fn a_rollback_leaves_the_key_claimable_again() {
         (State::InProgress, None),
         "so did the completion"
     );
-    assert_eq!(store.release(&lease).await.unwrap(), WriteOutcome::Applied);
-    let retry = ClaimRequest::new(key, Fingerprint::of_bytes("500"), LEASE, DAY);
-    assert!(matches!(
-        store.claim(&retry).await.unwrap(),
-        ClaimOutcome::Claimed { resumed: true, .. }
-    ));
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, ledger) = (store.clone(), ledger.clone());
+            async move {
+                assert!(ctx.resumed(), "released: the retry takes over at once");
+                debit_in_one_transaction(&store, &ledger, &ctx, "order-2", true, || async {}).await
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(receipt("order-2")));
+    assert_eq!(debits(&store, &ledger, "order-2").await, 1);
 }
 
 #[tokio::test]
 async fn a_stale_owner_cannot_complete_in_its_transaction() {
     let Some(url) = common::url() else { return };
     let (store, ledger) = setup(&url).await;
+    let idem = Idempotency::new(store.clone());
     let key = Key::new("shop/checkout", "order-3").unwrap();
-    let stale = claim(&store, &key).await;
-    assert_eq!(store.release(&stale).await.unwrap(), WriteOutcome::Applied);
-    let _owner = claim(&store, &key).await;
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, ledger, key) = (store.clone(), ledger.clone(), key.clone());
+            async move {
+                // Meanwhile the lease ends and another attempt takes the key over.
+                assert_eq!(
+                    store.release(&ctx.lease()).await.unwrap(),
+                    WriteOutcome::Applied
+                );
+                let takeover = ClaimRequest::new(key, Fingerprint::of_bytes("500"), LEASE, DAY);
+                let _ = store.claim(&takeover).await.unwrap();
+                debit_in_one_transaction(&store, &ledger, &ctx, "order-3", true, || async {}).await
+            }
+        })
+        .await
+        .unwrap();
     assert_eq!(
-        debit_and_complete(&store, &ledger, "order-3", &stale, true).await,
-        WriteOutcome::Fenced
+        outcome,
+        Outcome::Retryable("another attempt owns the key".into())
     );
     assert_eq!(
         debits(&store, &ledger, "order-3").await,
         0,
         "the fenced debit was rolled back"
     );
+}
+
+/// Issue 12: a heartbeat that ticks between `complete_in` and `COMMIT` waits for the row
+/// lock the work's transaction holds. It must neither stall the work (a deadlock: before,
+/// the work was not polled while the renewal waited) nor turn the committed result into a
+/// lost lease.
+#[tokio::test]
+async fn a_heartbeat_inside_the_transaction_neither_deadlocks_nor_loses_the_result() {
+    let Some(url) = common::url() else { return };
+    let (store, ledger) = setup(&url).await;
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(5))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(20)))
+        .build()
+        .unwrap();
+    let key = Key::new("shop/checkout", "order-5").unwrap();
+    let execution = idem.execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+        let (store, ledger) = (store.clone(), ledger.clone());
+        async move {
+            debit_in_one_transaction(&store, &ledger, &ctx, "order-5", true, || {
+                // Several beats fall inside the open transaction.
+                tokio::time::sleep(Duration::from_millis(150))
+            })
+            .await
+        }
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(20), execution)
+        .await
+        .expect("deadlock: a heartbeat waited for the work's row lock while the work waited for it")
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: receipt("order-5"),
+            replayed: false
+        },
+        "the result committed in the work's transaction is the answer"
+    );
+    assert_eq!(debits(&store, &ledger, "order-5").await, 1);
+}
+
+/// Issue 11: reserved words are valid table names; they used to pass validation and then
+/// break `migrate()` with a syntax error.
+#[tokio::test]
+async fn reserved_words_work_as_table_names() {
+    let Some(url) = common::url() else { return };
+    for table in ["order", "user", "public.select"] {
+        let store = common::store_in(&url, table, 2).await;
+        let idem = Idempotency::new(store.clone());
+        let key = Key::new("shop/checkout", "order-1").unwrap();
+        for attempt in 0..2 {
+            let outcome = idem
+                .execute(&key, Fingerprint::of_bytes("500"), |_ctx| async {
+                    Ok::<_, WorkError<()>>(table.to_string())
+                })
+                .await
+                .unwrap();
+            assert_eq!(outcome.replayed(), attempt > 0, "{table}");
+        }
+        assert_eq!(store.purge_expired(10).await.unwrap(), 0, "{table}");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE {}",
+            table
+                .split('.')
+                .map(|p| format!("\"{p}\""))
+                .collect::<Vec<_>>()
+                .join(".")
+        )))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    }
 }
 
 #[tokio::test]

@@ -1,32 +1,30 @@
--- claim. KEYS[1] record; ARGV fingerprint, attempt, lease (ms), retention (ms).
--- Returns {'claimed', token, lease_until, resumed, step, value, ...}, {'replay', response},
--- {'replay_failure', response}, {'in_flight', retry_after_ms} or {'mismatch'}.
+-- claim. KEYS[1] record; ARGV fingerprint, attempt, lease (ms), retention (ms), both at most
+-- idem's MAX_DURATION, so every time stays an exact Lua integer.
+-- Returns {'claimed', token, lease_until, resumed, created_at, step, value, ...},
+-- {'replay', response}, {'replay_failure', response}, {'in_flight', retry_after_ms} or
+-- {'mismatch'}.
 local key = KEYS[1]
 local fingerprint, attempt = ARGV[1], ARGV[2]
 local lease, retention = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local r = load(key, now)
 
-local function claimed(token, lease_until, resumed, steps)
-  local reply = { 'claimed', token, lease_until, resumed }
+local function claimed(token, lease_until, resumed, created, steps)
+  local reply = { 'claimed', token, lease_until, resumed, created }
   for _, item in ipairs(steps) do
     table.insert(reply, item)
   end
   return reply
 end
 
-if r == nil or now >= r.e then
-  -- Absent or expired: a fresh record; the token continues while the key exists.
-  local token = 1
-  if r ~= nil then
-    token = r.t + 1
-  end
-  redis.call('DEL', key)
+if r == nil then
+  -- No record, or an absent one (load deleted it): a fresh record, a new lifetime at token
+  -- 1. A record that is merely expired while a live lease holds it is not absent.
   local fresh = { s = 'in_progress', l = now + lease, e = now + retention }
-  redis.call('HSET', key, 'f', fingerprint, 's', 'in_progress', 't', num(token), 'a', attempt,
+  redis.call('HSET', key, 'f', fingerprint, 's', 'in_progress', 't', '1', 'a', attempt,
     'l', num(fresh.l), 'c', num(now), 'e', num(fresh.e), 'z', '0')
   keep(key, fresh, now)
-  return claimed(token, fresh.l, 0, {})
+  return claimed(1, fresh.l, 0, now, {})
 end
 if r.f ~= fingerprint then
   return { 'mismatch' }
@@ -40,7 +38,7 @@ end
 if now < r.l then
   if r.a == attempt then
     -- The same attempt asking again (its first answer was lost): the same lease.
-    return claimed(r.t, r.l, 0, steps_of(key))
+    return claimed(r.t, r.l, 0, r.c, steps_of(key))
   end
   return { 'in_flight', r.l - now }
 end
@@ -48,4 +46,4 @@ end
 r.t, r.l = r.t + 1, now + lease
 redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'z', '1')
 keep(key, r, now)
-return claimed(r.t, r.l, 1, steps_of(key))
+return claimed(r.t, r.l, 1, r.c, steps_of(key))

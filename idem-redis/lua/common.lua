@@ -14,14 +14,15 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A record vanishes once it is expired and no live lease holds it (what purge_expired
--- removes elsewhere); Redis deletes it then on its own, through PEXPIREAT.
-local function purgeable(r, now)
+-- A record is absent once it is expired and no live lease holds it (what purge_expired
+-- removes elsewhere); Redis deletes it then on its own, through PEXPIREAT. An expired record
+-- that a live lease holds is present: in flight for everyone but its owner.
+local function absent(r, now)
   return now >= r.e and not (r.s == 'in_progress' and now < r.l)
 end
 
--- The record's fields, or nil when there is none (deleting one whose moment to vanish has
--- come but which Redis has not yet deleted: within the same millisecond, say). Steps are
+-- The record's fields, or nil when there is none or it is absent (deleting one whose moment
+-- to vanish has come but which Redis has not yet deleted: within the same millisecond, say). Steps are
 -- read separately (steps_of), only where an answer carries them.
 local function load(key, now)
   local v = redis.call('HMGET', key, 'f', 's', 't', 'a', 'l', 'c', 'e', 'r', 'z')
@@ -32,7 +33,7 @@ local function load(key, now)
     f = v[1], s = v[2], t = tonumber(v[3]), a = v[4], l = tonumber(v[5]),
     c = tonumber(v[6]), e = tonumber(v[7]), r = v[8] or nil, z = v[9],
   }
-  if purgeable(r, now) then
+  if absent(r, now) then
     redis.call('DEL', key)
     return nil
   end
@@ -66,10 +67,10 @@ local function keep(key, r, now)
   end
 end
 
--- The record when it is unexpired, in progress-or-finished, and owned by this lease.
+-- The record when it is present and owned by this lease.
 local function owned(key, token, attempt, now)
   local r = load(key, now)
-  if r == nil or now >= r.e or r.t ~= token or r.a ~= attempt then
+  if r == nil or r.t ~= token or r.a ~= attempt then
     return nil
   end
   return r

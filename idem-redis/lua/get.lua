@@ -1,8 +1,9 @@
--- get. KEYS[1] record. {} when absent or expired, else {fingerprint, state, token, attempt,
--- lease_until, created_at, expires_at, has_response, response, step, value, ...}.
+-- get. KEYS[1] record. {} when there is none or it is absent, else {fingerprint, state,
+-- token, attempt, lease_until, created_at, expires_at, has_response, response, step, value,
+-- ...}.
 local now = now_ms()
 local r = load(KEYS[1], now)
-if r == nil or now >= r.e then
+if r == nil then
   return {}
 end
 local has_response = 0

@@ -1,6 +1,6 @@
 //! Where a record lives: one hash per key, under the configured prefix, with a hash tag.
 
-use idem_core::Key;
+use idem_core::{Key, storage_name};
 
 /// The prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "idem:";
@@ -30,18 +30,20 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), PrefixError> {
     Ok(())
 }
 
-/// `<prefix>{<scope length>:<scope>:<key>}`: the length keeps ("ab", "c") and ("a", "bc")
-/// apart, and the braces make the whole record one cluster hash tag. A `}` inside the
-/// scope or key only shortens the tag; the key is still the same for every call.
+/// `<prefix>{<scope length>:<scope>:<key>}` ([`storage_name::key_name`] inside braces).
+///
+/// - Injective over (prefix, scope, key): the prefix holds no `{`, so the first `{` ends
+///   it, whatever the prefix; a prefix that is a prefix of another (`app` and `app1`)
+///   never meets it (`app{...` against `app1{...`). The length keeps ("ab", "c") and
+///   ("a", "bc") apart.
+/// - The braces make the record one cluster hash tag. A `}` inside the scope or key only
+///   shortens the tag; the key is still the same for every call.
 pub(crate) fn record_key(prefix: &str, key: &Key) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + key.scope().len() + key.key().len() + 8);
+    let name = storage_name::key_name(key);
+    let mut out = Vec::with_capacity(prefix.len() + name.len() + 2);
     out.extend_from_slice(prefix.as_bytes());
     out.push(b'{');
-    out.extend_from_slice(key.scope().len().to_string().as_bytes());
-    out.push(b':');
-    out.extend_from_slice(key.scope().as_bytes());
-    out.push(b':');
-    out.extend_from_slice(key.key().as_bytes());
+    out.extend_from_slice(name.as_bytes());
     out.push(b'}');
     out
 }
@@ -58,5 +60,14 @@ mod tests {
         assert_eq!(a, b"p:{2:ab:c}");
         assert_eq!(check_prefix("app{1}"), Err(PrefixError::Braces));
         assert!(check_prefix("billing:idem:").is_ok());
+    }
+
+    #[test]
+    fn prefixes_that_are_prefixes_of_each_other_never_meet() {
+        let short = record_key("t", &Key::new("1x", "k").unwrap());
+        let long = record_key("t1", &Key::new("x", "k").unwrap());
+        assert_ne!(short, long);
+        // What a scan of one prefix would match never reaches the other's keys.
+        assert!(!long.starts_with(b"t{"));
     }
 }

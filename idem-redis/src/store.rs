@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    AttemptId, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Operation, Record,
-    RenewOutcome, State, StepName, Steps, Store, StoreError, Timestamp, WriteOutcome,
+    ClaimOutcome, ClaimRequest, Expiry, Key, Lease, Operation, Record, RenewOutcome, StepName,
+    Steps, Store, StoreError, Timestamp, WriteOutcome, duration_millis,
 };
 use redis::aio::ConnectionManager;
 use redis::cluster_async::ClusterConnection;
@@ -42,9 +42,12 @@ impl Connection {
 ///   one key in one cluster slot.
 /// - Time is the server's (`TIME` inside the script), never the client's.
 /// - Retention is `PEXPIREAT`: a record lives until it expires, or until its lease ends if
-///   that is later, and Redis deletes it then. So `purge_expired` has nothing to do, and a
-///   key claimed again after its record vanished starts again at token 1 (the attempt id
-///   still fences the old owner out).
+///   that is later (a live owner's record is never absent), and Redis deletes it then. So
+///   its [`Expiry`] is [`Expiry::Vanishes`]: `purge_expired` has nothing to do, and a key
+///   claimed again after its record vanished starts a new lifetime at token 1 (the attempt
+///   id still fences the old owner out).
+/// - Durations are clamped to [`MAX_DURATION`](idem_core::MAX_DURATION) before they reach
+///   a script.
 /// - A key prefix (default `idem:`) lets several applications share one Redis.
 ///
 /// Read the crate docs for the server configuration the guarantees depend on.
@@ -69,8 +72,10 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
 }
 
+/// Milliseconds for a script: clamped to `MAX_DURATION`, so every time the scripts compute
+/// stays an exact integer in Lua and in range for `PEXPIREAT`.
 fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+    duration_millis(duration)
 }
 
 fn timestamp(value: i64) -> Result<Timestamp, StoreError> {
@@ -258,29 +263,22 @@ impl Store for RedisStore {
                     u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative token"))?;
                 let lease_until = timestamp(int(&next()?)?)?;
                 let resumed = int(&next()?)? == 1;
-                ClaimOutcome::Claimed {
-                    lease: Lease {
-                        key: request.key.clone(),
-                        token,
-                        attempt: request.attempt,
-                        lease_until,
-                    },
-                    resumed,
-                    steps: steps(items)?,
-                }
+                let created_at = timestamp(int(&next()?)?)?;
+                let lease = Lease::new(
+                    request.key.clone(),
+                    token,
+                    request.attempt,
+                    lease_until,
+                    created_at,
+                );
+                ClaimOutcome::claimed(lease, resumed, steps(items)?)
             }
-            b"replay" => ClaimOutcome::Replay {
-                response: bytes(next()?)?,
-            },
-            b"replay_failure" => ClaimOutcome::ReplayFailure {
-                response: bytes(next()?)?,
-            },
+            b"replay" => ClaimOutcome::replay(bytes(next()?)?),
+            b"replay_failure" => ClaimOutcome::replay_failure(bytes(next()?)?),
             b"in_flight" => {
                 let millis =
                     u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative wait"))?;
-                ClaimOutcome::InFlight {
-                    retry_after: Duration::from_millis(millis),
-                }
+                ClaimOutcome::in_flight(Duration::from_millis(millis))
             }
             b"mismatch" => ClaimOutcome::Mismatch,
             _ => return Err(unexpected("an unknown claim answer")),
@@ -320,10 +318,9 @@ impl Store for RedisStore {
         if lease_until < 0 {
             return Ok(RenewOutcome::Fenced);
         }
-        Ok(RenewOutcome::Renewed(Lease {
-            lease_until: timestamp(lease_until)?,
-            ..lease.clone()
-        }))
+        Ok(RenewOutcome::Renewed(
+            lease.clone().with_lease_until(timestamp(lease_until)?),
+        ))
     }
 
     async fn checkpoint(
@@ -354,37 +351,37 @@ impl Store for RedisStore {
         }
         let mut items = items.into_iter();
         let mut next = || items.next().ok_or_else(|| unexpected("a short record"));
-        let fingerprint: [u8; 32] = bytes(next()?)?
-            .try_into()
-            .map_err(|_| unexpected("a fingerprint that is not 32 bytes"))?;
-        let state = State::parse(&String::from_utf8_lossy(&bytes(next()?)?))
-            .ok_or_else(|| unexpected("an unknown state"))?;
-        let token = u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative token"))?;
-        let attempt: [u8; 16] = bytes(next()?)?
-            .try_into()
-            .map_err(|_| unexpected("an attempt id that is not 16 bytes"))?;
-        let lease_until = timestamp(int(&next()?)?)?;
-        let created_at = timestamp(int(&next()?)?)?;
-        let expires_at = timestamp(int(&next()?)?)?;
+        let fingerprint = bytes(next()?)?;
+        let state = bytes(next()?)?;
+        let token = int(&next()?)?;
+        let attempt = bytes(next()?)?;
+        let lease_until = int(&next()?)?;
+        let created_at = int(&next()?)?;
+        let expires_at = int(&next()?)?;
         let has_response = int(&next()?)? == 1;
         let response = bytes(next()?)?;
-        Ok(Some(Record {
-            key: key.clone(),
-            fingerprint: Fingerprint::from_bytes(fingerprint),
-            state,
-            token,
-            attempt: AttemptId::from_bytes(attempt),
-            lease_until,
-            created_at,
-            expires_at,
-            response: has_response.then_some(response),
-            steps: steps(items)?,
-        }))
+        let mut parts = Record::parts(key.clone())
+            .fingerprint(&fingerprint)
+            .state(state)
+            .token(token)
+            .attempt(&attempt)
+            .lease_until_millis(lease_until)
+            .created_at_millis(created_at)
+            .expires_at_millis(expires_at)
+            .response(has_response.then_some(response));
+        for (name, value) in steps(items)? {
+            parts = parts.step(name, value);
+        }
+        parts.build().map(Some)
     }
 
-    /// Redis deletes each record itself (`PEXPIREAT`) at the moment it becomes purgeable,
-    /// so there is never anything left to purge.
+    /// Redis deletes each record itself (`PEXPIREAT`) at the moment it becomes absent, so
+    /// there is never anything left to purge.
     async fn purge_expired(&self, _limit: usize) -> Result<usize, StoreError> {
         Ok(0)
+    }
+
+    fn expiry(&self) -> Expiry {
+        Expiry::Vanishes
     }
 }

@@ -1,25 +1,26 @@
 //! RedisStore passes the whole conformance suite on a standalone server and on a
-//! three-master cluster, each case under a key prefix of its own.
+//! three-master cluster, each case under the suite's namespace as its key prefix.
 
 mod common;
 
-fn capabilities() -> idem_testkit::Capabilities {
-    // Redis deletes records itself (PEXPIREAT) the moment they are purgeable.
-    idem_testkit::Capabilities::default().with_expired_records_vanishing()
-}
-
 mod standalone {
+    use idem_testkit::Namespace;
+
     idem_testkit::conformance_tests!(
         service: "IDEM_TEST_REDIS_URL",
-        |url: String| async move { super::common::standalone(&url).await },
-        super::capabilities(),
+        |url: String, namespace: Namespace| async move {
+            super::common::standalone_in(&url, namespace.as_str()).await
+        },
     );
 }
 
 mod cluster {
+    use idem_testkit::Namespace;
+
     idem_testkit::conformance_tests!(
         service: "IDEM_TEST_REDIS_CLUSTER_NODES",
-        |nodes: String| async move { super::common::cluster(&nodes).await },
-        super::capabilities(),
+        |nodes: String, namespace: Namespace| async move {
+            super::common::cluster_in(&nodes, namespace.as_str()).await
+        },
     );
 }

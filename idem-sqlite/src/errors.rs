@@ -43,11 +43,11 @@ pub(crate) fn map(operation: Operation, err: rusqlite::Error) -> StoreError {
 }
 
 /// An error from reading a row: either SQLite failed or the row holds what idem never
-/// writes.
+/// writes (already a [`StoreError::Corrupt`]).
 #[derive(Debug)]
 pub(crate) enum RowError {
     Sqlite(rusqlite::Error),
-    Corrupt(&'static str),
+    Store(StoreError),
 }
 
 impl From<rusqlite::Error> for RowError {
@@ -56,11 +56,17 @@ impl From<rusqlite::Error> for RowError {
     }
 }
 
+impl From<StoreError> for RowError {
+    fn from(err: StoreError) -> Self {
+        RowError::Store(err)
+    }
+}
+
 impl RowError {
     pub(crate) fn into_store_error(self, operation: Operation) -> StoreError {
         match self {
             RowError::Sqlite(err) => map(operation, err),
-            RowError::Corrupt(what) => StoreError::Corrupt { what, source: None },
+            RowError::Store(err) => err,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Reading and writing one record (and its steps) inside a transaction.
 
 use idem_core::machine::Transition;
-use idem_core::{AttemptId, Fingerprint, Key, Record, State, Steps, Timestamp};
+use idem_core::{Key, Record, StoreError, Timestamp};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::errors::RowError;
@@ -26,12 +26,6 @@ pub(crate) fn apply<O>(
         self::write(conn, &record, existing.as_ref())?;
     }
     Ok(outcome)
-}
-
-fn millis(value: i64) -> Result<Timestamp, RowError> {
-    u64::try_from(value)
-        .map(Timestamp::from_unix_millis)
-        .map_err(|_| RowError::Corrupt("a negative timestamp"))
 }
 
 fn sql_millis(at: Timestamp) -> i64 {
@@ -59,32 +53,21 @@ pub(crate) fn read(conn: &Connection, key: &Key) -> Result<Option<Record>, RowEr
     else {
         return Ok(None);
     };
-    let mut steps = Steps::new();
+    let mut parts = Record::parts(key.clone())
+        .fingerprint(&fingerprint)
+        .state(state)
+        .token(token)
+        .attempt(&attempt)
+        .lease_until_millis(lease_until)
+        .created_at_millis(created_at)
+        .expires_at_millis(expires_at)
+        .response(response);
     let mut statement = conn.prepare_cached(SELECT_STEPS)?;
     let mut rows = statement.query(params![key.scope(), key.key()])?;
     while let Some(row) = rows.next()? {
-        steps.insert(row.get(0)?, row.get(1)?);
+        parts = parts.step(row.get::<_, String>(0)?, row.get(1)?);
     }
-    Ok(Some(Record {
-        key: key.clone(),
-        fingerprint: Fingerprint::from_bytes(
-            fingerprint
-                .try_into()
-                .map_err(|_| RowError::Corrupt("a fingerprint that is not 32 bytes"))?,
-        ),
-        state: State::parse(&state).ok_or(RowError::Corrupt("an unknown state"))?,
-        token: u64::try_from(token).map_err(|_| RowError::Corrupt("a negative token"))?,
-        attempt: AttemptId::from_bytes(
-            attempt
-                .try_into()
-                .map_err(|_| RowError::Corrupt("an attempt id that is not 16 bytes"))?,
-        ),
-        lease_until: millis(lease_until)?,
-        created_at: millis(created_at)?,
-        expires_at: millis(expires_at)?,
-        response,
-        steps,
-    }))
+    Ok(Some(parts.build()?))
 }
 
 fn write(conn: &Connection, record: &Record, existing: Option<&Record>) -> Result<(), RowError> {
@@ -94,7 +77,10 @@ fn write(conn: &Connection, record: &Record, existing: Option<&Record>) -> Resul
         key.key(),
         record.fingerprint.as_bytes(),
         record.state.as_str(),
-        i64::try_from(record.token).map_err(|_| RowError::Corrupt("a token past i64"))?,
+        i64::try_from(record.token).map_err(|_| StoreError::Corrupt {
+            what: "a token past i64",
+            source: None,
+        })?,
         record.attempt.as_bytes(),
         sql_millis(record.lease_until),
         sql_millis(record.created_at),

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Clock, Key, Lease, Operation, Record, RenewOutcome, StepName,
-    Store, StoreError, SystemClock, Timestamp, WriteOutcome,
+    ClaimOutcome, ClaimRequest, Clock, Completion, Key, Lease, Operation, Record, RenewOutcome,
+    StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome,
 };
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 
@@ -181,41 +181,56 @@ impl SqliteStore {
     /// written in the same transaction and the key's completion commit together, or
     /// neither does.
     ///
-    /// - Same rules as [`Store::complete`]: fenced by the lease; `Fenced` changes nothing.
+    /// - `completion` comes from [`Context::prepare_completion`](idem_core::Context::prepare_completion)
+    ///   inside the work: the bytes are exactly those the driver stores, and once the
+    ///   transaction commits the driver answers with exactly that value (a heartbeat that
+    ///   meanwhile finds the record completed does not turn it into a lost lease).
+    /// - Same rules as [`Store::complete`]: fenced by the lease; `Fenced` changes nothing,
+    ///   and the caller should roll back.
     /// - `tx` must be a transaction on the same database file, begun with
     ///   `TransactionBehavior::Immediate` so that the fence check and the write cannot
     ///   be interleaved with another writer.
-    /// - Store as `response` the bytes the driver would store (the JSON of the value the
-    ///   work returns): the driver's own `complete` afterwards finds the record completed
-    ///   by the same owner and leaves it as it is.
     /// - If the transaction rolls back, the record stays in progress under the lease, and
     ///   is claimable again once the lease is released or expires.
     ///
     /// ```
-    /// use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Store, WriteOutcome};
+    /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, WriteOutcome};
     /// use idem_sqlite::SqliteStore;
     /// use rusqlite::{Connection, TransactionBehavior};
-    /// use std::time::Duration;
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// # let dir = std::env::temp_dir().join(format!("idem-sqlite-doc-tx-{}", std::process::id()));
     /// # std::fs::create_dir_all(&dir)?;
     /// let path = dir.join("shop.db");
-    /// let store = SqliteStore::open(&path)?;
-    /// let request = ClaimRequest::new(
-    ///     Key::new("shop/checkout", "order-7")?,
-    ///     Fingerprint::of_bytes("amount=500"),
-    ///     Duration::from_secs(30),
-    ///     Duration::from_secs(86_400),
-    /// );
-    /// let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await? else { panic!() };
+    /// let idem = Idempotency::new(SqliteStore::open(&path)?);
+    /// let key = Key::new("shop/checkout", "order-7")?;
     ///
-    /// let mut conn = Connection::open(&path)?;
-    /// conn.execute("CREATE TABLE IF NOT EXISTS ledger (order_id TEXT, cents INTEGER)", [])?;
-    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    /// tx.execute("INSERT INTO ledger VALUES ('order-7', 500)", [])?;
-    /// assert_eq!(store.complete_in(&tx, &lease, br#""debited""#)?, WriteOutcome::Applied);
-    /// tx.commit()?; // the debit and the idempotency record land together
+    /// let outcome = idem
+    ///     .execute(&key, Fingerprint::of_bytes("amount=500"), |ctx| {
+    ///         let store = idem.store().clone();
+    ///         let path = path.clone();
+    ///         async move {
+    ///             let receipt = "debited order-7".to_string();
+    ///             let completion = ctx.prepare_completion(&receipt)?;
+    ///             let mut conn = Connection::open(&path).map_err(|e| WorkError::Retryable(e.to_string()))?;
+    ///             conn.execute("CREATE TABLE IF NOT EXISTS ledger (order_id TEXT, cents INTEGER)", [])
+    ///                 .map_err(|e| WorkError::Retryable(e.to_string()))?;
+    ///             let tx = conn
+    ///                 .transaction_with_behavior(TransactionBehavior::Immediate)
+    ///                 .map_err(|e| WorkError::Retryable(e.to_string()))?;
+    ///             tx.execute("INSERT INTO ledger VALUES ('order-7', 500)", [])
+    ///                 .map_err(|e| WorkError::Retryable(e.to_string()))?;
+    ///             match store.complete_in(&tx, &completion) {
+    ///                 // The debit and the idempotency record land together.
+    ///                 Ok(WriteOutcome::Applied) => tx.commit().map_err(|e| WorkError::Unknown(e.to_string()))?,
+    ///                 // Another attempt owns the key: roll back, nothing happened here.
+    ///                 _ => return Err(WorkError::Retryable("lost the key".to_string())),
+    ///             }
+    ///             Ok(receipt)
+    ///         }
+    ///     })
+    ///     .await?;
+    /// assert_eq!(outcome.value().as_deref(), Some("debited order-7"));
     /// # std::fs::remove_dir_all(&dir)?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
@@ -226,13 +241,17 @@ impl SqliteStore {
     pub fn complete_in(
         &self,
         tx: &rusqlite::Transaction<'_>,
-        lease: &Lease,
-        response: &[u8],
+        completion: &Completion,
     ) -> Result<WriteOutcome, StoreError> {
-        rows::apply(tx, &lease.key, self.clock.now(), |record, now| {
-            machine::complete(record, lease, response, now)
+        let lease = completion.lease();
+        let outcome = rows::apply(tx, &lease.key, self.clock.now(), |record, now| {
+            machine::complete(record, lease, completion.bytes(), now)
         })
-        .map_err(|err| err.into_store_error(Operation::Complete))
+        .map_err(|err| err.into_store_error(Operation::Complete))?;
+        if outcome == WriteOutcome::Applied {
+            completion.written();
+        }
+        Ok(outcome)
     }
 
     /// Runs one transition in its own `BEGIN IMMEDIATE` transaction on the store's thread.

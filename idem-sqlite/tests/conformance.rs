@@ -5,7 +5,7 @@ mod common;
 mod in_memory {
     use idem_sqlite::SqliteStore;
 
-    idem_testkit::conformance_tests!(manual_clock: |clock| async move {
+    idem_testkit::conformance_tests!(manual_clock: |clock, _| async move {
         SqliteStore::builder_in_memory()
             .clock(clock)
             .open()
@@ -16,7 +16,7 @@ mod in_memory {
 mod file {
     use idem_sqlite::SqliteStore;
 
-    idem_testkit::conformance_tests!(|| async {
+    idem_testkit::conformance_tests!(|_| async {
         SqliteStore::open(super::common::fresh_db_path()).expect("a database file")
     });
 }
@@ -24,7 +24,7 @@ mod file {
 mod file_on_a_manual_clock {
     use idem_sqlite::SqliteStore;
 
-    idem_testkit::conformance_tests!(manual_clock: |clock| async move {
+    idem_testkit::conformance_tests!(manual_clock: |clock, _| async move {
         SqliteStore::builder(super::common::fresh_db_path())
             .clock(clock)
             .open()

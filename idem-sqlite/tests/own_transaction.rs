@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Idempotency, Key, Lease, State, Store, WorkError,
-    WriteOutcome,
+    ClaimOutcome, ClaimRequest, Context, Fingerprint, Heartbeat, Idempotency, Key, Lease, Outcome,
+    State, Store, WorkError, WriteOutcome,
 };
 use idem_sqlite::SqliteStore;
 use rusqlite::{Connection, TransactionBehavior};
@@ -38,33 +38,91 @@ async fn claim(store: &SqliteStore, key: &Key) -> Lease {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    order: String,
+    cents: u64,
+}
+
+fn receipt(order: &str) -> Receipt {
+    Receipt {
+        order: order.into(),
+        cents: 500,
+    }
+}
+
+/// What the work does in each test: debit the ledger and complete the key in one
+/// transaction; `after_complete` runs while the transaction is still open.
+async fn debit_in_one_transaction<F, Fut>(
+    store: &SqliteStore,
+    path: &std::path::Path,
+    ctx: &Context,
+    order: &str,
+    commit: bool,
+    after_complete: F,
+) -> Result<Receipt, WorkError<String>>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let receipt = receipt(order);
+    let completion = ctx.prepare_completion(&receipt)?;
+    let mut conn = ledger(path);
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap();
+    tx.execute("INSERT INTO ledger VALUES (?1, 500)", [order])
+        .unwrap();
+    match store.complete_in(&tx, &completion).unwrap() {
+        WriteOutcome::Applied => {}
+        WriteOutcome::Fenced => {
+            tx.rollback().unwrap();
+            return Err(WorkError::Retryable("another attempt owns the key".into()));
+        }
+    }
+    after_complete().await;
+    if commit {
+        tx.commit().unwrap();
+        Ok(receipt)
+    } else {
+        tx.rollback().unwrap();
+        Err(WorkError::Retryable("rolled back".into()))
+    }
+}
+
 #[tokio::test]
 async fn business_rows_and_completion_commit_together() {
     let path = common::fresh_db_path();
     let store = SqliteStore::open(&path).unwrap();
+    let idem = Idempotency::new(store.clone());
     let key = Key::new("shop/checkout", "order-1").unwrap();
-    let lease = claim(&store, &key).await;
-
-    let mut conn = ledger(&path);
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .unwrap();
-    tx.execute("INSERT INTO ledger VALUES ('order-1', 500)", [])
-        .unwrap();
-    assert_eq!(
-        store.complete_in(&tx, &lease, b"\"receipt\"").unwrap(),
-        WriteOutcome::Applied
-    );
-    tx.commit().unwrap();
-
-    assert_eq!(debits(&conn), 1);
+    for attempt in 0..3 {
+        let outcome = idem
+            .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+                let (store, path) = (store.clone(), path.clone());
+                async move {
+                    debit_in_one_transaction(&store, &path, &ctx, "order-1", true, || async {})
+                        .await
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Completed {
+                value: receipt("order-1"),
+                replayed: attempt > 0
+            }
+        );
+    }
+    assert_eq!(debits(&ledger(&path)), 1, "one debit for three executions");
     let record = store.get(&key).await.unwrap().unwrap();
     assert_eq!(record.state, State::Completed);
-    assert_eq!(record.response.as_deref(), Some(&b"\"receipt\""[..]));
-    // The store's own complete, retried by the same owner, finds it landed.
+    let stored: Receipt = serde_json::from_slice(record.response.as_deref().unwrap()).unwrap();
     assert_eq!(
-        store.complete(&lease, b"\"receipt\"").await.unwrap(),
-        WriteOutcome::Applied
+        stored,
+        receipt("order-1"),
+        "the bytes the driver would store"
     );
 }
 
@@ -72,103 +130,108 @@ async fn business_rows_and_completion_commit_together() {
 async fn a_rollback_leaves_the_key_claimable_again() {
     let path = common::fresh_db_path();
     let store = SqliteStore::open(&path).unwrap();
+    let idem = Idempotency::new(store.clone());
     let key = Key::new("shop/checkout", "order-2").unwrap();
-    let lease = claim(&store, &key).await;
-
-    let mut conn = ledger(&path);
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, path) = (store.clone(), path.clone());
+            async move {
+                debit_in_one_transaction(&store, &path, &ctx, "order-2", false, || async {}).await
+            }
+        })
+        .await
         .unwrap();
-    tx.execute("INSERT INTO ledger VALUES ('order-2', 500)", [])
-        .unwrap();
-    assert_eq!(
-        store.complete_in(&tx, &lease, b"\"receipt\"").unwrap(),
-        WriteOutcome::Applied
-    );
-    tx.rollback().unwrap();
-
-    assert_eq!(debits(&conn), 0, "the business row rolled back");
+    assert_eq!(outcome, Outcome::Retryable("rolled back".into()));
+    assert_eq!(debits(&ledger(&path)), 0, "the business row rolled back");
     let record = store.get(&key).await.unwrap().unwrap();
     assert_eq!(
         (record.state, record.response),
         (State::InProgress, None),
         "so did the completion"
     );
-    // The owner gives the key up (the driver does this for a retryable error) and a retry
-    // claims it at once.
-    assert_eq!(store.release(&lease).await.unwrap(), WriteOutcome::Applied);
-    let retry = ClaimRequest::new(key.clone(), Fingerprint::of_bytes("500"), LEASE, DAY);
-    assert!(matches!(
-        store.claim(&retry).await.unwrap(),
-        ClaimOutcome::Claimed { resumed: true, .. }
-    ));
+    // The driver released the key for the retryable error: a retry runs at once.
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, path) = (store.clone(), path.clone());
+            async move {
+                assert!(ctx.resumed());
+                debit_in_one_transaction(&store, &path, &ctx, "order-2", true, || async {}).await
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(receipt("order-2")));
+    assert_eq!(debits(&ledger(&path)), 1);
 }
 
 #[tokio::test]
 async fn a_stale_owner_cannot_complete_in_its_transaction() {
     let path = common::fresh_db_path();
     let store = SqliteStore::open(&path).unwrap();
+    let idem = Idempotency::new(store.clone());
     let key = Key::new("shop/checkout", "order-3").unwrap();
-    let stale = claim(&store, &key).await;
-    assert_eq!(store.release(&stale).await.unwrap(), WriteOutcome::Applied);
-    let _owner = claim(&store, &key).await;
-
-    let mut conn = ledger(&path);
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, path, key) = (store.clone(), path.clone(), key.clone());
+            async move {
+                // Meanwhile the lease ends and another attempt takes the key over.
+                assert_eq!(
+                    store.release(&ctx.lease()).await.unwrap(),
+                    WriteOutcome::Applied
+                );
+                let _owner = claim(&store, &key).await;
+                debit_in_one_transaction(&store, &path, &ctx, "order-3", true, || async {}).await
+            }
+        })
+        .await
         .unwrap();
-    tx.execute("INSERT INTO ledger VALUES ('order-3', 500)", [])
-        .unwrap();
-    // Fenced: the caller must roll back its business rows.
     assert_eq!(
-        store.complete_in(&tx, &stale, b"\"stale\"").unwrap(),
-        WriteOutcome::Fenced
+        outcome,
+        Outcome::Retryable("another attempt owns the key".into()),
+        "fenced: the business rows were rolled back"
     );
-    tx.rollback().unwrap();
-    assert_eq!(debits(&conn), 0);
+    assert_eq!(debits(&ledger(&path)), 0);
 }
 
+/// Issue 12: a heartbeat that ticks between `complete_in` and `COMMIT` must neither stall
+/// the work (its renewal waits for the write lock the work holds) nor turn the committed
+/// result into a lost lease.
 #[tokio::test]
-async fn the_driver_and_complete_in_agree_on_the_result() {
-    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-    struct Receipt {
-        order: String,
-        cents: u64,
-    }
+async fn a_heartbeat_inside_the_transaction_neither_stalls_nor_loses_the_result() {
     let path = common::fresh_db_path();
-    let store = SqliteStore::open(&path).unwrap();
-    let idem = Idempotency::new(store.clone());
-    let key = Key::new("shop/checkout", "order-4").unwrap();
-    for _ in 0..3 {
+    // A busy timeout longer than the test's own bound: a renewal that stalls the work
+    // would show as a hang, not as a slow pass.
+    let store = SqliteStore::builder(&path)
+        .busy_timeout(Duration::from_secs(30))
+        .open()
+        .unwrap();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(5))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(20)))
+        .build()
+        .unwrap();
+    let key = Key::new("shop/checkout", "order-5").unwrap();
+    let execution = idem.execute(&key, Fingerprint::of_bytes("500"), |ctx| {
         let (store, path) = (store.clone(), path.clone());
-        let done = idem
-            .execute(&key, Fingerprint::of_bytes("500"), |ctx| async move {
-                let receipt = Receipt {
-                    order: "order-4".into(),
-                    cents: 500,
-                };
-                let bytes = serde_json::to_vec(&receipt).unwrap();
-                let mut conn = ledger(&path);
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .unwrap();
-                tx.execute("INSERT INTO ledger VALUES ('order-4', 500)", [])
-                    .unwrap();
-                match store.complete_in(&tx, &ctx.lease(), &bytes).unwrap() {
-                    WriteOutcome::Applied => tx.commit().unwrap(),
-                    WriteOutcome::Fenced => return Err(WorkError::Retryable(())),
-                }
-                Ok(receipt)
+        async move {
+            debit_in_one_transaction(&store, &path, &ctx, "order-5", true, || {
+                // Several beats fall inside the open transaction.
+                tokio::time::sleep(Duration::from_millis(150))
             })
             .await
-            .unwrap();
-        assert_eq!(
-            done.value,
-            Receipt {
-                order: "order-4".into(),
-                cents: 500
-            }
-        );
-    }
-    assert_eq!(debits(&ledger(&path)), 1, "one debit for three executions");
+        }
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(10), execution)
+        .await
+        .expect("the work was stalled by a heartbeat waiting for its own lock")
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: receipt("order-5"),
+            replayed: false
+        },
+        "the result committed in the work's transaction is the answer"
+    );
+    assert_eq!(debits(&ledger(&path)), 1);
 }

@@ -111,7 +111,7 @@ async fn worker_race(path: PathBuf, go: PathBuf) {
             })
             .await;
         let word = match outcome {
-            Ok(done) if done.replayed => "replayed",
+            Ok(done) if done.replayed() => "replayed",
             Ok(_) => "executed",
             Err(Error::InFlight { .. }) => "in_flight",
             Err(other) => panic!("unexpected outcome: {other}"),
@@ -203,8 +203,9 @@ async fn a_worker_killed_mid_work_is_taken_over_once() {
         })
         .await
         .expect("the takeover finishes");
+    let done = done.value().expect("the takeover completed");
     assert_eq!(
-        done.value, "recovered, debit 500",
+        done, "recovered, debit 500",
         "the dead worker's checkpoint was reused"
     );
     assert_eq!(
@@ -226,8 +227,8 @@ async fn a_worker_killed_mid_work_is_taken_over_once() {
         })
         .await
         .unwrap();
-    assert!(replay.replayed);
-    assert_eq!(replay.value, done.value);
+    assert!(replay.replayed());
+    assert_eq!(replay.value(), Some(done));
 }
 
 async fn processes_racing_one_key_run_the_work_once() {

@@ -9,18 +9,24 @@
 //! ```
 //! // tests/conformance.rs of a store crate:
 //! use idem_core::MemoryStore;
+//! use idem_testkit::Namespace;
 //!
-//! idem_testkit::conformance_tests!(|| async { MemoryStore::new() });
+//! idem_testkit::conformance_tests!(|_namespace: Namespace| async { MemoryStore::new() });
 //! # fn main() {}
 //! ```
 //!
-//! The factory is called once per test (and once per generated sequence) and must return a
-//! fresh, isolated store: an empty table, schema or key prefix of its own. Tests build their
-//! own multi-threaded Tokio runtime, so the factory may connect to a server.
+//! The factory is called once per test (and once per generated sequence) with a
+//! [`Namespace`] the suite chose, and must return a store that keeps its records under it
+//! (a table, a key prefix: use the name verbatim) and sees nothing outside it. One case
+//! hands two stores names that are prefixes of each other and checks that nothing
+//! crosses between them. Tests build their own multi-threaded Tokio runtime, so the
+//! factory may connect to a server.
 //!
 //! Stores that keep time in the process (memory, SQLite) can take a clock from the suite,
-//! which then also checks what happens when records expire later; stores that differ in
-//! what they can hold say so with [`Capabilities`]:
+//! which then also checks what happens as time passes (the model-based case moves it by
+//! random steps); what a store declares about itself ([`Store::expiry`](idem_core::Store::expiry),
+//! [`Store::max_record_bytes`](idem_core::Store::max_record_bytes)) the suite reads from
+//! the store, and [`Capabilities`] says the rest:
 //!
 //! ```
 //! use idem_core::MemoryStore;
@@ -30,7 +36,7 @@
 //!     use super::*;
 //!     // Each generated test gets a clock of its own, handed to the factory.
 //!     idem_testkit::conformance_tests!(
-//!         manual_clock: |clock| async move { MemoryStore::with_clock(clock) },
+//!         manual_clock: |clock, _namespace| async move { MemoryStore::with_clock(clock) },
 //!         Capabilities::default().with_max_response_bytes(2 * 1024 * 1024),
 //!     );
 //! }
@@ -38,7 +44,7 @@
 //! ```
 //!
 //! For a custom harness, [`Suite::run`] runs one [`Case`] and [`Suite::run_all`] runs every
-//! case and reports which failed. [`execute_races`] races many `execute` calls per key for
+//! case and reports which failed and why, whole, without panic noise. [`execute_races`] races many `execute` calls per key for
 //! a store's own tests, with a side effect the store's database can count.
 //!
 //! Server-backed suites read their address from the environment with [`service_url`], which
@@ -49,26 +55,30 @@
 mod capabilities;
 mod cases;
 mod model;
+mod namespace;
+mod quiet;
 mod races;
 mod services;
 mod suite;
 mod support;
 
 pub use capabilities::Capabilities;
+pub use namespace::Namespace;
 pub use races::execute_races;
 pub use services::service_url;
 pub use suite::{Case, CaseResult, Report, Suite};
 
 /// Generates one `#[test]` per conformance [`Case`], each on a fresh store from `factory`.
 ///
-/// `factory` is an expression for a closure `|| async { ... }` returning any
-/// [`idem_core::Store`]; an optional second argument gives the store's [`Capabilities`].
-/// With `manual_clock:` before it, the closure takes a [`idem_core::ManualClock`] that the
-/// store must read (see [`Suite::with_manual_clock`]). With `service: "VARIABLE",` before
-/// it, the closure takes the value of that environment variable (a server's address), and
-/// the tests skip loudly when it is unset, or fail when `IDEM_REQUIRE_SERVICES=1` (see
-/// [`Suite::for_service`]). Put each suite in its own module when a file holds more than
-/// one.
+/// `factory` is an expression for a closure `|namespace| async { ... }` returning any
+/// [`idem_core::Store`] that keeps its records under that [`Namespace`]; an optional
+/// second argument gives the store's [`Capabilities`]. With `manual_clock:` before it, the
+/// closure takes a [`idem_core::ManualClock`] that the store must read, then the namespace
+/// (see [`Suite::with_manual_clock`]). With `service: "VARIABLE",` before it, the closure
+/// takes the value of that environment variable (a server's address), then the
+/// namespace, and the tests skip loudly when it is unset, or fail when
+/// `IDEM_REQUIRE_SERVICES=1` (see [`Suite::for_service`]). Put each suite in its own
+/// module when a file holds more than one.
 #[macro_export]
 macro_rules! conformance_tests {
     (service: $variable:literal, $factory:expr $(,)?) => {
@@ -99,10 +109,12 @@ macro_rules! __with_cases {
         $crate::__cases! { $mode $args
             absent_key_is_claimed_fresh => AbsentKeyIsClaimedFresh:
                 "Claiming a key with no record creates a fresh in-progress record with token 1.";
-            expired_record_is_claimed_fresh => ExpiredRecordIsClaimedFresh:
-                "Claiming an expired record is a fresh claim: token + 1, steps and response cleared, any fingerprint.";
+            absent_record_is_claimed_fresh => AbsentRecordIsClaimedFresh:
+                "Claiming an absent record (expired, no live lease) is a fresh claim: token + 1, steps and response cleared, any fingerprint.";
+            a_live_lease_is_never_absent => ALiveLeaseIsNeverAbsent:
+                "A record whose retention ended but whose lease lives is in flight, not claimed afresh; its owner still writes.";
             different_fingerprint_is_a_mismatch => DifferentFingerprintIsAMismatch:
-                "Any unexpired record answers Mismatch to another fingerprint and stays unchanged.";
+                "Any present record answers Mismatch to another fingerprint and stays unchanged.";
             completed_record_replays => CompletedRecordReplays:
                 "A completed record replays its response and writes nothing.";
             failed_record_replays_failure => FailedRecordReplaysFailure:
@@ -114,7 +126,9 @@ macro_rules! __with_cases {
             expired_lease_is_taken_over => ExpiredLeaseIsTakenOver:
                 "An expired lease is taken over: token + 1, steps kept, resumed.";
             tokens_strictly_increase => TokensStrictlyIncrease:
-                "Tokens strictly increase across takeovers, releases and re-claims after expiry.";
+                "Tokens strictly increase across takeovers, releases and re-claims within a record's lifetime.";
+            lifetimes_are_told_apart => LifetimesAreToldApart:
+                "A key claimed again after its record was deleted starts a new lifetime: a later creation time, and other derived keys.";
             complete_stores_the_response => CompleteStoresTheResponse:
                 "complete stores the response and keeps fingerprint, token, steps and times.";
             fail_stores_the_failure => FailStoresTheFailure:
@@ -128,23 +142,27 @@ macro_rules! __with_cases {
             stale_owner_is_fenced_after_takeover => StaleOwnerIsFencedAfterTakeover:
                 "After a takeover, the stale owner's five writes are all fenced and the new result survives.";
             writes_after_the_end_are_fenced => WritesAfterTheEndAreFenced:
-                "Writes to a finished, missing or expired record, or with another attempt id, are fenced.";
+                "Writes to a finished, missing or absent record, or with another attempt id, are fenced.";
             retried_terminal_writes_are_applied => RetriedTerminalWritesAreApplied:
                 "complete or fail retried after landing is Applied; switching terminal state is fenced.";
             fingerprint_survives_completion => FingerprintSurvivesCompletion:
                 "After completion an identical retry replays and a changed one is a mismatch.";
             scopes_are_isolated => ScopesAreIsolated:
-                "The same key in two scopes is two records.";
+                "The same key in two scopes, and scope/key splits of the same text, are separate records.";
+            namespaces_are_isolated => NamespacesAreIsolated:
+                "Two stores whose namespaces are prefixes of each other never share a record, a replay or a purge.";
             replays_are_byte_exact => ReplaysAreByteExact:
                 "Empty, binary (all 256 byte values) and non-UTF-8 responses replay byte for byte.";
             large_responses_replay_or_are_refused => LargeResponsesReplayOrAreRefused:
-                "A response of the largest declared size replays exactly; one byte over is refused and writes nothing.";
+                "A response of the largest size replays exactly; one byte over a store's own limit is refused and writes nothing.";
             keys_at_the_limits => KeysAtTheLimits:
                 "Keys of exactly 255 bytes, non-ASCII keys and keys with quotes work.";
-            get_hides_expired_records => GetHidesExpiredRecords:
-                "get answers None for absent and expired records.";
-            purge_removes_only_expired_records => PurgeRemovesOnlyExpiredRecords:
-                "purge_expired removes expired records only, within its limit, never one with a live lease.";
+            extreme_durations_work => ExtremeDurationsWork:
+                "Leases, retentions and renewals of zero, one millisecond, MAX_DURATION and Duration::MAX all work.";
+            get_hides_absent_records => GetHidesAbsentRecords:
+                "get answers None for missing and absent records, and shows expired ones a live lease holds.";
+            purge_removes_only_absent_records => PurgeRemovesOnlyAbsentRecords:
+                "purge_expired removes absent records only, within its limit, never one with a live lease.";
             concurrent_claims_have_one_winner => ConcurrentClaimsHaveOneWinner:
                 "Concurrent claims of a fresh key: exactly one Claimed, the rest InFlight.";
             concurrent_takeovers_have_one_winner => ConcurrentTakeoversHaveOneWinner:
@@ -156,7 +174,7 @@ macro_rules! __with_cases {
             waiting_duplicates_share_one_execution => WaitingDuplicatesShareOneExecution:
                 "Driver: 32 concurrent executes with InFlightPolicy::Wait run the work once; 31 get replays.";
             matches_the_state_machine => MatchesTheStateMachine:
-                "Random operation sequences: every answer equals the pure state machine's.";
+                "Random operation sequences, with time passing where the clock allows: every answer equals the pure state machine's.";
         }
     };
 }

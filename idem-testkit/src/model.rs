@@ -1,5 +1,12 @@
 //! Model-based testing: random operation sequences, every answer compared with the pure
 //! state machine's.
+//!
+//! With a manual clock (stores that keep time in the process), the sequences also move
+//! time by random steps, durations range from a millisecond to hours, and times are
+//! compared exactly: leases that outlive retention, takeovers near the end of retention
+//! and heartbeats past it are all generated. On a server's own clock, time cannot be
+//! moved, so durations are zero (over at once), one or two hours (live for the whole run):
+//! a one- or two-hour lease on a zero retention is the lease that outlives retention.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -9,8 +16,8 @@ use std::time::Duration;
 
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    AttemptId, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Record, RenewOutcome, StepName,
-    Store, Timestamp,
+    AttemptId, ClaimOutcome, ClaimRequest, Clock, Expiry, Fingerprint, Key, Lease, ManualClock,
+    Record, RenewOutcome, StepName, Store, Timestamp,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -28,18 +35,26 @@ const PURGE_LIMIT: usize = 1000;
 /// Bounds the search for a smaller failing sequence.
 const MAX_SHRINK_STEPS: usize = 512;
 
-/// A duration of zero or one hour: over at once, or live for the whole run on any server.
+/// A generated duration.
 #[derive(Clone, Copy, Debug)]
 enum Span {
     Zero,
+    Millisecond,
+    HalfSecond,
+    Minute,
     Hour,
+    TwoHours,
 }
 
 impl Span {
     fn duration(self) -> Duration {
         match self {
             Span::Zero => ZERO,
+            Span::Millisecond => Duration::from_millis(1),
+            Span::HalfSecond => Duration::from_millis(500),
+            Span::Minute => Duration::from_secs(60),
             Span::Hour => HOUR,
+            Span::TwoHours => 2 * HOUR,
         }
     }
 }
@@ -80,40 +95,70 @@ enum Op {
         key: usize,
     },
     Purge,
+    /// Moves the manual clock (only generated when there is one).
+    Advance(Span),
 }
 
-fn span() -> impl Strategy<Value = Span> {
-    prop_oneof![Just(Span::Zero), Just(Span::Hour)]
+/// Durations that can be compared on any clock: over at once, or live for the whole run.
+fn untimed_span() -> BoxedStrategy<Span> {
+    prop_oneof![Just(Span::Zero), Just(Span::Hour), Just(Span::TwoHours)].boxed()
 }
 
-fn op() -> impl Strategy<Value = Op> {
-    let lease = 0..8usize;
+/// Every duration, for a clock the sequence moves itself.
+fn timed_span() -> BoxedStrategy<Span> {
     prop_oneof![
-        4 => (0..SCOPES.len(), 0..KEYS.len(), 0..FINGERPRINTS.len(), 0..ATTEMPTS, span(), span()).prop_map(
+        Just(Span::Zero),
+        Just(Span::Millisecond),
+        Just(Span::HalfSecond),
+        Just(Span::Minute),
+        Just(Span::Hour),
+        Just(Span::TwoHours),
+    ]
+    .boxed()
+}
+
+fn op(timed: bool) -> BoxedStrategy<Op> {
+    let span = if timed { timed_span() } else { untimed_span() };
+    let lease = 0..8usize;
+    let ops = prop_oneof![
+        4 => (0..SCOPES.len(), 0..KEYS.len(), 0..FINGERPRINTS.len(), 0..ATTEMPTS, span.clone(), span.clone()).prop_map(
             |(scope, key, fingerprint, attempt, lease, retention)| Op::Claim { scope, key, fingerprint, attempt, lease, retention }
         ),
         2 => (lease.clone(), any::<u8>()).prop_map(|(lease, response)| Op::Complete { lease, response }),
         1 => (lease.clone(), any::<u8>()).prop_map(|(lease, response)| Op::Fail { lease, response }),
         1 => lease.clone().prop_map(|lease| Op::Release { lease }),
-        1 => (lease.clone(), span()).prop_map(|(lease, extend)| Op::Renew { lease, extend }),
+        1 => (lease.clone(), span.clone()).prop_map(|(lease, extend)| Op::Renew { lease, extend }),
         1 => (lease, 0..STEPS.len(), any::<u8>()).prop_map(|(lease, step, value)| Op::Checkpoint { lease, step, value }),
         1 => (0..SCOPES.len(), 0..KEYS.len()).prop_map(|(scope, key)| Op::Get { scope, key }),
         1 => Just(Op::Purge),
-    ]
+    ];
+    if timed {
+        prop_oneof![4 => ops, 1 => span.prop_map(Op::Advance)].boxed()
+    } else {
+        ops.boxed()
+    }
 }
 
-fn sequence() -> impl Strategy<Value = Vec<Op>> {
-    proptest::collection::vec(op(), 1..=40)
+fn sequence(timed: bool) -> impl Strategy<Value = Vec<Op>> {
+    proptest::collection::vec(op(timed), 1..=40)
 }
 
-/// The reference: the pure state machine over a map, at one fixed instant. Zero spans are
-/// over at that instant and hour spans are live, exactly as on a real store during a run.
+/// The reference: the pure state machine over a map. On a manual clock it reads the same
+/// clock as the store; otherwise it stands at one fixed instant, where zero spans are over
+/// and hour spans live, exactly as on a real store during a run.
 struct Model {
     records: BTreeMap<Key, Record>,
     now: Timestamp,
+    clock: Option<ManualClock>,
 }
 
 impl Model {
+    fn tick(&mut self) {
+        if let Some(clock) = &self.clock {
+            self.now = clock.now();
+        }
+    }
+
     fn apply<O>(
         &mut self,
         key: &Key,
@@ -142,60 +187,100 @@ impl Model {
     }
 }
 
-/// The parts of a claim outcome that must agree exactly (times come from different clocks).
-fn comparable_claim(outcome: &ClaimOutcome, request: &ClaimRequest) -> Result<String, String> {
+/// The parts of a claim outcome that must agree exactly. Times agree exactly on a shared
+/// manual clock; on a server's clock they come from another clock and are only checked
+/// for sanity.
+fn comparable_claim(
+    outcome: &ClaimOutcome,
+    request: &ClaimRequest,
+    exact_times: bool,
+) -> Result<String, String> {
     Ok(match outcome {
         ClaimOutcome::Claimed {
             lease,
             resumed,
             steps,
+            ..
         } => {
             if lease.key != request.key {
                 return Err("the lease is for another key".into());
             }
+            let times = if exact_times {
+                format!(
+                    ", lease until {:?}, created {:?}",
+                    lease.lease_until, lease.created_at
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "Claimed(token {}, attempt {:?}, resumed {resumed}, steps {steps:?})",
+                "Claimed(token {}, attempt {:?}, resumed {resumed}, steps {steps:?}{times})",
                 lease.token, lease.attempt
             )
         }
-        ClaimOutcome::Replay { response } => format!("Replay({response:?})"),
-        ClaimOutcome::ReplayFailure { response } => format!("ReplayFailure({response:?})"),
-        ClaimOutcome::InFlight { retry_after } => {
-            if retry_after.is_zero() || *retry_after > request.lease.max(HOUR) {
+        ClaimOutcome::Replay { response, .. } => format!("Replay({response:?})"),
+        ClaimOutcome::ReplayFailure { response, .. } => format!("ReplayFailure({response:?})"),
+        ClaimOutcome::InFlight { retry_after, .. } => {
+            if retry_after.is_zero() || *retry_after > 2 * HOUR {
                 return Err(format!(
                     "InFlight with an impossible retry_after {retry_after:?}"
                 ));
             }
-            "InFlight".into()
+            if exact_times {
+                format!("InFlight(retry after {retry_after:?})")
+            } else {
+                "InFlight".into()
+            }
         }
         ClaimOutcome::Mismatch => "Mismatch".into(),
         other => format!("{other:?}"),
     })
 }
 
-fn comparable_record(record: Option<&Record>) -> String {
+fn comparable_record(record: Option<&Record>, exact_times: bool) -> String {
     match record {
         None => "None".into(),
-        Some(r) => format!(
-            "Some({:?} token {} attempt {:?} fingerprint {:?} response {:?} steps {:?})",
-            r.state, r.token, r.attempt, r.fingerprint, r.response, r.steps
-        ),
+        Some(r) => {
+            let times = if exact_times {
+                format!(
+                    " lease until {:?} created {:?} expires {:?}",
+                    r.lease_until, r.created_at, r.expires_at
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "Some({:?} token {} attempt {:?} fingerprint {:?} response {:?} steps {:?}{times})",
+                r.state, r.token, r.attempt, r.fingerprint, r.response, r.steps
+            )
+        }
     }
 }
 
-fn comparable_renew(outcome: &RenewOutcome) -> String {
+fn comparable_renew(outcome: &RenewOutcome, exact_times: bool) -> String {
     match outcome {
+        RenewOutcome::Renewed(lease) if exact_times => format!(
+            "Renewed(token {}, until {:?})",
+            lease.token, lease.lease_until
+        ),
         RenewOutcome::Renewed(lease) => format!("Renewed(token {})", lease.token),
         RenewOutcome::Fenced => "Fenced".into(),
     }
 }
 
 /// Runs one sequence on a fresh store and on the model; the first disagreement is an error.
-async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(), String> {
+async fn check_sequence(
+    store: &dyn Store,
+    ops: &[Op],
+    clock: Option<&ManualClock>,
+) -> Result<(), String> {
+    let vanish = store.expiry() == Expiry::Vanishes;
+    let exact = clock.is_some();
     let attempts: Vec<AttemptId> = (0..ATTEMPTS).map(|_| AttemptId::random()).collect();
     let mut model = Model {
         records: BTreeMap::new(),
         now: Timestamp::now(),
+        clock: clock.cloned(),
     };
     // Leases held so far, pairwise: what the store granted and what the model granted.
     let mut leases: Vec<(Lease, Lease)> = Vec::new();
@@ -204,6 +289,7 @@ async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(
         |i: usize, err: idem_core::StoreError| format!("op {i}: the store failed: {err}");
 
     for (i, op) in ops.iter().enumerate() {
+        model.tick();
         if vanish {
             model.vanish();
         }
@@ -234,8 +320,9 @@ async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(
                     leases.push((a.clone(), e.clone()));
                 }
                 (
-                    comparable_claim(&actual, &request).map_err(|e| format!("op {i}: {e}"))?,
-                    comparable_claim(&expected, &request)?,
+                    comparable_claim(&actual, &request, exact)
+                        .map_err(|e| format!("op {i}: {e}"))?,
+                    comparable_claim(&expected, &request, exact)?,
                 )
             }
             Op::Complete { lease, response } | Op::Fail { lease, response } => {
@@ -280,7 +367,10 @@ async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(
                 let expected = model.apply(&held.key, |r, now| {
                     machine::renew(r, &modelled, extend.duration(), now)
                 });
-                (comparable_renew(&actual), comparable_renew(&expected))
+                (
+                    comparable_renew(&actual, exact),
+                    comparable_renew(&expected, exact),
+                )
             }
             Op::Checkpoint { lease, step, value } => {
                 let Some((held, modelled)) = lease_at(lease) else {
@@ -301,8 +391,8 @@ async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(
                 let actual = store.get(&k).await.map_err(|e| store_error(i, e))?;
                 let expected = machine::visible(model.records.get(&k), model.now);
                 (
-                    comparable_record(actual.as_ref()),
-                    comparable_record(expected),
+                    comparable_record(actual.as_ref(), exact),
+                    comparable_record(expected, exact),
                 )
             }
             Op::Purge => {
@@ -315,21 +405,28 @@ async fn check_sequence(store: &dyn Store, ops: &[Op], vanish: bool) -> Result<(
                     format!("purged {}", model.purge()),
                 )
             }
+            Op::Advance(span) => {
+                if let Some(clock) = clock {
+                    clock.advance(span.duration());
+                }
+                continue;
+            }
         };
         if actual != expected {
             let mut report = String::new();
-            let _ = writeln!(
-                report,
-                "op {i} ({op:?}): the store answered {actual}, the state machine {expected}"
-            );
+            let _ = writeln!(report, "step {i} diverged: {op:?}");
+            let _ = writeln!(report, "  the store answered:         {actual}");
+            let _ = writeln!(report, "  the state machine answered: {expected}");
             return Err(report);
         }
     }
     Ok(())
 }
 
-/// Generates sequences, runs each on a fresh store, and shrinks the first failure.
-pub(crate) async fn run<F, Fut>(factory: F, vanish: bool)
+/// Generates sequences, runs each on a fresh store, and shrinks the first failure; the
+/// panic message carries what a store author needs: the shrunk sequence, the step that
+/// diverged, and both answers.
+pub(crate) async fn run<F, Fut>(factory: F, clock: Option<ManualClock>)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Store>>,
@@ -340,12 +437,13 @@ where
     };
     let cases = config.cases;
     let mut runner = TestRunner::new(config);
-    let strategy = sequence();
+    let strategy = sequence(clock.is_some());
+    let clock = clock.as_ref();
     for case in 0..cases {
         let mut tree = strategy
             .new_tree(&mut runner)
             .expect("the strategy always generates");
-        let Err(first) = check_sequence(factory().await.as_ref(), &tree.current(), vanish).await
+        let Err(first) = check_sequence(factory().await.as_ref(), &tree.current(), clock).await
         else {
             continue;
         };
@@ -353,7 +451,7 @@ where
         let mut steps = 0;
         while steps < MAX_SHRINK_STEPS && tree.simplify() {
             steps += 1;
-            match check_sequence(factory().await.as_ref(), &tree.current(), vanish).await {
+            match check_sequence(factory().await.as_ref(), &tree.current(), clock).await {
                 Err(why) => (smallest, reason) = (tree.current(), why),
                 Ok(()) => {
                     if !tree.complicate() {
@@ -362,8 +460,14 @@ where
                 }
             }
         }
+        let listing: String = smallest
+            .iter()
+            .enumerate()
+            .map(|(i, op)| format!("  {i}: {op:?}\n"))
+            .collect();
         panic!(
-            "the store disagrees with the state machine (sequence {case} of {cases}, shrunk in {steps} steps)\n{reason}\nsequence ({} ops): {smallest:#?}",
+            "the store disagrees with the state machine (sequence {case} of {cases}, shrunk in \
+             {steps} steps to {} operations)\n{reason}the shrunk sequence, from a fresh store:\n{listing}",
             smallest.len()
         );
     }

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::{Error, Fingerprint, Idempotency, Key, Store, WorkError};
+use idem_core::{Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use tokio::sync::Barrier;
 
 /// Races `tasks` concurrent [`Idempotency::execute`] calls on each of `keys` fresh keys,
@@ -14,6 +14,7 @@ use tokio::sync::Barrier;
 ///   the store's database can count (a row in a table), then checks that count after.
 /// - Panics, naming the key, unless the work ran exactly once per key and every other call
 ///   was a replay or an in-flight answer.
+/// - The driver's store is any store, `dyn Store` included.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -30,7 +31,7 @@ pub async fn execute_races<S, F, Fut>(
     tasks: usize,
     effect: F,
 ) where
-    S: Store + 'static,
+    S: Store + ?Sized + 'static,
     F: Fn(Key) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
@@ -62,8 +63,9 @@ pub async fn execute_races<S, F, Fut>(
         let mut executed = 0;
         for racer in racers {
             match racer.await.expect("a racing task panicked") {
-                Ok(done) => executed += usize::from(!done.replayed),
+                Ok(Outcome::Completed { replayed, .. }) => executed += usize::from(!replayed),
                 Err(Error::InFlight { .. }) => {}
+                Ok(other) => panic!("key-{n}: the work failed: {other:?}"),
                 Err(other) => panic!("key-{n}: an execute failed: {other:?}"),
             }
         }

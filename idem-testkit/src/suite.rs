@@ -7,23 +7,25 @@ use std::sync::Arc;
 
 use idem_core::{ManualClock, Store};
 
-use crate::Capabilities;
-use crate::cases::{claim, concurrency, driver, fencing, payloads, retention};
-use crate::model;
+use crate::cases::{claim, concurrency, driver, fencing, namespaces, payloads, retention};
+use crate::{Capabilities, Namespace, model, quiet};
 
 crate::__with_cases!(enum ());
 
 type StoreFuture = Pin<Box<dyn Future<Output = Arc<dyn Store>> + Send>>;
-type Factory = Arc<dyn Fn() -> StoreFuture + Send + Sync>;
+type Factory = Arc<dyn Fn(Namespace) -> StoreFuture + Send + Sync>;
 
 /// A store factory with its capabilities: runs conformance cases.
+///
+/// The factory receives a [`Namespace`] chosen by the suite and must return a store that
+/// keeps its records under it (a table, a key prefix) and sees nothing outside it.
 ///
 /// ```
 /// use idem_core::MemoryStore;
 /// use idem_testkit::{Case, Suite};
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let suite = Suite::new(|| async { MemoryStore::new() });
+/// let suite = Suite::new(|_namespace| async { MemoryStore::new() });
 /// suite.run(Case::ScopesAreIsolated).await; // panics if the store breaks the case
 /// let report = suite.run_all().await;
 /// assert!(report.passed(), "{report}");
@@ -33,56 +35,59 @@ type Factory = Arc<dyn Fn() -> StoreFuture + Send + Sync>;
 pub struct Suite {
     factory: Factory,
     capabilities: Capabilities,
+    /// Set by `run_all`: failures go into the report, not onto stderr.
+    quiet: bool,
 }
 
 impl Suite {
-    /// A suite over stores made by `factory`, each fresh and isolated.
+    /// A suite over stores made by `factory`, each in the namespace it is given.
     pub fn new<F, Fut, S>(factory: F) -> Self
     where
-        F: Fn() -> Fut + Send + Sync + 'static,
+        F: Fn(Namespace) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = S> + Send + 'static,
         S: Store + 'static,
     {
         let factory = Arc::new(factory);
         Self {
-            factory: Arc::new(move || {
-                let made = factory();
+            factory: Arc::new(move |namespace| {
+                let made = factory(namespace);
                 Box::pin(async move { Arc::new(made.await) as Arc<dyn Store> })
             }),
             capabilities: Capabilities::default(),
+            quiet: false,
         }
     }
 
     /// A suite over stores that read the [`ManualClock`] they are given: the suite makes
     /// one clock (shared by every store this suite makes, and by nothing else) and moves it
-    /// in the cases that need time to pass.
+    /// in the cases that need time to pass, the model-based one included.
     ///
     /// ```
     /// use idem_core::MemoryStore;
     /// use idem_testkit::{Case, Suite};
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let suite = Suite::with_manual_clock(|clock| async move { MemoryStore::with_clock(clock) });
-    /// suite.run(Case::GetHidesExpiredRecords).await;
+    /// let suite = Suite::with_manual_clock(|clock, _namespace| async move { MemoryStore::with_clock(clock) });
+    /// suite.run(Case::GetHidesAbsentRecords).await;
     /// # });
     /// ```
     pub fn with_manual_clock<F, Fut, S>(factory: F) -> Self
     where
-        F: Fn(ManualClock) -> Fut + Send + Sync + 'static,
+        F: Fn(ManualClock, Namespace) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = S> + Send + 'static,
         S: Store + 'static,
     {
         let clock = ManualClock::new();
         let mut suite = {
             let clock = clock.clone();
-            Self::new(move || factory(clock.clone()))
+            Self::new(move |namespace| factory(clock.clone(), namespace))
         };
         suite.capabilities.manual_clock = Some(clock);
         suite
     }
 
     /// A suite over stores on a server whose address is in the environment variable
-    /// `variable`; the factory receives that address.
+    /// `variable`; the factory receives that address and the namespace.
     ///
     /// - Set: the suite.
     /// - Unset: `None` after a loud notice on stderr, so the caller skips; or a panic when
@@ -94,19 +99,21 @@ impl Suite {
     ///
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// // MemoryStore stands in for a server-backed store built from the address.
-    /// if let Some(suite) = Suite::for_service("IDEM_TEST_EXAMPLE_URL", |_url| async { MemoryStore::new() }) {
+    /// if let Some(suite) = Suite::for_service("IDEM_TEST_EXAMPLE_URL", |_url, _namespace| async { MemoryStore::new() }) {
     ///     suite.run(Case::ScopesAreIsolated).await;
     /// }
     /// # });
     /// ```
     pub fn for_service<F, Fut, S>(variable: &str, factory: F) -> Option<Self>
     where
-        F: Fn(String) -> Fut + Send + Sync + 'static,
+        F: Fn(String, Namespace) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = S> + Send + 'static,
         S: Store + 'static,
     {
         let address = crate::service_url(variable)?;
-        Some(Self::new(move || factory(address.clone())))
+        Some(Self::new(move |namespace| {
+            factory(address.clone(), namespace)
+        }))
     }
 
     /// Declares what the store can do.
@@ -126,12 +133,18 @@ impl Suite {
         if case == Case::MatchesTheStateMachine {
             return self.run_model().await;
         }
-        let store = (self.factory)().await;
+        if case == Case::NamespacesAreIsolated {
+            let base = Namespace::fresh();
+            let short = (self.factory)(base.clone()).await;
+            let long = (self.factory)(base.extended()).await;
+            return namespaces::namespaces_are_isolated(short.as_ref(), long.as_ref()).await;
+        }
+        let store = (self.factory)(Namespace::fresh()).await;
         let s = store.as_ref();
         match case {
             Case::AbsentKeyIsClaimedFresh => claim::absent_key_is_claimed_fresh(s).await,
-            Case::ExpiredRecordIsClaimedFresh => {
-                claim::expired_record_is_claimed_fresh(s, caps).await
+            Case::AbsentRecordIsClaimedFresh => {
+                claim::absent_record_is_claimed_fresh(s, caps).await
             }
             Case::DifferentFingerprintIsAMismatch => {
                 claim::different_fingerprint_is_a_mismatch(s).await
@@ -165,9 +178,12 @@ impl Suite {
                 payloads::large_responses_replay_or_are_refused(s, caps).await
             }
             Case::KeysAtTheLimits => payloads::keys_at_the_limits(s).await,
-            Case::GetHidesExpiredRecords => retention::get_hides_expired_records(s, caps).await,
-            Case::PurgeRemovesOnlyExpiredRecords => {
-                retention::purge_removes_only_expired_records(s, caps).await
+            Case::ALiveLeaseIsNeverAbsent => retention::a_live_lease_is_never_absent(s, caps).await,
+            Case::GetHidesAbsentRecords => retention::get_hides_absent_records(s, caps).await,
+            Case::LifetimesAreToldApart => retention::lifetimes_are_told_apart(store, caps).await,
+            Case::ExtremeDurationsWork => retention::extreme_durations_work(s, caps).await,
+            Case::PurgeRemovesOnlyAbsentRecords => {
+                retention::purge_removes_only_absent_records(s, caps).await
             }
             Case::ConcurrentClaimsHaveOneWinner => {
                 concurrency::concurrent_claims_have_one_winner(store).await
@@ -184,7 +200,9 @@ impl Suite {
             Case::WaitingDuplicatesShareOneExecution => {
                 driver::waiting_duplicates_share_one_execution(store).await
             }
-            Case::MatchesTheStateMachine => unreachable!("handled above"),
+            Case::MatchesTheStateMachine | Case::NamespacesAreIsolated => {
+                unreachable!("handled above")
+            }
         }
     }
 
@@ -192,13 +210,15 @@ impl Suite {
     /// runtime; the stores it makes live on that runtime.
     async fn run_model(&self) {
         let factory = Arc::clone(&self.factory);
-        let vanish = self.capabilities.expired_records_vanish;
+        let clock = self.capabilities.manual_clock.clone();
+        let quiet = self.quiet;
         let run = tokio::task::spawn_blocking(move || {
+            let model = model::run(move || factory(Namespace::fresh()), clock);
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .expect("a Tokio runtime for the model-based case")
-                .block_on(model::run(|| factory(), vanish))
+                .block_on(quiet::maybe(quiet, model))
         });
         if let Err(err) = run.await {
             match err.try_into_panic() {
@@ -218,12 +238,17 @@ impl Suite {
             .block_on(self.run(case));
     }
 
-    /// Runs every case, each in its own task so one failure does not hide the next.
+    /// Runs every case, each in its own task so one failure does not hide the next, and
+    /// reports which failed and why. Failures go into the [`Report`] (whole: for the
+    /// model-based case, the shrunk sequence, the operation that diverged, and both
+    /// answers), not onto stderr.
     pub async fn run_all(&self) -> Report {
         let mut results = Vec::with_capacity(Case::ALL.len());
         for &case in Case::ALL {
-            let suite = self.clone();
-            let outcome = tokio::spawn(async move { suite.run(case).await }).await;
+            let mut suite = self.clone();
+            suite.quiet = true;
+            let outcome =
+                tokio::spawn(quiet::Quiet::new(async move { suite.run(case).await })).await;
             let failure = outcome.err().map(|err| match err.try_into_panic() {
                 Ok(panic) => panic
                     .downcast_ref::<String>()
@@ -251,7 +276,7 @@ impl fmt::Debug for Suite {
 pub struct CaseResult {
     /// The case.
     pub case: Case,
-    /// Why it failed, or `None` when it passed.
+    /// Why it failed, whole (every line the case reported), or `None` when it passed.
     pub failure: Option<String>,
 }
 
@@ -289,8 +314,15 @@ impl fmt::Display for Report {
         )?;
         for result in &self.results {
             if let Some(why) = &result.failure {
-                let first = why.lines().next().unwrap_or_default();
-                writeln!(f, "  FAILED {}: {first}", result.case.name())?;
+                writeln!(
+                    f,
+                    "  FAILED {} ({})",
+                    result.case.name(),
+                    result.case.description()
+                )?;
+                for line in why.lines() {
+                    writeln!(f, "    {line}")?;
+                }
             }
         }
         Ok(())

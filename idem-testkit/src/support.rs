@@ -40,6 +40,7 @@ pub(crate) async fn claimed(store: &dyn Store, request: &ClaimRequest) -> (Lease
             lease,
             resumed,
             steps,
+            ..
         } => (lease, resumed, steps),
         other => panic!("expected Claimed, the store answered {other:?}"),
     }
@@ -61,4 +62,13 @@ pub(crate) async fn get_some(store: &dyn Store, key: &Key) -> Record {
 /// Unwraps a store call that must not fail.
 pub(crate) fn ok<T>(result: Result<T, idem_core::StoreError>, what: &str) -> T {
     result.unwrap_or_else(|err| panic!("{what} failed with a store error: {err}"))
+}
+
+/// Lets `duration` pass for the store: moves the suite's clock, or waits on a real one
+/// (a little longer, so the store's clock has certainly moved as far).
+pub(crate) async fn let_time_pass(caps: &crate::Capabilities, duration: Duration) {
+    match &caps.manual_clock {
+        Some(clock) => clock.advance(duration),
+        None => tokio::time::sleep(duration + Duration::from_millis(5)).await,
+    }
 }

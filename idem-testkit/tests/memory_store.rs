@@ -2,12 +2,12 @@
 
 use idem_core::MemoryStore;
 
-idem_testkit::conformance_tests!(|| async { MemoryStore::new() });
+idem_testkit::conformance_tests!(|_| async { MemoryStore::new() });
 
 mod manual_clock {
     use idem_core::MemoryStore;
 
-    idem_testkit::conformance_tests!(manual_clock: |clock| async move {
+    idem_testkit::conformance_tests!(manual_clock: |clock, _| async move {
         MemoryStore::with_clock(clock)
     });
 }

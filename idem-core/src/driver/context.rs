@@ -3,16 +3,16 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
-use super::errors::{Interrupted, WorkError};
-use super::observe;
-use crate::{Key, Lease, Operation, StepName, Steps, Store, WriteOutcome};
+use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
+use super::{Limits, observe, retry_store};
+use crate::{Fingerprint, Key, Lease, Operation, StepName, Steps, Store, StoreError, WriteOutcome};
 
 /// Handed to the work by [`Idempotency::execute`](crate::Idempotency::execute).
 ///
@@ -25,22 +25,39 @@ pub struct Context {
 struct Inner {
     store: Arc<dyn Store>,
     lease: Mutex<Lease>,
+    fingerprint: Fingerprint,
     resumed: bool,
     steps: Mutex<Steps>,
+    limits: Limits,
+    serde: bool,
     lost: AtomicBool,
     lost_notify: Notify,
+    /// The result a store wrote inside the caller's own transaction, if any.
+    completion: Mutex<Option<Vec<u8>>>,
 }
 
 impl Context {
-    pub(crate) fn new(store: Arc<dyn Store>, lease: Lease, resumed: bool, steps: Steps) -> Self {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        lease: Lease,
+        fingerprint: Fingerprint,
+        resumed: bool,
+        steps: Steps,
+        limits: Limits,
+        serde: bool,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
                 lease: Mutex::new(lease),
+                fingerprint,
                 resumed,
                 steps: Mutex::new(steps),
+                limits,
+                serde,
                 lost: AtomicBool::new(false),
                 lost_notify: Notify::new(),
+                completion: Mutex::new(None),
             }),
         }
     }
@@ -50,8 +67,11 @@ impl Context {
         self.lease().key
     }
 
-    /// The fencing token: strictly greater for every later owner of this key. Pass it to
-    /// downstream systems that reject writes carrying a lower token than they have seen.
+    /// The fencing token: strictly greater for every later owner of this key within the
+    /// record's lifetime. Pass it to downstream systems that reject writes carrying a lower
+    /// token than they have seen, for a resource named with [`Context::derive`]: a record
+    /// that expired and was deleted starts a new lifetime whose tokens start again, and
+    /// whose derived keys differ.
     pub fn token(&self) -> u64 {
         self.lease().token
     }
@@ -64,45 +84,50 @@ impl Context {
 
     /// The lease this run holds, as last renewed.
     pub fn lease(&self) -> Lease {
-        self.inner
-            .lease
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.inner.lease).clone()
     }
 
     /// The names of the steps checkpointed so far, by earlier owners or by this run.
     pub fn completed_steps(&self) -> Vec<String> {
-        self.steps().keys().cloned().collect()
+        lock(&self.inner.steps).keys().cloned().collect()
     }
 
-    /// A stable idempotency key for calling another system on behalf of this execution:
-    /// the same for every retry and takeover of this scope and key, different for each
-    /// `label`, and not revealing the key itself.
+    /// A stable idempotency key for calling another system on behalf of this execution.
+    ///
+    /// - The same for every retry and takeover of this request within the record's
+    ///   lifetime, so the downstream system deduplicates them.
+    /// - Different for each `label`, for another request (fingerprint) under the same key,
+    ///   and for another lifetime of the key (after the record expired and was deleted,
+    ///   told apart by its creation time): a downstream system never merges two different
+    ///   requests.
+    /// - Reveals neither the key nor the request.
     ///
     /// ```
-    /// # use idem_core::{Idempotency, Key, Fingerprint, MemoryStore, WorkError};
+    /// # use idem_core::{done, Idempotency, Key, Fingerprint, MemoryStore};
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// # let idem = Idempotency::new(MemoryStore::new());
     /// # let key = Key::new("acct_42/payments.create", "order-1187")?;
     /// let derived = idem
     ///     .execute(&key, Fingerprint::of_bytes("req"), |ctx| async move {
     ///         // Send this as the Idempotency-Key header of the ledger's debit call.
-    ///         Ok::<_, WorkError<()>>(ctx.derive("debit"))
+    ///         done(ctx.derive("debit"))
     ///     })
     ///     .await?;
-    /// assert!(derived.value.starts_with("idem-"));
+    /// assert!(derived.value().unwrap().starts_with("idem-"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
     pub fn derive(&self, label: &str) -> String {
-        let key = self.key();
+        let lease = self.lease();
+        let (scope, key) = (lease.key.scope(), lease.key.key());
         let digest = Sha256::new()
-            .chain_update(b"idem.derive.v1")
-            .chain_update((key.scope().len() as u64).to_be_bytes())
-            .chain_update(key.scope())
-            .chain_update((key.key().len() as u64).to_be_bytes())
-            .chain_update(key.key())
+            .chain_update(b"idem.derive.v2")
+            .chain_update((scope.len() as u64).to_be_bytes())
+            .chain_update(scope)
+            .chain_update((key.len() as u64).to_be_bytes())
+            .chain_update(key)
+            .chain_update(self.inner.fingerprint.as_bytes())
+            .chain_update(lease.created_at.as_unix_millis().to_be_bytes())
             .chain_update(label)
             .finalize();
         let mut out = String::with_capacity(5 + 32);
@@ -117,53 +142,124 @@ impl Context {
     ///
     /// - A checkpoint for `name` exists (written by this run or an earlier owner): returns
     ///   its stored value; `run` does not run.
-    /// - Otherwise runs `run`, checkpoints its value (fenced by the lease) and returns it.
+    /// - Otherwise runs `run`, checkpoints its value (fenced by the lease, retried like
+    ///   every store write) and returns the value as stored, decoded: exactly what a
+    ///   takeover will read.
     /// - `run` fails: its error is returned and nothing is checkpointed.
     /// - The checkpoint is fenced (another attempt took over): the lease is lost, and
     ///   [`WorkError::Interrupted`] says so; the other owner will run this step again, so
     ///   make the step's own effect idempotent downstream (see [`Context::derive`]).
+    /// - The value does not serialise, does not read back as `T`, or does not fit in the
+    ///   record: interrupted, and the driver stores that as the execution's permanent
+    ///   failure ([`Error::Unserializable`](crate::Error::Unserializable),
+    ///   [`Error::StepTooLarge`](crate::Error::StepTooLarge)), since the step's effect
+    ///   happened and must not happen again.
+    /// - A stored value that no longer decodes as `T` (its type changed): interrupted, with
+    ///   an error naming the step. Give a step whose type changes a new name
+    ///   (`"charge.v2"`): records written before keep theirs.
     ///
     /// Use `?` on the result inside the work.
     ///
     /// # Errors
-    /// `run`'s error, or [`WorkError::Interrupted`] for an invalid step name, a lost lease,
-    /// a failed checkpoint write or a stored value of another type.
+    /// `run`'s error, or [`WorkError::Interrupted`].
     pub async fn step<T, E, F, Fut>(&self, name: &str, run: F) -> Result<T, WorkError<E>>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let step = StepName::new(name).map_err(Interrupted::InvalidStepName)?;
-        if let Some(stored) = self.steps().get(name) {
-            return serde_json::from_slice(stored)
-                .map_err(|source| WorkError::Interrupted(Interrupted::Codec(source)));
+        let step = StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))?;
+        let stored = lock(&self.inner.steps).get(name).cloned();
+        if let Some(stored) = stored {
+            return serde_json::from_slice(&stored).map_err(|source| {
+                Interrupted(Reason::StepUndecodable {
+                    step: name.to_owned(),
+                    source: source.into(),
+                })
+                .into()
+            });
         }
         if self.is_lease_lost() {
-            return Err(Interrupted::LeaseLost.into());
+            return Err(Interrupted::lease_lost().into());
         }
         let value = run().await?;
-        let bytes = serde_json::to_vec(&value).map_err(Interrupted::Codec)?;
+        let unserializable = || {
+            Interrupted(Reason::Unstorable(Unstorable::Unserializable {
+                what: ValuePart::Step(name.to_owned()),
+            }))
+        };
+        let bytes = serde_json::to_vec(&value).map_err(|_| unserializable())?;
+        let value: T = serde_json::from_slice(&bytes).map_err(|_| unserializable())?;
+        let size = name.len() + bytes.len();
+        let room = self.room_for_step();
+        if size > room {
+            return Err(too_large(name, size, room).into());
+        }
         let lease = self.lease();
-        match self.inner.store.checkpoint(&lease, &step, &bytes).await {
+        let store = &self.inner.store;
+        match retry_store(Operation::Checkpoint, || {
+            store.checkpoint(&lease, &step, &bytes)
+        })
+        .await
+        {
             Ok(WriteOutcome::Applied) => {
-                self.inner
-                    .steps
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(name.to_owned(), bytes);
+                lock(&self.inner.steps).insert(name.to_owned(), bytes);
                 Ok(value)
             }
             Ok(WriteOutcome::Fenced) => {
                 observe::count(observe::FENCED_WRITES);
                 self.mark_lost();
-                Err(Interrupted::LeaseLost.into())
+                Err(Interrupted::lease_lost().into())
             }
-            Err(err) => {
-                observe::store_error(Operation::Checkpoint);
-                Err(Interrupted::Store(err).into())
+            Err(StoreError::StepTooLarge { size, limit, .. }) => {
+                Err(too_large(name, size, limit).into())
             }
+            Err(err) => Err(Interrupted(Reason::Store(err)).into()),
         }
+    }
+
+    /// Prepares `value` as this execution's result, for stores that complete inside the
+    /// caller's own database transaction (`SqliteStore::complete_in`,
+    /// `PostgresStore::complete_in`).
+    ///
+    /// - The bytes are exactly those the driver would store for `value`: the same
+    ///   encoding, the same size limit, the same check that they read back as `T`.
+    /// - Once the store wrote them and your transaction commits, the driver answers the
+    ///   execution with exactly that value, even if a heartbeat meanwhile found the
+    ///   record completed; return the same value from the work.
+    ///
+    /// # Errors
+    /// [`WorkError::Interrupted`] when `value` cannot be stored (too large, not
+    /// serialisable); the driver stores that as the permanent failure. Also when the
+    /// execution stores raw bytes ([`Idempotency::execute_bytes`](crate::Idempotency::execute_bytes)).
+    pub fn prepare_completion<T: Serialize + DeserializeOwned>(
+        &self,
+        value: &T,
+    ) -> Result<Completion, Interrupted> {
+        if !self.inner.serde {
+            return Err(Interrupted(Reason::WrongEncoding));
+        }
+        let unserializable = || {
+            Interrupted(Reason::Unstorable(Unstorable::Unserializable {
+                what: ValuePart::Result,
+            }))
+        };
+        let bytes = serde_json::to_vec(value).map_err(|_| unserializable())?;
+        serde_json::from_slice::<T>(&bytes).map_err(|_| unserializable())?;
+        let limit = self.room_for_response();
+        if bytes.len() > limit {
+            return Err(Interrupted(Reason::Unstorable(
+                Unstorable::ResultTooLarge {
+                    size: bytes.len(),
+                    limit,
+                },
+            )));
+        }
+        Ok(Completion {
+            context: self.clone(),
+            lease: self.lease(),
+            bytes,
+        })
     }
 
     /// True once the driver learned that another attempt took this key over.
@@ -193,23 +289,50 @@ impl Context {
     }
 
     pub(crate) fn set_lease(&self, lease: Lease) {
-        *self
-            .inner
-            .lease
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = lease;
+        *lock(&self.inner.lease) = lease;
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
     }
 
-    fn steps(&self) -> std::sync::MutexGuard<'_, Steps> {
-        self.inner
-            .steps
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn take_completion(&self) -> Option<Vec<u8>> {
+        lock(&self.inner.completion).take()
     }
+
+    /// Bytes the record's checkpoints take (names and values).
+    fn steps_size(&self) -> usize {
+        lock(&self.inner.steps)
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum()
+    }
+
+    /// The most bytes the result may take now: the cap, and what the record has left
+    /// beside the checkpoints.
+    pub(crate) fn room_for_response(&self) -> usize {
+        self.inner.limits.room(self.steps_size(), 0)
+    }
+
+    /// The most bytes one more checkpoint may take, keeping room for a failure marker.
+    fn room_for_step(&self) -> usize {
+        self.inner
+            .limits
+            .room(self.steps_size(), super::MARKER_RESERVE)
+    }
+}
+
+fn too_large(step: &str, size: usize, limit: usize) -> Interrupted {
+    Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
+        step: step.to_owned(),
+        size,
+        limit,
+    }))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing here is left half-written by a panic: a poisoned lock is still consistent.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl fmt::Debug for Context {
@@ -219,6 +342,45 @@ impl fmt::Debug for Context {
             .field("token", &self.token())
             .field("resumed", &self.resumed())
             .field("lease_lost", &self.is_lease_lost())
+            .finish()
+    }
+}
+
+/// A result prepared by [`Context::prepare_completion`] for a store to write inside the
+/// caller's own transaction.
+///
+/// A store's `complete_in` writes [`Completion::bytes`] fenced by [`Completion::lease`],
+/// and calls [`Completion::written`] when its write applied.
+#[derive(Clone)]
+pub struct Completion {
+    context: Context,
+    lease: Lease,
+    bytes: Vec<u8>,
+}
+
+impl Completion {
+    /// The lease the write is fenced by.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The bytes to store.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Tells the driver these bytes were written in the caller's transaction: when the
+    /// work returns, it answers with exactly them.
+    pub fn written(&self) {
+        *lock(&self.context.inner.completion) = Some(self.bytes.clone());
+    }
+}
+
+impl fmt::Debug for Completion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Completion")
+            .field("lease", &self.lease)
+            .field("bytes_len", &self.bytes.len())
             .finish()
     }
 }

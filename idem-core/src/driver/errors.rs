@@ -1,10 +1,15 @@
-//! What the work reports, and what `execute` answers when it does not return a value.
+//! What the work reports, and what `execute` answers when idem cannot give the work's
+//! answer.
 
+use std::fmt;
 use std::time::Duration;
 
-use crate::{KeyError, StoreError};
+use crate::{BoxError, KeyError, StoreError};
 
 /// How the protected work failed; the kind decides what is stored.
+///
+/// Build one from any `Result` with [`WorkResultExt`] (`.permanent()`, `.retryable()`,
+/// `.unknown()`), or with the variants directly.
 ///
 /// ```
 /// use idem_core::WorkError;
@@ -36,8 +41,9 @@ pub enum WorkError<E> {
     /// kept until it expires: duplicates see in-flight until then, and a later retry takes
     /// over (resuming through its checkpointed steps).
     Unknown(E),
-    /// The driver stopped the work: raised by [`Context::step`](crate::Context::step), never
-    /// built by hand. Propagate it with `?`; the lease is kept, nothing is stored.
+    /// The driver stopped the work: raised by [`Context`](crate::Context) methods such as
+    /// [`Context::step`](crate::Context::step), and impossible to build by hand. Propagate
+    /// it with `?`.
     Interrupted(Interrupted),
 }
 
@@ -47,46 +53,233 @@ impl<E> From<Interrupted> for WorkError<E> {
     }
 }
 
-/// Why the driver interrupted the work (see [`WorkError::Interrupted`]).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Interrupted {
-    /// Another attempt took the key over; this run's writes no longer count.
-    #[error("the lease was lost to another attempt")]
-    LeaseLost,
-    /// A step name broke the naming rules.
-    #[error("invalid step name")]
-    InvalidStepName(#[source] KeyError),
-    /// Writing a checkpoint failed in the store.
-    #[error("the checkpoint could not be written")]
-    Store(#[source] StoreError),
-    /// A step's value could not be serialised, or a stored one read back as its type.
-    #[error("a step value could not be encoded or decoded")]
-    Codec(#[source] serde_json::Error),
+/// Classifies any `Result`'s error as a [`WorkError`], so work reads as plain code.
+///
+/// ```
+/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Outcome, WorkResultExt};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// async fn charge(cents: u64) -> Result<String, String> { Ok(format!("ch_{cents}")) }
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let key = Key::new("acct_42/payments.create", "order-1")?;
+/// let outcome = idem
+///     .execute(&key, Fingerprint::of_bytes("500"), |_ctx| async { charge(500).await.permanent() })
+///     .await?;
+/// assert_eq!(outcome.into_result(), Ok("ch_500".to_string()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub trait WorkResultExt<T, E> {
+    /// A failure is [`WorkError::Permanent`]: stored and replayed.
+    fn permanent(self) -> Result<T, WorkError<E>>;
+    /// A failure is [`WorkError::Retryable`]: nothing happened, run again.
+    fn retryable(self) -> Result<T, WorkError<E>>;
+    /// A failure is [`WorkError::Unknown`]: it may have taken effect.
+    fn unknown(self) -> Result<T, WorkError<E>>;
 }
 
-/// Why a duplicate-free answer could not be given, or the stored failure.
+impl<T, E> WorkResultExt<T, E> for Result<T, E> {
+    fn permanent(self) -> Result<T, WorkError<E>> {
+        self.map_err(WorkError::Permanent)
+    }
+
+    fn retryable(self) -> Result<T, WorkError<E>> {
+        self.map_err(WorkError::Retryable)
+    }
+
+    fn unknown(self) -> Result<T, WorkError<E>> {
+        self.map_err(WorkError::Unknown)
+    }
+}
+
+/// What the work returns: its value, or how it failed. `E` defaults to `()` for work that
+/// cannot fail.
+pub type WorkResult<T, E = ()> = Result<T, WorkError<E>>;
+
+/// The result of work that cannot fail, typed so that no annotation is needed.
+///
+/// ```
+/// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let key = Key::new("jobs/nightly", "2026-11-30")?;
+/// let outcome = idem.execute(&key, Fingerprint::of_bytes("run"), |_ctx| async { done(42) }).await?;
+/// assert_eq!(outcome.into_result(), Ok(42));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub fn done<T>(value: T) -> WorkResult<T> {
+    Ok(value)
+}
+
+/// Why the driver stopped the work (see [`WorkError::Interrupted`]). Only the driver
+/// builds one; [`Interrupted::kind`] tells which it is.
+#[derive(Debug)]
+pub struct Interrupted(pub(crate) Reason);
+
+/// Which interruption an [`Interrupted`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum InterruptedKind {
+    /// Another attempt took the key over; this run's writes no longer count.
+    LeaseLost,
+    /// Writing a checkpoint failed in the store (after retrying what could be retried).
+    Store,
+    /// A step name broke the naming rules.
+    InvalidStepName,
+    /// A stored step no longer decodes as the type asked for.
+    StepUndecodable,
+    /// A value the work produced cannot be stored (too large, or not serialisable); the
+    /// driver stores this as a permanent failure, since the work's effect may have
+    /// happened.
+    Unstorable,
+    /// [`Context::prepare_completion`](crate::Context::prepare_completion) was called in an
+    /// execution that stores raw bytes.
+    WrongEncoding,
+}
+
+#[derive(Debug)]
+pub(crate) enum Reason {
+    LeaseLost,
+    Store(StoreError),
+    InvalidStepName(KeyError),
+    StepUndecodable { step: String, source: BoxError },
+    Unstorable(Unstorable),
+    WrongEncoding,
+}
+
+/// A value the work produced that the driver cannot store; stored as a marker instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Unstorable {
+    ResultTooLarge {
+        size: usize,
+        limit: usize,
+    },
+    Unserializable {
+        what: ValuePart,
+    },
+    StepTooLarge {
+        step: String,
+        size: usize,
+        limit: usize,
+    },
+}
+
+/// Which value could not be stored.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ValuePart {
+    /// The work's result.
+    Result,
+    /// The work's permanent error.
+    Failure,
+    /// The value of a step, by name.
+    Step(String),
+}
+
+impl fmt::Display for ValuePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValuePart::Result => f.write_str("the result"),
+            ValuePart::Failure => f.write_str("the permanent error"),
+            ValuePart::Step(step) => write!(f, "the value of step `{step}`"),
+        }
+    }
+}
+
+impl Interrupted {
+    pub(crate) fn lease_lost() -> Self {
+        Self(Reason::LeaseLost)
+    }
+
+    /// Which interruption this is.
+    pub fn kind(&self) -> InterruptedKind {
+        match &self.0 {
+            Reason::LeaseLost => InterruptedKind::LeaseLost,
+            Reason::Store(_) => InterruptedKind::Store,
+            Reason::InvalidStepName(_) => InterruptedKind::InvalidStepName,
+            Reason::StepUndecodable { .. } => InterruptedKind::StepUndecodable,
+            Reason::Unstorable(_) => InterruptedKind::Unstorable,
+            Reason::WrongEncoding => InterruptedKind::WrongEncoding,
+        }
+    }
+
+    /// The step concerned, when there is one.
+    pub fn step(&self) -> Option<&str> {
+        match &self.0 {
+            Reason::StepUndecodable { step, .. } => Some(step),
+            Reason::Unstorable(Unstorable::StepTooLarge { step, .. })
+            | Reason::Unstorable(Unstorable::Unserializable {
+                what: ValuePart::Step(step),
+            }) => Some(step),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Reason::LeaseLost => f.write_str("the lease was lost to another attempt"),
+            Reason::Store(_) => f.write_str("a checkpoint could not be written"),
+            Reason::InvalidStepName(_) => f.write_str("a step name breaks the naming rules"),
+            Reason::StepUndecodable { step, .. } => write!(
+                f,
+                "the stored value of step `{step}` does not decode as the type asked for: \
+                 give a step whose type changed a new name (`{step}.v2`), or delete the \
+                 record to start over"
+            ),
+            Reason::Unstorable(unstorable) => fmt::Display::fmt(unstorable, f),
+            Reason::WrongEncoding => f.write_str(
+                "prepare_completion is for executions that store serde values; \
+                 this one stores raw bytes",
+            ),
+        }
+    }
+}
+
+impl fmt::Display for Unstorable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unstorable::ResultTooLarge { size, limit } => {
+                write!(f, "the result is {size} bytes, over the {limit} byte limit")
+            }
+            Unstorable::Unserializable { what } => {
+                write!(
+                    f,
+                    "{what} could not be serialised, or did not read back as its type"
+                )
+            }
+            Unstorable::StepTooLarge { step, size, limit } => write!(
+                f,
+                "the value of step `{step}` is {size} bytes, over the {limit} bytes left for it"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Interrupted {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.0 {
+            Reason::Store(err) => Some(err),
+            Reason::InvalidStepName(err) => Some(err),
+            Reason::StepUndecodable { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// Why `execute` could not give the work's answer.
 ///
 /// Expected answers (a duplicate in flight, a reused key, a lost lease) are variants too,
-/// so a caller can map each to its protocol (HTTP 409, 422, 503 ...).
+/// so a caller can map each to its protocol (HTTP 409, 422, 503 ...). The work's own
+/// answers, fresh or replayed, are an [`Outcome`](crate::Outcome), never an `Error`.
 /// [`Error::is_retryable`] says whether the caller's retry can help.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error<E> {
-    /// The work failed permanently, now or on an earlier attempt whose failure is replayed.
-    #[error("the operation failed permanently{}", replay_note(*replayed))]
-    Failed {
-        /// The stored failure.
-        error: E,
-        /// True when this failure is a replay of an earlier attempt's.
-        replayed: bool,
-    },
-    /// The work reported a retryable failure; nothing was stored and the key is free again.
-    #[error("the operation failed and may be retried now")]
-    Retryable(E),
-    /// The work reported an unknown outcome; the key stays held until its lease ends.
-    #[error("the operation's outcome is unknown; retry after the lease ends to resume it")]
-    OutcomeUnknown(E),
+pub enum Error {
     /// Another attempt holds the key; retry after `retry_after`.
     #[error("a request with this key is in flight; retry in {retry_after:?}")]
     InFlight {
@@ -100,34 +293,53 @@ pub enum Error<E> {
     /// other attempt's result is what retries get.
     #[error("the lease was lost to another attempt; retry to get that attempt's result")]
     LeaseLost,
-    /// The result was larger than the size cap. The work ran once; this failure is stored
-    /// so retries get it back instead of running the work again.
-    #[error("the result is {size} bytes, over the {limit} byte cap{}; raise the cap or return less", replay_note(*replayed))]
+    /// The result was larger than the size cap, or than the store holds beside the
+    /// work's checkpoints. The work ran once; this failure is stored so retries get it
+    /// back instead of running the work again.
+    #[error("the result is {size} bytes, over the {limit} byte limit{}; raise the cap or return less", replay_note(*replayed))]
     ResultTooLarge {
-        /// The serialised result's size.
+        /// The encoded result's size.
         size: usize,
-        /// The cap in force.
+        /// The limit in force.
         limit: usize,
         /// True when this is a replay of an earlier attempt's failure.
         replayed: bool,
     },
-    /// The result (or the permanent error) could not be serialised. The work ran once; this
+    /// A step's value was larger than the store holds beside the other checkpoints. The
+    /// step ran; this failure is stored so retries get it back instead of running it
+    /// again.
+    #[error("the value of step `{step}` is {size} bytes, over the {limit} bytes left for it{}; checkpoint less", replay_note(*replayed))]
+    StepTooLarge {
+        /// The step.
+        step: String,
+        /// The encoded value's size.
+        size: usize,
+        /// The room the record had left.
+        limit: usize,
+        /// True when this is a replay of an earlier attempt's failure.
+        replayed: bool,
+    },
+    /// A value the work produced (its result, its permanent error or a step's value) could
+    /// not be serialised, or did not read back as its own type (`f64::NAN`, a
+    /// `#[serde(skip)]` field without a default, a lossy serializer). The work ran; this
     /// failure is stored so retries get it back instead of running the work again.
-    #[error("the result could not be serialised{}", replay_note(*replayed))]
+    #[error("{what} could not be stored: it does not serialise, or does not read back as its type{}", replay_note(*replayed))]
     Unserializable {
+        /// Which value.
+        what: ValuePart,
         /// The serialiser's error (absent on a replay).
         #[source]
-        source: Option<serde_json::Error>,
+        source: Option<BoxError>,
         /// True when this is a replay of an earlier attempt's failure.
         replayed: bool,
     },
     /// A stored result could not be read back as the expected type (the type changed since
     /// it was stored?). Not retryable.
     #[error("a stored result could not be decoded as the expected type")]
-    Decode(#[source] serde_json::Error),
-    /// The driver interrupted the work (an invalid step name, or a step value that could
-    /// not be encoded or decoded). The lease is kept until it expires.
-    #[error("the work was interrupted")]
+    Decode(#[source] BoxError),
+    /// The driver interrupted the work (an invalid step name, or a stored step that no
+    /// longer decodes). The lease is kept until it expires.
+    #[error("the work was interrupted: {0}")]
     Interrupted(#[source] Interrupted),
     /// The store failed. The work did not run if the claim failed; if storing the result
     /// failed after the work ran, the key stays held until its lease ends.
@@ -139,39 +351,35 @@ fn replay_note(replayed: bool) -> &'static str {
     if replayed { " (replayed)" } else { "" }
 }
 
-impl<E> Error<E> {
+impl Error {
     /// Whether the caller retrying the same request (same key) can get a better answer.
     ///
     /// ```
     /// use idem_core::Error;
     /// use std::time::Duration;
     ///
-    /// let in_flight: Error<()> = Error::InFlight { retry_after: Duration::from_secs(1) };
-    /// assert!(in_flight.is_retryable());
-    /// assert!(!Error::<()>::Mismatch.is_retryable());
+    /// assert!(Error::InFlight { retry_after: Duration::from_secs(1) }.is_retryable());
+    /// assert!(!Error::Mismatch.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Retryable(_)
-            | Error::OutcomeUnknown(_)
-            | Error::InFlight { .. }
-            | Error::LeaseLost => true,
+            Error::InFlight { .. } | Error::LeaseLost => true,
             Error::Store(err) => err.is_retryable(),
-            Error::Failed { .. }
-            | Error::Mismatch
+            Error::Mismatch
             | Error::ResultTooLarge { .. }
+            | Error::StepTooLarge { .. }
             | Error::Unserializable { .. }
             | Error::Decode(_)
             | Error::Interrupted(_) => false,
         }
     }
 
-    /// When this answer is a replay of an earlier attempt's stored failure.
+    /// True when this answer is a replay of an earlier attempt's stored failure.
     pub fn is_replay(&self) -> bool {
         matches!(
             self,
-            Error::Failed { replayed: true, .. }
-                | Error::ResultTooLarge { replayed: true, .. }
+            Error::ResultTooLarge { replayed: true, .. }
+                | Error::StepTooLarge { replayed: true, .. }
                 | Error::Unserializable { replayed: true, .. }
         )
     }
@@ -184,13 +392,26 @@ pub enum ConfigError {
     /// The lease was zero: every duplicate could take over at once.
     #[error("the lease must be longer than zero")]
     ZeroLease,
-    /// The retention was shorter than the lease, so a record could expire under its owner.
+    /// The retention was shorter than the lease, so a result could be forgotten the moment
+    /// it is stored.
     #[error("the retention ({retention:?}) must be at least the lease ({lease:?})")]
     RetentionShorterThanLease {
         /// The retention asked for.
         retention: Duration,
         /// The lease asked for.
         lease: Duration,
+    },
+    /// A duration longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    #[error(
+        "the {setting} ({value:?}) is longer than idem supports ({max:?}); use MAX_DURATION for \"as long as possible\""
+    )]
+    DurationTooLong {
+        /// Which setting: `lease`, `retention` or `heartbeat interval`.
+        setting: &'static str,
+        /// The duration asked for.
+        value: Duration,
+        /// [`MAX_DURATION`](crate::MAX_DURATION).
+        max: Duration,
     },
     /// The response cap was zero.
     #[error("the response size cap must be at least one byte")]
@@ -202,6 +423,15 @@ pub enum ConfigError {
     HeartbeatNotShorterThanLease {
         /// The interval asked for.
         every: Duration,
+        /// The lease asked for.
+        lease: Duration,
+    },
+    /// `Heartbeat::Auto` renews every third of the lease, which needs a lease of 3 ms or
+    /// more.
+    #[error(
+        "a lease of {lease:?} is too short for the automatic heartbeat (3 ms at least); use a longer lease or Heartbeat::Off"
+    )]
+    LeaseTooShortForHeartbeat {
         /// The lease asked for.
         lease: Duration,
     },

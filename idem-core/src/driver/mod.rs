@@ -2,26 +2,35 @@
 
 mod context;
 mod errors;
+mod heartbeat;
 pub mod observe;
+mod outcome;
 mod policy;
-mod stored_failure;
+mod wire;
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 use tracing::Instrument;
 
-pub use context::Context;
-pub use errors::{ConfigError, Error, Interrupted, WorkError};
+pub use context::{Completion, Context};
+pub use errors::{
+    ConfigError, Error, Interrupted, InterruptedKind, ValuePart, WorkError, WorkResult,
+    WorkResultExt, done,
+};
+pub use outcome::Outcome;
 pub use policy::{Heartbeat, InFlightPolicy};
-use stored_failure::StoredFailure;
+
+use errors::{Reason, Unstorable};
+use wire::{Json, Marker, Raw, StoredFailure, Wire};
 
 use crate::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Operation, RenewOutcome, Steps, Store,
+    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, MAX_DURATION, Operation, Steps, Store,
     StoreError, WriteOutcome,
 };
 
@@ -29,8 +38,12 @@ use crate::{
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default retention: how long a result is replayed (24 hours).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-/// The default cap on a serialised result (1 MiB).
+/// The default cap on a stored result (1 MiB).
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// Room kept in a record with a size limit so that a failure marker always fits beside
+/// the checkpoints.
+pub(crate) const MARKER_RESERVE: usize = 512;
 
 /// How often the driver retries a store call that failed with a retryable error. Every
 /// store operation is safe to repeat (same attempt id, same lease), so a retry resolves an
@@ -38,20 +51,14 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 const STORE_ATTEMPTS: u32 = 3;
 const STORE_BACKOFF: Duration = Duration::from_millis(25);
 
-/// The value `execute` returns, and whether it came from an earlier run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Executed<T> {
-    /// The work's result (this run's, or the stored one).
-    pub value: T,
-    /// True when the work did not run now and `value` is the stored result of an earlier
-    /// run.
-    pub replayed: bool,
-}
-
 /// Runs work at most once per key and replays its result to every retry.
 ///
+/// Cheap to clone (clones share the store), whatever the store; the default type,
+/// `Idempotency<Arc<dyn Store>>` ([`Idempotency::into_dyn`]), suits application state
+/// (an axum `State`, say) that should not name the store's type.
+///
 /// ```
-/// use idem_core::{Executed, Fingerprint, Idempotency, Key, MemoryStore, WorkError};
+/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Outcome, WorkError};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let idem = Idempotency::new(MemoryStore::new());
@@ -61,15 +68,34 @@ pub struct Executed<T> {
 /// let charge = || async { Ok::<_, WorkError<String>>("ch_1".to_string()) };
 /// let first = idem.execute(&key, Fingerprint::of_json(&request)?, |_ctx| charge()).await?;
 /// let retry = idem.execute(&key, Fingerprint::of_json(&request)?, |_ctx| charge()).await?;
-/// assert_eq!(first, Executed { value: "ch_1".to_string(), replayed: false });
-/// assert_eq!(retry, Executed { value: "ch_1".to_string(), replayed: true });
+/// assert_eq!(first, Outcome::Completed { value: "ch_1".to_string(), replayed: false });
+/// assert_eq!(retry, Outcome::Completed { value: "ch_1".to_string(), replayed: true });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
-#[derive(Debug, Clone)]
-pub struct Idempotency<S> {
+pub struct Idempotency<S: ?Sized = dyn Store> {
     store: Arc<S>,
+    /// The same store, as the trait object contexts hold.
+    shared: Arc<dyn Store>,
     settings: Settings,
+}
+
+impl<S: ?Sized> Clone for Idempotency<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            shared: Arc::clone(&self.shared),
+            settings: self.settings.clone(),
+        }
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -93,8 +119,27 @@ impl Default for Settings {
     }
 }
 
+/// The sizes a record may take: the driver's cap on a result, and the store's own limit
+/// on a whole record.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) response_cap: usize,
+    pub(crate) record: Option<usize>,
+}
+
+impl Limits {
+    /// The most one more value may take beside `used` bytes of checkpoints, keeping
+    /// `reserve` bytes free.
+    pub(crate) fn room(self, used: usize, reserve: usize) -> usize {
+        let left = self
+            .record
+            .map_or(usize::MAX, |limit| limit.saturating_sub(used + reserve));
+        self.response_cap.min(left)
+    }
+}
+
 /// Settings for [`Idempotency`]; see [`Idempotency::builder`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 #[must_use = "call build() to get the Idempotency"]
 pub struct IdempotencyBuilder<S> {
     store: S,
@@ -115,7 +160,7 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
         self
     }
 
-    /// The largest serialised result stored (default 1 MiB). The store's own limit, when
+    /// The largest encoded result stored (default 1 MiB). The store's own limit, when
     /// lower, applies too.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
         self.settings.max_response_bytes = bytes;
@@ -123,7 +168,7 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     }
 
     /// Whether and how often the lease is renewed while the work runs (default
-    /// [`Heartbeat::Auto`]: every third of the lease, for leases of 3 s or more).
+    /// [`Heartbeat::Auto`]: every third of the lease).
     pub fn heartbeat(mut self, heartbeat: Heartbeat) -> Self {
         self.settings.heartbeat = heartbeat;
         self
@@ -153,8 +198,9 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError`] for a zero lease, a retention shorter than the lease, a zero cap or
-    /// a heartbeat interval that is zero or not shorter than the lease.
+    /// [`ConfigError`] for a zero lease, a retention shorter than the lease, a duration
+    /// over [`MAX_DURATION`], a zero cap, a heartbeat interval that is zero or not shorter
+    /// than the lease, or the automatic heartbeat with a lease under 3 ms.
     pub fn build(self) -> Result<Idempotency<S>, ConfigError> {
         let Settings {
             lease,
@@ -163,6 +209,16 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
             heartbeat,
             ..
         } = self.settings;
+        let too_long = |setting, value: Duration| {
+            (value > MAX_DURATION).then_some(ConfigError::DurationTooLong {
+                setting,
+                value,
+                max: MAX_DURATION,
+            })
+        };
+        if let Some(err) = too_long("lease", lease).or(too_long("retention", retention)) {
+            return Err(err);
+        }
         if lease.is_zero() {
             return Err(ConfigError::ZeroLease);
         }
@@ -172,24 +228,31 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
         if max_response_bytes == 0 {
             return Err(ConfigError::ZeroResponseCap);
         }
-        if let Heartbeat::Every(every) = heartbeat {
-            if every.is_zero() || every >= lease {
+        match heartbeat {
+            Heartbeat::Every(every) if every.is_zero() || every >= lease => {
                 return Err(ConfigError::HeartbeatNotShorterThanLease { every, lease });
             }
+            Heartbeat::Auto if lease < policy::AUTO_HEARTBEAT_MIN_LEASE => {
+                return Err(ConfigError::LeaseTooShortForHeartbeat { lease });
+            }
+            _ => {}
         }
-        Ok(Idempotency {
-            store: Arc::new(self.store),
-            settings: self.settings,
-        })
+        Ok(Idempotency::with_settings(self.store, self.settings))
     }
 }
 
 impl<S: Store + 'static> Idempotency<S> {
     /// A driver with the default lease (60 s), retention (24 h) and cap (1 MiB).
     pub fn new(store: S) -> Self {
+        Self::with_settings(store, Settings::default())
+    }
+
+    fn with_settings(store: S, settings: Settings) -> Self {
+        let store = Arc::new(store);
         Self {
-            store: Arc::new(store),
-            settings: Settings::default(),
+            shared: store.clone(),
+            store,
+            settings,
         }
     }
 
@@ -201,18 +264,53 @@ impl<S: Store + 'static> Idempotency<S> {
         }
     }
 
+    /// The same driver over `Arc<dyn Store>`: one type whatever the store, for
+    /// application state.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    ///
+    /// #[derive(Clone)]
+    /// struct AppState {
+    ///     idem: Idempotency, // = Idempotency<dyn Store>
+    /// }
+    /// let state = AppState { idem: Idempotency::new(MemoryStore::new()).into_dyn() };
+    /// # let _ = state.clone();
+    /// ```
+    pub fn into_dyn(self) -> Idempotency {
+        Idempotency {
+            store: Arc::clone(&self.shared),
+            shared: self.shared,
+            settings: self.settings,
+        }
+    }
+}
+
+impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// The store.
     pub fn store(&self) -> &S {
         &self.store
     }
 
-    /// Runs `work` once for `key` and returns its result, or replays the stored result.
+    /// The lease each claim asks for.
+    pub fn lease(&self) -> Duration {
+        self.settings.lease
+    }
+
+    /// How long results are kept.
+    pub fn retention(&self) -> Duration {
+        self.settings.retention
+    }
+
+    /// Runs `work` once for `key` and answers its outcome, or replays the stored one.
     ///
-    /// - No record (or an expired one): claims the key, runs `work`, stores its result and
-    ///   returns it with `replayed: false`.
-    /// - Completed before with the same fingerprint: returns the stored result with
+    /// - No record (or an absent one): claims the key, runs `work`, stores its result and
+    ///   answers [`Outcome::Completed`] with `replayed: false`. The value answered is the
+    ///   stored one, decoded: exactly what every retry will get.
+    /// - Completed before with the same fingerprint: the stored result,
     ///   `replayed: true`; `work` does not run.
-    /// - Failed permanently before: [`Error::Failed`] with the stored error, `replayed: true`.
+    /// - Failed permanently before: [`Outcome::Failed`] with the stored error,
+    ///   `replayed: true`.
     /// - Another attempt holds a live lease: [`Error::InFlight`] with `retry_after`, or,
     ///   under [`InFlightPolicy::Wait`], a wait with backoff and jitter that ends in that
     ///   attempt's result (a replay), a takeover once its lease expires, or `InFlight` at
@@ -220,13 +318,20 @@ impl<S: Store + 'static> Idempotency<S> {
     /// - A different fingerprint under the same key: [`Error::Mismatch`].
     /// - An expired lease of another attempt: takes over ([`Context::resumed`] is true).
     /// - The claim fails in the store: [`Error::Store`]; `work` does not run (fail closed).
-    /// - `work` returns [`WorkError::Permanent`]: the error is stored and replayed.
-    /// - [`WorkError::Retryable`]: the lease is released, nothing is stored.
-    /// - [`WorkError::Unknown`]: the lease is kept until it expires.
-    /// - While `work` runs, the lease is renewed on the [`Heartbeat`] schedule. A fenced
-    ///   renewal marks the lease lost ([`Context::lease_lost`] completes); when `work`
-    ///   returns, nothing is stored and the answer is [`Error::LeaseLost`].
+    /// - `work` returns [`WorkError::Permanent`]: the error is stored, [`Outcome::Failed`].
+    /// - [`WorkError::Retryable`]: the lease is released, nothing is stored,
+    ///   [`Outcome::Retryable`].
+    /// - [`WorkError::Unknown`]: the lease is kept until it expires, [`Outcome::Unknown`].
+    /// - A result or error that does not serialise, does not read back as its type, or
+    ///   does not fit: stored as a permanent failure ([`Error::Unserializable`],
+    ///   [`Error::ResultTooLarge`]) and answered so to every retry; the work never runs
+    ///   twice for it.
+    /// - While `work` runs, the lease is renewed on the [`Heartbeat`] schedule, beside the
+    ///   work (a slow renewal never stalls it). A fenced renewal marks the lease lost
+    ///   ([`Context::lease_lost`] completes).
     /// - Another attempt took over meanwhile: [`Error::LeaseLost`]; nothing is stored.
+    /// - The work completed the record itself inside its own transaction
+    ///   ([`Context::prepare_completion`]): that stored result is the answer.
     ///
     /// If the returned future is dropped while `work` runs (a client disconnected), nothing
     /// is stored and the lease is kept: duplicates see in-flight until it expires, then a
@@ -239,12 +344,64 @@ impl<S: Store + 'static> Idempotency<S> {
         key: &Key,
         fingerprint: Fingerprint,
         work: F,
-    ) -> Result<Executed<T>, Error<E>>
+    ) -> Result<Outcome<T, E>, Error>
     where
-        T: Serialize + DeserializeOwned,
-        E: Serialize + DeserializeOwned,
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        self.traced::<Json<T, E>, _, _>(key, fingerprint, work)
+            .await
+    }
+
+    /// [`Idempotency::execute`] for work whose result is bytes already: they are stored
+    /// and replayed exactly as they are, without serde. A permanent error's bytes are
+    /// stored behind one tag byte.
+    ///
+    /// For protocols with their own encoding of a response (`idem-http` stores status,
+    /// headers and body this way).
+    ///
+    /// ```
+    /// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, WorkError};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let key = Key::new("webhooks/stripe", "evt_1")?;
+    /// let work = |_ctx| async { Ok::<_, WorkError<Vec<u8>>>(b"\x00\xffraw".to_vec()) };
+    /// let first = idem.execute_bytes(&key, Fingerprint::of_bytes("evt"), work).await?;
+    /// let again = idem.execute_bytes(&key, Fingerprint::of_bytes("evt"), work).await?;
+    /// assert_eq!(first.into_result(), Ok(b"\x00\xffraw".to_vec()));
+    /// assert!(again.replayed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn execute_bytes<F, Fut>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        work: F,
+    ) -> Result<Outcome<Vec<u8>, Vec<u8>>, Error>
+    where
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, WorkError<Vec<u8>>>>,
+    {
+        self.traced::<Raw, _, _>(key, fingerprint, work).await
+    }
+
+    async fn traced<W, F, Fut>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        work: F,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error>
+    where
+        W: Wire,
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<W::Value, WorkError<W::Failure>>>,
     {
         let span = tracing::info_span!(
             "idem.execute",
@@ -252,24 +409,23 @@ impl<S: Store + 'static> Idempotency<S> {
             outcome = tracing::field::Empty,
         );
         let result = self
-            .execute_inner(key, fingerprint, work)
+            .run::<W, F, Fut>(key, fingerprint, work)
             .instrument(span.clone())
             .await;
         span.record("outcome", outcome_name(&result));
         result
     }
 
-    async fn execute_inner<T, E, F, Fut>(
+    async fn run<W, F, Fut>(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         work: F,
-    ) -> Result<Executed<T>, Error<E>>
+    ) -> Result<Outcome<W::Value, W::Failure>, Error>
     where
-        T: Serialize + DeserializeOwned,
-        E: Serialize + DeserializeOwned,
+        W: Wire,
         F: FnOnce(Context) -> Fut,
-        Fut: Future<Output = Result<T, WorkError<E>>>,
+        Fut: Future<Output = Result<W::Value, WorkError<W::Failure>>>,
     {
         let (lease, resumed, steps) = match self.claim(key, fingerprint).await? {
             Claim::Won {
@@ -279,55 +435,191 @@ impl<S: Store + 'static> Idempotency<S> {
             } => (lease, resumed, steps),
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
-                let value = serde_json::from_slice(&response).map_err(Error::Decode)?;
-                return Ok(Executed {
+                let value = W::decode_value(&response).map_err(Error::Decode)?;
+                return Ok(Outcome::Completed {
                     value,
                     replayed: true,
                 });
             }
             Claim::ReplayFailure(response) => {
                 observe::count(observe::REPLAYS);
-                let failure: StoredFailure<E> =
-                    serde_json::from_slice(&response).map_err(Error::Decode)?;
-                return Err(failure.into_error(true));
+                return match W::decode_failure(&response).map_err(Error::Decode)? {
+                    StoredFailure::Work(error) => Ok(Outcome::Failed {
+                        error,
+                        replayed: true,
+                    }),
+                    StoredFailure::Marker(marker) => Err(marker.into_error(true, None)),
+                };
             }
         };
 
-        let store: Arc<dyn Store> = self.store.clone();
-        let context = Context::new(store, lease, resumed, steps);
+        let store = Arc::clone(&self.shared);
+        let limits = self.limits();
+        let context = Context::new(store, lease, fingerprint, resumed, steps, limits, W::SERDE);
         let started = Instant::now();
-        let result = self
-            .run_with_heartbeat(work(context.clone()), &context)
-            .await;
+        let every = self.settings.heartbeat.interval(self.settings.lease);
+        let result =
+            heartbeat::run(work(context.clone()), &context, every, self.settings.lease).await;
         observe::work_duration(started.elapsed());
-        if context.is_lease_lost() {
-            // Another attempt owns the key: whatever this run produced must not be stored.
-            return Err(Error::LeaseLost);
-        }
-        let lease = context.lease();
         match result {
-            Ok(value) => self.store_value(&lease, value).await,
+            Ok(value) => self.complete::<W>(&context, value).await,
             Err(WorkError::Permanent(error)) => {
-                let stored = StoredFailure::Work { error };
-                Err(self.store_failure(&lease, stored).await)
+                self.fail::<W>(&context, StoredFailure::Work(error), None)
+                    .await
             }
             Err(WorkError::Retryable(error)) => {
                 // Best effort: if the release fails, the lease simply runs out.
+                let lease = context.lease();
                 if let Err(err) = self.store.release(&lease).await {
                     observe::store_error(Operation::Release);
                     tracing::warn!(error = %err, "could not release the lease; it will expire");
                 }
-                Err(Error::Retryable(error))
+                Ok(Outcome::Retryable(error))
             }
-            Err(WorkError::Unknown(error)) => Err(Error::OutcomeUnknown(error)),
-            Err(WorkError::Interrupted(Interrupted::LeaseLost)) => Err(Error::LeaseLost),
-            Err(WorkError::Interrupted(Interrupted::Store(err))) => Err(Error::Store(err)),
-            Err(WorkError::Interrupted(other)) => Err(Error::Interrupted(other)),
+            Err(WorkError::Unknown(error)) => Ok(Outcome::Unknown(error)),
+            Err(WorkError::Interrupted(Interrupted(reason))) => match reason {
+                Reason::LeaseLost => Err(Error::LeaseLost),
+                Reason::Store(err) => Err(Error::Store(err)),
+                Reason::Unstorable(unstorable) => {
+                    let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
+                    self.fail::<W>(&context, marker, None).await
+                }
+                other => Err(Error::Interrupted(Interrupted(other))),
+            },
         }
     }
 
+    fn limits(&self) -> Limits {
+        Limits {
+            response_cap: self.settings.max_response_bytes,
+            record: self.store.max_record_bytes(),
+        }
+    }
+
+    /// Stores the work's value and answers it as stored.
+    async fn complete<W: Wire>(
+        &self,
+        context: &Context,
+        value: W::Value,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        // Completed inside the work's own transaction: those bytes are the result.
+        let bytes = match context.take_completion() {
+            Some(bytes) => bytes,
+            None => match W::encode_value(&value) {
+                Ok(bytes) => bytes,
+                Err(source) => {
+                    return self
+                        .unserializable::<W>(context, ValuePart::Result, source)
+                        .await;
+                }
+            },
+        };
+        drop(value);
+        // The answer is what a replay will decode: a value that does not survive the trip
+        // fails now, once, and is stored as such.
+        let stored = match W::decode_value(&bytes) {
+            Ok(stored) => stored,
+            Err(source) => {
+                return self
+                    .unserializable::<W>(context, ValuePart::Result, source)
+                    .await;
+            }
+        };
+        let limit = context.room_for_response();
+        if bytes.len() > limit {
+            let marker = Marker::ResultTooLarge {
+                size: bytes.len(),
+                limit,
+            };
+            return self
+                .fail::<W>(context, StoredFailure::Marker(marker), None)
+                .await;
+        }
+        let lease = context.lease();
+        match retry_store(Operation::Complete, || self.store.complete(&lease, &bytes)).await {
+            Ok(WriteOutcome::Applied) => Ok(Outcome::Completed {
+                value: stored,
+                replayed: false,
+            }),
+            Ok(WriteOutcome::Fenced) => Err(fenced_at_the_end(context)),
+            Err(StoreError::ResponseTooLarge { size, limit }) => {
+                let marker = Marker::ResultTooLarge { size, limit };
+                self.fail::<W>(context, StoredFailure::Marker(marker), None)
+                    .await
+            }
+            Err(err) => Err(Error::Store(err)),
+        }
+    }
+
+    async fn unserializable<W: Wire>(
+        &self,
+        context: &Context,
+        what: ValuePart,
+        source: crate::BoxError,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        let marker = Marker::from_unstorable(Unstorable::Unserializable { what });
+        self.fail::<W>(context, StoredFailure::Marker(marker), Some(source))
+            .await
+    }
+
+    /// Stores a permanent failure and answers it as stored. A work error that cannot be
+    /// stored is replaced by a marker saying why, so the first answer and every replay
+    /// agree.
+    async fn fail<W: Wire>(
+        &self,
+        context: &Context,
+        failure: StoredFailure<W::Failure>,
+        source: Option<crate::BoxError>,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        let limit = context.room_for_response();
+        let encoded = W::encode_failure(&failure).and_then(|bytes| {
+            let decoded = W::decode_failure(&bytes)?;
+            Ok((bytes, decoded))
+        });
+        let (bytes, stored, source) = match encoded {
+            Ok((bytes, stored)) if bytes.len() <= limit => (bytes, stored, source),
+            Ok((bytes, _)) => {
+                let marker = Marker::ResultTooLarge {
+                    size: bytes.len(),
+                    limit,
+                };
+                self.encode_marker::<W>(marker, source)
+            }
+            Err(err) => {
+                let marker = Marker::Unserializable {
+                    step: None,
+                    failure: true,
+                };
+                self.encode_marker::<W>(marker, Some(err))
+            }
+        };
+        let lease = context.lease();
+        match retry_store(Operation::Fail, || self.store.fail(&lease, &bytes)).await {
+            Ok(WriteOutcome::Applied) => match stored {
+                StoredFailure::Work(error) => Ok(Outcome::Failed {
+                    error,
+                    replayed: false,
+                }),
+                StoredFailure::Marker(marker) => Err(marker.into_error(false, source)),
+            },
+            Ok(WriteOutcome::Fenced) => Err(fenced_at_the_end(context)),
+            Err(err) => Err(Error::Store(err)),
+        }
+    }
+
+    fn encode_marker<W: Wire>(
+        &self,
+        marker: Marker,
+        source: Option<crate::BoxError>,
+    ) -> (Vec<u8>, StoredFailure<W::Failure>, Option<crate::BoxError>) {
+        // Markers hold only numbers and names: they always encode.
+        let failure = StoredFailure::Marker(marker);
+        let bytes = W::encode_failure(&failure).unwrap_or_default();
+        (bytes, failure, source)
+    }
+
     /// Claims the key, waiting for another attempt under [`InFlightPolicy::Wait`].
-    async fn claim<E>(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, Error<E>> {
+    async fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, Error> {
         let Settings {
             lease,
             retention,
@@ -350,6 +642,7 @@ impl<S: Store + 'static> Idempotency<S> {
                     lease,
                     resumed,
                     steps,
+                    ..
                 } => {
                     observe::count(observe::CLAIMS);
                     if resumed {
@@ -362,9 +655,9 @@ impl<S: Store + 'static> Idempotency<S> {
                         steps,
                     }
                 }
-                ClaimOutcome::Replay { response } => Claim::Replay(response),
-                ClaimOutcome::ReplayFailure { response } => Claim::ReplayFailure(response),
-                ClaimOutcome::InFlight { retry_after } => {
+                ClaimOutcome::Replay { response, .. } => Claim::Replay(response),
+                ClaimOutcome::ReplayFailure { response, .. } => Claim::ReplayFailure(response),
+                ClaimOutcome::InFlight { retry_after, .. } => {
                     let now = Instant::now();
                     match deadline {
                         Some(deadline) if now < deadline => {
@@ -390,100 +683,6 @@ impl<S: Store + 'static> Idempotency<S> {
             });
         }
     }
-
-    /// Polls `work` to completion, renewing the lease on the heartbeat's schedule. A fenced
-    /// renewal marks the lease lost on `context` (the work can watch
-    /// [`Context::lease_lost`]); the work itself is not dropped.
-    async fn run_with_heartbeat<Fut: Future>(&self, work: Fut, context: &Context) -> Fut::Output {
-        let Some(every) = self.settings.heartbeat.interval(self.settings.lease) else {
-            return work.await;
-        };
-        tokio::pin!(work);
-        let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                output = &mut work => return output,
-                _ = ticks.tick(), if !context.is_lease_lost() => self.renew(context).await,
-            }
-        }
-    }
-
-    async fn renew(&self, context: &Context) {
-        let lease = context.lease();
-        match context.store().renew(&lease, self.settings.lease).await {
-            Ok(RenewOutcome::Renewed(renewed)) => context.set_lease(renewed),
-            Ok(RenewOutcome::Fenced) => {
-                observe::count(observe::FENCED_WRITES);
-                tracing::warn!("heartbeat fenced: another attempt took the key over");
-                context.mark_lost();
-            }
-            Err(err) => {
-                // The next beat tries again; the fence protects the result if the lease
-                // runs out meanwhile.
-                observe::store_error(Operation::Renew);
-                tracing::warn!(error = %err, "heartbeat failed");
-            }
-        }
-    }
-
-    fn response_cap(&self) -> usize {
-        let cap = self.settings.max_response_bytes;
-        self.store
-            .max_response_bytes()
-            .map_or(cap, |limit| limit.min(cap))
-    }
-
-    async fn store_value<T: Serialize, E: Serialize>(
-        &self,
-        lease: &Lease,
-        value: T,
-    ) -> Result<Executed<T>, Error<E>> {
-        let bytes = match serde_json::to_vec(&value) {
-            Ok(bytes) => bytes,
-            Err(source) => {
-                let stored = StoredFailure::Unserializable;
-                let err = self.store_failure(lease, stored).await;
-                return Err(match err {
-                    Error::Unserializable { .. } => Error::Unserializable {
-                        source: Some(source),
-                        replayed: false,
-                    },
-                    other => other,
-                });
-            }
-        };
-        let limit = self.response_cap();
-        if bytes.len() > limit {
-            let stored = StoredFailure::ResultTooLarge {
-                size: bytes.len(),
-                limit,
-            };
-            return Err(self.store_failure(lease, stored).await);
-        }
-        match retry_store(Operation::Complete, || self.store.complete(lease, &bytes)).await? {
-            WriteOutcome::Applied => Ok(Executed {
-                value,
-                replayed: false,
-            }),
-            WriteOutcome::Fenced => Err(fenced_at_the_end()),
-        }
-    }
-
-    /// Stores a permanent failure and answers the error to return for it.
-    async fn store_failure<E: Serialize>(
-        &self,
-        lease: &Lease,
-        failure: StoredFailure<E>,
-    ) -> Error<E> {
-        let (bytes, stored) = failure.encode(self.response_cap());
-        match retry_store(Operation::Fail, || self.store.fail(lease, &bytes)).await {
-            Ok(WriteOutcome::Applied) => stored.into_error(false),
-            Ok(WriteOutcome::Fenced) => fenced_at_the_end(),
-            Err(err) => Error::Store(err),
-        }
-    }
 }
 
 /// What the claim left the driver to do.
@@ -497,13 +696,15 @@ enum Claim {
     ReplayFailure(Vec<u8>),
 }
 
-fn fenced_at_the_end<E>() -> Error<E> {
+fn fenced_at_the_end(context: &Context) -> Error {
     observe::count(observe::FENCED_WRITES);
-    observe::count(observe::LEASE_LOSSES);
+    context.mark_lost();
     Error::LeaseLost
 }
 
-async fn retry_store<O, Fut>(
+/// Runs a store call, trying again after a short backoff while it fails with a retryable
+/// error (at most [`STORE_ATTEMPTS`] tries). Every store operation is safe to repeat.
+pub(crate) async fn retry_store<O, Fut>(
     operation: Operation,
     mut call: impl FnMut() -> Fut,
 ) -> Result<O, StoreError>
@@ -527,16 +728,17 @@ where
     }
 }
 
-fn outcome_name<T, E>(result: &Result<Executed<T>, Error<E>>) -> &'static str {
+fn outcome_name<T, E>(result: &Result<Outcome<T, E>, Error>) -> &'static str {
     match result {
-        Ok(Executed {
+        Ok(Outcome::Completed {
             replayed: false, ..
         }) => "executed",
-        Ok(Executed { replayed: true, .. }) => "replayed",
+        Ok(Outcome::Completed { replayed: true, .. }) => "replayed",
+        Ok(Outcome::Failed { replayed: true, .. }) => "replayed_failure",
+        Ok(Outcome::Failed { .. }) => "failed",
+        Ok(Outcome::Retryable(_)) => "retryable",
+        Ok(Outcome::Unknown(_)) => "outcome_unknown",
         Err(err) if err.is_replay() => "replayed_failure",
-        Err(Error::Failed { .. }) => "failed",
-        Err(Error::Retryable(_)) => "retryable",
-        Err(Error::OutcomeUnknown(_)) => "outcome_unknown",
         Err(Error::InFlight { .. }) => "in_flight",
         Err(Error::Mismatch) => "mismatch",
         Err(Error::LeaseLost) => "lease_lost",

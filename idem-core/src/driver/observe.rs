@@ -15,6 +15,7 @@
 //! | `idem_lease_losses_total` | counter | an execution learned that another attempt took its key over |
 //! | `idem_store_errors_total` | counter | a store call failed; label `operation` |
 //! | `idem_work_duration_seconds` | histogram | the work finished, whatever its outcome |
+//! | `idem_purged_total` | counter | a [`Purger`](crate::Purger) deleted absent records |
 
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub const LEASE_LOSSES: &str = "idem_lease_losses_total";
 pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// `idem_work_duration_seconds`
 pub const WORK_DURATION: &str = "idem_work_duration_seconds";
+/// `idem_purged_total`
+pub const PURGED: &str = "idem_purged_total";
 
 pub(crate) fn count(name: &'static str) {
     metrics::counter!(name).increment(1);
@@ -51,4 +54,8 @@ pub(crate) fn store_error(operation: Operation) {
 
 pub(crate) fn work_duration(elapsed: Duration) {
     metrics::histogram!(WORK_DURATION).record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn purged(records: usize) {
+    metrics::counter!(PURGED).increment(records as u64);
 }

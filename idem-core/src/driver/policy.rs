@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-/// Below this lease, `Heartbeat::Auto` does not renew: the work is expected to fit.
-pub(crate) const AUTO_HEARTBEAT_MIN_LEASE: Duration = Duration::from_secs(3);
+/// The shortest lease `Heartbeat::Auto` renews: a third of it must be a whole millisecond.
+pub(crate) const AUTO_HEARTBEAT_MIN_LEASE: Duration = Duration::from_millis(3);
 
 /// Whether the driver renews the lease while the work runs.
 ///
@@ -21,7 +21,8 @@ pub(crate) const AUTO_HEARTBEAT_MIN_LEASE: Duration = Duration::from_secs(3);
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Heartbeat {
-    /// Renew every third of the lease when the lease is 3 seconds or more (the default).
+    /// Renew every third of the lease (the default). Needs a lease of 3 ms or more; the
+    /// builder refuses shorter ones with this setting.
     #[default]
     Auto,
     /// Never renew: work that outlives its lease may be taken over.
@@ -34,8 +35,8 @@ impl Heartbeat {
     /// The renewal interval for `lease`, if any.
     pub(crate) fn interval(self, lease: Duration) -> Option<Duration> {
         match self {
-            Heartbeat::Auto if lease >= AUTO_HEARTBEAT_MIN_LEASE => Some(lease / 3),
-            Heartbeat::Auto | Heartbeat::Off => None,
+            Heartbeat::Auto => Some(lease / 3),
+            Heartbeat::Off => None,
             Heartbeat::Every(every) => Some(every),
         }
     }

@@ -32,15 +32,22 @@ pub(crate) fn unique_prefix() -> String {
     format!("t{}#", NEXT.fetch_add(1, Ordering::SeqCst))
 }
 
-/// A store under a prefix no other test uses, with no skew margin so lease expiry is exact.
-pub(crate) async fn store(endpoint: &str) -> DynamoDbStore {
+/// A store under `prefix` in this process's table, with no skew margin so lease expiry is
+/// exact.
+pub(crate) async fn store_in(endpoint: &str, prefix: &str) -> DynamoDbStore {
     let client = client(endpoint);
     idem_dynamodb::create_table(&client, &table())
         .await
         .expect("create the test table");
-    DynamoDbStore::builder(client, table())
-        .prefix(&unique_prefix())
+    DynamoDbStore::builder(client, &table())
+        .expect("a valid table name")
+        .prefix(prefix)
         .expect("a valid prefix")
         .skew_margin(Duration::ZERO)
         .build()
+}
+
+/// A store under a prefix no other test uses.
+pub(crate) async fn store(endpoint: &str) -> DynamoDbStore {
+    store_in(endpoint, &unique_prefix()).await
 }

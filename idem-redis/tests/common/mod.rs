@@ -26,18 +26,28 @@ pub(crate) fn nodes(list: &str) -> Vec<String> {
         .collect()
 }
 
-pub(crate) async fn standalone(url: &str) -> RedisStore {
+/// A store on the standalone server under `prefix`.
+pub(crate) async fn standalone_in(url: &str, prefix: &str) -> RedisStore {
     RedisStore::standalone(url)
         .await
         .expect("connect to the test Redis")
-        .with_prefix(&unique_prefix())
+        .with_prefix(prefix)
         .expect("a valid prefix")
 }
 
-pub(crate) async fn cluster(list: &str) -> RedisStore {
+/// A store on the cluster under `prefix`.
+pub(crate) async fn cluster_in(list: &str, prefix: &str) -> RedisStore {
     RedisStore::cluster(nodes(list))
         .await
         .expect("connect to the test Redis Cluster")
-        .with_prefix(&unique_prefix())
+        .with_prefix(prefix)
         .expect("a valid prefix")
+}
+
+pub(crate) async fn standalone(url: &str) -> RedisStore {
+    standalone_in(url, &unique_prefix()).await
+}
+
+pub(crate) async fn cluster(list: &str) -> RedisStore {
+    cluster_in(list, &unique_prefix()).await
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, State, StepName, Store, WriteOutcome};
+use idem_core::{ClaimOutcome, Expiry, State, StepName, Store, WriteOutcome};
 
 use crate::Capabilities;
 use crate::support::{HOUR, ZERO, claim, claimed, fp, get, get_some, key, ok, request};
@@ -27,11 +27,13 @@ pub(crate) async fn absent_key_is_claimed_fresh(store: &dyn Store) {
     assert_eq!(record.lease_until, lease.lease_until);
 }
 
-pub(crate) async fn expired_record_is_claimed_fresh(store: &dyn Store, caps: &Capabilities) {
-    // Retention zero: the record is expired at once, whatever its state.
+pub(crate) async fn absent_record_is_claimed_fresh(store: &dyn Store, caps: &Capabilities) {
+    // Lease and retention zero: absent at once. A store that deletes such records itself
+    // starts the next lifetime at token 1; one that keeps them continues the token.
+    let vanishes = store.expiry() == Expiry::Vanishes;
     let k = key("orders", "k1");
-    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO)).await;
-    assert_eq!(get(store, &k).await, None, "get hides an expired record");
+    let (lease, _, _) = claimed(store, &request(&k, "a", ZERO, ZERO)).await;
+    assert_eq!(get(store, &k).await, None, "get hides an absent record");
     // A different fingerprint is no mismatch: the old record counts as absent.
     let (again, resumed, steps) = claimed(store, &request(&k, "b", HOUR, HOUR)).await;
     assert!(
@@ -39,10 +41,10 @@ pub(crate) async fn expired_record_is_claimed_fresh(store: &dyn Store, caps: &Ca
         "claiming an expired record is fresh, not a takeover"
     );
     assert!(steps.is_empty());
+    let expected = if vanishes { 1 } else { lease.token + 1 };
     assert_eq!(
-        again.token,
-        lease.token + 1,
-        "the token continues from the expired record"
+        again.token, expected,
+        "the token continues from the absent record (or restarts where it vanished)"
     );
     assert_eq!(get_some(store, &k).await.fingerprint, fp("b"));
 
@@ -69,7 +71,7 @@ pub(crate) async fn expired_record_is_claimed_fresh(store: &dyn Store, caps: &Ca
         let (again, resumed, steps) = claimed(store, &request(&k, "b", HOUR, HOUR)).await;
         assert!(!resumed);
         assert!(steps.is_empty(), "steps are cleared by a fresh claim");
-        assert_eq!(again.token, lease.token + 1);
+        assert_eq!(again.token, if vanishes { 1 } else { lease.token + 1 });
         let record = get_some(store, &k).await;
         assert_eq!(record.response, None, "the old response is gone");
         assert!(record.steps.is_empty());
@@ -115,12 +117,7 @@ pub(crate) async fn completed_record_replays(store: &dyn Store) {
     let before = get_some(store, &k).await;
     for _ in 0..3 {
         let outcome = claim(store, &request(&k, "a", HOUR, HOUR)).await;
-        assert_eq!(
-            outcome,
-            ClaimOutcome::Replay {
-                response: b"receipt-1".to_vec()
-            }
-        );
+        assert_eq!(outcome, ClaimOutcome::replay(b"receipt-1".to_vec()));
     }
     let after = get_some(store, &k).await;
     assert_eq!(after, before, "a replay writes nothing");
@@ -136,12 +133,7 @@ pub(crate) async fn failed_record_replays_failure(store: &dyn Store) {
     );
     let before = get_some(store, &k).await;
     let outcome = claim(store, &request(&k, "a", HOUR, HOUR)).await;
-    assert_eq!(
-        outcome,
-        ClaimOutcome::ReplayFailure {
-            response: b"declined".to_vec()
-        }
-    );
+    assert_eq!(outcome, ClaimOutcome::replay_failure(b"declined".to_vec()));
     let after = get_some(store, &k).await;
     assert_eq!(after, before, "a replayed failure writes nothing");
     assert_eq!(after.state, State::Failed);
@@ -152,7 +144,7 @@ pub(crate) async fn live_lease_is_in_flight(store: &dyn Store) {
     let _ = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
     let before = get_some(store, &k).await;
     match claim(store, &request(&k, "a", HOUR, HOUR)).await {
-        ClaimOutcome::InFlight { retry_after } => {
+        ClaimOutcome::InFlight { retry_after, .. } => {
             assert!(
                 retry_after > HOUR / 2 && retry_after <= HOUR,
                 "retry_after is the time left on the lease, got {retry_after:?}"
@@ -241,16 +233,25 @@ pub(crate) async fn tokens_strictly_increase(store: &dyn Store) {
     let (lease, resumed, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
     assert!(resumed && lease.token > last);
 
-    // Re-claims after expiry.
+    // Re-claims of an absent record that the store keeps (until purged) continue the
+    // token; a store whose absent records vanish starts each lifetime again at 1.
     let k = key("orders", "k2");
+    let vanishes = store.expiry() == Expiry::Vanishes;
     let mut last = 0;
     for round in 0..5 {
-        let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO)).await;
-        assert!(
-            lease.token > last,
-            "round {round}: token {} after {last}",
-            lease.token
-        );
+        let (lease, _, _) = claimed(store, &request(&k, "a", ZERO, ZERO)).await;
+        if vanishes {
+            assert_eq!(
+                lease.token, 1,
+                "round {round}: a vanished record starts over"
+            );
+        } else {
+            assert!(
+                lease.token > last,
+                "round {round}: token {} after {last}",
+                lease.token
+            );
+        }
         last = lease.token;
     }
 }

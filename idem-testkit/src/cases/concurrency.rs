@@ -5,6 +5,7 @@ use std::sync::Arc;
 use idem_core::{ClaimOutcome, ClaimRequest, Store};
 use tokio::sync::Barrier;
 
+use crate::quiet;
 use crate::support::{HOUR, ZERO, claimed, key, request};
 
 /// Fresh keys raced, one after another.
@@ -21,7 +22,7 @@ async fn race(store: &Arc<dyn Store>, requests: Vec<ClaimRequest>) -> Vec<ClaimO
         .into_iter()
         .map(|req| {
             let (store, barrier) = (Arc::clone(store), Arc::clone(&barrier));
-            tokio::spawn(async move {
+            quiet::spawn(async move {
                 barrier.wait().await;
                 store.claim(&req).await
             })

@@ -189,9 +189,7 @@ pub(crate) async fn stale_owner_is_fenced_after_takeover(store: &dyn Store) {
     assert_eq!(get_some(store, &k).await, done);
     assert_eq!(
         claim(store, &request(&k, "a", HOUR, HOUR)).await,
-        ClaimOutcome::Replay {
-            response: b"winner".to_vec()
-        },
+        ClaimOutcome::replay(b"winner".to_vec()),
         "the new owner's result survives the stale owner"
     );
 }
@@ -211,24 +209,21 @@ pub(crate) async fn writes_after_the_end_are_fenced(store: &dyn Store) {
         (State::Completed, Some(&b"r"[..]))
     );
 
-    // A record that never existed, or has expired, refuses every write.
-    let ghost = Lease {
-        key: key("orders", "never-claimed"),
-        ..lease.clone()
-    };
+    // A record that never existed, or is absent, refuses every write.
+    let mut ghost = lease.clone();
+    ghost.key = key("orders", "never-claimed");
     assert_all_fenced(store, &ghost, "a lease for a missing record").await;
-    let k = key("orders", "expired");
-    let (expired, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO)).await;
-    assert_all_fenced(store, &expired, "a lease on an expired record").await;
+    let k = key("orders", "absent");
+    let (absent, _, _) = claimed(store, &request(&k, "a", ZERO, ZERO)).await;
+    assert_all_fenced(store, &absent, "a lease on an absent record").await;
 
     // A lease with the right token but another attempt id is not the owner.
     let k = key("orders", "k3");
     let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
-    let forged = Lease {
-        attempt: idem_core::AttemptId::random(),
-        ..lease
-    };
+    let mut forged = lease.clone();
+    forged.attempt = idem_core::AttemptId::random();
     assert_all_fenced(store, &forged, "a lease with another attempt id").await;
+    assert_eq!(get_some(store, &k).await.state, State::InProgress);
 }
 
 pub(crate) async fn retried_terminal_writes_are_applied(store: &dyn Store) {
@@ -282,9 +277,7 @@ pub(crate) async fn fingerprint_survives_completion(store: &dyn Store) {
     );
     assert_eq!(
         claim(store, &request(&k, "a", HOUR, HOUR)).await,
-        ClaimOutcome::Replay {
-            response: b"r".to_vec()
-        },
+        ClaimOutcome::replay(b"r".to_vec()),
         "an identical retry replays"
     );
     assert_eq!(
@@ -316,19 +309,27 @@ pub(crate) async fn scopes_are_isolated(store: &dyn Store) {
         get_some(store, &a).await.response.as_deref(),
         Some(&b"for-a"[..])
     );
-    // A lease for one scope does not fence writes in the other.
-    let cross = Lease {
-        key: b.clone(),
-        ..la
-    };
     assert_eq!(
-        ok(store.complete(&cross, b"x").await, "complete"),
-        WriteOutcome::Fenced
+        get_some(store, &b).await.response.as_deref(),
+        Some(&b"for-b"[..])
     );
-    // Scope and key are not concatenated: ("ab", "c") and ("a", "bc") are two records.
-    let ab_c = Key::new("ab", "c").expect("valid");
-    let a_bc = Key::new("a", "bc").expect("valid");
-    let _ = claimed(store, &request(&ab_c, "1", HOUR, HOUR)).await;
-    let (l, _, _) = claimed(store, &request(&a_bc, "2", HOUR, HOUR)).await;
-    assert_eq!(l.token, 1);
+    // Scope and key are not concatenated, with or without a separator: each split of
+    // the same text is a record of its own.
+    let splits = [
+        ("ab", "c"),
+        ("a", "bc"),
+        ("x:y", "z"),
+        ("x", "y:z"),
+        ("1:x", "y"),
+        ("1", "x:y"),
+    ];
+    for (i, (scope, k)) in splits.iter().enumerate() {
+        let split = Key::new(*scope, *k).expect("valid");
+        let (lease, resumed, _) =
+            claimed(store, &request(&split, &format!("f{i}"), HOUR, HOUR)).await;
+        assert!(
+            !resumed && lease.token == 1,
+            "({scope:?}, {k:?}) met another split of the same text"
+        );
+    }
 }

@@ -4,5 +4,6 @@ pub(crate) mod claim;
 pub(crate) mod concurrency;
 pub(crate) mod driver;
 pub(crate) mod fencing;
+pub(crate) mod namespaces;
 pub(crate) mod payloads;
 pub(crate) mod retention;

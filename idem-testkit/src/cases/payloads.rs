@@ -14,7 +14,9 @@ async fn round_trip(store: &dyn Store, name: &str, response: &[u8]) {
         WriteOutcome::Applied
     );
     match claim(store, &request(&k, "a", HOUR, HOUR)).await {
-        ClaimOutcome::Replay { response: replayed } => {
+        ClaimOutcome::Replay {
+            response: replayed, ..
+        } => {
             assert!(
                 replayed == response,
                 "{name}: replayed {} bytes differ from the {} stored",
@@ -37,7 +39,9 @@ async fn round_trip(store: &dyn Store, name: &str, response: &[u8]) {
         WriteOutcome::Applied
     );
     match claim(store, &request(&k, "a", HOUR, HOUR)).await {
-        ClaimOutcome::ReplayFailure { response: replayed } => {
+        ClaimOutcome::ReplayFailure {
+            response: replayed, ..
+        } => {
             assert!(
                 replayed == response,
                 "{name}: replayed failure differs from the stored one"
@@ -60,19 +64,20 @@ pub(crate) async fn replays_are_byte_exact(store: &dyn Store) {
 }
 
 pub(crate) async fn large_responses_replay_or_are_refused(store: &dyn Store, caps: &Capabilities) {
-    let size = caps.max_response_bytes;
+    let limit = store.max_record_bytes();
+    let size = limit.unwrap_or(caps.max_response_bytes);
     // A pattern that is not all one byte, so truncation or reordering shows.
     let large: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
     round_trip(store, "largest", &large).await;
 
-    if caps.max_response_bytes_is_limit {
+    if let Some(limit) = limit {
         let k = key("payloads", "one-byte-over");
         let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
         let mut over = large;
         over.push(7);
         match store.complete(&lease, &over).await {
-            Err(StoreError::ResponseTooLarge { size, limit }) => {
-                assert_eq!((size, limit), (over.len(), caps.max_response_bytes));
+            Err(StoreError::ResponseTooLarge { size, limit: said }) => {
+                assert_eq!((size, said), (over.len(), limit));
             }
             other => {
                 panic!("one byte over the declared limit must be ResponseTooLarge, got {other:?}")

@@ -1,22 +1,35 @@
-//! Expiry, `get` and `purge_expired`.
+//! Time: absence, live leases past retention, `get`, `purge_expired`, record lifetimes
+//! and the extremes of every duration.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, Store, WriteOutcome};
+use idem_core::{
+    ClaimOutcome, Expiry, Heartbeat, Idempotency, MAX_DURATION, Outcome, RenewOutcome, State,
+    StepName, Store, WorkError, WriteOutcome, duration_millis,
+};
 
 use crate::Capabilities;
-use crate::support::{HOUR, ZERO, claim, claimed, get, key, ok, request};
+use crate::support::{
+    HOUR, ZERO, claim, claimed, fp, get, get_some, key, let_time_pass, ok, request,
+};
 
-pub(crate) async fn get_hides_expired_records(store: &dyn Store, caps: &Capabilities) {
+pub(crate) async fn get_hides_absent_records(store: &dyn Store, caps: &Capabilities) {
     let live = key("retention", "live");
     let gone = key("retention", "gone");
+    let leased = key("retention", "expired-but-leased");
     let _ = claimed(store, &request(&live, "a", HOUR, HOUR)).await;
-    let _ = claimed(store, &request(&gone, "a", HOUR, ZERO)).await;
+    let _ = claimed(store, &request(&gone, "a", ZERO, ZERO)).await;
+    let _ = claimed(store, &request(&leased, "a", HOUR, ZERO)).await;
     assert!(get(store, &live).await.is_some());
     assert_eq!(
         get(store, &gone).await,
         None,
-        "a record past expires_at is hidden"
+        "a record past expires_at with no live lease is hidden"
+    );
+    assert!(
+        get(store, &leased).await.is_some(),
+        "a record past expires_at that a live lease holds is shown"
     );
     assert_eq!(get(store, &key("retention", "never")).await, None);
 
@@ -39,8 +52,102 @@ pub(crate) async fn get_hides_expired_records(store: &dyn Store, caps: &Capabili
     }
 }
 
-pub(crate) async fn purge_removes_only_expired_records(store: &dyn Store, caps: &Capabilities) {
-    // Kept: unexpired records in every state.
+pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capabilities) {
+    // Retention zero, lease an hour: expired at once, yet held by a live owner.
+    let k = key("live-lease", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO)).await;
+    match claim(store, &request(&k, "a", HOUR, HOUR)).await {
+        ClaimOutcome::InFlight { retry_after, .. } => assert!(
+            retry_after > HOUR / 2 && retry_after <= HOUR,
+            "retry_after is the time left on the live lease, got {retry_after:?}"
+        ),
+        other => panic!(
+            "a second claim while the first lease lives must be InFlight, whatever the \
+             retention; the store answered {other:?}"
+        ),
+    }
+    assert_eq!(
+        claim(store, &request(&k, "b", HOUR, HOUR)).await,
+        ClaimOutcome::Mismatch,
+        "another request under the key is a mismatch while the lease lives"
+    );
+    let _ = ok(store.purge_expired(1000).await, "purge");
+    let record = get(store, &k)
+        .await
+        .expect("neither get nor purge treats a leased record as absent");
+    assert_eq!(
+        (record.state, record.token),
+        (State::InProgress, lease.token)
+    );
+    // Its owner still writes.
+    assert!(matches!(
+        ok(store.renew(&lease, HOUR).await, "renew"),
+        RenewOutcome::Renewed(_)
+    ));
+    let step = StepName::new("debit").expect("valid");
+    assert_eq!(
+        ok(store.checkpoint(&lease, &step, b"1").await, "checkpoint"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.complete(&lease, b"done").await, "complete"),
+        WriteOutcome::Applied
+    );
+    // Completed and expired, it is absent: the next claim is fresh.
+    assert_eq!(get(store, &k).await, None);
+    let (next, resumed, steps) = claimed(store, &request(&k, "b", HOUR, HOUR)).await;
+    assert!(!resumed && steps.is_empty());
+    let vanishes = store.expiry() == Expiry::Vanishes;
+    assert_eq!(next.token, if vanishes { 1 } else { lease.token + 1 });
+
+    if let Some(clock) = &caps.manual_clock {
+        // A takeover near the end of retention: its lease outlives the record's retention.
+        let k = key("live-lease", "takeover");
+        let (first, _, _) = claimed(
+            store,
+            &request(&k, "a", Duration::from_secs(60), Duration::from_secs(90)),
+        )
+        .await;
+        clock.advance(Duration::from_secs(80));
+        let (taken, resumed, _) =
+            claimed(store, &request(&k, "a", Duration::from_secs(60), HOUR)).await;
+        assert!(resumed && taken.token == first.token + 1);
+        clock.advance(Duration::from_secs(20)); // 100 s: retention over, lease until 140 s
+        assert!(
+            matches!(
+                claim(store, &request(&k, "a", HOUR, HOUR)).await,
+                ClaimOutcome::InFlight { .. }
+            ),
+            "the takeover's live lease holds the record past its retention"
+        );
+        assert_eq!(
+            ok(store.complete(&taken, b"r").await, "complete"),
+            WriteOutcome::Applied
+        );
+
+        // Heartbeats past retention keep the record held as long as they go on.
+        let k = key("live-lease", "heartbeat");
+        let (mut beat, _, _) = claimed(
+            store,
+            &request(&k, "a", Duration::from_secs(10), Duration::from_secs(30)),
+        )
+        .await;
+        for _ in 0..12 {
+            clock.advance(Duration::from_secs(5));
+            beat = match ok(store.renew(&beat, Duration::from_secs(10)).await, "renew") {
+                RenewOutcome::Renewed(renewed) => renewed,
+                RenewOutcome::Fenced => panic!("a live owner's renewal past retention was fenced"),
+            };
+        }
+        assert!(matches!(
+            claim(store, &request(&k, "a", HOUR, HOUR)).await,
+            ClaimOutcome::InFlight { .. }
+        ));
+    }
+}
+
+pub(crate) async fn purge_removes_only_absent_records(store: &dyn Store, caps: &Capabilities) {
+    // Kept: present records in every state.
     let in_progress = key("purge", "in_progress");
     let completed = key("purge", "completed");
     let lease_over = key("purge", "lease_over");
@@ -48,7 +155,7 @@ pub(crate) async fn purge_removes_only_expired_records(store: &dyn Store, caps: 
     let (lease, _, _) = claimed(store, &request(&completed, "a", HOUR, HOUR)).await;
     let _ = ok(store.complete(&lease, b"r").await, "complete");
     let _ = claimed(store, &request(&lease_over, "a", ZERO, HOUR)).await;
-    // Purged: expired records whose lease is over.
+    // Purged: absent records (expired, lease over).
     for i in 0..5 {
         let _ = claimed(
             store,
@@ -60,7 +167,7 @@ pub(crate) async fn purge_removes_only_expired_records(store: &dyn Store, caps: 
     let leased = key("purge", "expired_but_leased");
     let (leased_lease, _, _) = claimed(store, &request(&leased, "a", HOUR, ZERO)).await;
 
-    if caps.expired_records_vanish {
+    if store.expiry() == Expiry::Vanishes {
         // The store deleted them itself: nothing is left for purge to do.
         assert_eq!(ok(store.purge_expired(1000).await, "purge"), 0);
     } else {
@@ -72,7 +179,7 @@ pub(crate) async fn purge_removes_only_expired_records(store: &dyn Store, caps: 
         assert_eq!(
             ok(store.purge_expired(1000).await, "purge"),
             3,
-            "the rest of the expired records"
+            "the rest of the absent records"
         );
         assert_eq!(
             ok(store.purge_expired(1000).await, "purge"),
@@ -89,20 +196,153 @@ pub(crate) async fn purge_removes_only_expired_records(store: &dyn Store, caps: 
     for k in [&in_progress, &completed, &lease_over] {
         assert!(
             get(store, k).await.is_some(),
-            "purge removed an unexpired record"
+            "purge removed a record that was not expired"
         );
     }
-    // The leased record survived the purge: its token continues on the next claim.
-    let (next, _, _) = claimed(store, &request(&leased, "b", HOUR, HOUR)).await;
-    assert_eq!(
-        next.token,
-        leased_lease.token + 1,
-        "purge removed an expired record whose lease is live"
-    );
+    let survivor = get(store, &leased)
+        .await
+        .expect("purge removed an expired record whose lease is live");
+    assert_eq!(survivor.token, leased_lease.token);
 
     if let Some(clock) = &caps.manual_clock {
         clock.advance(2 * HOUR);
         // Now everything above has expired and no lease is live.
         assert_eq!(ok(store.purge_expired(1000).await, "purge"), 9);
+    }
+}
+
+/// Long enough that a store's clock has certainly moved past a short lease and
+/// retention, and that two creation times differ.
+const PAUSE: Duration = Duration::from_millis(10);
+
+pub(crate) async fn lifetimes_are_told_apart(store: Arc<dyn Store>, caps: &Capabilities) {
+    let vanishes = store.expiry() == Expiry::Vanishes;
+    // Store level: a record that is deleted, then claimed again, starts a new lifetime.
+    let k = key("lifetimes", "store");
+    let (first, _, _) = claimed(store.as_ref(), &request(&k, "a", ZERO, ZERO)).await;
+    let_time_pass(caps, PAUSE).await;
+    if !vanishes {
+        assert_eq!(ok(store.purge_expired(1000).await, "purge"), 1);
+    }
+    let (second, _, _) = claimed(store.as_ref(), &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        second.token, 1,
+        "a deleted record's next lifetime starts at 1"
+    );
+    assert!(
+        second.created_at > first.created_at,
+        "a new lifetime has a later creation time: {:?} after {:?}",
+        second.created_at,
+        first.created_at
+    );
+    assert_eq!(
+        get_some(store.as_ref(), &k).await.created_at,
+        second.created_at
+    );
+
+    // Driver level: the derived keys of two lifetimes differ, so a downstream system that
+    // deduplicates on them never merges the two.
+    let short = Duration::from_millis(5);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(short)
+        .retention(short)
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .expect("valid driver settings");
+    let k = key("lifetimes", "driver");
+    let derive = |ctx: idem_core::Context| async move {
+        let lease = ctx.lease();
+        Err::<(), _>(WorkError::Unknown((
+            ctx.derive("charge"),
+            lease.created_at.as_unix_millis(),
+            lease.token,
+        )))
+    };
+    let run = || async {
+        match idem.execute(&k, fp("same request"), derive).await {
+            Ok(Outcome::Unknown(found)) => found,
+            other => panic!("the work ran and reported an unknown outcome: {other:?}"),
+        }
+    };
+    let (derived_1, created_1, _) = run().await;
+    let_time_pass(caps, PAUSE).await;
+    if !vanishes {
+        let _ = ok(store.purge_expired(1000).await, "purge");
+    }
+    let (derived_2, created_2, token_2) = run().await;
+    assert_eq!(token_2, 1, "the record was deleted: a new lifetime");
+    assert!(created_2 > created_1);
+    assert_ne!(
+        derived_1, derived_2,
+        "two lifetimes of a key derive different downstream keys"
+    );
+}
+
+pub(crate) async fn extreme_durations_work(store: &dyn Store, caps: &Capabilities) {
+    let durations = [
+        ("zero", ZERO),
+        ("1 ms", Duration::from_millis(1)),
+        ("MAX_DURATION", MAX_DURATION),
+        ("Duration::MAX", Duration::MAX),
+    ];
+    let long = |d: Duration| d >= MAX_DURATION;
+    let mut leases = Vec::new();
+    for (i, (lease_name, lease)) in durations.iter().enumerate() {
+        for (j, (retention_name, retention)) in durations.iter().enumerate() {
+            let what = format!("lease {lease_name}, retention {retention_name}");
+            let k = key("durations", &format!("{i}-{j}"));
+            let granted = match store.claim(&request(&k, "a", *lease, *retention)).await {
+                Ok(ClaimOutcome::Claimed { lease, .. }) => lease,
+                Ok(other) => panic!("{what}: expected Claimed, the store answered {other:?}"),
+                Err(err) => panic!("{what}: the store failed: {err}"),
+            };
+            assert_eq!(
+                granted
+                    .lease_until
+                    .saturating_duration_since(granted.created_at),
+                Duration::from_millis(duration_millis(*lease)),
+                "{what}: the lease runs exactly its (clamped) length"
+            );
+            if long(*retention) {
+                let record = get_some(store, &k).await;
+                assert_eq!(
+                    record
+                        .expires_at
+                        .saturating_duration_since(record.created_at),
+                    Duration::from_millis(duration_millis(*retention)),
+                    "{what}: the record is kept exactly its (clamped) retention"
+                );
+            }
+            leases.push((
+                what,
+                k,
+                granted,
+                long(*lease) || long(*retention),
+                long(*lease),
+            ));
+        }
+    }
+    // Every short duration is over now.
+    let_time_pass(caps, PAUSE).await;
+    for (what, k, lease, present, live) in leases {
+        if live {
+            match ok(store.renew(&lease, Duration::MAX).await, "renew") {
+                RenewOutcome::Renewed(renewed) => assert_eq!(
+                    get_some(store, &k).await.lease_until,
+                    renewed.lease_until,
+                    "{what}: a renewal by Duration::MAX holds"
+                ),
+                RenewOutcome::Fenced => panic!("{what}: the owner's renewal was fenced"),
+            }
+        }
+        if present {
+            assert_eq!(
+                ok(store.complete(&lease, b"r").await, "complete"),
+                WriteOutcome::Applied,
+                "{what}: completing a present record"
+            );
+        } else {
+            assert_eq!(get(store, &k).await, None, "{what}: the record is absent");
+        }
     }
 }

@@ -1,0 +1,82 @@
+//! Renewing the lease while the work runs, without ever stalling the work.
+//!
+//! A renewal runs beside the work, not in its place: the work is polled whether or not a
+//! renewal is pending. That matters when the work holds a lock the renewal needs (a
+//! transaction that completed the record in the same database and has yet to commit): the
+//! renewal waits for the lock, the work goes on, commits, and the renewal proceeds.
+//! Each renewal is bounded by the heartbeat interval, and only one runs at a time.
+
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::{Context, observe};
+use crate::{Operation, RenewOutcome};
+
+/// Polls `work` to completion, renewing the lease for `extend` every `every` beside it. A
+/// fenced renewal marks the lease lost on `context` (the work can watch
+/// [`Context::lease_lost`]); the work itself is never dropped here.
+pub(super) async fn run<Fut: Future>(
+    work: Fut,
+    context: &Context,
+    every: Option<Duration>,
+    extend: Duration,
+) -> Fut::Output {
+    let Some(every) = every else {
+        return work.await;
+    };
+    let mut work = pin!(work);
+    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+    poll_fn(|cx| {
+        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+            return Poll::Ready(output);
+        }
+        loop {
+            if let Some(pending) = renewal.as_mut() {
+                if pending.as_mut().poll(cx).is_pending() {
+                    break;
+                }
+                renewal = None;
+            }
+            if context.is_lease_lost() || ticks.poll_tick(cx).is_pending() {
+                break;
+            }
+            renewal = Some(Box::pin(renew(context.clone(), extend, every)));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+async fn renew(context: Context, extend: Duration, timeout: Duration) {
+    let lease = context.lease();
+    let renewal = tokio::time::timeout(timeout, context.store().renew(&lease, extend)).await;
+    match renewal {
+        Ok(Ok(RenewOutcome::Renewed(renewed))) => context.set_lease(renewed),
+        Ok(Ok(RenewOutcome::Fenced)) => {
+            // Another attempt took over, or this one's result is already stored (completed
+            // in the caller's transaction). Either way the lease is over; the final write
+            // tells which.
+            observe::count(observe::FENCED_WRITES);
+            tracing::debug!(
+                "heartbeat fenced: the record is no longer in progress under this lease"
+            );
+            context.mark_lost();
+        }
+        Ok(Err(err)) => {
+            // The next beat tries again; the fence protects the result if the lease runs
+            // out meanwhile.
+            observe::store_error(Operation::Renew);
+            tracing::warn!(error = %err, "heartbeat failed");
+        }
+        Err(_) => {
+            observe::store_error(Operation::Renew);
+            tracing::warn!(?timeout, "heartbeat timed out");
+        }
+    }
+}

@@ -1,0 +1,254 @@
+//! How results and failures become the bytes a store keeps: serde JSON for
+//! [`Idempotency::execute`](super::Idempotency::execute), the bytes themselves for
+//! [`Idempotency::execute_bytes`](super::Idempotency::execute_bytes).
+
+use std::marker::PhantomData;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::errors::{Error, Unstorable, ValuePart};
+use crate::BoxError;
+
+/// A permanent failure as stored: the work's own error, or a marker for a value the
+/// driver could not store, so a replay can tell them apart.
+pub(crate) enum StoredFailure<E> {
+    Work(E),
+    Marker(Marker),
+}
+
+/// The failures the driver records itself. Markers hold only numbers and names, so they
+/// always serialise.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(tag = "idem_failure", rename_all = "snake_case")]
+pub(crate) enum Marker {
+    ResultTooLarge {
+        size: usize,
+        limit: usize,
+    },
+    Unserializable {
+        #[serde(default)]
+        step: Option<String>,
+        #[serde(default)]
+        failure: bool,
+    },
+    StepTooLarge {
+        step: String,
+        size: usize,
+        limit: usize,
+    },
+}
+
+impl Marker {
+    pub(crate) fn from_unstorable(unstorable: Unstorable) -> Self {
+        match unstorable {
+            Unstorable::ResultTooLarge { size, limit } => Marker::ResultTooLarge { size, limit },
+            Unstorable::Unserializable { what } => Marker::Unserializable {
+                failure: what == ValuePart::Failure,
+                step: match what {
+                    ValuePart::Step(step) => Some(step),
+                    _ => None,
+                },
+            },
+            Unstorable::StepTooLarge { step, size, limit } => {
+                Marker::StepTooLarge { step, size, limit }
+            }
+        }
+    }
+
+    /// The error a marker stands for; `source` is the serialiser's error on the first run.
+    pub(crate) fn into_error(self, replayed: bool, source: Option<BoxError>) -> Error {
+        match self {
+            Marker::ResultTooLarge { size, limit } => Error::ResultTooLarge {
+                size,
+                limit,
+                replayed,
+            },
+            Marker::StepTooLarge { step, size, limit } => Error::StepTooLarge {
+                step,
+                size,
+                limit,
+                replayed,
+            },
+            Marker::Unserializable { step, failure } => Error::Unserializable {
+                what: match (step, failure) {
+                    (Some(step), _) => ValuePart::Step(step),
+                    (None, true) => ValuePart::Failure,
+                    (None, false) => ValuePart::Result,
+                },
+                source,
+                replayed,
+            },
+        }
+    }
+}
+
+/// One way of turning values and failures into stored bytes and back.
+pub(crate) trait Wire: Send + Sync + 'static {
+    type Value;
+    type Failure;
+
+    fn encode_value(value: &Self::Value) -> Result<Vec<u8>, BoxError>;
+    fn decode_value(bytes: &[u8]) -> Result<Self::Value, BoxError>;
+    fn encode_failure(failure: &StoredFailure<Self::Failure>) -> Result<Vec<u8>, BoxError>;
+    fn decode_failure(bytes: &[u8]) -> Result<StoredFailure<Self::Failure>, BoxError>;
+    /// Whether the Context's serde helpers match this encoding.
+    const SERDE: bool;
+}
+
+/// serde JSON: what `execute` stores.
+pub(crate) struct Json<T, E>(PhantomData<fn() -> (T, E)>);
+
+impl<T, E> Wire for Json<T, E>
+where
+    T: Serialize + DeserializeOwned + 'static,
+    E: Serialize + DeserializeOwned + 'static,
+{
+    type Value = T;
+    type Failure = E;
+    const SERDE: bool = true;
+
+    fn encode_value(value: &T) -> Result<Vec<u8>, BoxError> {
+        Ok(serde_json::to_vec(value)?)
+    }
+
+    fn decode_value(bytes: &[u8]) -> Result<T, BoxError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+
+    fn encode_failure(failure: &StoredFailure<E>) -> Result<Vec<u8>, BoxError> {
+        Ok(match failure {
+            StoredFailure::Work(error) => {
+                #[derive(Serialize)]
+                #[serde(tag = "idem_failure", rename_all = "snake_case")]
+                enum Borrowed<'a, E> {
+                    Work { error: &'a E },
+                }
+                serde_json::to_vec(&Borrowed::Work { error })?
+            }
+            StoredFailure::Marker(marker) => serde_json::to_vec(marker)?,
+        })
+    }
+
+    fn decode_failure(bytes: &[u8]) -> Result<StoredFailure<E>, BoxError> {
+        let mut value: serde_json::Value = serde_json::from_slice(bytes)?;
+        if value
+            .get("idem_failure")
+            .and_then(serde_json::Value::as_str)
+            == Some("work")
+        {
+            let error = value
+                .get_mut("error")
+                .map(serde_json::Value::take)
+                .ok_or("a stored work failure without its error")?;
+            return Ok(StoredFailure::Work(serde_json::from_value(error)?));
+        }
+        Ok(StoredFailure::Marker(serde_json::from_value(value)?))
+    }
+}
+
+/// The bytes themselves: what `execute_bytes` stores. A failure is one tag byte (0 for the
+/// work's own bytes, 1 for a driver marker in JSON) and its payload.
+pub(crate) struct Raw;
+
+const RAW_WORK: u8 = 0;
+const RAW_MARKER: u8 = 1;
+
+impl Wire for Raw {
+    type Value = Vec<u8>;
+    type Failure = Vec<u8>;
+    const SERDE: bool = false;
+
+    fn encode_value(value: &Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        Ok(value.clone())
+    }
+
+    fn decode_value(bytes: &[u8]) -> Result<Vec<u8>, BoxError> {
+        Ok(bytes.to_vec())
+    }
+
+    fn encode_failure(failure: &StoredFailure<Vec<u8>>) -> Result<Vec<u8>, BoxError> {
+        Ok(match failure {
+            StoredFailure::Work(error) => {
+                let mut out = Vec::with_capacity(error.len() + 1);
+                out.push(RAW_WORK);
+                out.extend_from_slice(error);
+                out
+            }
+            StoredFailure::Marker(marker) => {
+                let mut out = vec![RAW_MARKER];
+                serde_json::to_writer(&mut out, marker)?;
+                out
+            }
+        })
+    }
+
+    fn decode_failure(bytes: &[u8]) -> Result<StoredFailure<Vec<u8>>, BoxError> {
+        match bytes.split_first() {
+            Some((&RAW_WORK, error)) => Ok(StoredFailure::Work(error.to_vec())),
+            Some((&RAW_MARKER, marker)) => {
+                Ok(StoredFailure::Marker(serde_json::from_slice(marker)?))
+            }
+            _ => Err("a stored failure without a known tag byte".into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<W: Wire>(failure: StoredFailure<W::Failure>) -> StoredFailure<W::Failure> {
+        W::decode_failure(&W::encode_failure(&failure).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn json_failures_keep_their_kind() {
+        type W = Json<String, String>;
+        let marker = Marker::StepTooLarge {
+            step: "charge".into(),
+            size: 9,
+            limit: 8,
+        };
+        assert!(matches!(
+            round_trip::<W>(StoredFailure::Work("declined".into())),
+            StoredFailure::Work(e) if e == "declined"
+        ));
+        assert!(matches!(
+            round_trip::<W>(StoredFailure::Marker(marker.clone())),
+            StoredFailure::Marker(m) if m == marker
+        ));
+        // The format earlier versions wrote still reads.
+        let old = br#"{"idem_failure":"result_too_large","size":2,"limit":1}"#;
+        assert!(matches!(
+            W::decode_failure(old).unwrap(),
+            StoredFailure::Marker(Marker::ResultTooLarge { size: 2, limit: 1 })
+        ));
+        let old = br#"{"idem_failure":"unserializable"}"#;
+        assert!(matches!(
+            W::decode_failure(old).unwrap(),
+            StoredFailure::Marker(Marker::Unserializable {
+                step: None,
+                failure: false
+            })
+        ));
+    }
+
+    #[test]
+    fn raw_failures_keep_every_byte() {
+        let all: Vec<u8> = (0..=255).collect();
+        assert!(matches!(
+            round_trip::<Raw>(StoredFailure::Work(all.clone())),
+            StoredFailure::Work(e) if e == all
+        ));
+        assert!(matches!(
+            round_trip::<Raw>(StoredFailure::Marker(Marker::ResultTooLarge {
+                size: 3,
+                limit: 2
+            })),
+            StoredFailure::Marker(Marker::ResultTooLarge { size: 3, limit: 2 })
+        ));
+        assert!(Raw::decode_failure(b"").is_err());
+        assert!(Raw::decode_failure(b"\x07x").is_err());
+    }
+}

@@ -1,0 +1,591 @@
+//! The driver's promises of issue 12: heartbeats never stall the work, the first answer
+//! equals every replay, poison steps name themselves, values that cannot be stored are
+//! stored as failures (never run twice), and the 1.0 API shapes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, ConfigError, Error, Expiry, Fingerprint, Heartbeat, Idempotency,
+    InterruptedKind, Key, Lease, MAX_DURATION, ManualClock, MemoryStore, Operation, Outcome,
+    Purger, Record, RenewOutcome, StepName, Store, StoreError, ValuePart, WorkError, WorkResultExt,
+    WriteOutcome, done,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+fn key(name: &str) -> Key {
+    Key::new("acct_42/payments.create", name).expect("valid")
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_bytes("amount=500")
+}
+
+/// A memory store with hooks: a renewal can be held until released, checkpoints can fail
+/// a number of times first, and the record limit can be set.
+#[derive(Clone, Default)]
+struct Hooked {
+    inner: MemoryStore,
+    hold_renewals: Arc<AtomicBool>,
+    renewal_started: Arc<Notify>,
+    release_renewals: Arc<Notify>,
+    renewals: Arc<AtomicUsize>,
+    checkpoint_failures: Arc<AtomicUsize>,
+    record_limit: Option<usize>,
+}
+
+#[async_trait]
+impl Store for Hooked {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.inner.complete(lease, response).await
+    }
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.inner.fail(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        if self.hold_renewals.load(Ordering::SeqCst) {
+            // Like a renewal waiting for a row lock the work's own transaction holds.
+            let released = self.release_renewals.notified();
+            self.renewal_started.notify_one();
+            released.await;
+        }
+        self.inner.renew(lease, extend).await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        let failures = &self.checkpoint_failures;
+        if failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(StoreError::Unavailable {
+                operation: Operation::Checkpoint,
+                source: "connection reset".into(),
+            });
+        }
+        self.inner.checkpoint(lease, step, value).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+    fn max_record_bytes(&self) -> Option<usize> {
+        self.record_limit
+    }
+}
+
+#[tokio::test]
+async fn a_renewal_that_waits_never_stalls_the_work() {
+    let store = Hooked::default();
+    store.hold_renewals.store(true, Ordering::SeqCst);
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_millis(300))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    let k = key("k");
+    let work = idem.execute(&k, fp(), |_ctx| {
+        let store = store.clone();
+        async move {
+            // A renewal has started and is stuck (on a lock this work holds, say): the
+            // work must still be polled to finish, which then lets the renewal go.
+            store.renewal_started.notified().await;
+            store.release_renewals.notify_one();
+            done("finished".to_string())
+        }
+    });
+    let outcome = tokio::time::timeout(Duration::from_secs(10), work)
+        .await
+        .expect("the work finished although a renewal was pending");
+    assert_eq!(outcome.unwrap().value().as_deref(), Some("finished"));
+}
+
+#[tokio::test]
+async fn a_renewal_that_hangs_is_bounded_and_the_next_beat_tries_again() {
+    let store = Hooked::default();
+    store.hold_renewals.store(true, Ordering::SeqCst);
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_millis(300))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("k"), fp(), |_ctx| async {
+            // Renewals never return; each is cut off after one interval.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            done(1)
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(1));
+    let renewals = store.renewals.load(Ordering::SeqCst);
+    assert!(
+        renewals >= 2,
+        "a hung renewal is abandoned and the next beat starts another: {renewals}"
+    );
+}
+
+#[tokio::test]
+async fn completed_in_the_works_own_transaction_is_success_even_after_a_fenced_beat() {
+    let store = Hooked::default();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_millis(300))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("k"), fp(), |ctx| {
+            let store = store.clone();
+            async move {
+                // What complete_in does inside a transaction, then the commit.
+                let completion = ctx.prepare_completion(&"receipt-7".to_string())?;
+                let written = store
+                    .complete(completion.lease(), completion.bytes())
+                    .await
+                    .unwrap();
+                assert_eq!(written, WriteOutcome::Applied);
+                completion.written();
+                // Beats land after the commit and are fenced: the record is completed.
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                assert!(ctx.is_lease_lost());
+                done("receipt-7".to_string())
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: "receipt-7".to_string(),
+            replayed: false
+        }
+    );
+    assert!(store.renewals.load(Ordering::SeqCst) >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_automatic_heartbeat_renews_short_leases() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let lease = Duration::from_millis(250);
+    let idem = Idempotency::builder(store.clone())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("short"), fp(), |_ctx| {
+            let (store, clock) = (store.clone(), clock.clone());
+            async move {
+                // One second of work on a quarter-second lease.
+                for _ in 0..10 {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    clock.advance(Duration::from_millis(100));
+                }
+                let duplicate = ClaimRequest::new(key("short"), fp(), lease, lease);
+                done(format!("{:?}", store.claim(&duplicate).await.unwrap()))
+            }
+        })
+        .await
+        .unwrap();
+    let answer = outcome.value().unwrap();
+    assert!(answer.starts_with("InFlight"), "{answer}");
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct WithSkipped {
+    amount: u64,
+    #[serde(skip)]
+    cache: u64,
+}
+
+#[tokio::test]
+async fn the_first_answer_is_what_every_replay_gets() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let first = idem
+        .execute(&key("skip"), fp(), |_ctx| async {
+            done(WithSkipped {
+                amount: 500,
+                cache: 99,
+            })
+        })
+        .await
+        .unwrap();
+    let replay = idem
+        .execute(&key("skip"), fp(), |_ctx| async {
+            done(WithSkipped {
+                amount: 1,
+                cache: 1,
+            })
+        })
+        .await
+        .unwrap();
+    let expected = WithSkipped {
+        amount: 500,
+        cache: 0,
+    };
+    assert_eq!(first.value(), Some(expected.clone()), "the stored value");
+    assert_eq!(replay.value(), Some(expected));
+}
+
+#[tokio::test]
+async fn a_value_that_does_not_round_trip_is_a_stored_failure_from_the_start() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..3 {
+        let runs = Arc::clone(&runs);
+        let err = idem
+            .execute(&key("nan"), fp(), move |_ctx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // JSON writes NaN as null, which does not read back as an f64.
+                done(f64::NAN)
+            })
+            .await
+            .unwrap_err();
+        match err {
+            Error::Unserializable {
+                what: ValuePart::Result,
+                replayed,
+                ..
+            } => assert_eq!(replayed, attempt > 0),
+            other => panic!("attempt {attempt}: {other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+
+    // The same for a permanent error that does not read back.
+    let err = idem
+        .execute(&key("nan-error"), fp(), |_ctx| async {
+            Err::<u8, _>(WorkError::Permanent(f64::NAN))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unserializable {
+                what: ValuePart::Failure,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct DebitV1 {
+    cents: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct DebitV2 {
+    cents: u64,
+    currency: String,
+}
+
+#[tokio::test]
+async fn a_step_that_no_longer_decodes_names_itself_and_the_way_out() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_secs(5))
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let first = idem
+        .execute(&key("k"), fp(), |ctx| async move {
+            let _: DebitV1 = ctx
+                .step("debit", || async { done(DebitV1 { cents: 500 }) })
+                .await?;
+            Err::<(), _>(WorkError::Unknown(()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(first, Outcome::Unknown(()));
+    clock.advance(Duration::from_secs(5));
+    // Deployed meanwhile: the step's type changed.
+    let err = idem
+        .execute(&key("k"), fp(), |ctx| async move {
+            let _: DebitV2 = ctx
+                .step("debit", || async {
+                    done(DebitV2 {
+                        cents: 500,
+                        currency: "EUR".into(),
+                    })
+                })
+                .await?;
+            done(())
+        })
+        .await
+        .unwrap_err();
+    let Error::Interrupted(interrupted) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(interrupted.kind(), InterruptedKind::StepUndecodable);
+    assert_eq!(interrupted.step(), Some("debit"));
+    let message = err.to_string();
+    assert!(
+        message.contains("`debit`") && message.contains("debit.v2"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn checkpoints_are_retried_like_completions() {
+    let store = Hooked::default();
+    store.checkpoint_failures.store(2, Ordering::SeqCst);
+    let idem = Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("k"), fp(), |ctx| async move {
+            let debit: u64 = ctx.step("debit", || async { done(500) }).await?;
+            done(debit)
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(500));
+    assert_eq!(store.checkpoint_failures.load(Ordering::SeqCst), 0);
+    let record = store.get(&key("k")).await.unwrap().unwrap();
+    assert_eq!(record.steps["debit"], b"500");
+}
+
+#[tokio::test]
+async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
+    let store = Hooked {
+        record_limit: Some(4096),
+        ..Hooked::default()
+    };
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_secs(5))
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    for attempt in 0..2 {
+        let runs = Arc::clone(&runs);
+        let err = idem
+            .execute(&key("big-step"), fp(), move |ctx| async move {
+                let _: String = ctx
+                    .step("receipt", || async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        done("x".repeat(8000))
+                    })
+                    .await?;
+                done(())
+            })
+            .await
+            .unwrap_err();
+        match err {
+            Error::StepTooLarge {
+                step,
+                size,
+                limit,
+                replayed,
+            } => {
+                assert_eq!(step, "receipt");
+                assert!(size > limit, "{size} > {limit}");
+                assert_eq!(replayed, attempt > 0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
+
+    // A result that fits alone but not beside the checkpoints is a stored failure too.
+    let err = idem
+        .execute(&key("crowded"), fp(), |ctx| async move {
+            let _: String = ctx.step("a", || async { done("y".repeat(3000)) }).await?;
+            done("z".repeat(2000))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ResultTooLarge {
+                replayed: false,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn bytes_are_stored_and_replayed_as_they_are() {
+    let store = MemoryStore::new();
+    let idem = Idempotency::new(store.clone());
+    let body: Vec<u8> = (0..=255).collect();
+    let first = idem
+        .execute_bytes(&key("raw"), fp(), |_ctx| {
+            let body = body.clone();
+            async move { Ok(body) }
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.clone().value(), Some(body.clone()));
+    let record = store.get(&key("raw")).await.unwrap().unwrap();
+    assert_eq!(
+        record.response,
+        Some(body.clone()),
+        "no JSON around the bytes"
+    );
+    let replay = idem
+        .execute_bytes(&key("raw"), fp(), |_ctx| async { Ok(vec![1]) })
+        .await
+        .unwrap();
+    assert_eq!(
+        replay,
+        Outcome::Completed {
+            value: body,
+            replayed: true
+        }
+    );
+    // A permanent error's bytes replay exactly too.
+    for attempt in 0..2 {
+        let outcome = idem
+            .execute_bytes(&key("raw-error"), fp(), |_ctx| async {
+                Err(WorkError::Permanent(b"\x00declined\xff".to_vec()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            Outcome::Failed {
+                error: b"\x00declined\xff".to_vec(),
+                replayed: attempt > 0
+            }
+        );
+    }
+}
+
+#[tokio::test]
+async fn settings_past_the_limits_are_refused_with_a_clear_error() {
+    let build = |lease, retention, heartbeat| {
+        Idempotency::builder(MemoryStore::new())
+            .lease(lease)
+            .retention(retention)
+            .heartbeat(heartbeat)
+            .build()
+    };
+    let err = build(Duration::from_secs(1), Duration::MAX, Heartbeat::Auto).unwrap_err();
+    assert_eq!(
+        err,
+        ConfigError::DurationTooLong {
+            setting: "retention",
+            value: Duration::MAX,
+            max: MAX_DURATION
+        }
+    );
+    assert!(err.to_string().contains("MAX_DURATION"), "{err}");
+    assert!(build(MAX_DURATION, MAX_DURATION, Heartbeat::Auto).is_ok());
+    assert_eq!(
+        build(
+            Duration::from_millis(2),
+            Duration::from_secs(1),
+            Heartbeat::Auto
+        )
+        .unwrap_err(),
+        ConfigError::LeaseTooShortForHeartbeat {
+            lease: Duration::from_millis(2)
+        }
+    );
+    assert!(
+        build(
+            Duration::from_millis(2),
+            Duration::from_secs(1),
+            Heartbeat::Off
+        )
+        .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn the_longest_durations_work_end_to_end() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(MAX_DURATION)
+        .retention(MAX_DURATION)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let outcome = idem
+            .execute(&key("forever"), fp(), |_ctx| async { done(1) })
+            .await
+            .unwrap();
+        assert_eq!(outcome.value(), Some(1));
+    }
+}
+
+#[tokio::test]
+async fn the_driver_clones_without_a_clone_store_and_erases_its_type() {
+    // A boxed trait object is a store that is not `Clone`.
+    let store: Box<dyn Store> = Box::new(MemoryStore::new());
+    let idem = Idempotency::new(store);
+    let copy = idem.clone();
+    let shared: Idempotency = copy.into_dyn();
+    fn assert_state<T: Clone + Send + Sync + 'static>(_: &T) {}
+    assert_state(&shared);
+    let first = idem
+        .execute(&key("k"), fp(), |_ctx| async {
+            Ok::<_, String>(7).permanent()
+        })
+        .await
+        .unwrap();
+    let replay = shared
+        .execute(&key("k"), fp(), |_ctx| async {
+            Ok::<_, String>(8).permanent()
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.value(), Some(7));
+    assert_eq!(
+        replay,
+        Outcome::Completed {
+            value: 7,
+            replayed: true
+        },
+        "clones share the store"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_purger_keeps_deleting_absent_records() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let shared: Arc<dyn Store> = Arc::new(store.clone());
+    assert_eq!(shared.expiry(), Expiry::Purge);
+    for n in 0..25 {
+        let request = ClaimRequest::new(
+            key(&format!("k{n}")),
+            fp(),
+            Duration::from_secs(1),
+            Duration::from_secs(10),
+        );
+        let _ = store.claim(&request).await.unwrap();
+    }
+    let purger = Purger::spawn(shared, Duration::from_secs(60), 10).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(store.len(), 25, "nothing is absent yet");
+    clock.advance(Duration::from_secs(10));
+    // The next round deletes all 25, ten at a time, without waiting between full batches.
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    assert_eq!(store.len(), 0);
+    purger.stop().await;
+}

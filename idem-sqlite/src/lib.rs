@@ -41,9 +41,3 @@ mod store;
 pub use rusqlite;
 pub use schema::SCHEMA_VERSION;
 pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore, SqliteStoreBuilder};
-
-/// The workspace README's examples, compiled and run as doc tests here, where idem-core,
-/// this crate and the testkit are all in reach.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

@@ -286,6 +286,13 @@ impl<S: Store + 'static> Idempotency<S> {
     }
 }
 
+impl<S: Store + 'static> From<Idempotency<S>> for Idempotency {
+    /// [`Idempotency::into_dyn`].
+    fn from(idem: Idempotency<S>) -> Self {
+        idem.into_dyn()
+    }
+}
+
 impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// The store.
     pub fn store(&self) -> &S {

@@ -1,0 +1,74 @@
+//! The body type the layer speaks.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use idem_core::BoxError;
+
+/// The body of the requests the layer hands the inner service, and of its responses: any
+/// body of `Bytes`, boxed. A newtype rather than an alias, so that futures holding it stay
+/// provably `Send` (rust-lang/rust#110338).
+///
+/// ```
+/// use idem_http::Body;
+///
+/// let body = Body::from(bytes::Bytes::from_static(b"hello"));
+/// # let _ = body;
+/// ```
+pub struct Body(UnsyncBoxBody<Bytes, BoxError>);
+
+impl Body {
+    /// Boxes any body of `Bytes`.
+    pub fn new<B>(body: B) -> Self
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self(body.map_err(Into::into).boxed_unsync())
+    }
+
+    /// An empty body.
+    pub fn empty() -> Self {
+        Self::from(Bytes::new())
+    }
+}
+
+impl From<Bytes> for Body {
+    fn from(bytes: Bytes) -> Self {
+        Self(
+            Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+    }
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Body")
+    }
+}
+
+impl http_body::Body for Body {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.0.size_hint()
+    }
+}

@@ -1,0 +1,334 @@
+//! The layer and its configuration.
+
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use http::{HeaderName, Method, StatusCode, header};
+use idem_core::{Fingerprint, Idempotency};
+use tower::Layer;
+
+use crate::Refusal;
+use crate::disposition::{Disposition, default_disposition};
+use crate::request_fingerprint::FingerprintRule;
+use crate::service::IdempotencyService;
+
+/// The default header: `Idempotency-Key`.
+pub const DEFAULT_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+/// The default limit on a request body the layer reads to fingerprint it: 1 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// The default limit on a response body the layer stores to replay it: 960 KiB, so that a
+/// stored response with its headers stays under the driver's default 1 MiB cap.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 960 * 1024;
+
+/// Whether requests of a method need the header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KeyRequirement {
+    /// A request without the header is refused with 400.
+    Required,
+    /// A request with the header is protected; one without passes through.
+    Optional,
+    /// Requests pass through untouched, header or not.
+    Ignored,
+}
+
+type ScopeFn = Arc<dyn Fn(&Parts) -> Result<String, Refusal> + Send + Sync>;
+type DispositionFn = Arc<dyn Fn(StatusCode) -> Disposition + Send + Sync>;
+
+/// Everything a service needs, shared by every clone.
+pub(crate) struct Config {
+    pub(crate) scope: ScopeFn,
+    pub(crate) methods: Vec<(Method, KeyRequirement)>,
+    pub(crate) header: HeaderName,
+    pub(crate) fingerprint: FingerprintRule,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_response_body: usize,
+    pub(crate) disposition: DispositionFn,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) store_set_cookie: bool,
+    pub(crate) shadow: bool,
+}
+
+impl Config {
+    pub(crate) fn requirement(&self, method: &Method) -> KeyRequirement {
+        self.methods
+            .iter()
+            .find(|(m, _)| m == method)
+            .map_or(KeyRequirement::Ignored, |(_, requirement)| *requirement)
+    }
+
+    /// Whether a response header is stored for replays: allowlisted, never hop-by-hop,
+    /// `Set-Cookie` only when enabled.
+    pub(crate) fn stores_header(&self, name: &HeaderName) -> bool {
+        const HOP_BY_HOP: [&str; 8] = [
+            "connection",
+            "keep-alive",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+        ];
+        if HOP_BY_HOP.contains(&name.as_str()) || name == header::CONTENT_LENGTH {
+            return false;
+        }
+        if name == header::SET_COOKIE {
+            return self.store_set_cookie;
+        }
+        self.stored_headers.contains(name)
+    }
+}
+
+/// The headers stored by default: what a client needs to read the response again.
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 10] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::LOCATION,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::LINK,
+    header::CACHE_CONTROL,
+    header::EXPIRES,
+    header::VARY,
+];
+
+/// A tower [`Layer`] that makes requests carrying an `Idempotency-Key` header safe to
+/// retry: the handler runs once per key, and every retry gets the first response back.
+///
+/// Defaults, each changed by the method of the same name:
+///
+/// | setting | default |
+/// |---|---|
+/// | [`scope`](IdempotencyLayer::new) | required: the function you pass to `new` |
+/// | [`methods`](IdempotencyLayer::method) | POST and PATCH require the header; other methods pass through |
+/// | [`header`](IdempotencyLayer::header) | `Idempotency-Key` |
+/// | [`fingerprint`](IdempotencyLayer::ignore_json_fields) | method, path, query and body; JSON bodies canonicalised |
+/// | [`max_request_body`](IdempotencyLayer::max_request_body) | 1 MiB, then 413 before anything is claimed |
+/// | [`max_response_body`](IdempotencyLayer::max_response_body) | 960 KiB, then sent once and not stored |
+/// | [`disposition`](IdempotencyLayer::disposition) | [`default_disposition`]: 5xx held, 408/425/429 released, the rest stored |
+/// | [`stored_headers`](IdempotencyLayer::stored_headers) | [`DEFAULT_STORED_HEADERS`]; never hop-by-hop; `Set-Cookie` only when [enabled](IdempotencyLayer::store_set_cookie) |
+/// | [`shadow`](IdempotencyLayer::shadow) | off |
+///
+/// Lease, retention, heartbeats and what a duplicate does while the first request runs
+/// ([`InFlightPolicy`](idem_core::InFlightPolicy)) are the [`Idempotency`]'s settings.
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idem_core::{Idempotency, MemoryStore};
+/// use idem_http::IdempotencyLayer;
+///
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let app: Router = Router::new()
+///     .route("/payments", post(|| async { "charged" }))
+///     .layer(IdempotencyLayer::new(idem, |parts| {
+///         // One tenant's key never replays another's response: scope by principal.
+///         let account = parts
+///             .headers
+///             .get("x-account")
+///             .and_then(|v| v.to_str().ok())
+///             .unwrap_or("anonymous");
+///         Ok(format!("{account}/{} {}", parts.method, parts.uri.path()))
+///     }));
+/// # let _ = app;
+/// ```
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    idem: Idempotency,
+    config: Config,
+}
+
+impl Clone for Config {
+    fn clone(&self) -> Self {
+        Self {
+            scope: Arc::clone(&self.scope),
+            methods: self.methods.clone(),
+            header: self.header.clone(),
+            fingerprint: self.fingerprint.clone(),
+            max_request_body: self.max_request_body,
+            max_response_body: self.max_response_body,
+            disposition: Arc::clone(&self.disposition),
+            stored_headers: self.stored_headers.clone(),
+            store_set_cookie: self.store_set_cookie,
+            shadow: self.shadow,
+        }
+    }
+}
+
+impl IdempotencyLayer {
+    /// A layer over `idem` (any store), with `scope` naming the scope of each request's
+    /// key: the authenticated principal, plus the method and route, say, so that one
+    /// tenant's key can never replay another's response. The scope function may refuse a
+    /// request with a response of its own ([`Refusal`], made from a
+    /// [`Problem`](crate::Problem) or any response).
+    pub fn new<F>(idem: impl Into<Idempotency>, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> Result<String, Refusal> + Send + Sync + 'static,
+    {
+        Self {
+            idem: idem.into(),
+            config: Config {
+                scope: Arc::new(scope),
+                methods: vec![
+                    (Method::POST, KeyRequirement::Required),
+                    (Method::PATCH, KeyRequirement::Required),
+                ],
+                header: DEFAULT_HEADER,
+                fingerprint: FingerprintRule::default(),
+                max_request_body: DEFAULT_MAX_REQUEST_BODY,
+                max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+                disposition: Arc::new(default_disposition),
+                stored_headers: DEFAULT_STORED_HEADERS.to_vec(),
+                store_set_cookie: false,
+                shadow: false,
+            },
+        }
+    }
+
+    /// Whether requests of `method` need the header (see [`KeyRequirement`]).
+    #[must_use]
+    pub fn method(mut self, method: Method, requirement: KeyRequirement) -> Self {
+        self.config.methods.retain(|(m, _)| *m != method);
+        self.config.methods.push((method, requirement));
+        self
+    }
+
+    /// The header to read instead of `Idempotency-Key`.
+    #[must_use]
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// JSON fields left out of the fingerprint, so that a retry whose timestamp or trace
+    /// id changed is still the same request: a top-level member by name (`"sent_at"`), or
+    /// any member by JSON Pointer (`"/meta/trace_id"`).
+    #[must_use]
+    pub fn ignore_json_fields<I, T>(mut self, fields: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let ignored: Vec<String> = fields.into_iter().map(Into::into).collect();
+        self.config.fingerprint = FingerprintRule::Default {
+            ignored: ignored.into(),
+        };
+        self
+    }
+
+    /// Fingerprints requests with a function of your own (of the request head and the
+    /// whole body), replacing the default.
+    #[must_use]
+    pub fn fingerprint_with<F>(mut self, fingerprint: F) -> Self
+    where
+        F: Fn(&Parts, &bytes::Bytes) -> Fingerprint + Send + Sync + 'static,
+    {
+        self.config.fingerprint = FingerprintRule::Custom(Arc::new(fingerprint));
+        self
+    }
+
+    /// The largest request body read (default 1 MiB); a larger one is answered 413 before
+    /// anything is claimed.
+    #[must_use]
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.config.max_request_body = bytes;
+        self
+    }
+
+    /// The largest response body stored for replays (default 960 KiB; keep it below the
+    /// driver's `max_response_bytes`). A larger final response still goes, whole, to the
+    /// client whose request made it; the key then stores its status and headers without
+    /// the body, and a retry gets that status with a problem+json body saying the
+    /// original body was too large to keep (`tag:idem-http,2026:response-not-stored`),
+    /// and `Idempotent-Replayed: true`: the work never runs twice.
+    #[must_use]
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.config.max_response_body = bytes;
+        self
+    }
+
+    /// Which responses are final, by status code (default [`default_disposition`]). A
+    /// handler overrides it for one response with a [`Disposition`] in the response's
+    /// extensions.
+    #[must_use]
+    pub fn disposition<F>(mut self, policy: F) -> Self
+    where
+        F: Fn(StatusCode) -> Disposition + Send + Sync + 'static,
+    {
+        self.config.disposition = Arc::new(policy);
+        self
+    }
+
+    /// The response headers stored and replayed (default [`DEFAULT_STORED_HEADERS`]).
+    /// Hop-by-hop headers and `Content-Length` are never stored; `Set-Cookie` only with
+    /// [`store_set_cookie`](IdempotencyLayer::store_set_cookie).
+    #[must_use]
+    pub fn stored_headers<I: IntoIterator<Item = HeaderName>>(mut self, headers: I) -> Self {
+        self.config.stored_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// Stores and replays `Set-Cookie` too (default off: a replay would hand the first
+    /// request's session to whoever retries).
+    #[must_use]
+    pub fn store_set_cookie(mut self, store: bool) -> Self {
+        self.config.store_set_cookie = store;
+        self
+    }
+
+    /// Shadow mode, for careful rollouts: keys are claimed and responses recorded as
+    /// usual, but every request reaches the handler and the answer is always the
+    /// handler's own. What the layer would have answered instead (a replay, 400, 409,
+    /// 422) is counted in `idem_http_shadow_total{would}` and traced at info level.
+    ///
+    /// Switch it on per route by giving the routes under rollout a shadow layer and the
+    /// others a normal one; watch the counters; then switch it off by dropping the
+    /// `.shadow(true)`. The records made in shadow mode are real, so retries replay from
+    /// the first request on.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new()).into_dyn();
+    /// let scope = |parts: &http::request::Parts| Ok(format!("{} {}", parts.method, parts.uri.path()));
+    /// let app: Router = Router::new()
+    ///     // Observing: every request still reaches the handler.
+    ///     .route("/refunds", post(|| async { "refunded" }).layer(IdempotencyLayer::new(idem.clone(), scope).shadow(true)))
+    ///     // Protecting.
+    ///     .route("/payments", post(|| async { "charged" }).layer(IdempotencyLayer::new(idem, scope)));
+    /// # let _ = app;
+    /// ```
+    #[must_use]
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.config.shadow = shadow;
+        self
+    }
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("idem", &self.idem)
+            .field("methods", &self.config.methods)
+            .field("header", &self.config.header)
+            .field("fingerprint", &self.config.fingerprint)
+            .field("max_request_body", &self.config.max_request_body)
+            .field("max_response_body", &self.config.max_response_body)
+            .field("stored_headers", &self.config.stored_headers)
+            .field("store_set_cookie", &self.config.store_set_cookie)
+            .field("shadow", &self.config.shadow)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.idem.clone(), Arc::new(self.config.clone()))
+    }
+}

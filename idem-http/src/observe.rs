@@ -1,0 +1,92 @@
+//! Metrics, through the `metrics` facade. No label carries a key, a scope or a body.
+//!
+//! | name | kind | labels | moves when |
+//! |---|---|---|---|
+//! | `idem_http_requests_total` | counter | `answer` | the layer answered a request (see [`Answer`] for the values) |
+//! | `idem_http_shadow_total` | counter | `would` | in shadow mode, the layer would have answered other than the handler |
+//!
+//! The driver's own metrics (`idem_claims_total` and the rest, see
+//! [`idem_core::observe`]) move too.
+
+/// `idem_http_requests_total`
+pub const REQUESTS: &str = "idem_http_requests_total";
+/// `idem_http_shadow_total`
+pub const SHADOW: &str = "idem_http_shadow_total";
+
+/// What the layer answered: the `answer` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// `executed`: the handler ran and its response is stored.
+    Executed,
+    /// `replayed`: the stored response was sent again.
+    Replayed,
+    /// `passed_through`: not protected (method or no optional header) or shadow mode.
+    PassedThrough,
+    /// `missing_key`: 400.
+    MissingKey,
+    /// `malformed_key`: 400.
+    MalformedKey,
+    /// `scope_refused`: the scope function answered.
+    ScopeRefused,
+    /// `too_large`: 413.
+    TooLarge,
+    /// `bad_body`: 400, the body could not be read.
+    BadBody,
+    /// `mismatch`: 422.
+    Mismatch,
+    /// `in_flight`: 409.
+    InFlight,
+    /// `lease_lost`: 409, another attempt took over.
+    LeaseLost,
+    /// `unavailable`: 503.
+    Unavailable,
+    /// `released`: the handler's response, not stored, the key released.
+    Released,
+    /// `held`: the handler's response, not stored, the key held until the lease ends.
+    Held,
+    /// `error`: 500.
+    Error,
+}
+
+impl Answer {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Answer::Executed => "executed",
+            Answer::Replayed => "replayed",
+            Answer::PassedThrough => "passed_through",
+            Answer::MissingKey => "missing_key",
+            Answer::MalformedKey => "malformed_key",
+            Answer::ScopeRefused => "scope_refused",
+            Answer::TooLarge => "too_large",
+            Answer::BadBody => "bad_body",
+            Answer::Mismatch => "mismatch",
+            Answer::InFlight => "in_flight",
+            Answer::LeaseLost => "lease_lost",
+            Answer::Unavailable => "unavailable",
+            Answer::Released => "released",
+            Answer::Held => "held",
+            Answer::Error => "error",
+        }
+    }
+
+    /// Whether the answer came from the store instead of the handler: what shadow mode
+    /// replaces by the handler's own answer.
+    pub(crate) fn answered_by_the_store(self) -> bool {
+        matches!(
+            self,
+            Answer::Replayed
+                | Answer::Mismatch
+                | Answer::InFlight
+                | Answer::LeaseLost
+                | Answer::Unavailable
+        )
+    }
+}
+
+pub(crate) fn answer(answer: Answer) {
+    metrics::counter!(REQUESTS, "answer" => answer.name()).increment(1);
+}
+
+pub(crate) fn shadow(would: &'static str) {
+    metrics::counter!(SHADOW, "would" => would).increment(1);
+}

@@ -1,0 +1,573 @@
+//! The service the layer builds: one request from its header to its answer.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::response::Parts as ResponseParts;
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Limited};
+use idem_core::{
+    BoxError, Error, Fingerprint, Idempotency, Key, KeyError, KeyPart, Outcome, WorkError,
+};
+use tower::{Service, ServiceExt};
+
+use crate::Body;
+use crate::disposition::Disposition;
+use crate::key_header::{self, KeyHeaderError};
+use crate::layer::{Config, KeyRequirement};
+use crate::observe::{self, Answer};
+use crate::problem::{Problem, full};
+use crate::stored::StoredResponse;
+
+/// The header a replayed response carries.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around `S`.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    idem: Idempotency,
+    config: Arc<Config>,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(crate) fn new(inner: S, idem: Idempotency, config: Arc<Config>) -> Self {
+        Self {
+            inner,
+            idem,
+            config,
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("idem", &self.idem)
+            .finish_non_exhaustive()
+    }
+}
+
+type ResponseFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+impl<S, B, ResBody> Service<Request<B>> for IdempotencyService<S>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    /// Always ready: the inner service's readiness is awaited for each request, in the
+    /// task that runs it.
+    fn poll_ready(&mut self, _cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> ResponseFuture {
+        // The clone that was driven ready is the one to call (tower's convention).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let (idem, config) = (self.idem.clone(), Arc::clone(&self.config));
+        Box::pin(async move { Ok(handle(inner, idem, config, request).await) })
+    }
+}
+
+/// A request on its way to the inner service, its body already read.
+struct Protected<S> {
+    inner: S,
+    idem: Idempotency,
+    config: Arc<Config>,
+    key: Key,
+    fingerprint: Fingerprint,
+    head: http::request::Parts,
+    body: Bytes,
+}
+
+async fn handle<S, B, ResBody>(
+    inner: S,
+    idem: Idempotency,
+    config: Arc<Config>,
+    request: Request<B>,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    let requirement = config.requirement(request.method());
+    let values: Vec<HeaderValue> = request
+        .headers()
+        .get_all(&config.header)
+        .iter()
+        .cloned()
+        .collect();
+    if requirement == KeyRequirement::Ignored
+        || (values.is_empty() && requirement == KeyRequirement::Optional)
+    {
+        return pass(inner, request).await;
+    }
+    let refusal = match values.as_slice() {
+        [] => Err(missing_key(&config)),
+        [value] => key_header::parse(value.as_bytes()).map_err(|err| malformed_key(&config, &err)),
+        _ => Err(malformed_key(&config, &KeyHeaderError::Repeated)),
+    };
+    let client_key = match refusal {
+        Ok(key) => key,
+        Err((answer, response)) => {
+            if config.shadow {
+                observe::shadow(answer.name());
+                tracing::info!(would = answer.name(), "shadow mode: passing the request on");
+                return pass(inner, request).await;
+            }
+            observe::answer(answer);
+            return response;
+        }
+    };
+    let (parts, body) = request.into_parts();
+    let scope = match (config.scope)(&parts) {
+        Ok(scope) => scope,
+        Err(refused) => {
+            observe::answer(Answer::ScopeRefused);
+            return refused.into_response();
+        }
+    };
+    let key = match Key::new(scope, client_key) {
+        Ok(key) => key,
+        Err(err) => return invalid_key(&config, &err),
+    };
+    // Read the whole body before anything is claimed: a body over the limit, or a client
+    // gone mid-upload, leaves no trace in the store.
+    let body = match Limited::new(body, config.max_request_body).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            observe::answer(Answer::TooLarge);
+            return Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", "Request body too large")
+                .detail(format!(
+                    "An idempotent request's body is read whole to fingerprint it; this one is over {} bytes.",
+                    config.max_request_body
+                ))
+                .into_response();
+        }
+        Err(_) => {
+            observe::answer(Answer::BadBody);
+            return Problem::new(
+                StatusCode::BAD_REQUEST,
+                "unreadable-body",
+                "The request body could not be read",
+            )
+            .into_response();
+        }
+    };
+    let fingerprint = config.fingerprint.fingerprint(&parts, &body);
+    let protected = Protected {
+        inner,
+        idem,
+        config,
+        key,
+        fingerprint,
+        head: parts,
+        body,
+    };
+    protected.run().await
+}
+
+/// A request the layer does not protect, handed on as it is.
+async fn pass<S, B, ResBody>(inner: S, request: Request<B>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    observe::answer(Answer::PassedThrough);
+    call_inner(inner, request.map(box_body)).await
+}
+
+fn box_body<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    Body::new(body)
+}
+
+async fn call_inner<S, ResBody>(inner: S, request: Request<Body>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    match inner.oneshot(request).await.map_err(Into::into) {
+        Ok(response) => response.map(box_body),
+        Err(err) => handler_error(&err),
+    }
+}
+
+fn handler_error(err: &BoxError) -> Response<Body> {
+    tracing::warn!(error = %err, "the inner service failed");
+    handler_failed()
+}
+
+fn handler_failed() -> Response<Body> {
+    handler_failed_problem().into_response()
+}
+
+fn handler_failed_problem() -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "handler-failed",
+        "The handler failed",
+    )
+}
+
+/// The handler's response, read whole: what the first client gets.
+type Captured = Arc<Mutex<Option<(ResponseParts, Bytes)>>>;
+
+impl<S, ResBody> Protected<S>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    async fn run(self) -> Response<Body> {
+        let Protected {
+            inner,
+            idem,
+            config,
+            key,
+            fingerprint,
+            head,
+            body,
+        } = self;
+        let request = Request::from_parts(head.clone(), full(body.clone()));
+        let captured: Captured = Arc::default();
+        let task = {
+            let (inner, config, captured) =
+                (inner.clone(), Arc::clone(&config), Arc::clone(&captured));
+            // The handler runs in a task of its own: a client that disconnects, or a
+            // timeout layer above, drops this future but not the work, whose response is
+            // then stored for the client's retry.
+            tokio::spawn(async move {
+                idem.execute_bytes(&key, fingerprint, |ctx| {
+                    handler_outcome(inner, request, ctx, config, captured)
+                })
+                .await
+            })
+        };
+        let Ok(result) = task.await else {
+            // The handler panicked: the key stays held until its lease ends.
+            observe::answer(Answer::Error);
+            return handler_failed();
+        };
+        let (answer, response) = answer(result, || take(&captured), &config);
+        if config.shadow && answer.answered_by_the_store() {
+            // Shadow mode: count what would have been answered, answer as the handler does.
+            observe::shadow(answer.name());
+            tracing::info!(would = answer.name(), "shadow mode: passing the request on");
+            observe::answer(Answer::PassedThrough);
+            return call_inner(inner, Request::from_parts(head, full(body))).await;
+        }
+        observe::answer(answer);
+        response
+    }
+}
+
+/// Runs the handler for the driver and decides what is stored.
+async fn handler_outcome<S, ResBody>(
+    inner: S,
+    mut request: Request<Body>,
+    ctx: idem_core::Context,
+    config: Arc<Config>,
+    captured: Captured,
+) -> Result<Vec<u8>, WorkError<Vec<u8>>>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    // Handlers reach steps, derived keys and the fencing token through the context.
+    request.extensions_mut().insert(ctx);
+    let (parts, body, disposition) = match inner.oneshot(request).await.map_err(Into::into) {
+        Ok(response) => {
+            let (parts, body) = response.into_parts();
+            match body.collect().await {
+                Ok(collected) => {
+                    let disposition = parts
+                        .extensions
+                        .get::<Disposition>()
+                        .copied()
+                        .unwrap_or_else(|| (config.disposition)(parts.status));
+                    (parts, collected.to_bytes(), disposition)
+                }
+                // The body broke off: whatever the handler did may have happened.
+                Err(err) => failed(&err.into()),
+            }
+        }
+        Err(err) => failed(&err),
+    };
+    let stored = || {
+        let headers: HeaderMap = parts
+            .headers
+            .iter()
+            .filter(|(name, _)| config.stores_header(name))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        if body.len() > config.max_response_body {
+            StoredResponse::without_body(parts.status, headers)
+        } else {
+            StoredResponse::new(parts.status, headers, body.clone())
+        }
+        .encode()
+    };
+    let outcome = match disposition {
+        Disposition::Store => Ok(stored()),
+        Disposition::Release => Err(WorkError::Retryable(Vec::new())),
+        Disposition::Hold => Err(WorkError::Unknown(Vec::new())),
+    };
+    *captured.lock().unwrap_or_else(PoisonError::into_inner) = Some((parts, body));
+    outcome
+}
+
+/// The handler failed (an error from the inner service, or a body that broke off): its
+/// effect may have happened, so the key is held.
+fn failed(err: &BoxError) -> (ResponseParts, Bytes, Disposition) {
+    tracing::warn!(error = %err, "the inner service failed");
+    let (parts, body) = handler_failed_problem().into_bytes_response().into_parts();
+    (parts, body, Disposition::Hold)
+}
+
+fn take(captured: &Captured) -> Option<Response<Body>> {
+    let (parts, body) = captured
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()?;
+    Some(Response::from_parts(parts, full(body)))
+}
+
+/// The answer for what the driver said, and what it counts as.
+fn answer(
+    result: Result<Outcome<Vec<u8>, Vec<u8>>, Error>,
+    first: impl Fn() -> Option<Response<Body>>,
+    config: &Config,
+) -> (Answer, Response<Body>) {
+    let respond = |answer, response| (answer, response);
+    let internal = |answer, title: &str| {
+        respond(
+            answer,
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", title).into_response(),
+        )
+    };
+    match result {
+        Ok(Outcome::Completed {
+            replayed: false,
+            value,
+        }) => match first() {
+            Some(response) => respond(Answer::Executed, response),
+            None => replay(&value, false),
+        },
+        Ok(Outcome::Completed {
+            replayed: true,
+            value,
+        }) => replay(&value, true),
+        Ok(Outcome::Retryable(_)) => match first() {
+            Some(response) => respond(Answer::Released, response),
+            None => internal(Answer::Error, "The handler's response was lost"),
+        },
+        Ok(Outcome::Unknown(_)) => match first() {
+            Some(response) => respond(Answer::Held, response),
+            None => internal(Answer::Error, "The handler's response was lost"),
+        },
+        Ok(_) => internal(
+            Answer::Error,
+            "This key holds a result that is not an HTTP response",
+        ),
+        Err(Error::InFlight { retry_after }) => respond(
+            Answer::InFlight,
+            Problem::new(StatusCode::CONFLICT, "in-flight", "A request with this key is in progress")
+                .detail("The first request with this idempotency key has not finished; retry after the time in Retry-After.")
+                .retry_after(whole_seconds(retry_after))
+                .into_response(),
+        ),
+        Err(Error::Mismatch) => respond(
+            Answer::Mismatch,
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "This idempotency key was used for a different request",
+            )
+            .detail(format!(
+                "A request with this {} had another method, path, query or body. Send a new key for a new request.",
+                config.header
+            ))
+            .into_response(),
+        ),
+        Err(Error::LeaseLost) => respond(
+            Answer::LeaseLost,
+            Problem::new(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")
+                .detail("Retry to get that attempt's response.")
+                .retry_after(1)
+                .into_response(),
+        ),
+        Err(Error::ResultTooLarge {
+            replayed: false, ..
+        }) => match first() {
+            Some(response) => respond(Answer::Executed, response),
+            None => internal(Answer::Error, "The response was too large to store"),
+        },
+        Err(Error::ResultTooLarge { replayed: true, .. }) => {
+            respond(Answer::Replayed, not_stored(StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new()))
+        }
+        // The handler ran, but its response could not be stored: it still goes to this
+        // client; the key stays held until its lease ends.
+        Err(Error::Store(err)) => match first() {
+            Some(response) => respond(Answer::Held, response),
+            None => {
+                tracing::warn!(error = %err, "the idempotency store is unavailable");
+                respond(
+                    Answer::Unavailable,
+                    Problem::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "store-unavailable",
+                        "The idempotency store is unavailable",
+                    )
+                    .detail("Nothing was done. Retry with the same key after the time in Retry-After.")
+                    .retry_after(1)
+                    .into_response(),
+                )
+            }
+        },
+        Err(err) => {
+            tracing::warn!(error = %err, "an idempotent request failed");
+            internal(Answer::Error, "The idempotent request failed")
+        }
+    }
+}
+
+/// A stored response, sent again.
+fn replay(bytes: &[u8], replayed: bool) -> (Answer, Response<Body>) {
+    let stored = match StoredResponse::decode(bytes) {
+        Ok(stored) => stored,
+        Err(err) => {
+            tracing::warn!(error = %err, "a stored response does not decode");
+            return (
+                Answer::Error,
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "The stored response is unreadable",
+                )
+                .into_response(),
+            );
+        }
+    };
+    let mut response = if stored.body_too_large {
+        not_stored(stored.status, stored.headers)
+    } else {
+        let mut response = Response::new(full(stored.body));
+        *response.status_mut() = stored.status;
+        *response.headers_mut() = stored.headers;
+        response
+    };
+    if replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    let answer = if replayed {
+        Answer::Replayed
+    } else {
+        Answer::Executed
+    };
+    (answer, response)
+}
+
+/// A replay of a response whose body was not stored: its status and headers, and a body
+/// saying so.
+fn not_stored(status: StatusCode, mut headers: HeaderMap) -> Response<Body> {
+    let mut response = Problem::new(status, "response-not-stored", "The response body was too large to keep")
+        .detail("The first request with this key succeeded with this status, and its body was sent to that request only. Nothing was done again.")
+        .into_response();
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LANGUAGE,
+    ] {
+        headers.remove(&name);
+    }
+    response.headers_mut().extend(headers);
+    response
+}
+
+fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs_f64().ceil().max(1.0) as u64
+}
+
+fn missing_key(config: &Config) -> (Answer, Response<Body>) {
+    (
+        Answer::MissingKey,
+        Problem::new(StatusCode::BAD_REQUEST, "missing-key", "Idempotency key required")
+            .detail(format!(
+                "This request must carry the {} header: a unique value per operation, such as a UUID, sent again unchanged on every retry.",
+                config.header
+            ))
+            .into_response(),
+    )
+}
+
+fn malformed_key(config: &Config, err: &KeyHeaderError) -> (Answer, Response<Body>) {
+    (
+        Answer::MalformedKey,
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-key",
+            "Malformed idempotency key",
+        )
+        .detail(format!("The {} header is malformed: {err}.", config.header))
+        .into_response(),
+    )
+}
+
+fn invalid_key(config: &Config, err: &KeyError) -> Response<Body> {
+    let part = match err {
+        KeyError::Empty { part }
+        | KeyError::TooLong { part, .. }
+        | KeyError::ControlCharacter { part, .. } => *part,
+        _ => KeyPart::Key,
+    };
+    if part == KeyPart::Scope {
+        // The application's scope function broke the rules, not the client.
+        tracing::warn!(error = %err, "the scope function returned an invalid scope");
+        observe::answer(Answer::Error);
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "The request's scope is invalid",
+        )
+        .into_response();
+    }
+    let (answer, response) = malformed_key(config, &KeyHeaderError::Key(err.clone()));
+    observe::answer(answer);
+    response
+}

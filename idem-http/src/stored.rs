@@ -1,0 +1,213 @@
+//! How a response is stored: a compact binary encoding of status, headers and body.
+//!
+//! ```text
+//! "IDH" 0x01              magic and version
+//! flags: u8               bit 0: the body was too large to store (the body is empty)
+//! status: u16             big-endian, as every integer below
+//! header count: u16
+//!   name length: u16, name bytes, value length: u32, value bytes    (per header)
+//! body: the rest
+//! ```
+//!
+//! No JSON arrays of numbers: a 10 KiB body takes 10 KiB plus its headers.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+const MAGIC: &[u8; 4] = b"IDH\x01";
+const TOO_LARGE: u8 = 1;
+
+/// A response as the layer stores and replays it.
+///
+/// ```
+/// use idem_http::StoredResponse;
+/// use http::{HeaderMap, HeaderValue, StatusCode};
+///
+/// let mut headers = HeaderMap::new();
+/// headers.insert("content-type", HeaderValue::from_static("application/json"));
+/// let stored = StoredResponse::new(StatusCode::CREATED, headers, bytes::Bytes::from_static(b"{\"id\":7}"));
+/// let bytes = stored.encode();
+/// assert_eq!(StoredResponse::decode(&bytes)?, stored);
+/// # Ok::<(), idem_http::DecodeError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: StatusCode,
+    /// The stored headers (the allowlisted ones).
+    pub headers: HeaderMap,
+    /// The body, byte for byte (empty when `body_too_large`).
+    pub body: Bytes,
+    /// True when the body was over the replay limit: it was sent to the first client and
+    /// not stored.
+    pub body_too_large: bool,
+}
+
+/// A stored response that does not decode: written by something else, or damaged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a stored response does not decode: {what}")]
+pub struct DecodeError {
+    what: &'static str,
+}
+
+fn corrupt(what: &'static str) -> DecodeError {
+    DecodeError { what }
+}
+
+/// Reads the encoding front to back.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(corrupt(what));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        let bytes = self.take(2, what)?;
+        Ok(u16::from_be_bytes([bytes[0], bytes[1]]))
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let bytes = self.take(4, what)?;
+        Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+}
+
+impl StoredResponse {
+    /// A complete response to store.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: Bytes) -> Self {
+        Self {
+            status,
+            headers,
+            body,
+            body_too_large: false,
+        }
+    }
+
+    /// A response whose body was too large to store: its status and headers only.
+    pub fn without_body(status: StatusCode, headers: HeaderMap) -> Self {
+        Self {
+            status,
+            headers,
+            body: Bytes::new(),
+            body_too_large: true,
+        }
+    }
+
+    /// The bytes to store.
+    pub fn encode(&self) -> Vec<u8> {
+        let headers_len: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| 6 + name.as_str().len() + value.len())
+            .sum();
+        let mut out = Vec::with_capacity(10 + headers_len + self.body.len());
+        out.extend_from_slice(MAGIC);
+        out.push(if self.body_too_large { TOO_LARGE } else { 0 });
+        out.extend_from_slice(&self.status.as_u16().to_be_bytes());
+        // Header maps hold far fewer than 65 536 entries of under 4 GiB each in practice;
+        // the encoding refuses to go wrong if one ever does, by dropping what does not fit.
+        let headers: Vec<_> = self
+            .headers
+            .iter()
+            .filter(|(name, value)| {
+                name.as_str().len() <= usize::from(u16::MAX) && u32::try_from(value.len()).is_ok()
+            })
+            .take(usize::from(u16::MAX))
+            .collect();
+        out.extend_from_slice(&(headers.len() as u16).to_be_bytes());
+        for (name, value) in headers {
+            out.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            out.extend_from_slice(value.as_bytes());
+        }
+        out.extend_from_slice(&self.body);
+        out
+    }
+
+    /// Reads bytes written by [`StoredResponse::encode`].
+    ///
+    /// # Errors
+    /// [`DecodeError`] for anything else.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut reader = Reader(bytes);
+        if reader.take(4, "no header")? != MAGIC {
+            return Err(corrupt(
+                "not a stored HTTP response (or of another version)",
+            ));
+        }
+        let flags = reader.take(1, "no flags")?[0];
+        let status = StatusCode::from_u16(reader.u16("no status")?)
+            .map_err(|_| corrupt("an invalid status code"))?;
+        let count = reader.u16("no header count")?;
+        let mut headers = HeaderMap::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let name_len = reader.u16("a truncated header")?;
+            let name =
+                HeaderName::from_bytes(reader.take(usize::from(name_len), "a truncated header")?)
+                    .map_err(|_| corrupt("an invalid header name"))?;
+            let value_len = reader.u32("a truncated header")? as usize;
+            let value = HeaderValue::from_bytes(reader.take(value_len, "a truncated header")?)
+                .map_err(|_| corrupt("an invalid header value"))?;
+            headers.append(name, value);
+        }
+        Ok(Self {
+            status,
+            headers,
+            body: Bytes::copy_from_slice(reader.0),
+            body_too_large: flags & TOO_LARGE != 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_and_repeated_headers_survive() {
+        let mut headers = HeaderMap::new();
+        headers.append("link", HeaderValue::from_static("<a>; rel=next"));
+        headers.append("link", HeaderValue::from_static("<b>; rel=prev"));
+        headers.insert("location", HeaderValue::from_static("/payments/7"));
+        let body: Vec<u8> = (0..=255).chain(0..=255).collect();
+        let stored = StoredResponse::new(StatusCode::CREATED, headers, Bytes::from(body));
+        let bytes = stored.encode();
+        assert_eq!(StoredResponse::decode(&bytes).unwrap(), stored);
+        // Compact: the body plus a few bytes per header, not JSON.
+        assert!(bytes.len() < stored.body.len() + 100, "{}", bytes.len());
+    }
+
+    #[test]
+    fn a_body_too_large_is_remembered_as_such() {
+        let stored = StoredResponse::without_body(StatusCode::OK, HeaderMap::new());
+        let decoded = StoredResponse::decode(&stored.encode()).unwrap();
+        assert!(decoded.body_too_large && decoded.body.is_empty());
+    }
+
+    #[test]
+    fn damaged_bytes_are_errors_never_panics() {
+        let stored = StoredResponse::new(
+            StatusCode::OK,
+            HeaderMap::from_iter([(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain"),
+            )]),
+            Bytes::from_static(b"ok"),
+        );
+        let bytes = stored.encode();
+        for end in 0..bytes.len() - 2 {
+            assert!(StoredResponse::decode(&bytes[..end]).is_err(), "{end}");
+        }
+        assert!(StoredResponse::decode(b"{\"json\": true}").is_err());
+        let mut bad_status = bytes.clone();
+        bad_status[5..7].copy_from_slice(&1000u16.to_be_bytes());
+        assert!(StoredResponse::decode(&bad_status).is_err());
+    }
+}

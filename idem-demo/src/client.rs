@@ -2,14 +2,14 @@
 
 use std::time::Duration;
 
-use crate::shop::{Answer, Shop};
+use crate::checkout::{Answer, Checkout};
 use crate::storm::{Order, Pattern};
 
 /// A client gives up after this many tries (it never needs nearly as many).
 const MAX_TRIES: usize = 200;
 
 /// Sends until the order is answered for good: paid (fresh or replayed) or refused.
-async fn send_until_answered(shop: &Shop, order: &str, cents: u64, crash_first: bool) {
+async fn send_until_answered<C: Checkout>(shop: &C, order: &str, cents: u64, crash_first: bool) {
     for attempt in 0..MAX_TRIES {
         match shop
             .request(order, cents, crash_first && attempt == 0)
@@ -27,7 +27,7 @@ async fn send_until_answered(shop: &Shop, order: &str, cents: u64, crash_first: 
 }
 
 /// Plays one order's pattern against `shop`.
-pub(crate) async fn play(shop: &Shop, order: &Order) {
+pub(crate) async fn play<C: Checkout>(shop: &C, order: &Order) {
     let (id, cents) = (order.id.as_str(), order.cents);
     match order.pattern {
         Pattern::Single => send_until_answered(shop, id, cents, false).await,

@@ -9,7 +9,9 @@
 //! cargo run --release -p idem-demo -- --orders 2000 --concurrency 64
 //! ```
 
+mod checkout;
 mod client;
+mod http;
 mod progress;
 mod shop;
 mod storm;
@@ -22,6 +24,8 @@ use std::time::Instant;
 use clap::Parser;
 use tokio::sync::Semaphore;
 
+use crate::checkout::Checkout;
+use crate::http::HttpShop;
 use crate::progress::Progress;
 use crate::shop::Shop;
 use crate::storm::{Order, Pattern};
@@ -43,10 +47,14 @@ struct Args {
     /// directory, removed at the end).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Play the storm over HTTP: the service behind axum on 127.0.0.1 with idem-http's
+    /// layer (and without), clients with real timeouts that disconnect when they run out.
+    #[arg(long)]
+    http: bool,
 }
 
 /// Plays the whole storm against `shop`, `concurrency` orders at a time.
-async fn run(shop: Arc<Shop>, orders: &[Order], concurrency: usize, label: &'static str) {
+async fn run<C: Checkout>(shop: Arc<C>, orders: &[Order], concurrency: usize, label: &'static str) {
     let progress = Arc::new(Progress::new(label, orders.len()));
     let permits = Arc::new(Semaphore::new(concurrency));
     let mut tasks = Vec::with_capacity(orders.len());
@@ -58,7 +66,7 @@ async fn run(shop: Arc<Shop>, orders: &[Order], concurrency: usize, label: &'sta
             .expect("the semaphore is never closed");
         let (shop, progress) = (Arc::clone(&shop), Arc::clone(&progress));
         tasks.push(tokio::spawn(async move {
-            client::play(&shop, &order).await;
+            client::play(shop.as_ref(), &order).await;
             progress.tick();
             drop(permit);
         }));
@@ -88,7 +96,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let orders = storm::script(args.orders as usize, args.seed);
     let count = |wanted: fn(&Pattern) -> bool| orders.iter().filter(|o| wanted(&o.pattern)).count();
     println!(
-        "idem demo: a checkout service on SQLite, {} orders, {} at a time (seed {})",
+        "idem demo: a checkout service on SQLite{}, {} orders, {} at a time (seed {})",
+        if args.http {
+            ", over HTTP on 127.0.0.1 (axum, idem-http; clients time out after 50 ms)"
+        } else {
+            ""
+        },
         orders.len(),
         args.concurrency,
         args.seed
@@ -102,28 +115,53 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         count(|p| *p == Pattern::ChangedAmount),
     );
 
-    let protected = Arc::new(Shop::protected(&protected_db)?);
+    let summary = if args.http {
+        storm(
+            HttpShop::protected(&protected_db).await?,
+            HttpShop::unprotected(&unprotected_db).await?,
+            &orders,
+            args.concurrency as usize,
+        )
+        .await?
+    } else {
+        storm(
+            Shop::protected(&protected_db)?,
+            Shop::unprotected(&unprotected_db)?,
+            &orders,
+            args.concurrency as usize,
+        )
+        .await?
+    };
+    if keep {
+        println!("  databases kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if summary {
+        Ok(())
+    } else {
+        Err("the ledger check failed".into())
+    }
+}
+
+/// Plays the storm against the protected service, then the unprotected one, prints the
+/// summary, and answers whether the ledger check passed.
+async fn storm<C: Checkout>(
+    protected: C,
+    unprotected: C,
+    orders: &[Order],
+    concurrency: usize,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let protected = Arc::new(protected);
     let started = Instant::now();
-    run(
-        Arc::clone(&protected),
-        &orders,
-        args.concurrency as usize,
-        "with idem",
-    )
-    .await;
+    run(Arc::clone(&protected), orders, concurrency, "with idem").await;
     let protected_time = started.elapsed();
-    let unprotected = Arc::new(Shop::unprotected(&unprotected_db)?);
+    let unprotected = Arc::new(unprotected);
     let started = Instant::now();
-    run(
-        Arc::clone(&unprotected),
-        &orders,
-        args.concurrency as usize,
-        "without",
-    )
-    .await;
+    run(Arc::clone(&unprotected), orders, concurrency, "without").await;
     let unprotected_time = started.elapsed();
 
-    let (with, without) = (&protected.counters, &unprotected.counters);
+    let (with, without) = (protected.counters(), unprotected.counters());
     let (ledger, ledger_raw) = (protected.audit()?, unprotected.audit()?);
     let expected: u64 = orders.iter().map(|o| o.cents).sum();
     let n = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed).to_string();
@@ -195,6 +233,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ledger.orders_debited_twice.to_string(),
         ledger_raw.orders_debited_twice.to_string(),
     );
+    let refused = protected.refused_by_the_ledger();
+    if let Some(refused) = refused {
+        row(
+            "ledger: second debits its unique key refused",
+            refused.to_string(),
+            none(),
+        );
+    }
     row("money taken", euros(ledger.cents), euros(ledger_raw.cents));
     row(
         "money owed (one debit per order)",
@@ -213,32 +259,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     let all_paid_once = ledger.orders == orders.len() as u64
         && ledger.debits == ledger.orders
-        && ledger.cents == expected;
+        && ledger.cents == expected
+        && refused.unwrap_or(0) == 0;
     if all_paid_once {
         println!(
-            "  ledger check: every order debited exactly once with idem; {} orders debited twice or more without it.",
+            "  ledger check: every order debited exactly once with idem (by idem alone); {} orders debited twice or more without it.",
             ledger_raw.orders_debited_twice
         );
     } else {
         println!(
-            "  ledger check FAILED: {} debits for {} orders, {} orders more than once, {} taken of {} owed.",
+            "  ledger check FAILED: {} debits for {} orders, {} orders more than once, {} taken of {} owed, {} second debits refused by the ledger.",
             ledger.debits,
             ledger.orders,
             ledger.orders_debited_twice,
             euros(ledger.cents),
-            euros(expected)
+            euros(expected),
+            refused.unwrap_or(0)
         );
     }
-    if keep {
-        println!("  databases kept in {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    if all_paid_once {
-        Ok(())
-    } else {
-        Err("the ledger check failed".into())
-    }
+    Ok(all_paid_once)
 }
 
 #[cfg(test)]
@@ -286,6 +325,37 @@ mod tests {
                 load(&c.timed_out)
             );
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The same storm over HTTP, with real timeouts: one debit per order with idem, by
+    /// idem alone (the ledger's unique key refused nothing), and the figures add up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn over_http_every_order_is_debited_once() {
+        let dir = std::env::temp_dir().join(format!("idem-demo-http-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let orders = storm::script(120, 11);
+        let shop = Arc::new(
+            HttpShop::protected(&dir.join("protected.db"))
+                .await
+                .unwrap(),
+        );
+        run(Arc::clone(&shop), &orders, 16, "test").await;
+        let audit = shop.audit().unwrap();
+        assert_eq!(audit.orders, orders.len() as u64);
+        assert_eq!(audit.debits, audit.orders, "one debit per order");
+        assert_eq!(audit.orders_debited_twice, 0);
+        assert_eq!(shop.refused_by_the_ledger(), Some(0));
+        let c = shop.counters();
+        let crashes = orders
+            .iter()
+            .filter(|o| o.pattern == Pattern::CrashThenRetry)
+            .count() as u64;
+        assert_eq!(c.crashed.load(Ordering::Relaxed), crashes);
+        assert!(
+            c.takeovers.load(Ordering::Relaxed) >= crashes,
+            "each crashed order was taken over"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

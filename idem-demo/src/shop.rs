@@ -1,11 +1,13 @@
 //! The checkout service: a ledger in SQLite, debited by a handler with or without idem.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, WorkError, WriteOutcome};
+
+use crate::checkout::{self, Answer, Audit, Checkout, Counters};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::rusqlite::{Connection, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
@@ -19,82 +21,6 @@ pub(crate) struct Receipt {
     pub(crate) order: String,
     pub(crate) cents: u64,
     pub(crate) payment: i64,
-}
-
-/// What one request got back.
-#[derive(Debug)]
-pub(crate) enum Answer {
-    Paid,
-    InFlight(Duration),
-    Conflict,
-    /// The worker died mid-payment; the client saw a timeout.
-    Crashed,
-    /// The client gave up waiting (the request may still finish on the server).
-    TimedOut,
-    /// The server says: try again.
-    Retry,
-}
-
-/// How the requests were answered: every request sent is counted in exactly one of these.
-#[derive(Default, Debug)]
-pub(crate) struct Counters {
-    /// Paid, by the payment this request made.
-    pub(crate) paid_now: AtomicU64,
-    /// Paid, by replaying the payment an earlier request made.
-    pub(crate) paid_replayed: AtomicU64,
-    pub(crate) in_flight: AtomicU64,
-    pub(crate) conflicts: AtomicU64,
-    pub(crate) retry: AtomicU64,
-    /// The simulated crashes: the worker died mid-payment.
-    pub(crate) crashed: AtomicU64,
-    /// The client's timeout ran out on a worker that had not crashed.
-    pub(crate) timed_out: AtomicU64,
-    /// Not an answer: how many executions took over a key an earlier request abandoned.
-    pub(crate) takeovers: AtomicU64,
-}
-
-impl Counters {
-    /// Every request sent: the sum of the answers.
-    pub(crate) fn requests(&self) -> u64 {
-        [
-            &self.paid_now,
-            &self.paid_replayed,
-            &self.in_flight,
-            &self.conflicts,
-            &self.retry,
-            &self.crashed,
-            &self.timed_out,
-        ]
-        .iter()
-        .map(|n| n.load(Ordering::Relaxed))
-        .sum()
-    }
-
-    fn count(&self, answer: &Answer, replayed: bool) {
-        let counter = match answer {
-            Answer::Paid if replayed => &self.paid_replayed,
-            Answer::Paid => &self.paid_now,
-            Answer::InFlight(_) => &self.in_flight,
-            Answer::Conflict => &self.conflicts,
-            Answer::Crashed => &self.crashed,
-            Answer::TimedOut => &self.timed_out,
-            Answer::Retry => &self.retry,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// The ledger, as the audit reads it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Audit {
-    /// Debit rows: payments that took money.
-    pub(crate) debits: u64,
-    /// Orders with at least one debit.
-    pub(crate) orders: u64,
-    /// Orders with more than one debit.
-    pub(crate) orders_debited_twice: u64,
-    /// Money taken, in cents.
-    pub(crate) cents: u64,
 }
 
 pub(crate) struct Shop {
@@ -180,14 +106,8 @@ impl Shop {
         .await?
     }
 
-    /// One request for `order`. With `crash`, the worker dies after calling the provider
-    /// and before the debit commits.
-    pub(crate) async fn request(&self, order: &str, cents: u64, crash: bool) -> Answer {
-        let (answer, replayed) = self.answer(order, cents, crash).await;
-        self.counters.count(&answer, replayed);
-        answer
-    }
-
+    /// One request for `order`, and whether its answer was a replay. With `crash`, the
+    /// worker dies after calling the provider and before the debit commits.
     async fn answer(&self, order: &str, cents: u64, crash: bool) -> (Answer, bool) {
         let Some(idem) = &self.idem else {
             provider_latency().await;
@@ -239,25 +159,29 @@ impl Shop {
         }
     }
 
-    /// What the ledger holds, read from the ledger itself.
+    /// What the ledger holds.
     pub(crate) fn audit(&self) -> Result<Audit, idem_sqlite::rusqlite::Error> {
-        let conn = self
-            .ledger
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        conn.query_row(
-            "SELECT coalesce(sum(debits), 0), count(*), coalesce(sum(debits > 1), 0),
-                    coalesce(sum(total), 0)
-             FROM (SELECT count(*) AS debits, sum(cents) AS total FROM ledger GROUP BY order_id)",
-            [],
-            |row| {
-                Ok(Audit {
-                    debits: row.get::<_, i64>(0)? as u64,
-                    orders: row.get::<_, i64>(1)? as u64,
-                    orders_debited_twice: row.get::<_, i64>(2)? as u64,
-                    cents: row.get::<_, i64>(3)? as u64,
-                })
-            },
+        checkout::audit(
+            &self
+                .ledger
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
         )
+    }
+}
+
+impl Checkout for Shop {
+    async fn request(&self, order: &str, cents: u64, crash: bool) -> Answer {
+        let (answer, replayed) = self.answer(order, cents, crash).await;
+        self.counters.count(&answer, replayed);
+        answer
+    }
+
+    fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn audit(&self) -> Result<Audit, Box<dyn std::error::Error>> {
+        Ok(Shop::audit(self)?)
     }
 }

@@ -261,3 +261,26 @@ pub(crate) async fn dynamodb(endpoint: &str) -> Result<Backend, BoxError> {
         _proxies: vec![idem_proxy, raw_proxy],
     })
 }
+
+/// The HTTP layer (on the memory store) against the bare handler, over loopback HTTP.
+pub(crate) async fn http() -> Result<Backend, BoxError> {
+    let (layered, bare) = crate::http::targets().await?;
+    let (layered_requests, bare_requests) =
+        (Arc::clone(&layered.requests), Arc::clone(&bare.requests));
+    let (layered, bare): (Arc<dyn Target>, Arc<dyn Target>) = (layered, bare);
+    Ok(Backend {
+        name: "http",
+        trip_unit: "HTTP request",
+        idem: Arc::clone(&layered),
+        raw: Arc::clone(&bare),
+        idem_counted: Counted {
+            target: layered,
+            trips: calls(&layered_requests),
+        },
+        raw_counted: Counted {
+            target: bare,
+            trips: calls(&bare_requests),
+        },
+        _proxies: Vec::new(),
+    })
+}

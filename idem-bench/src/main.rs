@@ -1,7 +1,8 @@
 //! # idem-bench
 //!
 //! idem against the raw native operations, on every backend, with the same client and the
-//! same concurrency, alternating the two so machine noise falls on both. See BENCHMARKS.md.
+//! same concurrency, alternating the two so machine noise falls on both; and idem-http's
+//! layer (memory store) against the bare handler over loopback HTTP. See BENCHMARKS.md.
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start)"
@@ -12,6 +13,7 @@
 mod backends;
 mod counting;
 mod floor;
+mod http;
 mod proxy;
 mod raw;
 mod target;
@@ -45,7 +47,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "memory,sqlite,postgres,redis,dynamodb"
+        default_value = "memory,sqlite,postgres,redis,dynamodb,http"
     )]
     backends: Vec<String>,
     /// Also write the results as JSON to this file.
@@ -101,6 +103,7 @@ fn default_ops(backend: &str, quick: bool) -> usize {
         ("memory", false) => 20_000,
         ("memory", true) => 1_000,
         ("dynamodb", false) => 400,
+        ("http", false) => 4_000,
         (_, false) => 2_000,
         (_, true) => 64,
     }
@@ -303,6 +306,7 @@ async fn main() -> Result<(), BoxError> {
         eprintln!("{name}:");
         let backend = match name.as_str() {
             "memory" => backends::memory().await?,
+            "http" => backends::http().await?,
             "sqlite" => backends::sqlite(&dir).await?,
             "postgres" => match service("IDEM_TEST_POSTGRES_URL")? {
                 Some(url) => backends::postgres(&url).await?,

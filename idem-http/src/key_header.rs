@@ -1,7 +1,15 @@
 //! Reading the `Idempotency-Key` header: a Structured Field string, as the IETF draft
 //! defines it, or a bare token, as many clients send.
 
-/// Why a header value was refused: each variant names the rule it broke.
+/// Why a header value was refused: each variant names the rule it broke. The layer answers
+/// 400 with this message in the problem's `detail`.
+///
+/// ```
+/// use idem_http::KeyHeaderError;
+///
+/// let message = KeyHeaderError::BadToken.to_string();
+/// assert!(message.contains("quote other values"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyHeaderError {

@@ -13,7 +13,12 @@ use crate::disposition::{Disposition, default_disposition};
 use crate::request_fingerprint::FingerprintRule;
 use crate::service::IdempotencyService;
 
-/// The default header: `Idempotency-Key`.
+/// The default header: `Idempotency-Key` (header names are case-insensitive; `http` spells
+/// them in lower case).
+///
+/// ```
+/// assert_eq!(idem_http::DEFAULT_HEADER, "idempotency-key");
+/// ```
 pub const DEFAULT_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 /// The default limit on a request body the layer reads to fingerprint it: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
@@ -22,6 +27,17 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 960 * 1024;
 
 /// Whether requests of a method need the header.
+///
+/// ```
+/// use http::Method;
+/// use idem_core::{Idempotency, MemoryStore};
+/// use idem_http::{IdempotencyLayer, KeyRequirement};
+///
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+///     .method(Method::PUT, KeyRequirement::Optional) // protected when the client sends a key
+///     .method(Method::PATCH, KeyRequirement::Ignored); // never protected
+/// # let _ = layer;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum KeyRequirement {

@@ -24,10 +24,35 @@ use crate::observe::{self, Answer};
 use crate::problem::{Problem, full};
 use crate::stored::StoredResponse;
 
-/// The header a replayed response carries.
+/// The header a replayed response carries, with the value `true`.
+///
+/// ```
+/// // A client tells a replay from a first answer by this header.
+/// assert_eq!(idem_http::REPLAYED_HEADER, "idempotent-replayed");
+/// ```
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
-/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around `S`.
+/// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around `S`: any tower
+/// service of HTTP requests, an axum router or a hyper service.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use idem_core::{Idempotency, MemoryStore};
+/// use idem_http::{Body, IdempotencyLayer};
+/// use tower::{Layer, ServiceExt, service_fn};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let handler = service_fn(|_request: Request<Body>| async {
+///     Ok::<_, Infallible>(Response::new(Body::from(bytes::Bytes::from_static(b"done"))))
+/// });
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()));
+/// let service = layer.layer(handler);
+/// let request = Request::post("/jobs").header("idempotency-key", "job-7").body(Body::empty()).unwrap();
+/// let response = service.oneshot(request).await.unwrap();
+/// assert_eq!(response.status(), 200);
+/// # });
+/// ```
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,

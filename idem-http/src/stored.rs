@@ -44,6 +44,13 @@ pub struct StoredResponse {
 }
 
 /// A stored response that does not decode: written by something else, or damaged.
+///
+/// ```
+/// use idem_http::StoredResponse;
+///
+/// let err = StoredResponse::decode(b"{\"not\": \"a stored response\"}").unwrap_err();
+/// assert!(err.to_string().contains("does not decode"));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a stored response does not decode: {what}")]
 pub struct DecodeError {

@@ -2,8 +2,8 @@
 //!
 //! | name | kind | labels | moves when |
 //! |---|---|---|---|
-//! | `idem_http_requests_total` | counter | `answer` | the layer answered a request (see [`Answer`] for the values) |
-//! | `idem_http_shadow_total` | counter | `would` | in shadow mode, the layer would have answered other than the handler |
+//! | `idem_http_requests_total` | counter | `answer` | the layer answered a request: `executed`, `replayed`, `passed_through`, `missing_key`, `malformed_key`, `scope_refused`, `too_large`, `bad_body`, `mismatch`, `in_flight`, `lease_lost`, `unavailable`, `released`, `held`, `error` |
+//! | `idem_http_shadow_total` | counter | `would` | in shadow mode, the layer would have answered other than the handler (`replayed`, `mismatch`, `in_flight`, `missing_key`, ...) |
 //!
 //! The driver's own metrics (`idem_claims_total` and the rest, see
 //! [`idem_core::observe`]) move too.

@@ -28,6 +28,14 @@ pub enum Operation {
     PurgeExpired,
     /// Setting the store up (connecting, migrating, creating a table).
     Setup,
+    /// [`Admin::list`](crate::Admin::list)
+    List,
+    /// [`Admin::stats`](crate::Admin::stats)
+    Stats,
+    /// [`Admin::release_key`](crate::Admin::release_key)
+    OperatorRelease,
+    /// [`Admin::delete`](crate::Admin::delete)
+    Delete,
 }
 
 impl fmt::Display for Operation {
@@ -42,6 +50,10 @@ impl fmt::Display for Operation {
             Operation::Get => "get",
             Operation::PurgeExpired => "purge_expired",
             Operation::Setup => "setup",
+            Operation::List => "list",
+            Operation::Stats => "stats",
+            Operation::OperatorRelease => "operator_release",
+            Operation::Delete => "delete",
         })
     }
 }

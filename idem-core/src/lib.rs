@@ -26,6 +26,7 @@
 //!
 //! - [`machine`]: the pure state machine, the specification every store implements.
 //! - [`Store`]: the trait backends implement, one atomic operation per transition.
+//! - [`Admin`]: the operator's side of a store (list, stats, release, delete).
 //! - [`Idempotency`]: the driver that claims, runs the work, and stores or replays results.
 //! - [`Key`], [`Fingerprint`]: what identifies a request and what makes two requests equal.
 //! - [`MemoryStore`] (feature `memory`, on by default): the store for tests and examples.
@@ -35,7 +36,9 @@
 
 #![warn(missing_docs)]
 
+mod admin;
 mod clock;
+mod derived_key;
 mod driver;
 mod error;
 mod fingerprint;
@@ -50,7 +53,11 @@ mod record;
 pub mod storage_name;
 mod store;
 
+pub use admin::{
+    Admin, Cursor, ListQuery, Listed, MAX_PAGE, OperatorRelease, Page, Stats, select_page,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use derived_key::derive_key;
 pub use driver::{
     Completion, ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION,
     Error, Heartbeat, Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted,

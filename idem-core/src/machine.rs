@@ -46,8 +46,8 @@
 use std::time::Duration;
 
 use crate::{
-    ClaimOutcome, ClaimRequest, Lease, Record, RenewOutcome, State, StepName, Timestamp,
-    WriteOutcome, clamp_duration,
+    AttemptId, ClaimOutcome, ClaimRequest, Lease, OperatorRelease, Record, RenewOutcome, State,
+    StepName, Timestamp, WriteOutcome, clamp_duration,
 };
 
 /// An outcome and the record to write for it (`None`: write nothing).
@@ -210,6 +210,39 @@ pub fn checkpoint(
     })
 }
 
+/// An operator's release (see [`Admin::release_key`](crate::Admin::release_key)): a fenced
+/// takeover on the operator's behalf. `attempt` is a fresh id no worker holds.
+///
+/// | existing record | outcome | write |
+/// |---|---|---|
+/// | none, or absent | `NotFound` | none |
+/// | Completed or Failed | `Finished(state)` | none |
+/// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept |
+pub fn operator_release(
+    existing: Option<&Record>,
+    attempt: AttemptId,
+    now: Timestamp,
+) -> Transition<OperatorRelease> {
+    match visible(existing, now) {
+        None => Transition::answer(OperatorRelease::NotFound),
+        Some(record) if record.state != State::InProgress => {
+            Transition::answer(OperatorRelease::Finished(record.state))
+        }
+        Some(record) => {
+            let mut released = record.clone();
+            released.token = record.token.saturating_add(1);
+            released.attempt = attempt;
+            released.lease_until = now;
+            Transition::write(
+                OperatorRelease::Released {
+                    token: released.token,
+                },
+                released,
+            )
+        }
+    }
+}
+
 /// The lease a record grants to its current owner.
 pub fn lease_of(record: &Record) -> Lease {
     Lease::new(
@@ -264,7 +297,7 @@ fn finish(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AttemptId, Fingerprint, Key};
+    use crate::{Fingerprint, Key};
 
     const HOUR: Duration = Duration::from_secs(3600);
     const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
@@ -511,6 +544,36 @@ mod tests {
         assert_eq!(
             complete(Some(&record), &taken, b"ok", after).outcome,
             WriteOutcome::Applied
+        );
+    }
+
+    #[test]
+    fn an_operator_release_fences_the_owner_and_refuses_finished_records() {
+        let (lease, _, record) = claimed(claim(None, &request("a"), T0));
+        let operator = AttemptId::random();
+        let t = operator_release(Some(&record), operator, T0);
+        assert_eq!(
+            t.outcome,
+            OperatorRelease::Released {
+                token: lease.token + 1
+            }
+        );
+        let released = t.write.unwrap();
+        assert_eq!(
+            complete(Some(&released), &lease, b"late", T0).outcome,
+            WriteOutcome::Fenced,
+            "the old owner is fenced"
+        );
+        let (next, resumed, _) = claimed(claim(Some(&released), &request("a"), T0));
+        assert!(resumed && next.token == lease.token + 2);
+        let done = complete(Some(&record), &lease, b"ok", T0).write.unwrap();
+        assert_eq!(
+            operator_release(Some(&done), operator, T0).outcome,
+            OperatorRelease::Finished(State::Completed)
+        );
+        assert_eq!(
+            operator_release(None, operator, T0).outcome,
+            OperatorRelease::NotFound
         );
     }
 

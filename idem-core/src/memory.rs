@@ -82,6 +82,14 @@ impl MemoryStore {
         &self.shards[index]
     }
 
+    /// Every record, copied out shard by shard.
+    fn snapshot(&self) -> Vec<Record> {
+        self.shards
+            .iter()
+            .flat_map(|shard| lock(shard).values().cloned().collect::<Vec<_>>())
+            .collect()
+    }
+
     /// Runs one transition atomically under the key's shard lock.
     fn apply<O>(
         &self,
@@ -199,5 +207,29 @@ impl Store for MemoryStore {
             }
         }
         Ok(purged)
+    }
+}
+
+#[async_trait]
+impl crate::Admin for MemoryStore {
+    async fn list(&self, query: &crate::ListQuery) -> Result<crate::Page, StoreError> {
+        let now = self.clock.now();
+        crate::select_page(self.snapshot(), query, now)
+    }
+
+    async fn stats(&self, top_scopes: usize) -> Result<crate::Stats, StoreError> {
+        let now = self.clock.now();
+        Ok(crate::Stats::tally(&self.snapshot(), now, top_scopes))
+    }
+
+    async fn release_key(&self, key: &Key) -> Result<crate::OperatorRelease, StoreError> {
+        let attempt = crate::AttemptId::random();
+        Ok(self.apply(key, |record, now| {
+            machine::operator_release(record, attempt, now)
+        }))
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        Ok(lock(self.shard(key)).remove(key).is_some())
     }
 }

@@ -19,7 +19,7 @@ use crate::{Fingerprint, Key, StoreError};
 /// assert_eq!(t.saturating_add(Duration::from_secs(1)).as_unix_millis(), 2_000);
 /// assert_eq!(t.saturating_duration_since(Timestamp::from_unix_millis(400)), Duration::from_millis(600));
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct Timestamp(u64);
 
 impl Timestamp {

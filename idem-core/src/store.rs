@@ -198,3 +198,25 @@ macro_rules! forward_store {
 }
 
 forward_store!(Arc<S>, Box<S>, &S);
+
+macro_rules! forward_admin {
+    ($($pointer:ty),*) => {$(
+        #[async_trait]
+        impl<S: crate::Admin + ?Sized> crate::Admin for $pointer {
+            async fn list(&self, query: &crate::ListQuery) -> Result<crate::Page, StoreError> {
+                (**self).list(query).await
+            }
+            async fn stats(&self, top_scopes: usize) -> Result<crate::Stats, StoreError> {
+                (**self).stats(top_scopes).await
+            }
+            async fn release_key(&self, key: &Key) -> Result<crate::OperatorRelease, StoreError> {
+                (**self).release_key(key).await
+            }
+            async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+                (**self).delete(key).await
+            }
+        }
+    )*};
+}
+
+forward_admin!(Arc<S>, Box<S>, &S);

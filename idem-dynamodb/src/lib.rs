@@ -59,9 +59,21 @@
 //! shared by many prefixes, or an operator who must list records, pays for a `Scan`
 //! per call; a global secondary index on a prefix attribute would pay off beyond a few
 //! hundred thousand items.
+//!
+//! ## Operating
+//!
+//! [`DynamoDbStore`] implements [`idem_core::Admin`], which the `idem` command drives
+//! (`idem --store 'dynamodb://TABLE?region=eu-west-1' stats`). Listing and counting are a
+//! paged, strongly consistent `Scan` filtered to the prefix: it consumes read capacity
+//! for every item of the table, whatever the filter keeps (1 read capacity unit per 4 KB),
+//! so an `idem stats` over a 1 GB table costs about 262 000 RCUs. Fine for an occasional look;
+//! when a table holds millions of items, or many prefixes share it, a global secondary
+//! index keyed by the prefix and sorted by creation would make listing read only the
+//! store's own items. The release and the deletion are single conditional writes.
 
 #![warn(missing_docs)]
 
+mod admin;
 mod errors;
 mod expressions;
 mod item;

@@ -197,6 +197,30 @@ impl DynamoDbStore {
         &self.client
     }
 
+    pub(crate) fn table_name(&self) -> &str {
+        self.table.as_str()
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub(crate) fn clock_now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    pub(crate) fn skew_margin_value(&self) -> Duration {
+        self.skew_margin
+    }
+
+    pub(crate) fn cutoff_at(&self, now: Timestamp) -> u64 {
+        self.cutoff(now)
+    }
+
     fn pk(&self, key: &Key) -> AttributeValue {
         s(&item::partition_key(&self.prefix, key))
     }

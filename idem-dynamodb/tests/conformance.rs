@@ -11,3 +11,14 @@ idem_testkit::conformance_tests!(
         common::store_in(&endpoint, namespace.as_str()).await
     },
 );
+
+mod admin {
+    use idem_testkit::Namespace;
+
+    idem_testkit::admin_conformance_tests!(
+        service: "IDEM_TEST_DYNAMODB_ENDPOINT",
+        |endpoint: String, namespace: Namespace| async move {
+            super::common::store_in(&endpoint, namespace.as_str()).await
+        },
+    );
+}

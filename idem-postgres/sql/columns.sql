@@ -1,5 +1,6 @@
 -- The columns every read returns. {steps_when} says when the steps are decoded: always
 -- for get; for claim only while in progress (an owner needs them, a replay does not).
+-- {response} is the response column, or nothing where an operator's listing leaves it out.
 state,
 token,
 attempt,
@@ -7,7 +8,7 @@ fingerprint,
 floor(extract(epoch FROM lease_until) * 1000)::bigint AS lease_until_ms,
 floor(extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
 floor(extract(epoch FROM expires_at) * 1000)::bigint AS expires_at_ms,
-response,
+{response} AS response,
 resumed,
 CASE WHEN {steps_when}
      THEN ARRAY(SELECT s.key FROM jsonb_each_text(steps) AS s ORDER BY s.key)

@@ -22,6 +22,9 @@ CREATE TABLE IF NOT EXISTS {table} (
 -- purge_expired scans by expiry.
 CREATE INDEX IF NOT EXISTS {index_expires_at} ON {table} (expires_at);
 
+-- Listing for operators, oldest first (Admin::list).
+CREATE INDEX IF NOT EXISTS {index_created} ON {table} (created_at, scope, key);
+
 -- Finding stuck work: in-progress records by lease end.
 CREATE INDEX IF NOT EXISTS {index_in_progress_lease} ON {table} (lease_until)
     WHERE state = 'in_progress';

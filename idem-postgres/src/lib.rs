@@ -51,9 +51,19 @@
 //! sqlx errors become [`StoreError`](idem_core::StoreError)s: connection loss, pool
 //! timeouts, serialization failures and deadlocks are retryable; a missing table (run
 //! `migrate()`), bad credentials and constraint violations are not.
+//!
+//! ## Operating
+//!
+//! [`PostgresStore`] implements [`idem_core::Admin`], which the `idem` command drives
+//! (`idem --store postgres://... --table idem_records stats`). Listing pages by the index
+//! on `(created_at, scope, key)` that `migrate()` creates, stuck work by the partial index
+//! on in-progress leases; `stats` counts in one statement (a full scan of the table: cheap
+//! at thousands of rows, seconds at tens of millions). The operator's release is one
+//! `UPDATE` that the row lock orders against a worker's `complete`.
 
 #![warn(missing_docs)]
 
+mod admin;
 mod errors;
 mod queries;
 mod rows;

@@ -13,6 +13,11 @@ const RELEASE: &str = include_str!("../sql/release.sql");
 const RENEW: &str = include_str!("../sql/renew.sql");
 const CHECKPOINT: &str = include_str!("../sql/checkpoint.sql");
 const PURGE: &str = include_str!("../sql/purge.sql");
+const ADMIN_LIST: &str = include_str!("../sql/admin_list.sql");
+const ADMIN_STATS: &str = include_str!("../sql/admin_stats.sql");
+const ADMIN_TOP_SCOPES: &str = include_str!("../sql/admin_top_scopes.sql");
+const ADMIN_RELEASE: &str = include_str!("../sql/admin_release.sql");
+const ADMIN_DELETE: &str = include_str!("../sql/admin_delete.sql");
 
 /// When a row counts as present (DESIGN.md section 2): unexpired, or held by a live lease.
 /// Every statement that decides between "there is a record" and "there is none" uses it,
@@ -34,12 +39,17 @@ pub(crate) struct Queries {
     pub(crate) renew: Arc<str>,
     pub(crate) checkpoint: Arc<str>,
     pub(crate) purge: Arc<str>,
+    pub(crate) admin_list: Arc<str>,
+    pub(crate) admin_stats: Arc<str>,
+    pub(crate) admin_top_scopes: Arc<str>,
+    pub(crate) admin_release: Arc<str>,
+    pub(crate) admin_delete: Arc<str>,
 }
 
 impl Queries {
     pub(crate) fn for_table(table: &TableName) -> Self {
         // Only validated identifiers are spliced in; every value is a bind parameter.
-        let render = |sql: &str, steps_when: &str| -> Arc<str> {
+        let render_with = |sql: &str, steps_when: &str, response: &str| -> Arc<str> {
             let columns = COLUMNS
                 .lines()
                 .filter(|line| !line.starts_with("--"))
@@ -47,6 +57,7 @@ impl Queries {
                 .join("\n");
             sql.replace("{columns}", columns.trim_end())
                 .replace("{steps_when}", steps_when)
+                .replace("{response}", response)
                 .replace("{r.present}", &present("r."))
                 .replace("{present}", &present(""))
                 .replace("{table}", table.qualified())
@@ -55,8 +66,10 @@ impl Queries {
                     "{index_in_progress_lease}",
                     &table.index("in_progress_lease"),
                 )
+                .replace("{index_created}", &table.index("created"))
                 .into()
         };
+        let render = |sql: &str, steps_when: &str| render_with(sql, steps_when, "response");
         let render_all = |sql: &str| render(sql, "true");
         Self {
             migrate: render_all(MIGRATE),
@@ -67,6 +80,11 @@ impl Queries {
             renew: render_all(RENEW),
             checkpoint: render_all(CHECKPOINT),
             purge: render_all(PURGE),
+            admin_list: render_with(ADMIN_LIST, "true", "CASE WHEN $8 THEN r.response END"),
+            admin_stats: render_all(ADMIN_STATS),
+            admin_top_scopes: render_all(ADMIN_TOP_SCOPES),
+            admin_release: render_all(ADMIN_RELEASE),
+            admin_delete: render_all(ADMIN_DELETE),
         }
     }
 }

@@ -117,6 +117,10 @@ impl PostgresStore {
         &self.pool
     }
 
+    pub(crate) fn queries(&self) -> &Queries {
+        &self.queries
+    }
+
     /// Creates the table and its indexes when missing (the DDL is in the crate docs).
     /// Idempotent, and safe to run from many processes at once: it holds a transaction
     /// advisory lock while it runs.

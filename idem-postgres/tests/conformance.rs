@@ -11,3 +11,14 @@ idem_testkit::conformance_tests!(
         common::store_in(&url, namespace.as_str(), 16).await
     }
 );
+
+mod admin {
+    use idem_testkit::Namespace;
+
+    idem_testkit::admin_conformance_tests!(
+        service: "IDEM_TEST_POSTGRES_URL",
+        |url: String, namespace: Namespace| async move {
+            super::common::store_in(&url, namespace.as_str(), 16).await
+        }
+    );
+}

@@ -54,9 +54,18 @@
 //! share a key, even when one is a prefix of the other. A record lives until it expires or
 //! its lease ends, whichever is later; Redis deletes it then, so `purge_expired` returns 0,
 //! and a key claimed again after its record vanished starts a new lifetime at token 1.
+//!
+//! ## Operating
+//!
+//! [`RedisStore`] implements [`idem_core::Admin`], which the `idem` command drives
+//! (`idem --store redis+cluster://10.0.0.1:7001,10.0.0.2:7001 stats`). Listing and counting
+//! `SCAN` the prefix on every primary of a Cluster and read each record (one round trip
+//! per record): fine for an operator's occasional look at thousands of records; for
+//! millions, watch the metrics instead. The release is one Lua script.
 
 #![warn(missing_docs)]
 
+mod admin;
 mod errors;
 mod layout;
 mod scripts;

@@ -23,6 +23,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) checkpoint: Script,
     pub(crate) get: Script,
+    pub(crate) admin_release: Script,
 }
 
 impl Scripts {
@@ -35,6 +36,7 @@ impl Scripts {
             renew: script!("renew.lua"),
             checkpoint: script!("checkpoint.lua"),
             get: script!("get.lua"),
+            admin_release: script!("admin_release.lua"),
         }
     }
 }

@@ -19,13 +19,24 @@ use crate::scripts::Scripts;
 
 /// The two kinds of connection, behind one store type.
 #[derive(Clone)]
-enum Connection {
+pub(crate) enum Connection {
     Standalone(ConnectionManager),
     Cluster(ClusterConnection),
 }
 
 impl Connection {
-    async fn invoke<T: FromRedisValue>(&self, invocation: &ScriptInvocation<'_>) -> RedisResult<T> {
+    /// Runs a plain command, routed by its key on a cluster.
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
+        match self {
+            Connection::Standalone(manager) => cmd.query_async(&mut manager.clone()).await,
+            Connection::Cluster(cluster) => cmd.query_async(&mut cluster.clone()).await,
+        }
+    }
+
+    pub(crate) async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> RedisResult<T> {
         // Both handles are cheap clones over one multiplexed connection (per node).
         match self {
             Connection::Standalone(manager) => invocation.invoke_async(&mut manager.clone()).await,
@@ -183,6 +194,22 @@ impl RedisStore {
 
     fn key(&self, key: &Key) -> Vec<u8> {
         layout::record_key(&self.prefix, key)
+    }
+
+    pub(crate) fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    pub(crate) fn record_key(&self, key: &Key) -> Vec<u8> {
+        self.key(key)
     }
 
     async fn fenced(

@@ -27,3 +27,8 @@ CREATE TABLE IF NOT EXISTS idem_steps (
     value BLOB NOT NULL,
     PRIMARY KEY (scope, key, step)
 ) WITHOUT ROWID;
+
+-- Listing for operators, oldest first (Admin::list), and finding stuck work.
+CREATE INDEX IF NOT EXISTS idem_records_created ON idem_records (created_at, scope, key);
+CREATE INDEX IF NOT EXISTS idem_records_in_progress_lease ON idem_records (lease_until)
+    WHERE state = 'in_progress';

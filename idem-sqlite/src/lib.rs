@@ -29,9 +29,17 @@
 //! When the work's effect is only rows in the same database, write them and mark the key
 //! completed in one transaction with [`SqliteStore::complete_in`]: both commit or neither
 //! does, so no crash can leave a debit without its idempotency record.
+//!
+//! ## Operating
+//!
+//! [`SqliteStore`] implements [`idem_core::Admin`], which the `idem` command drives
+//! (`idem --store sqlite:///path/to/idem.db stats`). Listing walks the index on
+//! `(created_at, scope, key)`; stuck work comes from the partial index on in-progress
+//! leases; the release is one `BEGIN IMMEDIATE` transaction through the state machine.
 
 #![warn(missing_docs)]
 
+mod admin;
 mod connection;
 mod errors;
 mod rows;

@@ -254,8 +254,22 @@ impl SqliteStore {
         Ok(outcome)
     }
 
+    /// The store's clock.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Runs `job` on the store's connection thread.
+    pub(crate) async fn run<T, F>(&self, operation: Operation, job: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.connection.run(operation, job).await
+    }
+
     /// Runs one transition in its own `BEGIN IMMEDIATE` transaction on the store's thread.
-    async fn transition<O, F>(
+    pub(crate) async fn transition<O, F>(
         &self,
         operation: Operation,
         key: &Key,

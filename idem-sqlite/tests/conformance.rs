@@ -31,3 +31,22 @@ mod file_on_a_manual_clock {
             .expect("a database file")
     });
 }
+
+mod admin_in_memory {
+    use idem_sqlite::SqliteStore;
+
+    idem_testkit::admin_conformance_tests!(manual_clock: |clock, _| async move {
+        SqliteStore::builder_in_memory()
+            .clock(clock)
+            .open()
+            .expect("an in-memory database")
+    });
+}
+
+mod admin_file {
+    use idem_sqlite::SqliteStore;
+
+    idem_testkit::admin_conformance_tests!(|_| async {
+        SqliteStore::open(super::common::fresh_db_path()).expect("a database file")
+    });
+}

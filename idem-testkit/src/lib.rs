@@ -52,6 +52,7 @@
 
 #![warn(missing_docs)]
 
+mod admin_suite;
 mod capabilities;
 mod cases;
 mod model;
@@ -62,11 +63,12 @@ mod services;
 mod suite;
 mod support;
 
+pub use admin_suite::{AdminCase, AdminSuite};
 pub use capabilities::Capabilities;
 pub use namespace::Namespace;
 pub use races::execute_races;
 pub use services::service_url;
-pub use suite::{Case, CaseResult, Report, Suite};
+pub use suite::{Case, CaseName, CaseResult, Report, Suite};
 
 /// Generates one `#[test]` per conformance [`Case`], each on a fresh store from `factory`.
 ///
@@ -219,6 +221,114 @@ macro_rules! __cases {
                     suite
                         .with_capabilities($capabilities)
                         .run_blocking($crate::Case::$variant);
+                }
+            }
+        )*
+    };
+}
+
+/// Generates one `#[test]` per [`AdminCase`], the operator's side of a store
+/// ([`idem_core::Admin`]), each on fresh stores from `factory`. The same forms as
+/// [`conformance_tests!`]: a plain factory, `manual_clock:` or `service: "VARIABLE",`.
+///
+/// ```
+/// use idem_core::MemoryStore;
+///
+/// mod admin {
+///     idem_testkit::admin_conformance_tests!(|_namespace| async { idem_core::MemoryStore::new() });
+/// }
+/// # fn main() {}
+/// ```
+#[macro_export]
+macro_rules! admin_conformance_tests {
+    (service: $variable:literal, $factory:expr $(,)?) => {
+        $crate::admin_conformance_tests!(service: $variable, $factory, $crate::Capabilities::default());
+    };
+    (service: $variable:literal, $factory:expr, $capabilities:expr $(,)?) => {
+        $crate::__with_admin_cases!(tests ($crate::AdminSuite::for_service($variable, $factory), $capabilities));
+    };
+    (manual_clock: $factory:expr $(,)?) => {
+        $crate::admin_conformance_tests!(manual_clock: $factory, $crate::Capabilities::default());
+    };
+    (manual_clock: $factory:expr, $capabilities:expr $(,)?) => {
+        $crate::__with_admin_cases!(tests (Some($crate::AdminSuite::with_manual_clock($factory)), $capabilities));
+    };
+    ($factory:expr $(,)?) => {
+        $crate::admin_conformance_tests!($factory, $crate::Capabilities::default());
+    };
+    ($factory:expr, $capabilities:expr $(,)?) => {
+        $crate::__with_admin_cases!(tests (Some($crate::AdminSuite::new($factory)), $capabilities));
+    };
+}
+
+/// The single list of admin cases: the `AdminCase` enum and the generated tests.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_admin_cases {
+    ($mode:ident $args:tt) => {
+        $crate::__admin_cases! { $mode $args
+            list_filters_and_orders => ListFiltersAndOrders:
+                "list filters by state, stuck work and scope prefix, oldest first.";
+            list_pages_through_every_record_once => ListPagesThroughEveryRecordOnce:
+                "Walking list's cursors visits every record exactly once, in order, with records added meanwhile.";
+            list_leaves_responses_out_unless_asked => ListLeavesResponsesOutUnlessAsked:
+                "list leaves response bytes out (keeping their length) unless asked for them.";
+            stats_count_what_the_store_holds => StatsCountWhatTheStoreHolds:
+                "stats counts states, live and ended leases, absent records, the oldest in-progress record and the largest scopes.";
+            operator_release_fences_the_owner => OperatorReleaseFencesTheOwner:
+                "An operator's release takes an in-progress key over: the owner is fenced, the next claim resumes; finished or missing records are refused.";
+            operator_release_races_the_owners_complete => OperatorReleaseRacesTheOwnersComplete:
+                "An operator's release racing the owner's complete: exactly one wins, and exactly one result is ever stored.";
+            delete_removes_one_record => DeleteRemovesOneRecord:
+                "delete removes one record in any state; its owner is fenced and the key starts a new lifetime.";
+            admin_reaches_only_its_namespace => AdminReachesOnlyItsNamespace:
+                "list, stats, release and delete never reach a namespace that is a prefix of the store's, or has it as a prefix.";
+            matches_the_state_machine_with_admin => MatchesTheStateMachineWithAdmin:
+                "Random sequences with operator releases and deletions interleaved: every answer equals the state machine's.";
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __admin_cases {
+    (enum () $($name:ident => $variant:ident : $doc:literal;)*) => {
+        /// One behaviour of the admin contract ([`idem_core::Admin`]); each is a named test.
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+        #[non_exhaustive]
+        pub enum AdminCase {
+            $(#[doc = $doc] $variant,)*
+        }
+
+        impl AdminCase {
+            /// Every admin case, in the order the suite runs them.
+            pub const ALL: &'static [AdminCase] = &[$(AdminCase::$variant,)*];
+
+            /// The case's name, which is also its generated test's name.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(AdminCase::$variant => stringify!($name),)*
+                }
+            }
+
+            /// What the case checks.
+            pub const fn description(self) -> &'static str {
+                match self {
+                    $(AdminCase::$variant => $doc,)*
+                }
+            }
+        }
+    };
+    (tests ($suite:expr, $capabilities:expr) $($name:ident => $variant:ident : $doc:literal;)*) => {
+        $(
+            #[doc = $doc]
+            #[test]
+            fn $name() {
+                let suite: ::core::option::Option<$crate::AdminSuite> = $suite;
+                if let ::core::option::Option::Some(suite) = suite {
+                    suite
+                        .with_capabilities($capabilities)
+                        .run_blocking($crate::AdminCase::$variant);
                 }
             }
         )*

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    AttemptId, ClaimOutcome, ClaimRequest, Clock, Expiry, Fingerprint, Key, Lease, ManualClock,
-    Record, RenewOutcome, StepName, Store, Timestamp,
+    Admin, AttemptId, ClaimOutcome, ClaimRequest, Clock, Expiry, Fingerprint, Key, Lease,
+    ManualClock, Record, RenewOutcome, StepName, Store, Timestamp,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -97,6 +97,16 @@ enum Op {
     Purge,
     /// Moves the manual clock (only generated when there is one).
     Advance(Span),
+    /// An operator's release (only generated for stores with `Admin`).
+    OperatorRelease {
+        scope: usize,
+        key: usize,
+    },
+    /// An operator's deletion (only generated for stores with `Admin`).
+    Delete {
+        scope: usize,
+        key: usize,
+    },
 }
 
 /// Durations that can be compared on any clock: over at once, or live for the whole run.
@@ -117,7 +127,7 @@ fn timed_span() -> BoxedStrategy<Span> {
     .boxed()
 }
 
-fn op(timed: bool) -> BoxedStrategy<Op> {
+fn op(timed: bool, admin: bool) -> BoxedStrategy<Op> {
     let span = if timed { timed_span() } else { untimed_span() };
     let lease = 0..8usize;
     let ops = prop_oneof![
@@ -132,16 +142,31 @@ fn op(timed: bool) -> BoxedStrategy<Op> {
         1 => (0..SCOPES.len(), 0..KEYS.len()).prop_map(|(scope, key)| Op::Get { scope, key }),
         1 => Just(Op::Purge),
     ];
-    if timed {
+    let ops = if timed {
         prop_oneof![4 => ops, 1 => span.prop_map(Op::Advance)].boxed()
     } else {
         ops.boxed()
+    };
+    if admin {
+        let target = (0..SCOPES.len(), 0..KEYS.len());
+        prop_oneof![
+            8 => ops,
+            1 => target.clone().prop_map(|(scope, key)| Op::OperatorRelease { scope, key }),
+            1 => target.prop_map(|(scope, key)| Op::Delete { scope, key }),
+        ]
+        .boxed()
+    } else {
+        ops
     }
 }
 
-fn sequence(timed: bool) -> impl Strategy<Value = Vec<Op>> {
-    proptest::collection::vec(op(timed), 1..=40)
+fn sequence(timed: bool, admin: bool) -> impl Strategy<Value = Vec<Op>> {
+    proptest::collection::vec(op(timed, admin), 1..=40)
 }
+
+/// The attempt id the model gives an operator's release; the store picks its own. Both
+/// print as "operator" (see `attempt_name`).
+const OPERATOR: AttemptId = AttemptId::from_bytes([0xA5; 16]);
 
 /// The reference: the pure state machine over a map. On a manual clock it reads the same
 /// clock as the store; otherwise it stands at one fixed instant, where zero spans are over
@@ -237,7 +262,16 @@ fn comparable_claim(
     })
 }
 
-fn comparable_record(record: Option<&Record>, exact_times: bool) -> String {
+/// An attempt id by what it is in the run: one of the generated attempts, or an
+/// operator's.
+fn attempt_name(attempt: &AttemptId, attempts: &[AttemptId]) -> String {
+    attempts
+        .iter()
+        .position(|a| a == attempt)
+        .map_or_else(|| "operator".to_owned(), |i| format!("attempt {i}"))
+}
+
+fn comparable_record(record: Option<&Record>, exact_times: bool, attempts: &[AttemptId]) -> String {
     match record {
         None => "None".into(),
         Some(r) => {
@@ -250,8 +284,13 @@ fn comparable_record(record: Option<&Record>, exact_times: bool) -> String {
                 String::new()
             };
             format!(
-                "Some({:?} token {} attempt {:?} fingerprint {:?} response {:?} steps {:?}{times})",
-                r.state, r.token, r.attempt, r.fingerprint, r.response, r.steps
+                "Some({:?} token {} {} fingerprint {:?} response {:?} steps {:?}{times})",
+                r.state,
+                r.token,
+                attempt_name(&r.attempt, attempts),
+                r.fingerprint,
+                r.response,
+                r.steps
             )
         }
     }
@@ -269,8 +308,10 @@ fn comparable_renew(outcome: &RenewOutcome, exact_times: bool) -> String {
 }
 
 /// Runs one sequence on a fresh store and on the model; the first disagreement is an error.
+/// `admin` is the same store's operator side, when it has one.
 async fn check_sequence(
     store: &dyn Store,
+    admin: Option<&dyn Admin>,
     ops: &[Op],
     clock: Option<&ManualClock>,
 ) -> Result<(), String> {
@@ -391,8 +432,8 @@ async fn check_sequence(
                 let actual = store.get(&k).await.map_err(|e| store_error(i, e))?;
                 let expected = machine::visible(model.records.get(&k), model.now);
                 (
-                    comparable_record(actual.as_ref(), exact),
-                    comparable_record(expected, exact),
+                    comparable_record(actual.as_ref(), exact, &attempts),
+                    comparable_record(expected, exact, &attempts),
                 )
             }
             Op::Purge => {
@@ -410,6 +451,21 @@ async fn check_sequence(
                     clock.advance(span.duration());
                 }
                 continue;
+            }
+            Op::OperatorRelease { scope, key: k } => {
+                let Some(admin) = admin else { continue };
+                let k = key(scope, k);
+                let actual = admin.release_key(&k).await.map_err(|e| store_error(i, e))?;
+                let expected =
+                    model.apply(&k, |r, now| machine::operator_release(r, OPERATOR, now));
+                (format!("{actual:?}"), format!("{expected:?}"))
+            }
+            Op::Delete { scope, key: k } => {
+                let Some(admin) = admin else { continue };
+                let k = key(scope, k);
+                let actual = admin.delete(&k).await.map_err(|e| store_error(i, e))?;
+                let expected = model.records.remove(&k).is_some();
+                (format!("deleted {actual}"), format!("deleted {expected}"))
             }
         };
         if actual != expected {
@@ -431,27 +487,54 @@ where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Store>>,
 {
+    search(false, clock, |ops, clock| {
+        let made = factory();
+        async move { check_sequence(made.await.as_ref(), None, &ops, clock.as_ref()).await }
+    })
+    .await;
+}
+
+/// [`run`] with operator releases and deletions interleaved, for stores with `Admin`.
+pub(crate) async fn run_admin<F, Fut>(factory: F, clock: Option<ManualClock>)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Admin>>,
+{
+    search(true, clock, |ops, clock| {
+        let made = factory();
+        async move {
+            let admin = made.await;
+            let store = crate::admin_suite::as_store(&admin);
+            check_sequence(store.as_ref(), Some(admin.as_ref()), &ops, clock.as_ref()).await
+        }
+    })
+    .await;
+}
+
+async fn search<C, Fut>(admin: bool, clock: Option<ManualClock>, check: C)
+where
+    C: Fn(Vec<Op>, Option<ManualClock>) -> Fut,
+    Fut: Future<Output = Result<(), String>>,
+{
     let config = Config {
         failure_persistence: None,
         ..Config::default()
     };
     let cases = config.cases;
     let mut runner = TestRunner::new(config);
-    let strategy = sequence(clock.is_some());
-    let clock = clock.as_ref();
+    let strategy = sequence(clock.is_some(), admin);
     for case in 0..cases {
         let mut tree = strategy
             .new_tree(&mut runner)
             .expect("the strategy always generates");
-        let Err(first) = check_sequence(factory().await.as_ref(), &tree.current(), clock).await
-        else {
+        let Err(first) = check(tree.current(), clock.clone()).await else {
             continue;
         };
         let (mut smallest, mut reason) = (tree.current(), first);
         let mut steps = 0;
         while steps < MAX_SHRINK_STEPS && tree.simplify() {
             steps += 1;
-            match check_sequence(factory().await.as_ref(), &tree.current(), clock).await {
+            match check(tree.current(), clock.clone()).await {
                 Err(why) => (smallest, reason) = (tree.current(), why),
                 Ok(()) => {
                     if !tree.complicate() {

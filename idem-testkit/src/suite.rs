@@ -13,7 +13,7 @@ use crate::{Capabilities, Namespace, model, quiet};
 crate::__with_cases!(enum ());
 
 type StoreFuture = Pin<Box<dyn Future<Output = Arc<dyn Store>> + Send>>;
-type Factory = Arc<dyn Fn(Namespace) -> StoreFuture + Send + Sync>;
+pub(crate) type Factory = Arc<dyn Fn(Namespace) -> StoreFuture + Send + Sync>;
 
 /// A store factory with its capabilities: runs conformance cases.
 ///
@@ -211,31 +211,15 @@ impl Suite {
     async fn run_model(&self) {
         let factory = Arc::clone(&self.factory);
         let clock = self.capabilities.manual_clock.clone();
-        let quiet = self.quiet;
-        let run = tokio::task::spawn_blocking(move || {
-            let model = model::run(move || factory(Namespace::fresh()), clock);
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a Tokio runtime for the model-based case")
-                .block_on(quiet::maybe(quiet, model))
-        });
-        if let Err(err) = run.await {
-            match err.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                Err(err) => panic!("the model-based case did not finish: {err}"),
-            }
-        }
+        on_own_thread(self.quiet, move || {
+            model::run(move || factory(Namespace::fresh()), clock)
+        })
+        .await;
     }
 
     /// Runs one case on a new multi-threaded Tokio runtime; what the generated tests call.
     pub fn run_blocking(&self, case: Case) {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(4)
-            .enable_all()
-            .build()
-            .expect("a Tokio runtime for the conformance case")
-            .block_on(self.run(case));
+        block_on_new_runtime(self.run(case));
     }
 
     /// Runs every case, each in its own task so one failure does not hide the next, and
@@ -243,23 +227,75 @@ impl Suite {
     /// model-based case, the shrunk sequence, the operation that diverged, and both
     /// answers), not onto stderr.
     pub async fn run_all(&self) -> Report {
-        let mut results = Vec::with_capacity(Case::ALL.len());
-        for &case in Case::ALL {
-            let mut suite = self.clone();
-            suite.quiet = true;
-            let outcome =
-                tokio::spawn(quiet::Quiet::new(async move { suite.run(case).await })).await;
-            let failure = outcome.err().map(|err| match err.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "the case panicked".to_owned()),
-                Err(err) => format!("the case did not finish: {err}"),
-            });
-            results.push(CaseResult { case, failure });
-        }
-        Report { results }
+        let mut quiet = self.clone();
+        quiet.quiet = true;
+        run_each(Case::ALL, move |case| {
+            let suite = quiet.clone();
+            async move { suite.run(case).await }
+        })
+        .await
+    }
+
+    /// The same suite, its failures kept out of stderr (for a report).
+    pub(crate) fn quietly(&self) -> Self {
+        let mut quiet = self.clone();
+        quiet.quiet = true;
+        quiet
+    }
+
+    /// The clock the stores read, when the suite moves it.
+    pub(crate) fn with_clock(mut self, clock: Option<ManualClock>) -> Self {
+        self.capabilities.manual_clock = clock;
+        self
+    }
+
+    pub(crate) fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    pub(crate) fn is_quiet(&self) -> bool {
+        self.quiet
+    }
+}
+
+/// Runs each case in a task of its own and reports which failed and why.
+pub(crate) async fn run_each<C, F, Fut>(cases: &[C], run: F) -> Report<C>
+where
+    C: CaseName,
+    F: Fn(C) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let mut results = Vec::with_capacity(cases.len());
+    for &case in cases {
+        let outcome = tokio::spawn(quiet::Quiet::new(run(case))).await;
+        let failure = outcome.err().map(|err| match err.try_into_panic() {
+            Ok(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "the case panicked".to_owned()),
+            Err(err) => format!("the case did not finish: {err}"),
+        });
+        results.push(CaseResult { case, failure });
+    }
+    Report { results }
+}
+
+/// A kind of conformance case: [`Case`] or [`AdminCase`](crate::AdminCase).
+pub trait CaseName: Copy + PartialEq + fmt::Debug + Send + 'static {
+    /// The case's name, which is also its generated test's name.
+    fn name(self) -> &'static str;
+    /// What the case checks.
+    fn description(self) -> &'static str;
+}
+
+impl CaseName for Case {
+    fn name(self) -> &'static str {
+        Case::name(self)
+    }
+
+    fn description(self) -> &'static str {
+        Case::description(self)
     }
 }
 
@@ -273,28 +309,28 @@ impl fmt::Debug for Suite {
 
 /// The result of one case in [`Suite::run_all`].
 #[derive(Clone, Debug)]
-pub struct CaseResult {
+pub struct CaseResult<C = Case> {
     /// The case.
-    pub case: Case,
+    pub case: C,
     /// Why it failed, whole (every line the case reported), or `None` when it passed.
     pub failure: Option<String>,
 }
 
 /// What [`Suite::run_all`] found.
 #[derive(Clone, Debug)]
-pub struct Report {
+pub struct Report<C = Case> {
     /// One result per case, in order.
-    pub results: Vec<CaseResult>,
+    pub results: Vec<CaseResult<C>>,
 }
 
-impl Report {
+impl<C: CaseName> Report<C> {
     /// True when every case passed.
     pub fn passed(&self) -> bool {
         self.results.iter().all(|r| r.failure.is_none())
     }
 
     /// The cases that failed.
-    pub fn failed(&self) -> Vec<Case> {
+    pub fn failed(&self) -> Vec<C> {
         self.results
             .iter()
             .filter(|r| r.failure.is_some())
@@ -303,7 +339,7 @@ impl Report {
     }
 }
 
-impl fmt::Display for Report {
+impl<C: CaseName> fmt::Display for Report<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let failed = self.failed();
         writeln!(
@@ -327,4 +363,37 @@ impl fmt::Display for Report {
         }
         Ok(())
     }
+}
+
+/// Runs the future `make` builds on a thread and a current-thread runtime of its own (the
+/// model's generator is not `Send`; the stores it makes live on that runtime), passing a
+/// panic on as it was.
+pub(crate) async fn on_own_thread<F, Fut>(quiet: bool, make: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let run = tokio::task::spawn_blocking(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime for the model-based case")
+            .block_on(quiet::maybe(quiet, make()))
+    });
+    if let Err(err) = run.await {
+        match err.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(err) => panic!("the model-based case did not finish: {err}"),
+        }
+    }
+}
+
+/// Runs `case` on a new multi-threaded Tokio runtime: what the generated tests call.
+pub(crate) fn block_on_new_runtime(case: impl Future<Output = ()>) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime for the case")
+        .block_on(case);
 }

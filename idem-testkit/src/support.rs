@@ -26,7 +26,7 @@ pub(crate) fn request(
     ClaimRequest::new(key.clone(), fp(fingerprint), lease, retention)
 }
 
-pub(crate) async fn claim(store: &dyn Store, request: &ClaimRequest) -> ClaimOutcome {
+pub(crate) async fn claim<S: Store + ?Sized>(store: &S, request: &ClaimRequest) -> ClaimOutcome {
     store
         .claim(request)
         .await
@@ -34,7 +34,10 @@ pub(crate) async fn claim(store: &dyn Store, request: &ClaimRequest) -> ClaimOut
 }
 
 /// Claims and insists on a fresh or taken-over lease.
-pub(crate) async fn claimed(store: &dyn Store, request: &ClaimRequest) -> (Lease, bool, Steps) {
+pub(crate) async fn claimed<S: Store + ?Sized>(
+    store: &S,
+    request: &ClaimRequest,
+) -> (Lease, bool, Steps) {
     match claim(store, request).await {
         ClaimOutcome::Claimed {
             lease,
@@ -46,14 +49,14 @@ pub(crate) async fn claimed(store: &dyn Store, request: &ClaimRequest) -> (Lease
     }
 }
 
-pub(crate) async fn get(store: &dyn Store, key: &Key) -> Option<Record> {
+pub(crate) async fn get<S: Store + ?Sized>(store: &S, key: &Key) -> Option<Record> {
     store
         .get(key)
         .await
         .unwrap_or_else(|err| panic!("get failed with a store error: {err}"))
 }
 
-pub(crate) async fn get_some(store: &dyn Store, key: &Key) -> Record {
+pub(crate) async fn get_some<S: Store + ?Sized>(store: &S, key: &Key) -> Record {
     get(store, key)
         .await
         .expect("get found no record where one must be")

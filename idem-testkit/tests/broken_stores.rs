@@ -8,11 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, MAX_DURATION, MemoryStore, Operation,
-    Record, RenewOutcome, State, StepName, Store, StoreError, Timestamp, WriteOutcome,
-    storage_name,
+    Admin, AttemptId, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, ListQuery, MAX_DURATION,
+    MemoryStore, Operation, OperatorRelease, Page, Record, RenewOutcome, State, Stats, StepName,
+    Store, StoreError, Timestamp, WriteOutcome, select_page, storage_name,
 };
-use idem_testkit::{Case, Namespace, Report, Suite};
+use idem_testkit::{AdminCase, AdminSuite, Case, CaseName, Namespace, Report, Suite};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Flaw {
@@ -36,6 +36,11 @@ enum Flaw {
     /// Durations reach the backend unclamped, and it refuses those past a century
     /// (PostgreSQL's and Redis's failures before issue 11).
     RefusesLongDurations,
+    /// An operator's release ends the lease but keeps the token and the attempt: the owner
+    /// is not fenced.
+    ReleaseKeepsTheOwner,
+    /// `list` ignores the cursor: every page starts from the beginning.
+    ListForgetsTheCursor,
 }
 
 /// A key-value backend shared by every store one factory makes, as a server is.
@@ -206,6 +211,74 @@ impl Store for FlawedStore {
     }
 }
 
+#[async_trait]
+impl Admin for FlawedStore {
+    async fn list(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        let mut query = query.clone();
+        if self.has(Flaw::ListForgetsTheCursor) {
+            query.after = None;
+        }
+        select_page(self.records(), &query, Timestamp::now())
+    }
+
+    async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
+        Ok(Stats::tally(&self.records(), Timestamp::now(), top_scopes))
+    }
+
+    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+        let attempt = AttemptId::random();
+        Ok(self.apply(key, |record, now| {
+            let mut step = machine::operator_release(record, attempt, now);
+            if let (true, Some(written), Some(before)) = (
+                self.has(Flaw::ReleaseKeepsTheOwner),
+                &mut step.write,
+                record,
+            ) {
+                written.token = before.token;
+                written.attempt = before.attempt;
+            }
+            step
+        }))
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let name = self.name(key);
+        Ok(self
+            .backend
+            .lock()
+            .expect("not poisoned")
+            .remove(&name)
+            .is_some())
+    }
+}
+
+impl FlawedStore {
+    /// This namespace's records, as its purge sees the namespace.
+    fn records(&self) -> Vec<Record> {
+        let records = self.backend.lock().expect("not poisoned");
+        records
+            .iter()
+            .filter(|(name, _)| self.in_namespace(name))
+            .map(|(_, record)| record.clone())
+            .collect()
+    }
+}
+
+/// An admin suite over stores with `flaw`, all on one shared backend.
+fn admin_suite(flaw: Option<Flaw>) -> AdminSuite {
+    let backend = Backend::default();
+    AdminSuite::new(move |namespace: Namespace| {
+        let backend = Arc::clone(&backend);
+        async move {
+            FlawedStore {
+                backend,
+                namespace: namespace.into(),
+                flaw,
+            }
+        }
+    })
+}
+
 /// A suite over stores with `flaw`, all on one shared backend.
 fn suite(flaw: Option<Flaw>) -> Suite {
     let backend = Backend::default();
@@ -223,7 +296,7 @@ fn suite(flaw: Option<Flaw>) -> Suite {
 
 /// The report must name every case in `required` and nothing outside `required` and
 /// `also_allowed`.
-fn assert_reported(report: &Report, required: &[Case], also_allowed: &[Case]) {
+fn assert_reported<C: CaseName>(report: &Report<C>, required: &[C], also_allowed: &[C]) {
     let failed = report.failed();
     for case in required {
         assert!(
@@ -250,6 +323,58 @@ async fn the_unbroken_references_pass() {
         assert!(report.passed(), "{report}");
         assert_eq!(report.results.len(), Case::ALL.len());
     }
+    for report in [
+        AdminSuite::new(|_| async { MemoryStore::new() })
+            .run_all()
+            .await,
+        admin_suite(None).run_all().await,
+    ] {
+        assert!(report.passed(), "{report}");
+        assert_eq!(report.results.len(), AdminCase::ALL.len());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_release_that_does_not_fence_the_owner_is_reported() {
+    let report = admin_suite(Some(Flaw::ReleaseKeepsTheOwner))
+        .run_all()
+        .await;
+    assert_reported(
+        &report,
+        &[
+            AdminCase::OperatorReleaseFencesTheOwner,
+            AdminCase::OperatorReleaseRacesTheOwnersComplete,
+            AdminCase::MatchesTheStateMachineWithAdmin,
+        ],
+        &[],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_listing_that_forgets_its_cursor_is_reported() {
+    let report = admin_suite(Some(Flaw::ListForgetsTheCursor))
+        .run_all()
+        .await;
+    assert_reported(&report, &[AdminCase::ListPagesThroughEveryRecordOnce], &[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_admin_that_reaches_other_namespaces_is_reported() {
+    let report = admin_suite(Some(Flaw::PurgeReachesOtherNamespaces))
+        .run_all()
+        .await;
+    assert_reported(
+        &report,
+        &[AdminCase::AdminReachesOnlyItsNamespace],
+        // Cases that count or page through what the store holds (or what its purge
+        // deleted) see other namespaces too.
+        &[
+            AdminCase::MatchesTheStateMachineWithAdmin,
+            AdminCase::ListFiltersAndOrders,
+            AdminCase::ListPagesThroughEveryRecordOnce,
+            AdminCase::StatsCountWhatTheStoreHolds,
+        ],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -11,3 +11,13 @@ mod manual_clock {
         MemoryStore::with_clock(clock)
     });
 }
+
+mod admin {
+    idem_testkit::admin_conformance_tests!(|_| async { idem_core::MemoryStore::new() });
+}
+
+mod admin_on_a_manual_clock {
+    idem_testkit::admin_conformance_tests!(manual_clock: |clock, _| async move {
+        idem_core::MemoryStore::with_clock(clock)
+    });
+}

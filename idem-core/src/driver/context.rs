@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 
 use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
@@ -119,23 +118,7 @@ impl Context {
     /// ```
     pub fn derive(&self, label: &str) -> String {
         let lease = self.lease();
-        let (scope, key) = (lease.key.scope(), lease.key.key());
-        let digest = Sha256::new()
-            .chain_update(b"idem.derive.v2")
-            .chain_update((scope.len() as u64).to_be_bytes())
-            .chain_update(scope)
-            .chain_update((key.len() as u64).to_be_bytes())
-            .chain_update(key)
-            .chain_update(self.inner.fingerprint.as_bytes())
-            .chain_update(lease.created_at.as_unix_millis().to_be_bytes())
-            .chain_update(label)
-            .finalize();
-        let mut out = String::with_capacity(5 + 32);
-        out.push_str("idem-");
-        for byte in &digest[..16] {
-            out.push_str(&format!("{byte:02x}"));
-        }
-        out
+        crate::derive_key(&lease.key, &self.inner.fingerprint, lease.created_at, label)
     }
 
     /// Runs the step `name` at most once across retries and takeovers.

@@ -1,5 +1,6 @@
 //! The conformance cases, one function per behaviour.
 
+pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod concurrency;
 pub(crate) mod driver;

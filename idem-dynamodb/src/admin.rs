@@ -1,0 +1,152 @@
+//! The operator's side of the DynamoDB store: a paged `Scan` of the store's prefix for
+//! listing and counting, conditional writes for the release and the deletion.
+//!
+//! Cost: `list` and `stats` read the whole table (a `Scan` filtered to the prefix still
+//! consumes read capacity for every item). Fine for an operator's occasional look; when a
+//! table holds millions of items or many prefixes, a global secondary index keyed by the
+//! prefix (and sorted by creation) would make listing read only the store's own items.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use idem_core::{
+    Admin, AttemptId, Key, ListQuery, Operation, OperatorRelease, Page, Record, State, Stats,
+    StoreError, Timestamp, select_page, storage_name,
+};
+
+use crate::errors::map;
+use crate::expressions::names;
+use crate::item::{self, b, n, s};
+use crate::store::DynamoDbStore;
+
+/// How often a release re-reads when the item changed between its read and its write.
+const RELEASE_ATTEMPTS: usize = 8;
+
+impl DynamoDbStore {
+    /// Every record under the prefix (a paged, consistent `Scan`), and the clock.
+    async fn records(&self, operation: Operation) -> Result<(Vec<Record>, Timestamp), StoreError> {
+        let now = self.clock_now();
+        let mut records = Vec::new();
+        let mut start: Option<HashMap<String, AttributeValue>> = None;
+        loop {
+            let page = self
+                .client()
+                .scan()
+                .table_name(self.table_name())
+                .filter_expression("begins_with(#pk, :prefix)")
+                .set_expression_attribute_names(Some(names(&["begins_with(#pk, :prefix)"])))
+                .expression_attribute_values(":prefix", s(self.namespace()))
+                .consistent_read(true)
+                .set_exclusive_start_key(start.take())
+                .send()
+                .await
+                .map_err(|err| map(operation, err))?;
+            for found in page.items() {
+                let Some(AttributeValue::S(pk)) = found.get(item::PK) else {
+                    continue;
+                };
+                let Ok(key) = storage_name::parse_namespaced_key_name(self.prefix(), pk) else {
+                    continue;
+                };
+                records.push(item::decode(&key, found)?.0);
+            }
+            match page.last_evaluated_key() {
+                Some(last) => start = Some(last.clone()),
+                None => return Ok((records, now)),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Admin for DynamoDbStore {
+    async fn list(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        let (records, now) = self.records(Operation::List).await?;
+        select_page(records, query, now)
+    }
+
+    async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
+        let (records, now) = self.records(Operation::Stats).await?;
+        Ok(Stats::tally(&records, now, top_scopes))
+    }
+
+    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+        let attempt = AttemptId::random();
+        // The fence's presence test, without the owner's token: any in-progress owner.
+        let condition = "#st = :in_progress AND (#ea > :now OR #lu > :cutoff)";
+        let update = "SET #tk = #tk + :one, #at = :at, #lu = :now";
+        for _ in 0..RELEASE_ATTEMPTS {
+            let now = self.clock_now();
+            let result = self
+                .client()
+                .update_item()
+                .table_name(self.table_name())
+                .key(item::PK, s(&item::partition_key(self.prefix(), key)))
+                .update_expression(update)
+                .condition_expression(condition)
+                .set_expression_attribute_names(Some(names(&[update, condition])))
+                .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
+                .expression_attribute_values(":now", n(now.as_unix_millis()))
+                .expression_attribute_values(":cutoff", n(self.cutoff_at(now)))
+                .expression_attribute_values(":one", n(1))
+                .expression_attribute_values(":at", b(attempt.as_bytes()))
+                .return_values(ReturnValue::AllNew)
+                .return_values_on_condition_check_failure(
+                    ReturnValuesOnConditionCheckFailure::AllOld,
+                )
+                .send()
+                .await;
+            let old = match result {
+                Ok(output) => {
+                    let token = match output.attributes().and_then(|a| a.get(item::TOKEN)) {
+                        Some(AttributeValue::N(text)) => text.parse().ok(),
+                        _ => None,
+                    };
+                    return token
+                        .map(|token| OperatorRelease::Released { token })
+                        .ok_or(StoreError::Corrupt {
+                            what: "a release that returned no token",
+                            source: None,
+                        });
+                }
+                Err(err) => match err.as_service_error() {
+                    Some(UpdateItemError::ConditionalCheckFailedException(failure)) => {
+                        failure.item().cloned()
+                    }
+                    _ => return Err(map(Operation::OperatorRelease, err)),
+                },
+            };
+            let Some(old) = old else {
+                return Ok(OperatorRelease::NotFound);
+            };
+            let (mut record, _) = item::decode(key, &old)?;
+            record.lease_until = record.lease_until.saturating_add(self.skew_margin_value());
+            if record.is_absent(now) {
+                return Ok(OperatorRelease::NotFound);
+            }
+            if record.state != State::InProgress {
+                return Ok(OperatorRelease::Finished(record.state));
+            }
+            // In progress and present after all: the item changed under the condition.
+        }
+        Err(StoreError::Busy {
+            operation: Operation::OperatorRelease,
+            source: "the item kept changing under the release; retry".into(),
+        })
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let output = self
+            .client()
+            .delete_item()
+            .table_name(self.table_name())
+            .key(item::PK, s(&item::partition_key(self.prefix(), key)))
+            .return_values(ReturnValue::AllOld)
+            .send()
+            .await
+            .map_err(|err| map(Operation::Delete, err))?;
+        Ok(output.attributes().is_some_and(|a| !a.is_empty()))
+    }
+}

@@ -1,0 +1,187 @@
+//! The operator's side of the PostgreSQL store: SQL over the indexes the migration creates.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use idem_core::{
+    Admin, AttemptId, Cursor, Key, ListQuery, Listed, Operation, OperatorRelease, Page, State,
+    Stats, StoreError, Timestamp, duration_millis, storage_name,
+};
+use sqlx::{AssertSqlSafe, Row};
+
+use crate::errors::map;
+use crate::rows;
+use crate::store::PostgresStore;
+
+/// A listing's cursor here: the creation time in microseconds (the column's precision, so
+/// no two records share a position), then the key, hex-encoded.
+fn cursor(created_us: i64, key: &Key) -> Cursor {
+    let plain = format!("{created_us}:{}", storage_name::key_name(key));
+    Cursor::new(
+        plain
+            .bytes()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
+    )
+}
+
+fn position(cursor: &Cursor) -> Result<(i64, Key), StoreError> {
+    let bad = || StoreError::Corrupt {
+        what: "a cursor that was not made by this store",
+        source: None,
+    };
+    let text = cursor.as_str();
+    let bytes = (0..text.len())
+        .step_by(2)
+        .map(|i| {
+            text.get(i..i + 2)
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    let plain = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (micros, name) = plain.split_once(':').ok_or_else(bad)?;
+    let micros = micros.parse().map_err(|_| bad())?;
+    let key = storage_name::parse_key_name(name).map_err(|_| bad())?;
+    Ok((micros, key))
+}
+
+fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64, StoreError> {
+    row.try_get::<i64, _>(column)
+        .map(|n| n.max(0) as u64)
+        .map_err(|err| map(Operation::Stats, err))
+}
+
+#[async_trait]
+impl Admin for PostgresStore {
+    async fn list(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        let size = query.page_size();
+        let after = query.after.as_ref().map(position).transpose()?;
+        let stuck = query
+            .stuck_for
+            .map(|d| i64::try_from(duration_millis(d)).unwrap_or(i64::MAX));
+        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_list)))
+            .bind(query.state.map(State::as_str))
+            .bind(stuck)
+            .bind(query.scope_prefix.as_deref())
+            .bind(after.as_ref().map(|(micros, _)| *micros))
+            .bind(after.as_ref().map(|(_, key)| key.scope()))
+            .bind(after.as_ref().map(|(_, key)| key.key()))
+            .bind(i64::try_from(size + 1).unwrap_or(i64::MAX))
+            .bind(query.with_responses)
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| map(Operation::List, err))?;
+        let mut listed = Vec::with_capacity(rows.len());
+        let mut positions = Vec::with_capacity(rows.len());
+        let mut now = Timestamp::now();
+        for row in &rows {
+            let scope: String = row
+                .try_get("scope")
+                .map_err(|err| map(Operation::List, err))?;
+            let key: String = row
+                .try_get("key")
+                .map_err(|err| map(Operation::List, err))?;
+            let key = Key::new(scope, key).map_err(|err| StoreError::Corrupt {
+                what: "a stored scope or key that breaks the key rules",
+                source: Some(err.into()),
+            })?;
+            let decoded = rows::decode(&key, row, Operation::List)?;
+            now = decoded.now;
+            let response_len: Option<i32> = row
+                .try_get("response_len")
+                .map_err(|err| map(Operation::List, err))?;
+            let created_us: i64 = row
+                .try_get("created_us")
+                .map_err(|err| map(Operation::List, err))?;
+            let mut entry = Listed::new(decoded.record, query.with_responses);
+            entry.response_len = response_len.map(|n| n.max(0) as usize);
+            positions.push(created_us);
+            listed.push(entry);
+        }
+        let next = (listed.len() > size)
+            .then(|| cursor(positions[size - 1], &listed[size - 1].record.key));
+        listed.truncate(size);
+        Ok(Page::new(listed, next, now))
+    }
+
+    async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
+        let get = |err| map(Operation::Stats, err);
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_stats)))
+            .fetch_one(self.pool())
+            .await
+            .map_err(get)?;
+        let mut stats = Stats::default();
+        stats.total = count(&row, "total")?;
+        stats.in_progress = count(&row, "in_progress")?;
+        stats.completed = count(&row, "completed")?;
+        stats.failed = count(&row, "failed")?;
+        stats.in_progress_live = count(&row, "live")?;
+        stats.in_progress_lease_ended = count(&row, "lease_ended")?;
+        stats.absent = count(&row, "absent")?;
+        stats.oldest_in_progress = row
+            .try_get::<Option<i64>, _>("oldest_ms")
+            .map_err(get)?
+            .map(rows::millis)
+            .transpose()?;
+        stats.now = rows::millis(row.try_get("now_ms").map_err(get)?)?;
+        stats.top_scopes = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_top_scopes)))
+            .bind(i64::try_from(top_scopes).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
+            .await
+            .map_err(get)?
+            .iter()
+            .map(|row| Ok((row.try_get("scope").map_err(get)?, count(row, "records")?)))
+            .collect::<Result<_, StoreError>>()?;
+        Ok(stats)
+    }
+
+    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+        let failed = |err| map(Operation::OperatorRelease, err);
+        let attempt = AttemptId::random();
+        let Some(row) = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_release)))
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(&attempt.as_bytes()[..])
+            .fetch_optional(self.pool())
+            .await
+            .map_err(failed)?
+        else {
+            return Ok(OperatorRelease::NotFound);
+        };
+        let token: i64 = row.try_get("token").map_err(failed)?;
+        let state: String = row.try_get("state").map_err(failed)?;
+        let released: bool = row.try_get("released").map_err(failed)?;
+        let present: bool = row.try_get("present").map_err(failed)?;
+        if released {
+            return Ok(OperatorRelease::Released {
+                token: u64::try_from(token).unwrap_or_default(),
+            });
+        }
+        // Not released: the row was written back as it was, so `present` is what it was.
+        let state = State::parse(&state).ok_or(StoreError::Corrupt {
+            what: "an unknown state",
+            source: None,
+        })?;
+        Ok(match (present, state) {
+            (true, State::InProgress) => {
+                return Err(StoreError::Corrupt {
+                    what: "a present in-progress record the release left alone",
+                    source: None,
+                });
+            }
+            (true, state) => OperatorRelease::Finished(state),
+            (false, _) => OperatorRelease::NotFound,
+        })
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let done = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_delete)))
+            .bind(key.scope())
+            .bind(key.key())
+            .execute(self.pool())
+            .await
+            .map_err(|err| map(Operation::Delete, err))?;
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,368 @@
+//! The admin contract: listing, stats, an operator's release, deletion.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use idem_core::{
+    Admin, ClaimOutcome, Expiry, Key, ListQuery, OperatorRelease, RenewOutcome, State, StepName,
+    WriteOutcome,
+};
+use tokio::sync::Barrier;
+
+use crate::support::{HOUR, ZERO, claim, claimed, get, get_some, key, ok, request};
+use crate::{Capabilities, quiet};
+
+async fn listed(store: &dyn Admin, query: ListQuery) -> Vec<Key> {
+    let page = ok(store.list(&query).await, "list");
+    page.records.into_iter().map(|l| l.record.key).collect()
+}
+
+fn keys(list: &[&Key]) -> Vec<Key> {
+    list.iter().map(|k| (*k).clone()).collect()
+}
+
+pub(crate) async fn list_filters_and_orders(store: &dyn Admin, caps: &Capabilities) {
+    let live = key("acct_1/pay", "a-live");
+    let done = key("acct_1/pay", "b-done");
+    let failed = key("acct_2/pay", "c-failed");
+    let ended = key("acct_1/refund", "d-lease-ended");
+    let _ = claimed(store, &request(&live, "f", HOUR, HOUR)).await;
+    let (lease, _, _) = claimed(store, &request(&done, "f", HOUR, HOUR)).await;
+    let _ = ok(store.complete(&lease, b"ok").await, "complete");
+    let (lease, _, _) = claimed(store, &request(&failed, "f", HOUR, HOUR)).await;
+    let _ = ok(store.fail(&lease, b"no").await, "fail");
+    let _ = claimed(store, &request(&ended, "f", ZERO, HOUR)).await;
+
+    let page = ok(store.list(&ListQuery::new()).await, "list");
+    assert_eq!(page.records.len(), 4, "every record is listed");
+    assert!(page.next.is_none(), "one page holds them all");
+    let order: Vec<_> = page
+        .records
+        .iter()
+        .map(|l| (l.record.created_at, l.record.key.clone()))
+        .collect();
+    assert!(
+        order.windows(2).all(|pair| pair[0] <= pair[1]),
+        "oldest first, then by scope and key: {order:?}"
+    );
+    let by_state = |state| listed(store, ListQuery::new().state(state));
+    assert_eq!(by_state(State::Completed).await, keys(&[&done]));
+    assert_eq!(by_state(State::Failed).await, keys(&[&failed]));
+    let mut in_progress = by_state(State::InProgress).await;
+    in_progress.sort();
+    assert_eq!(in_progress, keys(&[&live, &ended]));
+    assert_eq!(
+        listed(store, ListQuery::new().stuck_for(ZERO)).await,
+        keys(&[&ended]),
+        "stuck: in progress with an ended lease, not a live one"
+    );
+    assert!(
+        listed(store, ListQuery::new().stuck_for(HOUR))
+            .await
+            .is_empty()
+    );
+    let mut acct_1 = listed(store, ListQuery::new().scope_prefix("acct_1/")).await;
+    acct_1.sort();
+    assert_eq!(acct_1, keys(&[&live, &done, &ended]));
+    assert_eq!(
+        listed(store, ListQuery::new().scope_prefix("acct_2")).await,
+        keys(&[&failed])
+    );
+    assert!(
+        listed(store, ListQuery::new().scope_prefix("zzz"))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        listed(
+            store,
+            ListQuery::new()
+                .state(State::InProgress)
+                .scope_prefix("acct_1/pay")
+        )
+        .await,
+        keys(&[&live]),
+        "filters combine"
+    );
+    if let Some(clock) = &caps.manual_clock {
+        clock.advance(2 * HOUR);
+        let mut stuck = listed(store, ListQuery::new().stuck_for(HOUR)).await;
+        stuck.sort();
+        assert_eq!(
+            stuck,
+            keys(&[&live, &ended]),
+            "both leases ended an hour ago or more"
+        );
+    }
+}
+
+pub(crate) async fn list_pages_through_every_record_once(store: &dyn Admin) {
+    let mut expected = HashSet::new();
+    for i in 0..25 {
+        let k = key("pages", &format!("k{i:02}"));
+        let _ = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
+        expected.insert(k);
+    }
+    let mut seen = Vec::new();
+    let mut query = ListQuery::new().limit(7);
+    let mut pages = 0;
+    loop {
+        let page = ok(store.list(&query).await, "list");
+        pages += 1;
+        assert!(page.records.len() <= 7, "a page holds at most its limit");
+        assert!(pages <= 10, "the walk ends");
+        seen.extend(
+            page.records
+                .into_iter()
+                .map(|l| (l.record.created_at, l.record.key)),
+        );
+        if pages == 1 {
+            // Records added during the walk.
+            for i in 0..3 {
+                let k = key("pages", &format!("late{i}"));
+                let _ = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
+            }
+        }
+        match page.next {
+            Some(next) => query = query.after(next),
+            None => break,
+        }
+    }
+    assert!(
+        seen.windows(2).all(|pair| pair[0] < pair[1]),
+        "pages continue in order, with no record twice"
+    );
+    let seen: HashSet<Key> = seen.into_iter().map(|(_, k)| k).collect();
+    assert!(
+        expected.is_subset(&seen),
+        "every record that existed when the walk began was listed"
+    );
+}
+
+pub(crate) async fn list_leaves_responses_out_unless_asked(store: &dyn Admin) {
+    let k = key("responses", "k");
+    let (lease, _, _) = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
+    let body = vec![7u8; 300];
+    let _ = ok(store.complete(&lease, &body).await, "complete");
+    let find = |page: idem_core::Page| {
+        page.records
+            .into_iter()
+            .find(|l| l.record.key == k)
+            .expect("the record is listed")
+    };
+    let listed = find(ok(store.list(&ListQuery::new()).await, "list"));
+    assert_eq!(listed.record.response, None, "no body unless asked");
+    assert_eq!(listed.response_len, Some(300), "its length always");
+    let listed = find(ok(
+        store.list(&ListQuery::new().with_responses(true)).await,
+        "list",
+    ));
+    assert_eq!(listed.record.response.as_deref(), Some(&body[..]));
+    assert_eq!(listed.response_len, Some(300));
+}
+
+pub(crate) async fn stats_count_what_the_store_holds(store: &dyn Admin, caps: &Capabilities) {
+    let vanishes = store.expiry() == Expiry::Vanishes;
+    for i in 0..2 {
+        let _ = claimed(
+            store,
+            &request(&key("s1", &format!("live{i}")), "f", HOUR, HOUR),
+        )
+        .await;
+    }
+    let _ = claimed(store, &request(&key("s2", "ended"), "f", ZERO, HOUR)).await;
+    for i in 0..3 {
+        let (lease, _, _) = claimed(
+            store,
+            &request(&key("s1", &format!("done{i}")), "f", HOUR, HOUR),
+        )
+        .await;
+        let _ = ok(store.complete(&lease, b"r").await, "complete");
+    }
+    let (lease, _, _) = claimed(store, &request(&key("s3", "failed"), "f", HOUR, HOUR)).await;
+    let _ = ok(store.fail(&lease, b"e").await, "fail");
+    for i in 0..2 {
+        let _ = claimed(
+            store,
+            &request(&key("s3", &format!("absent{i}")), "f", ZERO, ZERO),
+        )
+        .await;
+    }
+    let stats = ok(store.stats(2).await, "stats");
+    let absent = if vanishes { 0 } else { 2 };
+    assert_eq!(stats.total, 7 + absent);
+    assert_eq!(stats.in_progress, 3 + absent);
+    assert_eq!(stats.completed, 3);
+    assert_eq!(stats.failed, 1);
+    assert_eq!(stats.in_progress_live, 2);
+    assert_eq!(stats.in_progress_lease_ended, 1 + absent);
+    assert_eq!(stats.absent, absent, "absent records not yet purged");
+    assert_eq!(
+        stats.top_scopes.first(),
+        Some(&("s1".to_string(), 5)),
+        "the largest scope first: {:?}",
+        stats.top_scopes
+    );
+    assert_eq!(stats.top_scopes.len(), 2);
+    let age = stats
+        .oldest_in_progress_age()
+        .expect("records are in progress");
+    assert!(age < HOUR, "{age:?}");
+    if let Some(clock) = &caps.manual_clock {
+        clock.advance(HOUR / 2);
+        let later = ok(store.stats(2).await, "stats");
+        assert!(later.oldest_in_progress_age().unwrap() >= HOUR / 2);
+    }
+}
+
+pub(crate) async fn operator_release_fences_the_owner(store: &dyn Admin) {
+    let k = key("release", "k");
+    let (owner, _, _) = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
+    let step = StepName::new("debit").expect("valid");
+    let _ = ok(store.checkpoint(&owner, &step, b"1").await, "checkpoint");
+    assert_eq!(
+        ok(store.release_key(&k).await, "release_key"),
+        OperatorRelease::Released {
+            token: owner.token + 1
+        }
+    );
+    // The attempt that held the key can no longer write.
+    for (op, outcome) in [
+        (
+            "complete",
+            ok(store.complete(&owner, b"late").await, "complete"),
+        ),
+        ("fail", ok(store.fail(&owner, b"late").await, "fail")),
+        ("release", ok(store.release(&owner).await, "release")),
+        (
+            "checkpoint",
+            ok(store.checkpoint(&owner, &step, b"2").await, "checkpoint"),
+        ),
+    ] {
+        assert_eq!(outcome, WriteOutcome::Fenced, "{op} by the released owner");
+    }
+    assert_eq!(
+        ok(store.renew(&owner, HOUR).await, "renew"),
+        RenewOutcome::Fenced
+    );
+    // The next retry takes over at once, resuming through the steps.
+    let (next, resumed, steps) = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
+    assert!(resumed, "the next claim is a takeover");
+    assert_eq!(next.token, owner.token + 2);
+    assert_eq!(steps.get("debit").map(Vec::as_slice), Some(&b"1"[..]));
+    let _ = ok(store.complete(&next, b"done").await, "complete");
+    assert_eq!(
+        ok(store.release_key(&k).await, "release_key"),
+        OperatorRelease::Finished(State::Completed),
+        "a completed record is refused"
+    );
+    assert_eq!(
+        ok(
+            store.release_key(&key("release", "never")).await,
+            "release_key"
+        ),
+        OperatorRelease::NotFound
+    );
+    assert_eq!(
+        claim(store, &request(&k, "f", HOUR, HOUR)).await,
+        ClaimOutcome::replay(b"done".to_vec())
+    );
+}
+
+pub(crate) async fn operator_release_races_the_owners_complete(store: Arc<dyn Admin>) {
+    for i in 0..20 {
+        let k = key("race", &format!("k{i}"));
+        let (owner, _, _) = claimed(store.as_ref(), &request(&k, "f", HOUR, HOUR)).await;
+        let barrier = Arc::new(Barrier::new(2));
+        // Which task is spawned first alternates, so either may win.
+        let release_first = i % 2 == 0;
+        let releasing_early = release_first.then(|| {
+            let (store, barrier, k) = (Arc::clone(&store), Arc::clone(&barrier), k.clone());
+            quiet::spawn(async move {
+                barrier.wait().await;
+                store.release_key(&k).await
+            })
+        });
+        let completing = {
+            let (store, barrier, owner) = (Arc::clone(&store), Arc::clone(&barrier), owner.clone());
+            quiet::spawn(async move {
+                barrier.wait().await;
+                store.complete(&owner, b"owner").await
+            })
+        };
+        let releasing = releasing_early.unwrap_or_else(|| {
+            let (store, barrier, k) = (Arc::clone(&store), Arc::clone(&barrier), k.clone());
+            quiet::spawn(async move {
+                barrier.wait().await;
+                store.release_key(&k).await
+            })
+        });
+        let completed = ok(completing.await.expect("no panic"), "complete");
+        let released = ok(releasing.await.expect("no panic"), "release_key");
+        let winner: &[u8] = match (completed, released) {
+            (WriteOutcome::Applied, OperatorRelease::Finished(State::Completed)) => b"owner",
+            (WriteOutcome::Fenced, OperatorRelease::Released { .. }) => {
+                let (next, resumed, _) =
+                    claimed(store.as_ref(), &request(&k, "f", HOUR, HOUR)).await;
+                assert!(resumed);
+                let _ = ok(store.complete(&next, b"retry").await, "complete");
+                b"retry"
+            }
+            other => panic!("key {i}: both or neither won the race: {other:?}"),
+        };
+        assert_eq!(
+            claim(store.as_ref(), &request(&k, "f", HOUR, HOUR)).await,
+            ClaimOutcome::replay(winner.to_vec()),
+            "key {i}: exactly one result is stored"
+        );
+    }
+}
+
+pub(crate) async fn delete_removes_one_record(store: &dyn Admin) {
+    let held = key("delete", "held");
+    let kept = key("delete", "kept");
+    let (owner, _, _) = claimed(store, &request(&held, "f", HOUR, HOUR)).await;
+    let (lease, _, _) = claimed(store, &request(&kept, "f", HOUR, HOUR)).await;
+    let _ = ok(store.complete(&lease, b"kept").await, "complete");
+    assert!(
+        ok(store.delete(&held).await, "delete"),
+        "there was a record"
+    );
+    assert_eq!(get(store, &held).await, None);
+    assert_eq!(
+        ok(store.complete(&owner, b"late").await, "complete"),
+        WriteOutcome::Fenced,
+        "the owner of a deleted record is fenced"
+    );
+    let (fresh, resumed, _) = claimed(store, &request(&held, "other", HOUR, HOUR)).await;
+    assert!(!resumed && fresh.token == 1, "a new lifetime");
+    assert!(!ok(store.delete(&key("delete", "never")).await, "delete"));
+    assert_eq!(
+        get_some(store, &kept).await.response.as_deref(),
+        Some(&b"kept"[..])
+    );
+}
+
+pub(crate) async fn admin_reaches_only_its_namespace(short: &dyn Admin, long: &dyn Admin) {
+    let only_long = key("ns", "long-only");
+    let shared = key("ns", "both");
+    let _ = claimed(long, &request(&only_long, "f", HOUR, HOUR)).await;
+    let _ = claimed(long, &request(&shared, "f", HOUR, HOUR)).await;
+    let _ = claimed(short, &request(&shared, "f", HOUR, HOUR)).await;
+    assert_eq!(listed(short, ListQuery::new()).await, keys(&[&shared]));
+    assert_eq!(listed(long, ListQuery::new()).await.len(), 2);
+    assert_eq!(ok(short.stats(10).await, "stats").total, 1);
+    assert_eq!(ok(long.stats(10).await, "stats").total, 2);
+    assert_eq!(
+        ok(short.release_key(&only_long).await, "release_key"),
+        OperatorRelease::NotFound
+    );
+    assert!(!ok(short.delete(&only_long).await, "delete"));
+    assert!(ok(short.delete(&shared).await, "delete"));
+    assert_eq!(
+        get_some(long, &shared).await.token,
+        1,
+        "the other namespace's record stays"
+    );
+    assert!(get(long, &only_long).await.is_some());
+}

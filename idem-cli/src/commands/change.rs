@@ -1,0 +1,174 @@
+//! `idem release` and `idem delete`: the two commands that change a record. Both show the
+//! record and ask before changing it.
+
+use std::io::{BufRead, IsTerminal, Write};
+
+use idem_core::{Key, OperatorRelease, State, Timestamp};
+
+use super::Store;
+use super::inspect::{details, not_found};
+use crate::cli::ChangeArgs;
+use crate::failure::Failure;
+use crate::target::Target;
+
+pub(super) async fn release(
+    store: &Store,
+    target: &Target,
+    key: &Key,
+    args: &ChangeArgs,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    let Some(record) = store.get(key).await.map_err(Failure::store(target))? else {
+        return Err(not_found(target));
+    };
+    let now = Timestamp::now();
+    if record.state != State::InProgress {
+        return Err(refused(record.state, record.token));
+    }
+    let owner = if record.lease_is_live(now) {
+        "Its lease is live: the owner may still be working; it will be fenced (its writes refused)."
+    } else {
+        "Its lease has ended: if its owner is still working, it will be fenced (its writes refused)."
+    };
+    write!(out, "{}", details(&record, None, now))?;
+    out.flush()?;
+    confirm(
+        &format!("{owner} The next retry with this key will run the work. Release it?"),
+        args.yes,
+    )?;
+    match store.release_key(key).await.map_err(Failure::store(target))? {
+        OperatorRelease::Released { token } => {
+            let resume = match record.steps.len() {
+                0 => "runs the work from the start (no checkpoints)".to_owned(),
+                _ => format!(
+                    "skips the checkpointed steps ({})",
+                    record.steps.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            };
+            writeln!(
+                out,
+                "released: token {} -> {token}. The attempt that held it is fenced; the next retry with this key takes it over at once and {resume}.",
+                record.token
+            )?;
+            Ok(())
+        }
+        OperatorRelease::Finished(state) => Err(refused(state, record.token)),
+        OperatorRelease::NotFound => Err(not_found(target)),
+        _ => Err(Failure::Refused {
+            what: "the store answered in a way this version of idem does not know; nothing was assumed".into(),
+        }),
+    }
+}
+
+pub(super) async fn delete(
+    store: &Store,
+    target: &Target,
+    key: &Key,
+    args: &ChangeArgs,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    let record = store.get(key).await.map_err(Failure::store(target))?;
+    let now = Timestamp::now();
+    let Some(record) = record else {
+        // Nothing a claim can see; an expired record may still sit there awaiting purge,
+        // and deleting it changes nothing anyone observes.
+        return if store.delete(key).await.map_err(Failure::store(target))? {
+            writeln!(out, "deleted an expired record that was awaiting purge")?;
+            Ok(())
+        } else {
+            Err(not_found(target))
+        };
+    };
+    let consequence = match record.state {
+        State::Completed => {
+            "It is COMPLETED: retries now get its stored result. After deletion the next request with this key runs the work AGAIN (a second charge, if the first one happened)."
+        }
+        State::Failed => {
+            "It FAILED: retries now get the stored failure. After deletion the next request with this key runs the work again."
+        }
+        _ if record.lease_is_live(now) => {
+            "It is IN PROGRESS with a live lease: its owner will be fenced, and the next request with this key runs the work again from the start (checkpoints are deleted too). `idem release` keeps the checkpoints."
+        }
+        _ => {
+            "It is IN PROGRESS, lease ended: the next request with this key runs the work again from the start (checkpoints are deleted too). `idem release` keeps the checkpoints."
+        }
+    };
+    write!(
+        out,
+        "{}",
+        details(&record, record.response.as_ref().map(Vec::len), now)
+    )?;
+    out.flush()?;
+    confirm(&format!("Delete it? {consequence}"), args.yes)?;
+    if store.delete(key).await.map_err(Failure::store(target))? {
+        writeln!(
+            out,
+            "deleted: the record ({}, token {}) is gone; the next request with this key starts afresh.",
+            record.state.as_str(),
+            record.token
+        )?;
+        Ok(())
+    } else {
+        Err(not_found(target))
+    }
+}
+
+fn refused(state: State, token: u64) -> Failure {
+    Failure::Refused {
+        what: format!(
+            "refused: the record is {} (token {token}), so there is nothing to release, and nothing changed. Retries get its stored {}. Only if you know its effect did not happen, `idem delete` it so that the next request runs the work again.",
+            state.as_str(),
+            if state == State::Failed {
+                "failure"
+            } else {
+                "result"
+            }
+        ),
+    }
+}
+
+/// Asks on the terminal, unless `yes`. Without a terminal and without `yes`, refuses.
+fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
+    if yes {
+        return Ok(());
+    }
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(Failure::NotConfirmed {
+            what: "not confirmed: there is no terminal to ask on; pass --yes to go ahead without asking. Nothing changed.".into(),
+        });
+    }
+    let mut stderr = std::io::stderr();
+    write!(stderr, "{question} [y/N] ")?;
+    stderr.flush()?;
+    let mut answer = String::new();
+    stdin.lock().read_line(&mut answer)?;
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(Failure::NotConfirmed {
+            what: "not confirmed. Nothing changed.".into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_points_to_delete() {
+        let text = refused(State::Completed, 3).to_string();
+        assert!(text.contains("completed (token 3)"), "{text}");
+        assert!(text.contains("idem delete"), "{text}");
+        assert!(
+            refused(State::Failed, 1)
+                .to_string()
+                .contains("stored failure")
+        );
+    }
+
+    #[test]
+    fn yes_skips_the_question() {
+        assert!(confirm("Delete?", true).is_ok());
+    }
+}

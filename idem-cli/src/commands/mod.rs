@@ -1,0 +1,53 @@
+//! One module per subcommand; [`run`] dispatches.
+
+mod change;
+mod inspect;
+mod list;
+mod purge;
+mod stats;
+
+use std::io::Write;
+
+use idem_core::Key;
+
+use crate::cli::{Cli, Command};
+use crate::connect::{self, Create};
+use crate::failure::Failure;
+use crate::target::Target;
+
+/// Runs the command `cli` names, writing its answer to `out`.
+pub(crate) async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
+    let target = Target::parse(
+        cli.store.store.as_deref(),
+        cli.store.table.as_deref(),
+        cli.store.prefix.as_deref(),
+    )?;
+    let open = || async { connect::open(&target, Create::No).await };
+    // Keys are checked before connecting: a typo costs nothing.
+    let keyed = |scope: &str, key: &str| Key::new(scope, key).map_err(Failure::from);
+    match cli.command {
+        Command::Migrate => {
+            let said = connect::migrate(&target).await?;
+            writeln!(out, "{said}")?;
+            Ok(())
+        }
+        Command::Stats(args) => stats::run(&*open().await?, &target, &args, out).await,
+        Command::List(args) => list::run(&*open().await?, &target, &args, out).await,
+        Command::Inspect(args) => {
+            let key = keyed(&args.scope, &args.key)?;
+            inspect::run(&*open().await?, &target, &key, &args, out).await
+        }
+        Command::Release(args) => {
+            let key = keyed(&args.scope, &args.key)?;
+            change::release(&*open().await?, &target, &key, &args, out).await
+        }
+        Command::Delete(args) => {
+            let key = keyed(&args.scope, &args.key)?;
+            change::delete(&*open().await?, &target, &key, &args, out).await
+        }
+        Command::Purge(args) => purge::run(&*open().await?, &target, &args, out).await,
+    }
+}
+
+/// The store as the subcommands take it.
+type Store = dyn idem_core::Admin;

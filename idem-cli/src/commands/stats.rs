@@ -1,0 +1,258 @@
+//! `idem stats`: what the store holds, as text, JSON or Prometheus text.
+
+use std::fmt::Write as _;
+use std::io::Write;
+
+use idem_core::{Expiry, Stats};
+use serde::Serialize;
+
+use super::Store;
+use crate::cli::StatsArgs;
+use crate::failure::Failure;
+use crate::render;
+use crate::target::Target;
+
+pub(super) async fn run(
+    store: &Store,
+    target: &Target,
+    args: &StatsArgs,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    let stats = store
+        .stats(args.top)
+        .await
+        .map_err(Failure::store(target))?;
+    let text = if args.prometheus {
+        prometheus(&stats)
+    } else if args.json {
+        let mut json = serde_json::to_string_pretty(&StatsJson::new(&stats, store.expiry()))
+            .map_err(|err| Failure::Output(err.into()))?;
+        json.push('\n');
+        json
+    } else {
+        text(&stats, target, store.expiry())
+    };
+    out.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+fn text(stats: &Stats, target: &Target, expiry: Expiry) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "{target}, counted at {}", render::time(stats.now));
+    let _ = writeln!(s, "records                {:>12}", stats.total);
+    let _ = writeln!(
+        s,
+        "  in progress          {:>12}   lease live {}, lease ended {}",
+        stats.in_progress, stats.in_progress_live, stats.in_progress_lease_ended
+    );
+    let _ = writeln!(s, "  completed            {:>12}", stats.completed);
+    let _ = writeln!(s, "  failed               {:>12}", stats.failed);
+    let backlog = match expiry {
+        Expiry::Vanishes => "   (the store deletes them itself)",
+        Expiry::Eventually => "   (TTL deletes them; `idem purge` sooner)",
+        _ => "   (`idem purge` deletes them)",
+    };
+    let _ = writeln!(s, "expired, not yet gone  {:>12}{backlog}", stats.absent);
+    match stats.oldest_in_progress {
+        Some(created) => {
+            let _ = writeln!(
+                s,
+                "oldest in progress     {:>12}   created {}",
+                render::duration(stats.oldest_in_progress_age().unwrap_or_default()),
+                render::time(created)
+            );
+        }
+        None => {
+            let _ = writeln!(s, "oldest in progress     {:>12}", "-");
+        }
+    }
+    if !stats.top_scopes.is_empty() {
+        let _ = writeln!(s, "largest scopes");
+        for (scope, count) in &stats.top_scopes {
+            let _ = writeln!(s, "  {count:>12}  {scope}");
+        }
+    }
+    s
+}
+
+/// Prometheus text exposition format 0.0.4: gauges only, one family per name.
+fn prometheus(stats: &Stats) -> String {
+    let mut s = String::new();
+    let mut family = |name: &str, help: &str, samples: &[(String, String)]| {
+        let _ = writeln!(s, "# HELP {name} {help}");
+        let _ = writeln!(s, "# TYPE {name} gauge");
+        for (labels, value) in samples {
+            let _ = writeln!(s, "{name}{labels} {value}");
+        }
+    };
+    family(
+        "idem_store_records",
+        "Records the store holds, by state (expired ones not yet deleted included).",
+        &[
+            (
+                "{state=\"in_progress\"}".into(),
+                stats.in_progress.to_string(),
+            ),
+            ("{state=\"completed\"}".into(), stats.completed.to_string()),
+            ("{state=\"failed\"}".into(), stats.failed.to_string()),
+        ],
+    );
+    family(
+        "idem_store_in_progress_records",
+        "In-progress records by lease: live, or ended (abandoned until a retry takes over).",
+        &[
+            (
+                "{lease=\"live\"}".into(),
+                stats.in_progress_live.to_string(),
+            ),
+            (
+                "{lease=\"ended\"}".into(),
+                stats.in_progress_lease_ended.to_string(),
+            ),
+        ],
+    );
+    family(
+        "idem_store_expired_records",
+        "Expired records with no live lease not yet deleted: the cleanup backlog.",
+        &[(String::new(), stats.absent.to_string())],
+    );
+    family(
+        "idem_store_oldest_in_progress_age_seconds",
+        "Age of the oldest in-progress record (0 when there is none).",
+        &[(
+            String::new(),
+            format!(
+                "{:.3}",
+                stats
+                    .oldest_in_progress_age()
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            ),
+        )],
+    );
+    family(
+        "idem_store_scope_records",
+        "Records of the largest scopes (key flooding shows here).",
+        &stats
+            .top_scopes
+            .iter()
+            .map(|(scope, count)| (format!("{{scope=\"{}\"}}", label(scope)), count.to_string()))
+            .collect::<Vec<_>>(),
+    );
+    family(
+        "idem_store_stats_timestamp_seconds",
+        "When the store counted, by its own clock.",
+        &[(
+            String::new(),
+            format!("{:.3}", stats.now.as_unix_millis() as f64 / 1000.0),
+        )],
+    );
+    s
+}
+
+/// A label value with `\`, `"` and newlines escaped, as the text format requires.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[derive(Serialize)]
+struct StatsJson {
+    now: String,
+    total: u64,
+    in_progress: u64,
+    in_progress_live: u64,
+    in_progress_lease_ended: u64,
+    completed: u64,
+    failed: u64,
+    expired_not_deleted: u64,
+    oldest_in_progress_created: Option<String>,
+    oldest_in_progress_age_seconds: Option<f64>,
+    top_scopes: Vec<ScopeJson>,
+    expiry: &'static str,
+}
+
+#[derive(Serialize)]
+struct ScopeJson {
+    scope: String,
+    records: u64,
+}
+
+impl StatsJson {
+    fn new(stats: &Stats, expiry: Expiry) -> Self {
+        Self {
+            now: render::time(stats.now),
+            total: stats.total,
+            in_progress: stats.in_progress,
+            in_progress_live: stats.in_progress_live,
+            in_progress_lease_ended: stats.in_progress_lease_ended,
+            completed: stats.completed,
+            failed: stats.failed,
+            expired_not_deleted: stats.absent,
+            oldest_in_progress_created: stats.oldest_in_progress.map(render::time),
+            oldest_in_progress_age_seconds: stats.oldest_in_progress_age().map(|d| d.as_secs_f64()),
+            top_scopes: stats
+                .top_scopes
+                .iter()
+                .map(|(scope, records)| ScopeJson {
+                    scope: scope.clone(),
+                    records: *records,
+                })
+                .collect(),
+            expiry: match expiry {
+                Expiry::Vanishes => "vanishes",
+                Expiry::Eventually => "eventually",
+                _ => "purge",
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::Timestamp;
+
+    use super::*;
+
+    #[test]
+    fn prometheus_text_is_well_formed() {
+        let mut stats = Stats::default();
+        stats.in_progress = 3;
+        stats.in_progress_live = 1;
+        stats.in_progress_lease_ended = 2;
+        stats.absent = 7;
+        stats.now = Timestamp::from_unix_millis(10_000);
+        stats.oldest_in_progress = Some(Timestamp::from_unix_millis(4_500));
+        stats.top_scopes = vec![("tenant \"a\"\\b\n".into(), 9)];
+        let text = prometheus(&stats);
+        assert!(
+            text.contains("idem_store_records{state=\"in_progress\"} 3\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idem_store_in_progress_records{lease=\"ended\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("idem_store_expired_records 7\n"), "{text}");
+        assert!(
+            text.contains("idem_store_oldest_in_progress_age_seconds 5.500\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("idem_store_scope_records{scope=\"tenant \\\"a\\\"\\\\b\\n\"} 9\n"),
+            "{text}"
+        );
+        // Every sample line belongs to a family declared just before it.
+        let mut declared = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                declared = rest.split(' ').next().map(str::to_owned);
+            } else if !line.starts_with('#') {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert_eq!(Some(name), declared.as_deref(), "{line}");
+            }
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! `idem`: operates an idem store from the command line. See `idem --help`, and the
+//! crate's README for the exit codes and the store URLs.
+
+mod cli;
+mod commands;
+mod connect;
+mod failure;
+mod render;
+mod target;
+
+use std::error::Error;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    // Usage errors exit with 2 here, with clap's message.
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("idem: could not start the async runtime: {err}");
+            return ExitCode::from(failure::code::RETRYABLE);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    match runtime.block_on(commands::run(cli, &mut stdout)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("idem: {}", report(&failure));
+            failure.exit_code()
+        }
+    }
+}
+
+/// The error and its causes on one line, each cause once.
+fn report(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -211,7 +211,7 @@ pub(crate) async fn redis(url: &str) -> Result<Backend, BoxError> {
     })
 }
 
-fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
+pub(crate) fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
     let config = aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(endpoint)

@@ -8,6 +8,8 @@
 //! eval "$(scripts/services.sh start)"
 //! cargo run --release -p idem-bench -- --json target/bench.json
 //! cargo run --release -p idem-bench -- --quick   # a smoke run, as CI does
+//! cargo build --release -p idem-cli -p idem-bench
+//! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
 //! ```
 
 mod backends;
@@ -15,6 +17,7 @@ mod counting;
 mod floor;
 mod http;
 mod proxy;
+mod purge;
 mod raw;
 mod target;
 mod workload;
@@ -53,6 +56,14 @@ struct Args {
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Only measure `idem purge` on this many expired records per backend (SQLite,
+    /// PostgreSQL, Redis, DynamoDB of --backends). Quick mode purges 200 after its run.
+    #[arg(long, value_name = "RECORDS")]
+    purge: Option<usize>,
+    /// The `idem` binary for the purge measurement (default: the one built beside this
+    /// benchmark, `cargo build --release -p idem-cli`).
+    #[arg(long, value_name = "PATH")]
+    idem: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -96,6 +107,7 @@ struct Report {
     measurements: Vec<Measurement>,
     round_trips: Vec<Trips>,
     memory_floor: Option<MemoryFloor>,
+    purge: Vec<purge::PurgeRow>,
 }
 
 fn default_ops(backend: &str, quick: bool) -> usize {
@@ -299,9 +311,25 @@ async fn main() -> Result<(), BoxError> {
         measurements: Vec::new(),
         round_trips: Vec::new(),
         memory_floor: None,
+        purge: Vec::new(),
     };
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    let idem = match &args.idem {
+        Some(path) => path.clone(),
+        None if args.purge.is_some() || args.quick => purge::sibling_idem()?,
+        None => PathBuf::new(),
+    };
+    if let Some(records) = args.purge {
+        report.purge = purge::run(&args.backends, records, &idem, &dir).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        purge::print(&report.purge);
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+            println!("\nJSON written to {}", path.display());
+        }
+        return Ok(());
+    }
     for name in &args.backends {
         eprintln!("{name}:");
         let backend = match name.as_str() {
@@ -345,8 +373,14 @@ async fn main() -> Result<(), BoxError> {
         .await??;
         report.memory_floor = Some(floor);
     }
+    if args.quick {
+        report.purge = purge::run(&args.backends, 200, &idem, &dir).await?;
+    }
     let _ = std::fs::remove_dir_all(&dir);
     print(&report);
+    if !report.purge.is_empty() {
+        purge::print(&report.purge);
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
         println!("\nJSON written to {}", path.display());

@@ -61,8 +61,13 @@ pub(crate) async fn open(target: &Target, create: Create) -> Result<OpenStore, F
             .map_err(|err| unreachable(target, err))?;
             Ok(Arc::new(redis_prefix(opened, prefix.as_deref())?))
         }
-        Target::DynamoDb { table, prefix, .. } => {
-            let client = dynamodb_client(target)?;
+        Target::DynamoDb {
+            table,
+            prefix,
+            region,
+            endpoint,
+        } => {
+            let client = dynamodb_client(region.as_deref(), endpoint.as_deref())?;
             let builder = DynamoDbStore::builder(client, table).map_err(|err| Failure::Usage {
                 what: format!("the DynamoDB table name: {err}"),
             })?;
@@ -103,8 +108,13 @@ pub(crate) async fn migrate(target: &Target) -> Result<String, Failure> {
             open(target, Create::Yes).await?;
             Ok(format!("nothing to migrate: {target} needs no schema"))
         }
-        Target::DynamoDb { table, .. } => {
-            let client = dynamodb_client(target)?;
+        Target::DynamoDb {
+            table,
+            region,
+            endpoint,
+            ..
+        } => {
+            let client = dynamodb_client(region.as_deref(), endpoint.as_deref())?;
             idem_dynamodb::create_table(&client, table)
                 .await
                 .map_err(store)?;
@@ -178,16 +188,10 @@ fn unreachable(target: &Target, err: impl std::error::Error + Send + Sync + 'sta
 }
 
 /// A DynamoDB client from the URL and the standard AWS environment variables.
-fn dynamodb_client(target: &Target) -> Result<Client, Failure> {
-    let Target::DynamoDb {
-        region, endpoint, ..
-    } = target
-    else {
-        unreachable!("only called for DynamoDB targets")
-    };
+fn dynamodb_client(region: Option<&str>, endpoint: Option<&str>) -> Result<Client, Failure> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let region = region
-        .clone()
+        .map(str::to_owned)
         .or_else(|| env("AWS_REGION"))
         .or_else(|| env("AWS_DEFAULT_REGION"))
         .ok_or_else(|| Failure::Usage {

@@ -149,25 +149,43 @@ impl Cursor {
     }
 
     /// The cursor after `record` for stores that order by millisecond creation time:
-    /// `<created ms>:<scope len>:<scope>:<key>`, hex-encoded so it prints safely.
+    /// [`Cursor::at`] with the creation time in milliseconds.
     pub fn after_record(record: &Record) -> Self {
-        let plain = format!(
-            "{}:{}",
-            record.created_at.as_unix_millis(),
-            crate::storage_name::key_name(&record.key)
-        );
-        Self(plain.bytes().map(|b| format!("{b:02x}")).collect())
+        Self::at(record.created_at.as_unix_millis(), &record.key)
     }
 
     /// Reads a cursor made by [`Cursor::after_record`]: the creation time and the key.
     ///
     /// # Errors
-    /// [`StoreError::Corrupt`] for a cursor this encoding did not make.
+    /// [`StoreError::InvalidCursor`] for a cursor this encoding did not make.
     pub fn position(&self) -> Result<(Timestamp, Key), StoreError> {
-        let bad = || StoreError::Corrupt {
-            what: "a cursor that was not made by this store",
-            source: None,
-        };
+        let (millis, key) = self.parts()?;
+        Ok((Timestamp::from_unix_millis(millis), key))
+    }
+
+    /// A cursor at `position` (a store's ordering value, such as a creation time in its
+    /// column's precision), then `key`: `<position>:<scope len>:<scope>:<key>`,
+    /// hex-encoded so it prints safely.
+    ///
+    /// ```
+    /// use idem_core::{Cursor, Key};
+    ///
+    /// let key = Key::new("acct_42/charge", "order-7781")?;
+    /// let cursor = Cursor::at(1_700_000_000_123_456, &key);
+    /// assert_eq!(cursor.parts().unwrap(), (1_700_000_000_123_456, key));
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    pub fn at(position: u64, key: &Key) -> Self {
+        let plain = format!("{position}:{}", crate::storage_name::key_name(key));
+        Self(plain.bytes().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// Reads a cursor made by [`Cursor::at`].
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidCursor`] for a cursor this encoding did not make.
+    pub fn parts(&self) -> Result<(u64, Key), StoreError> {
+        let bad = || StoreError::InvalidCursor;
         let bytes = (0..self.0.len())
             .step_by(2)
             .map(|i| {
@@ -178,10 +196,10 @@ impl Cursor {
             .collect::<Option<Vec<u8>>>()
             .ok_or_else(bad)?;
         let plain = String::from_utf8(bytes).map_err(|_| bad())?;
-        let (millis, name) = plain.split_once(':').ok_or_else(bad)?;
-        let millis: u64 = millis.parse().map_err(|_| bad())?;
+        let (position, name) = plain.split_once(':').ok_or_else(bad)?;
+        let position = position.parse().map_err(|_| bad())?;
         let key = crate::storage_name::parse_key_name(name).map_err(|_| bad())?;
-        Ok((Timestamp::from_unix_millis(millis), key))
+        Ok((position, key))
     }
 }
 
@@ -326,7 +344,7 @@ impl Stats {
 /// read every record to list them. Orders oldest first, then by scope and key.
 ///
 /// # Errors
-/// [`StoreError::Corrupt`] for a cursor made elsewhere.
+/// [`StoreError::InvalidCursor`] for a cursor made elsewhere.
 pub fn select_page(
     records: impl IntoIterator<Item = Record>,
     query: &ListQuery,
@@ -389,6 +407,7 @@ pub trait Admin: Store {
     /// - Absent records still stored are listed (`Page::now` tells which).
     /// - Response bytes only when `with_responses`; their length always.
     /// - Reaches only this store's namespace.
+    /// - A cursor this store did not print: [`StoreError::InvalidCursor`].
     async fn list(&self, query: &ListQuery) -> Result<Page, StoreError>;
 
     /// Counts what the store holds, with the `top_scopes` largest scopes.

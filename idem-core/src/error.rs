@@ -119,6 +119,10 @@ pub enum StoreError {
         #[source]
         source: Option<BoxError>,
     },
+    /// A listing's cursor that this store did not print (mistyped, or from another
+    /// store). Not retryable; start the listing again without it.
+    #[error("the cursor was not made by this store; start the listing again without it")]
+    InvalidCursor,
     /// The store is set up wrongly: a missing table, bad credentials, a bad name. Not
     /// retryable until the configuration is fixed.
     #[error("the store is misconfigured for {operation}: {source}")]
@@ -162,6 +166,7 @@ impl StoreError {
             StoreError::ResponseTooLarge { .. }
             | StoreError::StepTooLarge { .. }
             | StoreError::Corrupt { .. }
+            | StoreError::InvalidCursor
             | StoreError::Misconfigured { .. } => false,
         }
     }

@@ -1,6 +1,7 @@
 //! What the storm's clients talk to, in process or over HTTP, and what the summary reads.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -98,20 +99,23 @@ pub(crate) struct Audit {
     pub(crate) cents: u64,
 }
 
+/// Opens (creating when missing) the ledger at `path`, shared by the in-process shop and
+/// the HTTP service.
+pub(crate) fn open_ledger(path: &Path) -> Result<Connection, idem_sqlite::rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.execute_batch(include_str!("../sql/ledger.sql"))?;
+    Ok(conn)
+}
+
 /// Reads the ledger: debits, orders, orders debited more than once, money taken.
 pub(crate) fn audit(conn: &Connection) -> Result<Audit, idem_sqlite::rusqlite::Error> {
-    conn.query_row(
-        "SELECT coalesce(sum(debits), 0), count(*), coalesce(sum(debits > 1), 0),
-                coalesce(sum(total), 0)
-         FROM (SELECT count(*) AS debits, sum(cents) AS total FROM ledger GROUP BY order_id)",
-        [],
-        |row| {
-            Ok(Audit {
-                debits: row.get::<_, i64>(0)? as u64,
-                orders: row.get::<_, i64>(1)? as u64,
-                orders_debited_twice: row.get::<_, i64>(2)? as u64,
-                cents: row.get::<_, i64>(3)? as u64,
-            })
-        },
-    )
+    conn.query_row(include_str!("../sql/audit.sql"), [], |row| {
+        Ok(Audit {
+            debits: row.get::<_, i64>(0)? as u64,
+            orders: row.get::<_, i64>(1)? as u64,
+            orders_debited_twice: row.get::<_, i64>(2)? as u64,
+            cents: row.get::<_, i64>(3)? as u64,
+        })
+    })
 }

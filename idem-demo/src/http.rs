@@ -148,17 +148,7 @@ impl HttpShop {
         path: &Path,
         layer: Option<IdempotencyLayer>,
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE IF NOT EXISTS ledger (
-                 payment   INTEGER PRIMARY KEY,
-                 order_id  TEXT    NOT NULL,
-                 cents     INTEGER NOT NULL,
-                 debit_key TEXT    UNIQUE
-             );",
-        )?;
+        let conn = crate::checkout::open_ledger(path)?;
         let ledger = Arc::new(Ledger {
             conn: Mutex::new(conn),
             takeovers: AtomicU64::new(0),

@@ -51,16 +51,7 @@ impl Shop {
         path: &Path,
         idem: Option<Idempotency<SqliteStore>>,
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let ledger = Connection::open(path)?;
-        ledger.busy_timeout(Duration::from_secs(10))?;
-        ledger.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE IF NOT EXISTS ledger (
-                 payment  INTEGER PRIMARY KEY,
-                 order_id TEXT    NOT NULL,
-                 cents    INTEGER NOT NULL
-             );",
-        )?;
+        let ledger = crate::checkout::open_ledger(path)?;
         Ok(Self {
             ledger: Arc::new(Mutex::new(ledger)),
             idem,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use idem_core::{
     Admin, AttemptId, Cursor, Key, ListQuery, Listed, Operation, OperatorRelease, Page, State,
-    Stats, StoreError, Timestamp, duration_millis, storage_name,
+    Stats, StoreError, Timestamp, duration_millis,
 };
 use sqlx::{AssertSqlSafe, Row};
 
@@ -13,37 +13,18 @@ use crate::errors::map;
 use crate::rows;
 use crate::store::PostgresStore;
 
-/// A listing's cursor here: the creation time in microseconds (the column's precision, so
-/// no two records share a position), then the key, hex-encoded.
+/// A listing's cursor here: [`Cursor::at`] the creation time in microseconds (the
+/// column's precision, so no two records share a position), then the key.
 fn cursor(created_us: i64, key: &Key) -> Cursor {
-    let plain = format!("{created_us}:{}", storage_name::key_name(key));
-    Cursor::new(
-        plain
-            .bytes()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>(),
-    )
+    Cursor::at(u64::try_from(created_us).unwrap_or_default(), key)
 }
 
 fn position(cursor: &Cursor) -> Result<(i64, Key), StoreError> {
-    let bad = || StoreError::Corrupt {
-        what: "a cursor that was not made by this store",
-        source: None,
-    };
-    let text = cursor.as_str();
-    let bytes = (0..text.len())
-        .step_by(2)
-        .map(|i| {
-            text.get(i..i + 2)
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-        })
-        .collect::<Option<Vec<u8>>>()
-        .ok_or_else(bad)?;
-    let plain = String::from_utf8(bytes).map_err(|_| bad())?;
-    let (micros, name) = plain.split_once(':').ok_or_else(bad)?;
-    let micros = micros.parse().map_err(|_| bad())?;
-    let key = storage_name::parse_key_name(name).map_err(|_| bad())?;
-    Ok((micros, key))
+    let (micros, key) = cursor.parts()?;
+    Ok((
+        i64::try_from(micros).map_err(|_| StoreError::InvalidCursor)?,
+        key,
+    ))
 }
 
 fn count(row: &sqlx::postgres::PgRow, column: &str) -> Result<u64, StoreError> {

@@ -37,11 +37,9 @@ pub(super) async fn run(
         query = query.after(Cursor::new(cursor.clone()));
     }
     let page = store.list(&query).await.map_err(|err| match err {
-        StoreError::Corrupt { what, .. } if args.cursor.is_some() && what.contains("cursor") => {
-            Failure::Usage {
-                what: "--cursor: not a cursor this store printed; start again without it".into(),
-            }
-        }
+        StoreError::InvalidCursor => Failure::Usage {
+            what: "--cursor: not a cursor this store printed; start again without it".into(),
+        },
         err => Failure::store(target)(err),
     })?;
 

@@ -25,7 +25,7 @@ pub(super) async fn run(
         return Ok(());
     }
     let batch = usize::try_from(args.batch).unwrap_or(usize::MAX);
-    let most = args.max.map_or(u64::MAX, |max| max);
+    let most = args.max.unwrap_or(u64::MAX);
     let bar = progress(store, target).await?;
     let started = Instant::now();
     let mut purged: u64 = 0;

@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use idem_core::{
-    Admin, ClaimOutcome, Expiry, Key, ListQuery, OperatorRelease, RenewOutcome, State, StepName,
-    WriteOutcome,
+    Admin, ClaimOutcome, Cursor, Expiry, Key, ListQuery, OperatorRelease, RenewOutcome, State,
+    StepName, StoreError, WriteOutcome,
 };
 use tokio::sync::Barrier;
 
@@ -137,6 +137,16 @@ pub(crate) async fn list_pages_through_every_record_once(store: &dyn Admin) {
         expected.is_subset(&seen),
         "every record that existed when the walk began was listed"
     );
+    // A cursor the store did not print is bad input: a typed error, not a guess.
+    for foreign in ["not a cursor", "zz", "3a"] {
+        let answer = store
+            .list(&ListQuery::new().after(Cursor::new(foreign)))
+            .await;
+        assert!(
+            matches!(answer, Err(StoreError::InvalidCursor)),
+            "list after the foreign cursor {foreign:?} answered {answer:?}, not InvalidCursor"
+        );
+    }
 }
 
 pub(crate) async fn list_leaves_responses_out_unless_asked(store: &dyn Admin) {

@@ -67,6 +67,16 @@ pub(crate) struct StoreArgs {
         hide_env_values = true
     )]
     pub(crate) prefix: Option<String>,
+    /// The secret the service passes to `idem_core::set_log_hash_secret`, so the short
+    /// key hashes shown here match its logs.
+    #[arg(
+        long,
+        global = true,
+        env = "IDEM_LOG_HASH_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true
+    )]
+    pub(crate) log_hash_secret: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -55,6 +55,7 @@ impl Backend {
             .env_remove("IDEM_STORE")
             .env_remove("IDEM_TABLE")
             .env_remove("IDEM_PREFIX")
+            .env_remove("IDEM_LOG_HASH_SECRET")
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .output()
@@ -366,6 +367,22 @@ fn list_filters_pages_and_hides_keys(backend: Backend) {
         "{table}"
     );
 
+    // Under the service's log hash secret the hashes change, so they match its logs.
+    let keyed = backend
+        .ok(&[
+            "list",
+            "--limit",
+            "2",
+            "--log-hash-secret",
+            "0123456789abcdef-secret",
+        ])
+        .stdout;
+    assert!(!keyed.contains(&format!("#{hash}")), "{keyed}");
+    assert_eq!(keyed.lines().count(), table.lines().count(), "{keyed}");
+    let short = backend.idem(&["list", "--log-hash-secret", "short"]);
+    assert_eq!(short.code, 2, "{short:?}");
+    assert!(short.stderr.contains("at least 16"), "{short:?}");
+
     let bad = backend.idem(&["list", "--cursor", "not-a-cursor"]);
     assert_eq!(bad.code, 2, "{bad:?}");
 }
@@ -587,6 +604,7 @@ fn bare(args: &[&str]) -> Run {
         .env_remove("IDEM_STORE")
         .env_remove("IDEM_TABLE")
         .env_remove("IDEM_PREFIX")
+        .env_remove("IDEM_LOG_HASH_SECRET")
         .env_remove("AWS_ACCESS_KEY_ID")
         .env_remove("AWS_SECRET_ACCESS_KEY")
         .stdin(Stdio::null())

@@ -1,9 +1,76 @@
 //! Idempotency keys: a validated scope plus key, and validated step names.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
+
+/// The keyed hash for [`Key::short_hash`], once [`set_log_hash_secret`] ran.
+static LOG_HASH: OnceLock<Hmac<Sha256>> = OnceLock::new();
+
+/// The shortest secret [`set_log_hash_secret`] accepts.
+pub const MIN_LOG_HASH_SECRET: usize = 16;
+
+/// Why [`set_log_hash_secret`] refused a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogHashSecretError {
+    /// The secret is too short to resist guessing.
+    #[error("the log hash secret is {len} bytes; use at least {min} random bytes")]
+    TooShort {
+        /// Its length.
+        len: usize,
+        /// [`MIN_LOG_HASH_SECRET`].
+        min: usize,
+    },
+    /// A secret was set already; hashes already logged would stop matching new ones.
+    #[error("the log hash secret is set already; set it once, at startup")]
+    AlreadySet,
+}
+
+/// Makes every [`Key::short_hash`] (in `Debug`, `Display`, spans, errors and metrics) a
+/// keyed hash: the first 4 bytes of HMAC-SHA-256 under `secret`, instead of SHA-256.
+///
+/// Why: the default short hash is 8 hex digits of an unkeyed SHA-256 of scope and key.
+/// Anyone holding a log line and a guess at the key space (order numbers, dates, small
+/// counters) can hash every candidate and find the key. Under a secret they cannot,
+/// while log lines still correlate with each other. Set it once per process, at startup,
+/// from your secret manager, the same on every instance whose logs you correlate (and in
+/// the `idem` command's `IDEM_LOG_HASH_SECRET`).
+///
+/// ```
+/// use idem_core::{set_log_hash_secret, Key};
+///
+/// let before = Key::new("acct_42/payments.create", "order-1187")?.short_hash();
+/// set_log_hash_secret(b"a secret of 16 bytes or more")?;
+/// let after = Key::new("acct_42/payments.create", "order-1187")?.short_hash();
+/// assert_ne!(before, after);
+/// assert!(set_log_hash_secret(b"another secret, 16+ bytes").is_err(), "once per process");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`LogHashSecretError`] for a secret under [`MIN_LOG_HASH_SECRET`] bytes, or a second
+/// call.
+pub fn set_log_hash_secret(secret: &[u8]) -> Result<(), LogHashSecretError> {
+    if secret.len() < MIN_LOG_HASH_SECRET {
+        return Err(LogHashSecretError::TooShort {
+            len: secret.len(),
+            min: MIN_LOG_HASH_SECRET,
+        });
+    }
+    // HMAC takes a key of any length: this cannot fail.
+    let mac = <Hmac<Sha256> as Mac>::new_from_slice(secret).map_err(|_| {
+        LogHashSecretError::TooShort {
+            len: secret.len(),
+            min: MIN_LOG_HASH_SECRET,
+        }
+    })?;
+    LOG_HASH
+        .set(mac)
+        .map_err(|_| LogHashSecretError::AlreadySet)
+}
 
 /// The most bytes a scope, a key or a step name may hold.
 pub const MAX_PART_LEN: usize = 255;
@@ -49,6 +116,16 @@ pub enum KeyError {
         len: usize,
         /// The limit, [`MAX_PART_LEN`].
         max: usize,
+    },
+    /// The name starts with a prefix idem keeps for its own records.
+    #[error(
+        "the {part} starts with `{prefix}`, which idem keeps for its own checkpoints; rename it"
+    )]
+    Reserved {
+        /// The part concerned.
+        part: KeyPart,
+        /// The reserved prefix.
+        prefix: &'static str,
     },
     /// The part held a control character (such as a newline or NUL).
     #[error("the {part} holds a control character at byte {index}; remove control characters")]
@@ -130,7 +207,9 @@ impl Key {
         &self.key
     }
 
-    /// A short, stable hash of scope and key for logs and metrics labels.
+    /// A short, stable hash of scope and key for logs and metrics labels: 8 hex digits of
+    /// SHA-256, or of HMAC-SHA-256 once [`set_log_hash_secret`] ran (do that when keys
+    /// are guessable).
     ///
     /// ```
     /// # use idem_core::Key;
@@ -139,11 +218,20 @@ impl Key {
     /// # Ok::<(), idem_core::KeyError>(())
     /// ```
     pub fn short_hash(&self) -> ShortHash {
-        let digest = Sha256::new()
-            .chain_update((self.scope.len() as u64).to_be_bytes())
-            .chain_update(self.scope.as_bytes())
-            .chain_update(self.key.as_bytes())
-            .finalize();
+        let scope_len = (self.scope.len() as u64).to_be_bytes();
+        let parts = [&scope_len[..], self.scope.as_bytes(), self.key.as_bytes()];
+        let digest: [u8; 32] = match LOG_HASH.get() {
+            Some(keyed) => {
+                let mut mac = keyed.clone();
+                parts.iter().for_each(|part| mac.update(part));
+                mac.finalize().into_bytes().into()
+            }
+            None => {
+                let mut hash = Sha256::new();
+                parts.iter().for_each(|part| hash.update(part));
+                hash.finalize().into()
+            }
+        };
         ShortHash([digest[0], digest[1], digest[2], digest[3]])
     }
 }

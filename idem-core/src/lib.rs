@@ -38,6 +38,7 @@
 
 mod admin;
 mod clock;
+mod codec;
 mod derived_key;
 mod driver;
 mod error;
@@ -57,15 +58,23 @@ pub use admin::{
     Admin, Cursor, ListQuery, Listed, MAX_PAGE, OperatorRelease, Page, Stats, select_page,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use codec::{
+    Aes256GcmCodec, Codec, CodecError, KeyringError, PlainCodec, StoredAt, StoredPart,
+};
 pub use derived_key::derive_key;
 pub use driver::{
-    Completion, ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION,
-    Error, Heartbeat, Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted,
-    InterruptedKind, Outcome, ValuePart, WorkError, WorkResult, WorkResultExt, done, observe,
+    Compensation, Completion, ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES,
+    DEFAULT_MAX_SCOPES, DEFAULT_RETENTION, Error, FailedUndo, Heartbeat, Idempotency,
+    IdempotencyBuilder, InFlightPolicy, Interrupted, InterruptedKind, KeyBudget, KeyPolicy,
+    KeyPolicyError, Outcome, Provider, SettingsWarning, TokenBucket, ValuePart, WorkError,
+    WorkResult, WorkResultExt, done, observe,
 };
 pub use error::{BoxError, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
-pub use key::{Key, KeyError, KeyPart, MAX_PART_LEN, ShortHash, StepName};
+pub use key::{
+    Key, KeyError, KeyPart, LogHashSecretError, MAX_PART_LEN, MIN_LOG_HASH_SECRET, ShortHash,
+    StepName, set_log_hash_secret,
+};
 pub use limits::{MAX_DURATION, clamp_duration, duration_millis};
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;

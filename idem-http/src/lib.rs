@@ -32,10 +32,13 @@
 //! | same key, same request, again | the stored status, headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | same key, different request | 422, problem+json; never the original request, response or fingerprint |
 //! | same key while the first is still running | 409 with `Retry-After` (whole seconds, rounded up), or a wait under `InFlightPolicy::Wait` |
+//! | key refused by the driver's [`KeyPolicy`](idem_core::KeyPolicy) | 400, problem+json naming the rule |
+//! | a new key over the scope's [`KeyBudget`](idem_core::KeyBudget) | 429 with `Retry-After`; keys already stored still replay |
 //! | store unavailable | 503 with `Retry-After`; the handler does not run |
 //!
 //! Problem types are tag URIs under [`PROBLEM_TYPE_BASE`]: `missing-key`,
-//! `malformed-key`, `request-too-large`, `key-reused`, `in-flight`, `taken-over`,
+//! `malformed-key`, `key-refused`, `too-many-new-keys`, `request-too-large`, `key-reused`,
+//! `in-flight`, `taken-over`,
 //! `store-unavailable`, `response-not-stored`, `handler-failed`, `internal`.
 //!
 //! ## What a response becomes

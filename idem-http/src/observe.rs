@@ -32,6 +32,10 @@ pub(crate) enum Answer {
     TooLarge,
     /// `bad_body`: 400, the body could not be read.
     BadBody,
+    /// `key_refused`: 400, the driver's key policy refused the key.
+    KeyRefused,
+    /// `key_budget_exhausted`: 429, the scope created too many new keys.
+    KeyBudgetExhausted,
     /// `mismatch`: 422.
     Mismatch,
     /// `in_flight`: 409.
@@ -59,6 +63,8 @@ impl Answer {
             Answer::ScopeRefused => "scope_refused",
             Answer::TooLarge => "too_large",
             Answer::BadBody => "bad_body",
+            Answer::KeyRefused => "key_refused",
+            Answer::KeyBudgetExhausted => "key_budget_exhausted",
             Answer::Mismatch => "mismatch",
             Answer::InFlight => "in_flight",
             Answer::LeaseLost => "lease_lost",

@@ -448,6 +448,23 @@ fn answer(
             ))
             .into_response(),
         ),
+        Err(Error::KeyRefused(err)) => respond(
+            Answer::KeyRefused,
+            Problem::new(StatusCode::BAD_REQUEST, "key-refused", "This idempotency key is not accepted")
+                .detail(format!("The {} header's key was refused: {err}.", config.header))
+                .into_response(),
+        ),
+        Err(Error::KeyBudgetExhausted { retry_after }) => respond(
+            Answer::KeyBudgetExhausted,
+            Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-new-keys",
+                "Too many new idempotency keys",
+            )
+            .detail("This client created more new idempotency keys than it may in a period; nothing was done. Retry after the time in Retry-After, or retry earlier requests with their own keys.")
+            .retry_after(whole_seconds(retry_after))
+            .into_response(),
+        ),
         Err(Error::LeaseLost) => respond(
             Answer::LeaseLost,
             Problem::new(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")

@@ -261,3 +261,34 @@ async fn methods_require_allow_or_ignore_the_header() {
     }
     assert_eq!(effects.runs(), 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_policies_answer_400_and_key_floods_429_with_retry_after() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_secs(30))
+        .key_policy(idem_core::KeyPolicy::min_length(8))
+        .key_budget(idem_core::TokenBucket::new(1, Duration::from_secs(3600)))
+        .build()
+        .unwrap()
+        .into_dyn();
+    let effects = Effects::default();
+    let server = Server::start(app(layer(idem), effects.clone())).await;
+    let url = server.url("/payments");
+    let short = post(&client(), &url, Some("k-1"), "{}", &[]).await;
+    assert_eq!(short.status, 400);
+    assert_eq!(short.problem(), "key-refused");
+    let first = post(&client(), &url, Some("key-long-1"), "{}", &[]).await;
+    assert_eq!(first.status, 201);
+    let flood = post(&client(), &url, Some("key-long-2"), "{}", &[]).await;
+    assert_eq!(flood.status, 429);
+    assert_eq!(flood.problem(), "too-many-new-keys");
+    let seconds: u64 = flood
+        .header("retry-after")
+        .expect("Retry-After on a 429")
+        .parse()
+        .expect("whole seconds");
+    assert!((1..=3600).contains(&seconds), "{seconds}");
+    let replay = post(&client(), &url, Some("key-long-1"), "{}", &[]).await;
+    assert!(replay.replayed(), "an existing key still replays");
+    assert_eq!(effects.runs(), 1, "neither refusal ran the handler");
+}

@@ -90,19 +90,22 @@ where
     }
 }
 
-#[tokio::test]
-async fn business_rows_and_completion_commit_together() {
-    let path = common::fresh_db_path();
-    let store = SqliteStore::open(&path).unwrap();
-    let idem = Idempotency::new(store.clone());
-    let key = Key::new("shop/checkout", "order-1").unwrap();
-    for attempt in 0..3 {
+/// Executes the debit `times` times on `key`: the first runs, the others replay it.
+async fn debit_then_replay(
+    idem: &Idempotency<SqliteStore>,
+    store: &SqliteStore,
+    path: &std::path::Path,
+    key: &Key,
+    order: &str,
+    times: usize,
+) {
+    for attempt in 0..times {
         let outcome = idem
-            .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
-                let (store, path) = (store.clone(), path.clone());
+            .execute(key, Fingerprint::of_bytes("500"), |ctx| {
+                let (store, path) = (store.clone(), path.to_path_buf());
+                let order = order.to_owned();
                 async move {
-                    debit_in_one_transaction(&store, &path, &ctx, "order-1", true, || async {})
-                        .await
+                    debit_in_one_transaction(&store, &path, &ctx, &order, true, || async {}).await
                 }
             })
             .await
@@ -110,11 +113,20 @@ async fn business_rows_and_completion_commit_together() {
         assert_eq!(
             outcome,
             Outcome::Completed {
-                value: receipt("order-1"),
+                value: receipt(order),
                 replayed: attempt > 0
             }
         );
     }
+}
+
+#[tokio::test]
+async fn business_rows_and_completion_commit_together() {
+    let path = common::fresh_db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    let idem = Idempotency::new(store.clone());
+    let key = Key::new("shop/checkout", "order-1").unwrap();
+    debit_then_replay(&idem, &store, &path, &key, "order-1", 3).await;
     assert_eq!(debits(&ledger(&path)), 1, "one debit for three executions");
     let record = store.get(&key).await.unwrap().unwrap();
     assert_eq!(record.state, State::Completed);
@@ -232,6 +244,25 @@ async fn a_heartbeat_inside_the_transaction_neither_stalls_nor_loses_the_result(
             replayed: false
         },
         "the result committed in the work's transaction is the answer"
+    );
+    assert_eq!(debits(&ledger(&path)), 1);
+}
+
+#[tokio::test]
+async fn an_encrypted_completion_in_the_callers_transaction_is_ciphertext_and_replays() {
+    let path = common::fresh_db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    let idem = Idempotency::builder(store.clone())
+        .codec(idem_core::Aes256GcmCodec::new(1, [5; 32]))
+        .build()
+        .unwrap();
+    let key = Key::new("shop/checkout", "order-sealed").unwrap();
+    debit_then_replay(&idem, &store, &path, &key, "order-sealed", 2).await;
+    let record = store.get(&key).await.unwrap().unwrap();
+    let stored = record.response.unwrap();
+    assert!(
+        !stored.windows(12).any(|w| w == b"order-sealed"),
+        "the completion written in the caller's transaction is encrypted too"
     );
     assert_eq!(debits(&ledger(&path)), 1);
 }

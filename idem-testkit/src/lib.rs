@@ -175,6 +175,20 @@ macro_rules! __with_cases {
                 "Driver: an owner whose lease was taken over gets LeaseLost and the new owner's result stands.";
             waiting_duplicates_share_one_execution => WaitingDuplicatesShareOneExecution:
                 "Driver: 32 concurrent executes with InFlightPolicy::Wait run the work once; 31 get replays.";
+            encrypted_values_are_not_plaintext_at_rest => EncryptedValuesAreNotPlaintextAtRest:
+                "Driver with AES-256-GCM: results, failures and checkpoints are ciphertext at rest; rotation keeps old records readable; a retired key is a typed error, never a rerun.";
+            encrypted_records_refuse_copies_and_tampering => EncryptedRecordsRefuseCopiesAndTampering:
+                "Driver with AES-256-GCM: a ciphertext copied from another record, flipped, or moved from failure to result, and a tampered checkpoint, are typed errors; nothing runs again.";
+            key_policies_and_budgets_refuse_before_storing => KeyPoliciesAndBudgetsRefuseBeforeStoring:
+                "Driver: a key the policy refuses and a new key over the scope's budget store nothing; replays go on once the budget is spent.";
+            provider_keys_survive_takeovers => ProviderKeysSurviveTakeovers:
+                "Driver: Stripe, Adyen and PayPal identifiers are the same for a takeover and differ per key.";
+            a_failed_saga_is_undone_in_reverse_once => AFailedSagaIsUndoneInReverseOnce:
+                "Driver: step 3 fails after steps 1 and 2 registered undos: both undone in reverse, once each; retries replay.";
+            a_takeover_finishes_a_crashed_compensation => ATakeoverFinishesACrashedCompensation:
+                "Driver: a crash mid-compensation; the takeover finishes it without repeating a step or an undo.";
+            a_failing_undo_is_stored_for_the_operator => AFailingUndoIsStoredForTheOperator:
+                "Driver: an undo that fails permanently stops the compensation, and the stored failure names it.";
             matches_the_state_machine => MatchesTheStateMachine:
                 "Random operation sequences, with time passing where the clock allows: every answer equals the pure state machine's.";
         }

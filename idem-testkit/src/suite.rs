@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use idem_core::{ManualClock, Store};
 
-use crate::cases::{claim, concurrency, driver, fencing, namespaces, payloads, retention};
+use crate::cases::{
+    claim, concurrency, driver, fencing, namespaces, payloads, retention, saga, security,
+};
 use crate::{Capabilities, Namespace, model, quiet};
 
 crate::__with_cases!(enum ());
@@ -199,6 +201,27 @@ impl Suite {
             }
             Case::WaitingDuplicatesShareOneExecution => {
                 driver::waiting_duplicates_share_one_execution(store).await
+            }
+            Case::EncryptedValuesAreNotPlaintextAtRest => {
+                security::encrypted_values_are_not_plaintext_at_rest(store).await
+            }
+            Case::EncryptedRecordsRefuseCopiesAndTampering => {
+                security::encrypted_records_refuse_copies_and_tampering(store, caps).await
+            }
+            Case::KeyPoliciesAndBudgetsRefuseBeforeStoring => {
+                security::key_policies_and_budgets_refuse_before_storing(store).await
+            }
+            Case::ProviderKeysSurviveTakeovers => {
+                security::provider_keys_survive_takeovers(store, caps).await
+            }
+            Case::AFailedSagaIsUndoneInReverseOnce => {
+                saga::a_failed_saga_is_undone_in_reverse_once(store).await
+            }
+            Case::ATakeoverFinishesACrashedCompensation => {
+                saga::a_takeover_finishes_a_crashed_compensation(store, caps).await
+            }
+            Case::AFailingUndoIsStoredForTheOperator => {
+                saga::a_failing_undo_is_stored_for_the_operator(store).await
             }
             Case::MatchesTheStateMachine | Case::NamespacesAreIsolated => {
                 unreachable!("handled above")

@@ -41,6 +41,9 @@ enum Flaw {
     ReleaseKeepsTheOwner,
     /// `list` ignores the cursor: every page starts from the beginning.
     ListForgetsTheCursor,
+    /// A takeover's claim answers no checkpoints (a store that reads steps from the wrong
+    /// column): the new owner redoes steps, and a saga forgets it was compensating.
+    TakeoverForgetsSteps,
 }
 
 /// A key-value backend shared by every store one factory makes, as a server is.
@@ -116,6 +119,17 @@ impl FlawedStore {
 impl Store for FlawedStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.refuse(Operation::Claim, &[request.lease, request.retention])?;
+        if self.has(Flaw::TakeoverForgetsSteps) {
+            let outcome = self.apply(&request.key, |r, now| machine::claim(r, request, now));
+            return Ok(match outcome {
+                ClaimOutcome::Claimed {
+                    lease,
+                    resumed: true,
+                    ..
+                } => ClaimOutcome::claimed(lease, true, Default::default()),
+                other => other,
+            });
+        }
         if !self.has(Flaw::NonAtomicClaim) {
             return Ok(self.apply(&request.key, |r, now| machine::claim(r, request, now)));
         }
@@ -417,7 +431,26 @@ async fn a_store_that_forgets_the_fingerprint_is_reported() {
             Case::StepsRunOnceAcrossTakeovers,
             Case::AStaleOwnerCannotStoreItsResult,
             Case::WaitingDuplicatesShareOneExecution,
+            Case::EncryptedValuesAreNotPlaintextAtRest,
+            Case::EncryptedRecordsRefuseCopiesAndTampering,
+            Case::KeyPoliciesAndBudgetsRefuseBeforeStoring,
         ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_whose_takeover_forgets_steps_is_reported() {
+    let report = suite(Some(Flaw::TakeoverForgetsSteps)).run_all().await;
+    assert_reported(
+        &report,
+        &[
+            Case::ExpiredLeaseIsTakenOver,
+            Case::StepsRunOnceAcrossTakeovers,
+            Case::ATakeoverFinishesACrashedCompensation,
+            Case::EncryptedRecordsRefuseCopiesAndTampering,
+            Case::MatchesTheStateMachine,
+        ],
+        &[Case::ReleaseLetsTheNextClaimTakeOver],
     );
 }
 

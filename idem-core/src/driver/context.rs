@@ -10,8 +10,12 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
+use super::saga::{self, Undo};
 use super::{Limits, observe, retry_store};
-use crate::{Fingerprint, Key, Lease, Operation, StepName, Steps, Store, StoreError, WriteOutcome};
+use crate::{
+    Codec, CodecError, Fingerprint, Key, Lease, Operation, StepName, Steps, Store, StoreError,
+    StoredAt, StoredPart, WriteOutcome,
+};
 
 /// Handed to the work by [`Idempotency::execute`](crate::Idempotency::execute).
 ///
@@ -28,14 +32,20 @@ struct Inner {
     resumed: bool,
     steps: Mutex<Steps>,
     limits: Limits,
+    codec: Arc<dyn Codec>,
     serde: bool,
     lost: AtomicBool,
     lost_notify: Notify,
     /// The result a store wrote inside the caller's own transaction, if any.
     completion: Mutex<Option<Vec<u8>>>,
+    /// Undos registered by steps, in the order the steps finished.
+    undos: Mutex<Vec<Undo>>,
+    /// An earlier owner started compensating: no new step may run.
+    compensating: bool,
 }
 
 impl Context {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         store: Arc<dyn Store>,
         lease: Lease,
@@ -43,8 +53,10 @@ impl Context {
         resumed: bool,
         steps: Steps,
         limits: Limits,
+        codec: Arc<dyn Codec>,
         serde: bool,
     ) -> Self {
+        let compensating = steps.contains_key(saga::SAGA_STEP);
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -53,10 +65,13 @@ impl Context {
                 resumed,
                 steps: Mutex::new(steps),
                 limits,
+                codec,
                 serde,
                 lost: AtomicBool::new(false),
                 lost_notify: Notify::new(),
                 completion: Mutex::new(None),
+                undos: Mutex::new(Vec::new()),
+                compensating,
             }),
         }
     }
@@ -151,16 +166,41 @@ impl Context {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
+        Ok(self.step_plain(name, run).await?.0)
+    }
+
+    /// [`Context::step`], also answering the value's plain stored bytes.
+    pub(crate) async fn step_plain<T, E, F, Fut>(
+        &self,
+        name: &str,
+        run: F,
+    ) -> Result<(T, Vec<u8>), WorkError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
         let step = StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))?;
-        let stored = lock(&self.inner.steps).get(name).cloned();
-        if let Some(stored) = stored {
-            return serde_json::from_slice(&stored).map_err(|source| {
+        if name.starts_with(saga::RESERVED_PREFIX) {
+            return Err(
+                Interrupted(Reason::InvalidStepName(crate::KeyError::Reserved {
+                    part: crate::KeyPart::Step,
+                    prefix: saga::RESERVED_PREFIX,
+                }))
+                .into(),
+            );
+        }
+        if let Some(plain) = self.checkpointed(name)? {
+            let value = serde_json::from_slice(&plain).map_err(|source| {
                 Interrupted(Reason::StepUndecodable {
                     step: name.to_owned(),
                     source: source.into(),
                 })
-                .into()
-            });
+            })?;
+            return Ok((value, plain));
+        }
+        if self.inner.compensating {
+            return Err(saga::compensating().into());
         }
         if self.is_lease_lost() {
             return Err(Interrupted::lease_lost().into());
@@ -171,34 +211,72 @@ impl Context {
                 what: ValuePart::Step(name.to_owned()),
             }))
         };
-        let bytes = serde_json::to_vec(&value).map_err(|_| unserializable())?;
-        let value: T = serde_json::from_slice(&bytes).map_err(|_| unserializable())?;
+        let plain = serde_json::to_vec(&value).map_err(|_| unserializable())?;
+        let value: T = serde_json::from_slice(&plain).map_err(|_| unserializable())?;
+        self.checkpoint(&step, &plain).await?;
+        Ok((value, plain))
+    }
+
+    /// The plain bytes of the checkpoint `name`, if there is one.
+    pub(crate) fn checkpointed(&self, name: &str) -> Result<Option<Vec<u8>>, Interrupted> {
+        let stored = lock(&self.inner.steps).get(name).cloned();
+        stored
+            .map(|stored| self.decode(StoredPart::Step(name), &stored))
+            .transpose()
+    }
+
+    /// Checkpoints `plain` as the value of `step`: encoded, size-checked, fenced and
+    /// retried like every store write.
+    pub(crate) async fn checkpoint(
+        &self,
+        step: &StepName,
+        plain: &[u8],
+    ) -> Result<(), Interrupted> {
+        let name = step.as_str();
+        let bytes = self.encode(StoredPart::Step(name), plain)?;
         let size = name.len() + bytes.len();
         let room = self.room_for_step();
         if size > room {
-            return Err(too_large(name, size, room).into());
+            return Err(too_large(name, size, room));
         }
         let lease = self.lease();
         let store = &self.inner.store;
         match retry_store(Operation::Checkpoint, || {
-            store.checkpoint(&lease, &step, &bytes)
+            store.checkpoint(&lease, step, &bytes)
         })
         .await
         {
             Ok(WriteOutcome::Applied) => {
                 lock(&self.inner.steps).insert(name.to_owned(), bytes);
-                Ok(value)
+                Ok(())
             }
             Ok(WriteOutcome::Fenced) => {
                 observe::count(observe::FENCED_WRITES);
                 self.mark_lost();
-                Err(Interrupted::lease_lost().into())
+                Err(Interrupted::lease_lost())
             }
-            Err(StoreError::StepTooLarge { size, limit, .. }) => {
-                Err(too_large(name, size, limit).into())
-            }
-            Err(err) => Err(Interrupted(Reason::Store(err)).into()),
+            Err(StoreError::StepTooLarge { size, limit, .. }) => Err(too_large(name, size, limit)),
+            Err(err) => Err(Interrupted(Reason::Store(err))),
         }
+    }
+
+    /// True when an earlier owner started compensating this execution.
+    pub(crate) fn is_compensating(&self) -> bool {
+        self.inner.compensating
+    }
+
+    pub(crate) fn register_undo(&self, undo: Undo) {
+        lock(&self.inner.undos).push(undo);
+    }
+
+    /// The undos registered so far, in the order their steps finished.
+    pub(crate) fn take_undos(&self) -> Vec<Undo> {
+        std::mem::take(&mut *lock(&self.inner.undos))
+    }
+
+    /// True when some step registered an undo.
+    pub(crate) fn has_undos(&self) -> bool {
+        !lock(&self.inner.undos).is_empty()
     }
 
     /// Prepares `value` as this execution's result, for stores that complete inside the
@@ -227,8 +305,9 @@ impl Context {
                 what: ValuePart::Result,
             }))
         };
-        let bytes = serde_json::to_vec(value).map_err(|_| unserializable())?;
-        serde_json::from_slice::<T>(&bytes).map_err(|_| unserializable())?;
+        let plain = serde_json::to_vec(value).map_err(|_| unserializable())?;
+        serde_json::from_slice::<T>(&plain).map_err(|_| unserializable())?;
+        let bytes = self.encode(StoredPart::Result, &plain)?;
         let limit = self.room_for_response();
         if bytes.len() > limit {
             return Err(Interrupted(Reason::Unstorable(
@@ -283,6 +362,26 @@ impl Context {
         lock(&self.inner.completion).take()
     }
 
+    /// The plain bytes of a stored value of this record.
+    fn decode(&self, part: StoredPart<'_>, stored: &[u8]) -> Result<Vec<u8>, Interrupted> {
+        let key = self.key();
+        let at = StoredAt { key: &key, part };
+        self.inner
+            .codec
+            .decode(&at, stored)
+            .map_err(|source| codec_interruption(part, source))
+    }
+
+    /// The stored form of a value of this record.
+    fn encode(&self, part: StoredPart<'_>, plain: &[u8]) -> Result<Vec<u8>, Interrupted> {
+        let key = self.key();
+        let at = StoredAt { key: &key, part };
+        self.inner
+            .codec
+            .encode(&at, plain)
+            .map_err(|source| codec_interruption(part, source))
+    }
+
     /// Bytes the record's checkpoints take (names and values).
     fn steps_size(&self) -> usize {
         lock(&self.inner.steps)
@@ -305,6 +404,13 @@ impl Context {
     }
 }
 
+fn codec_interruption(part: StoredPart<'_>, source: CodecError) -> Interrupted {
+    Interrupted(Reason::Codec {
+        what: part.into(),
+        source,
+    })
+}
+
 fn too_large(step: &str, size: usize, limit: usize) -> Interrupted {
     Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
         step: step.to_owned(),
@@ -313,7 +419,7 @@ fn too_large(step: &str, size: usize, limit: usize) -> Interrupted {
     }))
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Nothing here is left half-written by a panic: a poisoned lock is still consistent.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BoxError, KeyError, StoreError};
+use crate::{BoxError, CodecError, KeyError, ShortHash, StoreError};
 
 /// How the protected work failed; the kind decides what is stored.
 ///
@@ -131,6 +131,9 @@ pub enum InterruptedKind {
     InvalidStepName,
     /// A stored step no longer decodes as the type asked for.
     StepUndecodable,
+    /// The codec could not decode a stored checkpoint, or encode a new one (see
+    /// [`Error::Codec`]).
+    Codec,
     /// A value the work produced cannot be stored (too large, or not serialisable); the
     /// driver stores this as a permanent failure, since the work's effect may have
     /// happened.
@@ -138,6 +141,9 @@ pub enum InterruptedKind {
     /// [`Context::prepare_completion`](crate::Context::prepare_completion) was called in an
     /// execution that stores raw bytes.
     WrongEncoding,
+    /// The execution is compensating (an earlier owner's step failed permanently): steps
+    /// without a checkpoint no longer run. The driver finishes the compensation.
+    Compensating,
 }
 
 #[derive(Debug)]
@@ -146,8 +152,10 @@ pub(crate) enum Reason {
     Store(StoreError),
     InvalidStepName(KeyError),
     StepUndecodable { step: String, source: BoxError },
+    Codec { what: ValuePart, source: CodecError },
     Unstorable(Unstorable),
     WrongEncoding,
+    Compensating,
 }
 
 /// A value the work produced that the driver cannot store; stored as a marker instead.
@@ -179,6 +187,16 @@ pub enum ValuePart {
     Step(String),
 }
 
+impl From<crate::StoredPart<'_>> for ValuePart {
+    fn from(part: crate::StoredPart<'_>) -> Self {
+        match part {
+            crate::StoredPart::Step(step) => ValuePart::Step(step.to_owned()),
+            crate::StoredPart::Failure => ValuePart::Failure,
+            _ => ValuePart::Result,
+        }
+    }
+}
+
 impl fmt::Display for ValuePart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -201,15 +219,21 @@ impl Interrupted {
             Reason::Store(_) => InterruptedKind::Store,
             Reason::InvalidStepName(_) => InterruptedKind::InvalidStepName,
             Reason::StepUndecodable { .. } => InterruptedKind::StepUndecodable,
+            Reason::Codec { .. } => InterruptedKind::Codec,
             Reason::Unstorable(_) => InterruptedKind::Unstorable,
             Reason::WrongEncoding => InterruptedKind::WrongEncoding,
+            Reason::Compensating => InterruptedKind::Compensating,
         }
     }
 
     /// The step concerned, when there is one.
     pub fn step(&self) -> Option<&str> {
         match &self.0 {
-            Reason::StepUndecodable { step, .. } => Some(step),
+            Reason::StepUndecodable { step, .. }
+            | Reason::Codec {
+                what: ValuePart::Step(step),
+                ..
+            } => Some(step),
             Reason::Unstorable(Unstorable::StepTooLarge { step, .. })
             | Reason::Unstorable(Unstorable::Unserializable {
                 what: ValuePart::Step(step),
@@ -231,11 +255,15 @@ impl fmt::Display for Interrupted {
                  give a step whose type changed a new name (`{step}.v2`), or delete the \
                  record to start over"
             ),
+            Reason::Codec { what, source } => write!(f, "{what} {source}"),
             Reason::Unstorable(unstorable) => fmt::Display::fmt(unstorable, f),
             Reason::WrongEncoding => f.write_str(
                 "prepare_completion is for executions that store serde values; \
                  this one stores raw bytes",
             ),
+            Reason::Compensating => {
+                f.write_str("the execution is compensating a permanent failure; no new step runs")
+            }
         }
     }
 }
@@ -266,6 +294,7 @@ impl std::error::Error for Interrupted {
             Reason::Store(err) => Some(err),
             Reason::InvalidStepName(err) => Some(err),
             Reason::StepUndecodable { source, .. } => Some(source.as_ref()),
+            Reason::Codec { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -284,6 +313,17 @@ pub enum Error {
     #[error("a request with this key is in flight; retry in {retry_after:?}")]
     InFlight {
         /// How long the other attempt's lease still runs.
+        retry_after: Duration,
+    },
+    /// The key broke the driver's [`KeyPolicy`](crate::KeyPolicy). Nothing was stored;
+    /// the client must send an acceptable key.
+    #[error("the idempotency key was refused: {0}")]
+    KeyRefused(#[source] crate::KeyPolicyError),
+    /// The scope created as many new keys as its [`KeyBudget`](crate::KeyBudget) allows.
+    /// Nothing was stored; keys that already have a record still replay.
+    #[error("this scope created too many new idempotency keys; retry in {retry_after:?}")]
+    KeyBudgetExhausted {
+        /// When the budget has room again.
         retry_after: Duration,
     },
     /// The key was used before for a request with a different fingerprint.
@@ -337,6 +377,31 @@ pub enum Error {
     /// it was stored?). Not retryable.
     #[error("a stored result could not be decoded as the expected type")]
     Decode(#[source] BoxError),
+    /// The codec ([`IdempotencyBuilder::codec`](crate::IdempotencyBuilder::codec)) could
+    /// not decode a stored value (altered, copied from another record, a retired key) or
+    /// encode a new one. Nothing is replayed and the work does not run again: the record
+    /// stays as it is for an operator to inspect (`idem inspect`), and an in-progress key
+    /// stays held until its lease ends.
+    #[error("{what} of key #{key} {source}")]
+    Codec {
+        /// The key's short hash, as in logs.
+        key: ShortHash,
+        /// Which value.
+        what: ValuePart,
+        /// What the codec found.
+        #[source]
+        source: CodecError,
+    },
+    /// Undoing a step ([`Context::step_with_undo`](crate::Context::step_with_undo)) failed
+    /// with a retryable or unknown error. The compensation is checkpointed so far; the key
+    /// stays held until its lease ends, then a retry takes over and goes on compensating.
+    #[error(
+        "undoing step `{step}` did not finish; retry after the lease ends to go on compensating"
+    )]
+    CompensationPending {
+        /// The step whose undo did not finish.
+        step: String,
+    },
     /// The driver interrupted the work (an invalid step name, or a stored step that no
     /// longer decodes). The lease is kept until it expires.
     #[error("the work was interrupted: {0}")]
@@ -363,13 +428,18 @@ impl Error {
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::InFlight { .. } | Error::LeaseLost => true,
+            Error::InFlight { .. }
+            | Error::LeaseLost
+            | Error::KeyBudgetExhausted { .. }
+            | Error::CompensationPending { .. } => true,
             Error::Store(err) => err.is_retryable(),
             Error::Mismatch
+            | Error::KeyRefused(_)
             | Error::ResultTooLarge { .. }
             | Error::StepTooLarge { .. }
             | Error::Unserializable { .. }
             | Error::Decode(_)
+            | Error::Codec { .. }
             | Error::Interrupted(_) => false,
         }
     }

@@ -1,11 +1,15 @@
 //! The driver: claim, run the work once, store its result, replay it to every retry.
 
+mod budget;
 mod context;
 mod errors;
 mod heartbeat;
+mod key_policy;
 pub mod observe;
 mod outcome;
 mod policy;
+mod provider;
+mod saga;
 mod wire;
 
 use std::fmt;
@@ -18,20 +22,24 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+pub use budget::{DEFAULT_MAX_SCOPES, KeyBudget, TokenBucket};
 pub use context::{Completion, Context};
 pub use errors::{
     ConfigError, Error, Interrupted, InterruptedKind, ValuePart, WorkError, WorkResult,
     WorkResultExt, done,
 };
+pub use key_policy::{KeyPolicy, KeyPolicyError};
 pub use outcome::Outcome;
 pub use policy::{Heartbeat, InFlightPolicy};
+pub use provider::{Provider, SettingsWarning};
+pub use saga::{Compensation, FailedUndo};
 
 use errors::{Reason, Unstorable};
 use wire::{Json, Marker, Raw, StoredFailure, Wire};
 
 use crate::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, MAX_DURATION, Operation, Steps, Store,
-    StoreError, WriteOutcome,
+    ClaimOutcome, ClaimRequest, Codec, Fingerprint, Key, Lease, MAX_DURATION, Operation,
+    PlainCodec, Steps, Store, StoreError, StoredAt, StoredPart, WriteOutcome,
 };
 
 /// The default lease: how long one attempt owns a key before others may take over.
@@ -105,6 +113,22 @@ struct Settings {
     max_response_bytes: usize,
     heartbeat: Heartbeat,
     in_flight: InFlightPolicy,
+    codec: Arc<dyn Codec>,
+    key_policy: KeyPolicy,
+    budget: Option<Arc<dyn KeyBudget>>,
+    scope_label: Option<ScopeLabel>,
+    providers: Vec<Provider>,
+    warnings: Vec<SettingsWarning>,
+}
+
+/// The application's map from a scope to a metrics label.
+#[derive(Clone)]
+struct ScopeLabel(Arc<dyn Fn(&str) -> String + Send + Sync>);
+
+impl fmt::Debug for ScopeLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ScopeLabel(..)")
+    }
 }
 
 impl Default for Settings {
@@ -115,6 +139,12 @@ impl Default for Settings {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             heartbeat: Heartbeat::Auto,
             in_flight: InFlightPolicy::Reject,
+            codec: Arc::new(PlainCodec),
+            key_policy: KeyPolicy::any(),
+            budget: None,
+            scope_label: None,
+            providers: Vec::new(),
+            warnings: Vec::new(),
         }
     }
 }
@@ -181,6 +211,97 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
         self
     }
 
+    /// The codec every stored value goes through: results, stored failures and step
+    /// checkpoints (default [`PlainCodec`]: the bytes as they are). Use
+    /// [`Aes256GcmCodec`](crate::Aes256GcmCodec) to encrypt them at rest; see its docs for
+    /// what it protects and what it does not.
+    ///
+    /// ```
+    /// use idem_core::{Aes256GcmCodec, Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .codec(Aes256GcmCodec::new(1, [42; 32]))
+    ///     .build()?;
+    /// # let _ = idem;
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn codec(mut self, codec: impl Codec) -> Self {
+        self.settings.codec = Arc::new(codec);
+        self
+    }
+
+    /// Which client keys are accepted (default [`KeyPolicy::any`]); a refused key is
+    /// [`Error::KeyRefused`] before anything is stored.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, KeyPolicy, MemoryStore};
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new()).key_policy(KeyPolicy::uuid()).build()?;
+    /// # let _ = idem;
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn key_policy(mut self, policy: KeyPolicy) -> Self {
+        self.settings.key_policy = policy;
+        self
+    }
+
+    /// Caps how fast each scope may create new keys (default: no cap); the excess is
+    /// [`Error::KeyBudgetExhausted`]. See [`KeyBudget`] and [`TokenBucket`].
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore, TokenBucket};
+    /// use std::time::Duration;
+    ///
+    /// // Each scope: 100 new keys at once, refilled at 100 a minute.
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .key_budget(TokenBucket::new(100, Duration::from_secs(60)))
+    ///     .build()?;
+    /// # let _ = idem;
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn key_budget(mut self, budget: impl KeyBudget) -> Self {
+        self.settings.budget = Some(Arc::new(budget));
+        self
+    }
+
+    /// Labels `idem_new_keys_total` and `idem_key_budget_rejections_total` with
+    /// `scope = label(scope)` (default: no label). Map scopes to few values (the operation,
+    /// a customer tier), never to the scope itself: see [`observe`].
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    ///
+    /// // "acct_42/payments.create" -> "payments.create"
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .scope_label(|scope| scope.rsplit('/').next().unwrap_or("other").to_owned())
+    ///     .build()?;
+    /// # let _ = idem;
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn scope_label(mut self, label: impl Fn(&str) -> String + Send + Sync + 'static) -> Self {
+        self.settings.scope_label = Some(ScopeLabel(Arc::new(label)));
+        self
+    }
+
+    /// Declares a payment provider the work calls with [`Context::provider_key`]:
+    /// [`build`](Self::build) warns (a `tracing` warning, and
+    /// [`Idempotency::warnings`]) when the retention is shorter than the provider's.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore, Provider, SettingsWarning};
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new()).provider(Provider::ADYEN).build()?;
+    /// assert!(matches!(
+    ///     idem.warnings(),
+    ///     [SettingsWarning::RetentionShorterThanProvider { provider: "adyen", .. }]
+    /// ));
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn provider(mut self, provider: Provider) -> Self {
+        self.settings.providers.push(provider);
+        self
+    }
+
     /// Checks the settings and builds the driver.
     ///
     /// ```
@@ -237,7 +358,12 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
             }
             _ => {}
         }
-        Ok(Idempotency::with_settings(self.store, self.settings))
+        let mut settings = self.settings;
+        settings.warnings = provider::warnings(retention, &settings.providers);
+        for warning in &settings.warnings {
+            tracing::warn!("idem settings: {warning}");
+        }
+        Ok(Idempotency::with_settings(self.store, settings))
     }
 }
 
@@ -307,6 +433,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// How long results are kept.
     pub fn retention(&self) -> Duration {
         self.settings.retention
+    }
+
+    /// What [`IdempotencyBuilder::build`] found worth a look in the settings (also
+    /// logged then).
+    pub fn warnings(&self) -> &[SettingsWarning] {
+        &self.settings.warnings
     }
 
     /// Runs `work` once for `key` and answers its outcome, or replays the stored one.
@@ -434,7 +566,19 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<W::Value, WorkError<W::Failure>>>,
     {
-        let (lease, resumed, steps) = match self.claim(key, fingerprint).await? {
+        self.settings
+            .key_policy
+            .check(key.key())
+            .map_err(Error::KeyRefused)?;
+        let charged = self.charge_budget(key).await?;
+        let claim = self.claim(key, fingerprint).await;
+        let new_key = matches!(claim, Ok(Claim::Won { resumed: false, .. }));
+        if new_key {
+            observe::count_scoped(observe::NEW_KEYS, self.scope_label(key));
+        } else if let Some(budget) = charged {
+            budget.give_back(key.scope());
+        }
+        let (lease, resumed, steps) = match claim? {
             Claim::Won {
                 lease,
                 resumed,
@@ -442,7 +586,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             } => (lease, resumed, steps),
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
-                let value = W::decode_value(&response).map_err(Error::Decode)?;
+                let plain = self.decode(key, StoredPart::Result, &response)?;
+                let value = W::decode_value(&plain).map_err(Error::Decode)?;
                 return Ok(Outcome::Completed {
                     value,
                     replayed: true,
@@ -450,9 +595,15 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             }
             Claim::ReplayFailure(response) => {
                 observe::count(observe::REPLAYS);
-                return match W::decode_failure(&response).map_err(Error::Decode)? {
+                let plain = self.decode(key, StoredPart::Failure, &response)?;
+                return match W::decode_failure(&plain).map_err(Error::Decode)? {
                     StoredFailure::Work(error) => Ok(Outcome::Failed {
                         error,
+                        replayed: true,
+                    }),
+                    StoredFailure::Compensated(error, compensation) => Ok(Outcome::Compensated {
+                        error,
+                        compensation,
                         replayed: true,
                     }),
                     StoredFailure::Marker(marker) => Err(marker.into_error(true, None)),
@@ -462,13 +613,32 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
 
         let store = Arc::clone(&self.shared);
         let limits = self.limits();
-        let context = Context::new(store, lease, fingerprint, resumed, steps, limits, W::SERDE);
+        let codec = Arc::clone(&self.settings.codec);
+        let context = Context::new(
+            store,
+            lease,
+            fingerprint,
+            resumed,
+            steps,
+            limits,
+            codec,
+            W::SERDE,
+        );
         let started = Instant::now();
         let every = self.settings.heartbeat.interval(self.settings.lease);
         let result =
             heartbeat::run(work(context.clone()), &context, every, self.settings.lease).await;
         observe::work_duration(started.elapsed());
+        // An earlier owner started compensating: the failure is decided; finish undoing,
+        // unless this run cannot write any more.
+        if context.is_compensating() && !cannot_write(&result) {
+            drop(result);
+            return self.compensate::<W>(&context, None, every).await;
+        }
         match result {
+            Err(WorkError::Permanent(error)) if context.has_undos() => {
+                self.compensate::<W>(&context, Some(error), every).await
+            }
             Ok(value) => self.complete::<W>(&context, value).await,
             Err(WorkError::Permanent(error)) => {
                 self.fail::<W>(&context, StoredFailure::Work(error), None)
@@ -487,6 +657,11 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Err(WorkError::Interrupted(Interrupted(reason))) => match reason {
                 Reason::LeaseLost => Err(Error::LeaseLost),
                 Reason::Store(err) => Err(Error::Store(err)),
+                Reason::Codec { what, source } => Err(Error::Codec {
+                    key: key.short_hash(),
+                    what,
+                    source,
+                }),
                 Reason::Unstorable(unstorable) => {
                     let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
                     self.fail::<W>(&context, marker, None).await
@@ -496,11 +671,55 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         }
     }
 
+    /// Takes a new key from the scope's budget. Out of budget, a key that already has a
+    /// record goes ahead uncharged; a new one is refused.
+    async fn charge_budget(&self, key: &Key) -> Result<Option<&Arc<dyn KeyBudget>>, Error> {
+        let Some(budget) = &self.settings.budget else {
+            return Ok(None);
+        };
+        match budget.take(key.scope()) {
+            Ok(()) => Ok(Some(budget)),
+            Err(retry_after) => {
+                if retry_store(Operation::Get, || self.store.get(key))
+                    .await?
+                    .is_some()
+                {
+                    return Ok(None);
+                }
+                observe::count_scoped(observe::KEY_BUDGET_REJECTIONS, self.scope_label(key));
+                Err(Error::KeyBudgetExhausted { retry_after })
+            }
+        }
+    }
+
+    fn scope_label(&self, key: &Key) -> Option<String> {
+        let label = self.settings.scope_label.as_ref()?;
+        Some((label.0)(key.scope()))
+    }
+
     fn limits(&self) -> Limits {
         Limits {
             response_cap: self.settings.max_response_bytes,
             record: self.store.max_record_bytes(),
         }
+    }
+
+    /// The plain bytes of a stored value, or the codec's error naming it.
+    fn decode(&self, key: &Key, part: StoredPart<'_>, stored: &[u8]) -> Result<Vec<u8>, Error> {
+        let at = StoredAt { key, part };
+        self.settings
+            .codec
+            .decode(&at, stored)
+            .map_err(|source| codec_error(key, part, source))
+    }
+
+    /// The stored form of a value's plain bytes.
+    fn encode(&self, key: &Key, part: StoredPart<'_>, plain: &[u8]) -> Result<Vec<u8>, Error> {
+        let at = StoredAt { key, part };
+        self.settings
+            .codec
+            .encode(&at, plain)
+            .map_err(|source| codec_error(key, part, source))
     }
 
     /// Stores the work's value and answers it as stored.
@@ -509,9 +728,11 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         context: &Context,
         value: W::Value,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        let key = context.key();
         // Completed inside the work's own transaction: those bytes are the result.
-        let bytes = match context.take_completion() {
-            Some(bytes) => bytes,
+        let completed = context.take_completion();
+        let plain = match &completed {
+            Some(stored) => self.decode(&key, StoredPart::Result, stored)?,
             None => match W::encode_value(&value) {
                 Ok(bytes) => bytes,
                 Err(source) => {
@@ -524,7 +745,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         drop(value);
         // The answer is what a replay will decode: a value that does not survive the trip
         // fails now, once, and is stored as such.
-        let stored = match W::decode_value(&bytes) {
+        let stored = match W::decode_value(&plain) {
             Ok(stored) => stored,
             Err(source) => {
                 return self
@@ -532,6 +753,11 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     .await;
             }
         };
+        let bytes = match completed {
+            Some(stored) => stored,
+            None => self.encode(&key, StoredPart::Result, &plain)?,
+        };
+        drop(plain);
         let limit = context.room_for_response();
         if bytes.len() > limit {
             let marker = Marker::ResultTooLarge {
@@ -578,11 +804,16 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         failure: StoredFailure<W::Failure>,
         source: Option<crate::BoxError>,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        let key = context.key();
         let limit = context.room_for_response();
-        let encoded = W::encode_failure(&failure).and_then(|bytes| {
-            let decoded = W::decode_failure(&bytes)?;
-            Ok((bytes, decoded))
+        let encoded = W::encode_failure(&failure).and_then(|plain| {
+            let decoded = W::decode_failure(&plain)?;
+            Ok((plain, decoded))
         });
+        let encoded = match encoded {
+            Ok((plain, decoded)) => Ok((self.encode(&key, StoredPart::Failure, &plain)?, decoded)),
+            Err(err) => Err(err),
+        };
         let (bytes, stored, source) = match encoded {
             Ok((bytes, stored)) if bytes.len() <= limit => (bytes, stored, source),
             Ok((bytes, _)) => {
@@ -590,14 +821,14 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     size: bytes.len(),
                     limit,
                 };
-                self.encode_marker::<W>(marker, source)
+                self.encode_marker::<W>(&key, marker, source)?
             }
             Err(err) => {
                 let marker = Marker::Unserializable {
                     step: None,
                     failure: true,
                 };
-                self.encode_marker::<W>(marker, Some(err))
+                self.encode_marker::<W>(&key, marker, Some(err))?
             }
         };
         let lease = context.lease();
@@ -605,6 +836,11 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Ok(WriteOutcome::Applied) => match stored {
                 StoredFailure::Work(error) => Ok(Outcome::Failed {
                     error,
+                    replayed: false,
+                }),
+                StoredFailure::Compensated(error, compensation) => Ok(Outcome::Compensated {
+                    error,
+                    compensation,
                     replayed: false,
                 }),
                 StoredFailure::Marker(marker) => Err(marker.into_error(false, source)),
@@ -616,13 +852,114 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
 
     fn encode_marker<W: Wire>(
         &self,
+        key: &Key,
         marker: Marker,
         source: Option<crate::BoxError>,
-    ) -> (Vec<u8>, StoredFailure<W::Failure>, Option<crate::BoxError>) {
-        // Markers hold only numbers and names: they always encode.
+    ) -> Result<EncodedFailure<W::Failure>, Error> {
+        // Markers hold only numbers and names: they always serialise.
         let failure = StoredFailure::Marker(marker);
-        let bytes = W::encode_failure(&failure).unwrap_or_default();
-        (bytes, failure, source)
+        let plain = W::encode_failure(&failure).unwrap_or_default();
+        let bytes = self.encode(key, StoredPart::Failure, &plain)?;
+        Ok((bytes, failure, source))
+    }
+
+    /// Runs the registered undos in reverse order, each once across takeovers, then
+    /// stores the failure with what was undone. `failure` is the work's error on the run
+    /// that failed; a takeover reads it from the saga checkpoint.
+    async fn compensate<W: Wire>(
+        &self,
+        context: &Context,
+        failure: Option<W::Failure>,
+        every: Option<Duration>,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        let key = context.key();
+        let interrupted = |interrupted: Interrupted| interruption_error(&key, interrupted);
+        let plain = match failure {
+            Some(error) => {
+                let failure = StoredFailure::Work(error);
+                let Ok(plain) = W::encode_failure(&failure) else {
+                    // Nothing to compensate against: store why, as any unstorable error.
+                    let marker = Marker::Unserializable {
+                        step: None,
+                        failure: true,
+                    };
+                    return self
+                        .fail::<W>(context, StoredFailure::Marker(marker), None)
+                        .await;
+                };
+                let step = step_name(saga::SAGA_STEP).map_err(interrupted)?;
+                match context.checkpoint(&step, &plain).await {
+                    Ok(()) => plain,
+                    // The failure does not fit beside the checkpoints: store that instead,
+                    // as any value that cannot be stored (nothing is undone).
+                    Err(Interrupted(Reason::Unstorable(unstorable))) => {
+                        let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
+                        return self.fail::<W>(context, marker, None).await;
+                    }
+                    Err(other) => return Err(interrupted(other)),
+                }
+            }
+            None => context
+                .checkpointed(saga::SAGA_STEP)
+                .map_err(interrupted)?
+                .ok_or_else(|| Error::Decode("the saga checkpoint is missing".into()))?,
+        };
+        let error = match W::decode_failure(&plain).map_err(Error::Decode)? {
+            StoredFailure::Work(error) => error,
+            _ => {
+                return Err(Error::Decode(
+                    "the saga checkpoint holds no work error".into(),
+                ));
+            }
+        };
+        let mut compensation = Compensation {
+            undone: Vec::new(),
+            failed: None,
+            pending: Vec::new(),
+        };
+        let mut undos = context.take_undos();
+        while let Some(undo) = undos.pop() {
+            let done_name = saga::undo_checkpoint(&undo.step);
+            if context
+                .checkpointed(&done_name)
+                .map_err(interrupted)?
+                .is_some()
+            {
+                compensation.undone.push(undo.step);
+                continue;
+            }
+            if context.is_lease_lost() {
+                return Err(Error::LeaseLost);
+            }
+            match heartbeat::run((undo.run)(), context, every, self.settings.lease).await {
+                saga::UndoResult::Done => {
+                    let done = step_name(&done_name).map_err(interrupted)?;
+                    context
+                        .checkpoint(&done, b"true")
+                        .await
+                        .map_err(interrupted)?;
+                    compensation.undone.push(undo.step);
+                }
+                saga::UndoResult::Permanent(error) => {
+                    tracing::warn!(step = %undo.step, "an undo failed permanently; compensation stopped");
+                    compensation.pending = undos.drain(..).rev().map(|undo| undo.step).collect();
+                    compensation.failed = Some(FailedUndo {
+                        step: undo.step,
+                        error,
+                    });
+                    break;
+                }
+                saga::UndoResult::NotYet => {
+                    return Err(Error::CompensationPending { step: undo.step });
+                }
+            }
+        }
+        self.fail::<W>(
+            context,
+            StoredFailure::Compensated(error, compensation),
+            None,
+        )
+        .await
     }
 
     /// Claims the key, waiting for another attempt under [`InFlightPolicy::Wait`].
@@ -692,6 +1029,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     }
 }
 
+/// A failure's stored bytes, the failure they decode to, and the serialiser's error if any.
+type EncodedFailure<F> = (Vec<u8>, StoredFailure<F>, Option<crate::BoxError>);
+
 /// What the claim left the driver to do.
 enum Claim {
     Won {
@@ -701,6 +1041,44 @@ enum Claim {
     },
     Replay(Vec<u8>),
     ReplayFailure(Vec<u8>),
+}
+
+fn codec_error(key: &Key, part: StoredPart<'_>, source: crate::CodecError) -> Error {
+    Error::Codec {
+        key: key.short_hash(),
+        what: part.into(),
+        source,
+    }
+}
+
+/// True when the work's result says this run can no longer write (its lease is gone, the
+/// store or the codec failed): such a run must not compensate.
+fn cannot_write<T, E>(result: &Result<T, WorkError<E>>) -> bool {
+    matches!(
+        result,
+        Err(WorkError::Interrupted(Interrupted(
+            Reason::LeaseLost | Reason::Store(_) | Reason::Codec { .. }
+        )))
+    )
+}
+
+/// One of idem's own checkpoint names, checked like any step name.
+fn step_name(name: &str) -> Result<crate::StepName, Interrupted> {
+    crate::StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))
+}
+
+/// The caller's error for an interruption met by the driver itself.
+fn interruption_error(key: &Key, interrupted: Interrupted) -> Error {
+    match interrupted.0 {
+        Reason::LeaseLost => Error::LeaseLost,
+        Reason::Store(err) => Error::Store(err),
+        Reason::Codec { what, source } => Error::Codec {
+            key: key.short_hash(),
+            what,
+            source,
+        },
+        other => Error::Interrupted(Interrupted(other)),
+    }
 }
 
 fn fenced_at_the_end(context: &Context) -> Error {
@@ -741,13 +1119,18 @@ fn outcome_name<T, E>(result: &Result<Outcome<T, E>, Error>) -> &'static str {
             replayed: false, ..
         }) => "executed",
         Ok(Outcome::Completed { replayed: true, .. }) => "replayed",
-        Ok(Outcome::Failed { replayed: true, .. }) => "replayed_failure",
+        Ok(Outcome::Failed { replayed: true, .. })
+        | Ok(Outcome::Compensated { replayed: true, .. }) => "replayed_failure",
         Ok(Outcome::Failed { .. }) => "failed",
+        Ok(Outcome::Compensated { .. }) => "compensated",
         Ok(Outcome::Retryable(_)) => "retryable",
         Ok(Outcome::Unknown(_)) => "outcome_unknown",
         Err(err) if err.is_replay() => "replayed_failure",
         Err(Error::InFlight { .. }) => "in_flight",
         Err(Error::Mismatch) => "mismatch",
+        Err(Error::KeyRefused(_)) => "key_refused",
+        Err(Error::KeyBudgetExhausted { .. }) => "key_budget_exhausted",
+        Err(Error::CompensationPending { .. }) => "compensation_pending",
         Err(Error::LeaseLost) => "lease_lost",
         Err(Error::Store(_)) => "store_error",
         Err(_) => "error",

@@ -16,6 +16,12 @@
 //! | `idem_store_errors_total` | counter | a store call failed; label `operation` |
 //! | `idem_work_duration_seconds` | histogram | the work finished, whatever its outcome |
 //! | `idem_purged_total` | counter | a [`Purger`](crate::Purger) deleted absent records |
+//! | `idem_new_keys_total` | counter | a claim created a record (a new key, or a new lifetime of one); label `scope` only with [`IdempotencyBuilder::scope_label`](crate::IdempotencyBuilder::scope_label) |
+//! | `idem_key_budget_rejections_total` | counter | a new key was refused by the [`KeyBudget`](crate::KeyBudget); label as above |
+//!
+//! Scopes often hold account ids: a raw scope as a label would leak them and give every
+//! account a time series. The `scope` label appears only when the application supplies a
+//! function mapping a scope to a label of its choosing (the operation, a tier).
 
 use std::time::Duration;
 
@@ -43,6 +49,18 @@ pub const STORE_ERRORS: &str = "idem_store_errors_total";
 pub const WORK_DURATION: &str = "idem_work_duration_seconds";
 /// `idem_purged_total`
 pub const PURGED: &str = "idem_purged_total";
+
+/// `idem_new_keys_total`, labelled with `scope` when the application maps scopes to labels.
+pub const NEW_KEYS: &str = "idem_new_keys_total";
+/// `idem_key_budget_rejections_total`, labelled like [`NEW_KEYS`].
+pub const KEY_BUDGET_REJECTIONS: &str = "idem_key_budget_rejections_total";
+
+pub(crate) fn count_scoped(name: &'static str, label: Option<String>) {
+    match label {
+        Some(label) => metrics::counter!(name, "scope" => label).increment(1),
+        None => metrics::counter!(name).increment(1),
+    }
+}
 
 pub(crate) fn count(name: &'static str) {
     metrics::counter!(name).increment(1);

@@ -50,6 +50,18 @@ pub enum Outcome<T, E> {
         /// True when the work did not run now and `error` is an earlier run's.
         replayed: bool,
     },
+    /// The work failed permanently after steps registered with
+    /// [`Context::step_with_undo`](crate::Context::step_with_undo) took effect; their undos
+    /// ran in reverse order, and `compensation` says which. Stored and replayed like
+    /// [`Outcome::Failed`].
+    Compensated {
+        /// The stored error, decoded.
+        error: E,
+        /// Which steps were undone, and any undo that failed.
+        compensation: crate::Compensation,
+        /// True when the work did not run now and this is an earlier run's answer.
+        replayed: bool,
+    },
     /// The work said nothing happened ([`WorkError::Retryable`](crate::WorkError::Retryable)):
     /// nothing is stored and the key is free; retrying runs the work again.
     Retryable(E),
@@ -63,7 +75,9 @@ impl<T, E> Outcome<T, E> {
     pub fn replayed(&self) -> bool {
         matches!(
             self,
-            Outcome::Completed { replayed: true, .. } | Outcome::Failed { replayed: true, .. }
+            Outcome::Completed { replayed: true, .. }
+                | Outcome::Failed { replayed: true, .. }
+                | Outcome::Compensated { replayed: true, .. }
         )
     }
 
@@ -71,9 +85,10 @@ impl<T, E> Outcome<T, E> {
     pub fn into_result(self) -> Result<T, E> {
         match self {
             Outcome::Completed { value, .. } => Ok(value),
-            Outcome::Failed { error, .. } | Outcome::Retryable(error) | Outcome::Unknown(error) => {
-                Err(error)
-            }
+            Outcome::Failed { error, .. }
+            | Outcome::Compensated { error, .. }
+            | Outcome::Retryable(error)
+            | Outcome::Unknown(error) => Err(error),
         }
     }
 

@@ -8,12 +8,14 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::errors::{Error, Unstorable, ValuePart};
-use crate::BoxError;
+use crate::{BoxError, Compensation};
 
 /// A permanent failure as stored: the work's own error, or a marker for a value the
 /// driver could not store, so a replay can tell them apart.
 pub(crate) enum StoredFailure<E> {
     Work(E),
+    /// The work's error, after its steps' undos ran.
+    Compensated(E, Compensation),
     Marker(Marker),
 }
 
@@ -118,13 +120,15 @@ where
 
     fn encode_failure(failure: &StoredFailure<E>) -> Result<Vec<u8>, BoxError> {
         Ok(match failure {
-            StoredFailure::Work(error) => {
-                #[derive(Serialize)]
-                #[serde(tag = "idem_failure", rename_all = "snake_case")]
-                enum Borrowed<'a, E> {
-                    Work { error: &'a E },
-                }
-                serde_json::to_vec(&Borrowed::Work { error })?
+            StoredFailure::Work(error) => serde_json::to_vec(&Borrowed::Work {
+                error,
+                compensation: None,
+            })?,
+            StoredFailure::Compensated(error, compensation) => {
+                serde_json::to_vec(&Borrowed::Work {
+                    error,
+                    compensation: Some(compensation),
+                })?
             }
             StoredFailure::Marker(marker) => serde_json::to_vec(marker)?,
         })
@@ -141,18 +145,38 @@ where
                 .get_mut("error")
                 .map(serde_json::Value::take)
                 .ok_or("a stored work failure without its error")?;
-            return Ok(StoredFailure::Work(serde_json::from_value(error)?));
+            let error = serde_json::from_value(error)?;
+            return Ok(match value.get_mut("compensation") {
+                Some(compensation) => {
+                    StoredFailure::Compensated(error, serde_json::from_value(compensation.take())?)
+                }
+                None => StoredFailure::Work(error),
+            });
         }
         Ok(StoredFailure::Marker(serde_json::from_value(value)?))
     }
 }
 
+/// A work failure as `execute` stores it, borrowed.
+#[derive(Serialize)]
+#[serde(tag = "idem_failure", rename_all = "snake_case")]
+enum Borrowed<'a, E> {
+    Work {
+        error: &'a E,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        compensation: Option<&'a Compensation>,
+    },
+}
+
 /// The bytes themselves: what `execute_bytes` stores. A failure is one tag byte (0 for the
-/// work's own bytes, 1 for a driver marker in JSON) and its payload.
+/// work's own bytes, 1 for a driver marker in JSON, 2 for the work's bytes after a
+/// compensation) and its payload (for 2: the compensation's JSON length as 4 bytes, the
+/// JSON, then the work's bytes).
 pub(crate) struct Raw;
 
 const RAW_WORK: u8 = 0;
 const RAW_MARKER: u8 = 1;
+const RAW_COMPENSATED: u8 = 2;
 
 impl Wire for Raw {
     type Value = Vec<u8>;
@@ -175,6 +199,16 @@ impl Wire for Raw {
                 out.extend_from_slice(error);
                 out
             }
+            StoredFailure::Compensated(error, compensation) => {
+                let json = serde_json::to_vec(compensation)?;
+                let len = u32::try_from(json.len())?;
+                let mut out = Vec::with_capacity(5 + json.len() + error.len());
+                out.push(RAW_COMPENSATED);
+                out.extend_from_slice(&len.to_be_bytes());
+                out.extend_from_slice(&json);
+                out.extend_from_slice(error);
+                out
+            }
             StoredFailure::Marker(marker) => {
                 let mut out = vec![RAW_MARKER];
                 serde_json::to_writer(&mut out, marker)?;
@@ -188,6 +222,20 @@ impl Wire for Raw {
             Some((&RAW_WORK, error)) => Ok(StoredFailure::Work(error.to_vec())),
             Some((&RAW_MARKER, marker)) => {
                 Ok(StoredFailure::Marker(serde_json::from_slice(marker)?))
+            }
+            Some((&RAW_COMPENSATED, rest)) => {
+                let (len, rest) = rest
+                    .split_first_chunk::<4>()
+                    .ok_or("a compensated failure without its length")?;
+                let len = u32::from_be_bytes(*len) as usize;
+                if rest.len() < len {
+                    return Err("a compensated failure shorter than its length".into());
+                }
+                let (json, error) = rest.split_at(len);
+                Ok(StoredFailure::Compensated(
+                    error.to_vec(),
+                    serde_json::from_slice(json)?,
+                ))
             }
             _ => Err("a stored failure without a known tag byte".into()),
         }
@@ -217,6 +265,15 @@ mod tests {
         assert!(matches!(
             round_trip::<W>(StoredFailure::Marker(marker.clone())),
             StoredFailure::Marker(m) if m == marker
+        ));
+        let compensation = Compensation {
+            undone: vec!["reserve".into()],
+            failed: None,
+            pending: Vec::new(),
+        };
+        assert!(matches!(
+            round_trip::<W>(StoredFailure::Compensated("no courier".into(), compensation.clone())),
+            StoredFailure::Compensated(e, c) if e == "no courier" && c == compensation
         ));
         // The format earlier versions wrote still reads.
         let old = br#"{"idem_failure":"result_too_large","size":2,"limit":1}"#;
@@ -248,6 +305,17 @@ mod tests {
             })),
             StoredFailure::Marker(Marker::ResultTooLarge { size: 3, limit: 2 })
         ));
+        let compensation = Compensation {
+            undone: vec!["b".into(), "a".into()],
+            failed: None,
+            pending: Vec::new(),
+        };
+        assert!(matches!(
+            round_trip::<Raw>(StoredFailure::Compensated(all.clone(), compensation.clone())),
+            StoredFailure::Compensated(e, c) if e == all && c == compensation
+        ));
+        assert!(Raw::decode_failure(b"\x02\x00\x00\x00\x09{}").is_err());
+        assert!(Raw::decode_failure(b"\x02\x00").is_err());
         assert!(Raw::decode_failure(b"").is_err());
         assert!(Raw::decode_failure(b"\x07x").is_err());
     }

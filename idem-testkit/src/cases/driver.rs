@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy, Outcome, Store, WorkError,
+    Error, Fingerprint, Heartbeat, Idempotency, IdempotencyBuilder, InFlightPolicy, Outcome, Store,
+    WorkError,
 };
 use tokio::sync::{Barrier, oneshot};
 
@@ -16,11 +17,20 @@ use crate::{Capabilities, quiet};
 /// enough that stores on a real clock can wait it out in a blink.
 const SHORT_LEASE: Duration = Duration::from_millis(5);
 
-fn driver(store: Arc<dyn Store>, lease: Duration) -> Idempotency<Arc<dyn Store>> {
+/// A driver with `lease`, an hour's retention and no heartbeat: leases end when a case
+/// says so.
+pub(crate) fn builder(
+    store: Arc<dyn Store>,
+    lease: Duration,
+) -> IdempotencyBuilder<Arc<dyn Store>> {
     Idempotency::builder(store)
         .lease(lease)
         .retention(HOUR)
         .heartbeat(Heartbeat::Off)
+}
+
+pub(crate) fn driver(store: Arc<dyn Store>, lease: Duration) -> Idempotency<Arc<dyn Store>> {
+    builder(store, lease)
         .build()
         .expect("valid driver settings")
 }

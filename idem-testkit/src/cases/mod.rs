@@ -8,3 +8,5 @@ pub(crate) mod fencing;
 pub(crate) mod namespaces;
 pub(crate) mod payloads;
 pub(crate) mod retention;
+pub(crate) mod saga;
+pub(crate) mod security;

@@ -10,9 +10,11 @@
 //! cargo run --release -p idem-bench -- --quick   # a smoke run, as CI does
 //! cargo build --release -p idem-cli -p idem-bench
 //! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
+//! cargo run --release -p idem-bench -- --codec --backends memory,sqlite,postgres
 //! ```
 
 mod backends;
+mod codec;
 mod counting;
 mod floor;
 mod http;
@@ -60,6 +62,10 @@ struct Args {
     /// PostgreSQL, Redis, DynamoDB of --backends). Quick mode purges 200 after its run.
     #[arg(long, value_name = "RECORDS")]
     purge: Option<usize>,
+    /// Only measure what encryption at rest (AES-256-GCM) adds per execute, on memory,
+    /// SQLite and PostgreSQL of --backends. Quick mode runs a small one after its run.
+    #[arg(long)]
+    codec: bool,
     /// The `idem` binary for the purge measurement (default: the one built beside this
     /// benchmark, `cargo build --release -p idem-cli`).
     #[arg(long, value_name = "PATH")]
@@ -108,6 +114,7 @@ struct Report {
     round_trips: Vec<Trips>,
     memory_floor: Option<MemoryFloor>,
     purge: Vec<purge::PurgeRow>,
+    codec: Vec<codec::CodecRow>,
 }
 
 fn default_ops(backend: &str, quick: bool) -> usize {
@@ -312,6 +319,7 @@ async fn main() -> Result<(), BoxError> {
         round_trips: Vec::new(),
         memory_floor: None,
         purge: Vec::new(),
+        codec: Vec::new(),
     };
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -324,6 +332,16 @@ async fn main() -> Result<(), BoxError> {
         report.purge = purge::run(&args.backends, records, &idem, &dir).await?;
         let _ = std::fs::remove_dir_all(&dir);
         purge::print(&report.purge);
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+            println!("\nJSON written to {}", path.display());
+        }
+        return Ok(());
+    }
+    if args.codec {
+        report.codec = codec::run(&args.backends, args.quick, &dir).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        codec::print(&report.codec);
         if let Some(path) = &args.json {
             std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
             println!("\nJSON written to {}", path.display());
@@ -375,12 +393,14 @@ async fn main() -> Result<(), BoxError> {
     }
     if args.quick {
         report.purge = purge::run(&args.backends, 200, &idem, &dir).await?;
+        report.codec = codec::run(&args.backends, true, &dir).await?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     print(&report);
     if !report.purge.is_empty() {
         purge::print(&report.purge);
     }
+    codec::print(&report.codec);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
         println!("\nJSON written to {}", path.display());

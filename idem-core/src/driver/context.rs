@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
 use super::saga::{self, Undo};
-use super::{Limits, observe, retry_store};
+use super::{Limits, observe, retry_within_lease};
 use crate::{
     Codec, CodecError, Fingerprint, Key, Lease, Operation, StepName, Steps, Store, StoreError,
     StoredAt, StoredPart, WriteOutcome,
@@ -33,6 +33,7 @@ struct Inner {
     steps: Mutex<Steps>,
     limits: Limits,
     codec: Arc<dyn Codec>,
+    store_timeout: std::time::Duration,
     serde: bool,
     lost: AtomicBool,
     lost_notify: Notify,
@@ -54,6 +55,7 @@ impl Context {
         steps: Steps,
         limits: Limits,
         codec: Arc<dyn Codec>,
+        store_timeout: std::time::Duration,
         serde: bool,
     ) -> Self {
         let compensating = steps.contains_key(saga::SAGA_STEP);
@@ -66,6 +68,7 @@ impl Context {
                 steps: Mutex::new(steps),
                 limits,
                 codec,
+                store_timeout,
                 serde,
                 lost: AtomicBool::new(false),
                 lost_notify: Notify::new(),
@@ -241,7 +244,8 @@ impl Context {
         }
         let lease = self.lease();
         let store = &self.inner.store;
-        match retry_store(Operation::Checkpoint, || {
+        let timeout = self.inner.store_timeout;
+        match retry_within_lease(Operation::Checkpoint, &lease, timeout, || {
             store.checkpoint(&lease, step, &bytes)
         })
         .await

@@ -496,6 +496,9 @@ pub enum ConfigError {
         /// The lease asked for.
         lease: Duration,
     },
+    /// A zero store timeout would fail every store call.
+    #[error("the store timeout must be longer than zero")]
+    ZeroStoreTimeout,
     /// `Heartbeat::Auto` renews every third of the lease, which needs a lease of 3 ms or
     /// more.
     #[error(
@@ -506,3 +509,8 @@ pub enum ConfigError {
         lease: Duration,
     },
 }
+
+/// A store call that did not answer within the driver's store timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the store did not answer within {0:?}")]
+pub(crate) struct NoAnswer(pub(crate) Duration);

@@ -46,6 +46,8 @@ use crate::{
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default retention: how long a result is replayed (24 hours).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// The default bound on one store call (10 s); see [`IdempotencyBuilder::store_timeout`].
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The default cap on a stored result (1 MiB).
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 
@@ -113,6 +115,7 @@ struct Settings {
     max_response_bytes: usize,
     heartbeat: Heartbeat,
     in_flight: InFlightPolicy,
+    store_timeout: Duration,
     codec: Arc<dyn Codec>,
     key_policy: KeyPolicy,
     budget: Option<Arc<dyn KeyBudget>>,
@@ -139,6 +142,7 @@ impl Default for Settings {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             heartbeat: Heartbeat::Auto,
             in_flight: InFlightPolicy::Reject,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
             codec: Arc::new(PlainCodec),
             key_policy: KeyPolicy::any(),
             budget: None,
@@ -208,6 +212,27 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// [`InFlightPolicy::Reject`]).
     pub fn in_flight(mut self, policy: InFlightPolicy) -> Self {
         self.settings.in_flight = policy;
+        self
+    }
+
+    /// The longest one store call may take before the driver counts it as failed (and
+    /// retryable: the call may have landed, and every store call is safe to repeat).
+    /// Default 10 s. Without a bound, a connection that stops answering (a network
+    /// partition that drops packets) would hold the request until the operating system
+    /// gives up on the connection, which can take hours.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new())
+    ///     .store_timeout(Duration::from_secs(2))
+    ///     .build()?;
+    /// # let _ = idem;
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.store_timeout = timeout;
         self
     }
 
@@ -348,6 +373,9 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
         }
         if max_response_bytes == 0 {
             return Err(ConfigError::ZeroResponseCap);
+        }
+        if self.settings.store_timeout.is_zero() {
+            return Err(ConfigError::ZeroStoreTimeout);
         }
         match heartbeat {
             Heartbeat::Every(every) if every.is_zero() || every >= lease => {
@@ -622,6 +650,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             steps,
             limits,
             codec,
+            self.settings.store_timeout,
             W::SERDE,
         );
         let started = Instant::now();
@@ -680,7 +709,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         match budget.take(key.scope()) {
             Ok(()) => Ok(Some(budget)),
             Err(retry_after) => {
-                if retry_store(Operation::Get, || self.store.get(key))
+                let timeout = self.settings.store_timeout;
+                if retry_store(Operation::Get, timeout, || self.store.get(key))
                     .await?
                     .is_some()
                 {
@@ -769,7 +799,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 .await;
         }
         let lease = context.lease();
-        match retry_store(Operation::Complete, || self.store.complete(&lease, &bytes)).await {
+        let timeout = self.settings.store_timeout;
+        match retry_within_lease(Operation::Complete, &lease, timeout, || {
+            self.store.complete(&lease, &bytes)
+        })
+        .await
+        {
             Ok(WriteOutcome::Applied) => Ok(Outcome::Completed {
                 value: stored,
                 replayed: false,
@@ -832,7 +867,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             }
         };
         let lease = context.lease();
-        match retry_store(Operation::Fail, || self.store.fail(&lease, &bytes)).await {
+        let timeout = self.settings.store_timeout;
+        match retry_within_lease(Operation::Fail, &lease, timeout, || {
+            self.store.fail(&lease, &bytes)
+        })
+        .await
+        {
             Ok(WriteOutcome::Applied) => match stored {
                 StoredFailure::Work(error) => Ok(Outcome::Failed {
                     error,
@@ -980,7 +1020,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let mut backoff = policy::WAIT_FIRST_BACKOFF;
         let mut waited = false;
         loop {
-            let outcome = retry_store(Operation::Claim, || self.store.claim(&request)).await?;
+            let timeout = self.settings.store_timeout;
+            let outcome =
+                retry_store(Operation::Claim, timeout, || self.store.claim(&request)).await?;
             return Ok(match outcome {
                 ClaimOutcome::Claimed {
                     lease,
@@ -1087,10 +1129,74 @@ fn fenced_at_the_end(context: &Context) -> Error {
     Error::LeaseLost
 }
 
+/// Runs a write that follows the work (a checkpoint, the result, the failure), trying
+/// again with backoff while it fails with a retryable error and the lease has time left
+/// (at least [`STORE_ATTEMPTS`] tries). Giving up early would leave the key held until the
+/// lease ends and then run the work again: while the lease lasts, a landed write is the
+/// only way the work runs once. Every store write is safe to repeat (same attempt id).
+pub(crate) async fn retry_within_lease<O, Fut>(
+    operation: Operation,
+    lease: &Lease,
+    timeout: Duration,
+    mut call: impl FnMut() -> Fut,
+) -> Result<O, StoreError>
+where
+    Fut: Future<Output = Result<O, StoreError>>,
+{
+    // The lease's time left, read once from the wall clock, then counted on the runtime's
+    // clock like every other wait of the driver.
+    let left = lease
+        .lease_until
+        .saturating_duration_since(crate::Timestamp::now());
+    let deadline = Instant::now() + left;
+    let mut tries = 1;
+    let mut backoff = STORE_BACKOFF;
+    loop {
+        let result = bounded(operation, timeout, call()).await;
+        if result.is_err() {
+            observe::store_error(operation);
+        }
+        match result {
+            Err(err)
+                if err.is_retryable()
+                    && (tries < STORE_ATTEMPTS || Instant::now() < deadline)
+                    && tries < MAX_WRITE_ATTEMPTS =>
+            {
+                tracing::debug!(error = %err, tries, "retrying a write within the lease");
+                tokio::time::sleep(policy::jittered(backoff)).await;
+                backoff = (backoff * 2).min(MAX_WRITE_BACKOFF);
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// One store call, failed as unavailable (retryable) when it takes longer than `timeout`.
+async fn bounded<O>(
+    operation: Operation,
+    timeout: Duration,
+    call: impl Future<Output = Result<O, StoreError>>,
+) -> Result<O, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable {
+                operation,
+                source: Box::new(errors::NoAnswer(timeout)),
+            })
+        })
+}
+
+/// The most tries of one write within a lease, whatever the lease's length.
+const MAX_WRITE_ATTEMPTS: u32 = 64;
+const MAX_WRITE_BACKOFF: Duration = Duration::from_millis(500);
+
 /// Runs a store call, trying again after a short backoff while it fails with a retryable
 /// error (at most [`STORE_ATTEMPTS`] tries). Every store operation is safe to repeat.
 pub(crate) async fn retry_store<O, Fut>(
     operation: Operation,
+    timeout: Duration,
     mut call: impl FnMut() -> Fut,
 ) -> Result<O, StoreError>
 where
@@ -1098,7 +1204,7 @@ where
 {
     let mut tries = 1;
     loop {
-        let result = call().await;
+        let result = bounded(operation, timeout, call()).await;
         if result.is_err() {
             observe::store_error(operation);
         }

@@ -1,0 +1,180 @@
+//! A store outage after the work ran: the driver keeps trying to store the result while
+//! its lease lasts, so the work does not run a second time (found by the chaos runs: a
+//! Redis restart outlived the three quick tries, and the key's work ran again after its
+//! lease ended).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Error, Fingerprint, Heartbeat, Idempotency, Key, Lease,
+    MemoryStore, Operation, Outcome, Record, RenewOutcome, StepName, Store, StoreError, WorkError,
+    WriteOutcome,
+};
+
+/// The memory store, with its writes after the claim failing `outage` times first
+/// (or, with `hang`, never answering instead: a connection whose packets are dropped).
+struct Outage {
+    inner: MemoryStore,
+    outage: usize,
+    failed: AtomicUsize,
+    hang: bool,
+}
+
+impl Outage {
+    async fn down(&self, operation: Operation) -> Result<(), StoreError> {
+        if self.failed.fetch_add(1, Ordering::SeqCst) < self.outage {
+            if self.hang {
+                std::future::pending::<()>().await;
+            }
+            return Err(StoreError::Unavailable {
+                operation,
+                source: "connection refused".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for Outage {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.down(Operation::Complete).await?;
+        self.inner.complete(lease, response).await
+    }
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.down(Operation::Fail).await?;
+        self.inner.fail(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        self.inner.renew(lease, extend).await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        self.down(Operation::Checkpoint).await?;
+        self.inner.checkpoint(lease, step, value).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+fn driver(outage: usize, lease: Duration) -> Idempotency<Outage> {
+    builder(outage, lease, false).build().unwrap()
+}
+
+fn builder(outage: usize, lease: Duration, hang: bool) -> idem_core::IdempotencyBuilder<Outage> {
+    let store = Outage {
+        inner: MemoryStore::new(),
+        outage,
+        failed: AtomicUsize::new(0),
+        hang,
+    };
+    Idempotency::builder(store)
+        .lease(lease)
+        .heartbeat(Heartbeat::Off)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_is_stored_across_an_outage_shorter_than_the_lease() {
+    // Eight failures in a row: the old three quick tries gave up after 75 ms.
+    let idem = driver(8, Duration::from_secs(30));
+    let key = Key::new("payments", "outage").unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = |_ctx| {
+        let runs = Arc::clone(&runs);
+        async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, WorkError<()>>(format!("charge-{n}"))
+        }
+    };
+    let first = idem
+        .execute(&key, Fingerprint::of_bytes("r"), work)
+        .await
+        .unwrap();
+    assert_eq!(first.value().as_deref(), Some("charge-0"));
+    let again = idem
+        .execute(&key, Fingerprint::of_bytes("r"), work)
+        .await
+        .unwrap();
+    assert!(again.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_is_stored_across_an_outage_shorter_than_the_lease() {
+    let idem = driver(8, Duration::from_secs(30));
+    let key = Key::new("payments", "outage-step").unwrap();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("r"), |ctx| async move {
+            ctx.step("debit", || async { Ok::<_, WorkError<()>>(500u32) })
+                .await
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Completed { value: 500, .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outage_longer_than_the_lease_still_ends() {
+    // The store stays down: the driver stops at the lease's end, and says why.
+    let idem = driver(usize::MAX, Duration::from_millis(300));
+    let key = Key::new("payments", "down").unwrap();
+    let started = tokio::time::Instant::now();
+    let answer = idem
+        .execute(&key, Fingerprint::of_bytes("r"), |_ctx| async {
+            Ok::<_, WorkError<()>>(1)
+        })
+        .await;
+    assert!(matches!(answer, Err(Error::Store(_))), "{answer:?}");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(2),
+        "bounded by the lease and the backoff cap, not forever: {waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_call_that_never_answers_is_bounded_and_retried() {
+    // Two calls hang (packets dropped), then the store answers: each hung call counts as
+    // failed at the store timeout and is tried again, within the lease.
+    let idem = builder(2, Duration::from_secs(30), true)
+        .store_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let key = Key::new("payments", "hung").unwrap();
+    let started = tokio::time::Instant::now();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("r"), |_ctx| async {
+            Ok::<_, WorkError<()>>(7)
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(7));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(matches!(
+        builder(0, Duration::from_secs(1), true)
+            .store_timeout(Duration::ZERO)
+            .build(),
+        Err(idem_core::ConfigError::ZeroStoreTimeout)
+    ));
+}

@@ -43,6 +43,7 @@ if now < r.l then
   return { 'in_flight', r.l - now }
 end
 -- Takeover of an expired lease: next token, new attempt and lease, steps kept.
+if r.t >= MAX_INTEGER then corrupt('token') end
 r.t, r.l = r.t + 1, now + lease
 redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'z', '1')
 keep(key, r, now)

@@ -21,6 +21,25 @@ local function absent(r, now)
   return now >= r.e and not (r.s == 'in_progress' and now < r.l)
 end
 
+-- A record this library did not write (a hand edit, another program) stops the script with
+-- an IDEM_CORRUPT error naming the field, before anything reads or changes it: it is never
+-- taken for absent (which would run the work again) nor fenced on garbage.
+local STATES = { in_progress = true, completed = true, failed = true }
+-- 2^53 - 1: the largest integer a Lua number holds exactly (idem's MAX_TOKEN).
+local MAX_INTEGER = 9007199254740991
+
+local function corrupt(what)
+  return error(redis.error_reply('IDEM_CORRUPT ' .. what))
+end
+
+local function integer(value, what)
+  local n = tonumber(value)
+  if n == nil or n ~= math.floor(n) or n < 0 or n > MAX_INTEGER then
+    corrupt(what)
+  end
+  return n
+end
+
 -- The record's fields, or nil when there is none or it is absent (deleting one whose moment
 -- to vanish has come but which Redis has not yet deleted: within the same millisecond, say). Steps are
 -- read separately (steps_of), only where an answer carries them.
@@ -29,10 +48,14 @@ local function load(key, now)
   if not v[1] then
     return nil
   end
+  if string.len(v[1]) ~= 32 then corrupt('fingerprint') end
+  if not STATES[v[2]] then corrupt('state') end
+  if not v[4] or string.len(v[4]) ~= 16 then corrupt('attempt') end
   local r = {
-    f = v[1], s = v[2], t = tonumber(v[3]), a = v[4], l = tonumber(v[5]),
-    c = tonumber(v[6]), e = tonumber(v[7]), r = v[8] or nil, z = v[9],
+    f = v[1], s = v[2], t = integer(v[3], 'token'), a = v[4], l = integer(v[5], 'lease_until'),
+    c = integer(v[6], 'created_at'), e = integer(v[7], 'expires_at'), r = v[8] or nil, z = v[9],
   }
+  if r.t < 1 then corrupt('token') end
   if absent(r, now) then
     redis.call('DEL', key)
     return nil

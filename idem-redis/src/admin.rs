@@ -273,6 +273,33 @@ impl Admin for RedisStore {
             .map_err(|err| map(Operation::Delete, err))?;
         Ok(deleted == 1)
     }
+
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+        let fields: Vec<Vec<u8>> = self
+            .connection()
+            .query(redis::cmd("HGETALL").arg(self.record_key(key)))
+            .await
+            .map_err(|err| map(Operation::Get, err))?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(
+            fields
+                .chunks(2)
+                .map(|pair| {
+                    let name = idem_core::raw_text(&pair[0]);
+                    let value = pair.get(1).map_or(&[][..], Vec::as_slice);
+                    // The response (field `r`) as its length, as every store shows it.
+                    let shown = if pair[0] == b"r" || pair[0].starts_with(b"step:") {
+                        format!("{} bytes", value.len())
+                    } else {
+                        idem_core::raw_text(value)
+                    };
+                    (name, shown)
+                })
+                .collect(),
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -283,5 +310,30 @@ mod tests {
     fn patterns_escape_glob_characters() {
         assert_eq!(pattern("idem:"), "idem:{*");
         assert_eq!(pattern("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\{*");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(idem_testkit::fuzz_config())]
+
+        /// Any hash fields decode to a record or answer `Corrupt` naming the key.
+        #[test]
+        fn any_hash_fields(fields in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+                proptest::sample::select(vec![
+                    b"f".to_vec(), b"s".to_vec(), b"t".to_vec(), b"a".to_vec(), b"l".to_vec(),
+                    b"c".to_vec(), b"e".to_vec(), b"r".to_vec(), b"z".to_vec(), b"step:x".to_vec(),
+                    b"in_progress".to_vec(), b"completed".to_vec(), b"1".to_vec(),
+                    b"9007199254740993".to_vec(), b"-1".to_vec(),
+                ]),
+            ],
+            0..24,
+        )) {
+            let key = Key::new("fuzz", "hash").unwrap();
+            if let Err(err) = decode(key, fields) {
+                let named = matches!(err, StoreError::Corrupt { key: Some(_), .. });
+                proptest::prop_assert!(named, "{err:?}");
+            }
+        }
     }
 }

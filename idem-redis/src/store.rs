@@ -9,7 +9,7 @@ use idem_core::{
     ClaimOutcome, ClaimRequest, Expiry, Key, Lease, Operation, Record, RenewOutcome, StepName,
     Steps, Store, StoreError, Timestamp, WriteOutcome, duration_millis,
 };
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{FromRedisValue, RedisResult, ScriptInvocation, Value};
 
@@ -20,15 +20,74 @@ use crate::scripts::Scripts;
 /// The two kinds of connection, behind one store type.
 #[derive(Clone)]
 pub(crate) enum Connection {
-    Standalone(ConnectionManager),
+    Standalone(Arc<Standalone>),
     Cluster(ClusterConnection),
 }
 
+/// One multiplexed connection to a standalone server, replaced when it stops answering.
+///
+/// Every request shares the one connection. A connection whose packets are dropped (a
+/// network partition, a dead peer without a reset) fails no write and closes no socket: each
+/// request only times out, and the manager keeps sending new ones down it. The chaos runs
+/// measured that as a full outage until something closed the socket. So a request that
+/// times out replaces the connection, once at a time, when the store knows how to make one.
+pub(crate) struct Standalone {
+    manager: std::sync::RwLock<ConnectionManager>,
+    /// How to make a new connection: `None` for a manager the caller built.
+    remake: Option<(redis::Client, ConnectionManagerConfig)>,
+    replacing: std::sync::atomic::AtomicBool,
+}
+
+impl Standalone {
+    fn manager(&self) -> ConnectionManager {
+        self.manager
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the connection in the background after `err`, if it was a timeout.
+    fn after<T>(self: &Arc<Self>, result: RedisResult<T>) -> RedisResult<T> {
+        use std::sync::atomic::Ordering;
+        if let Err(err) = &result
+            && err.is_timeout()
+            && let Some((client, config)) = self.remake.clone()
+            && !self.replacing.swap(true, Ordering::SeqCst)
+        {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                if let Ok(fresh) = ConnectionManager::new_with_config(client, config).await {
+                    *this
+                        .manager
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                }
+                this.replacing.store(false, Ordering::SeqCst);
+            });
+        }
+        result
+    }
+}
+
 impl Connection {
+    fn standalone(
+        manager: ConnectionManager,
+        remake: Option<(redis::Client, ConnectionManagerConfig)>,
+    ) -> Self {
+        Connection::Standalone(Arc::new(Standalone {
+            manager: std::sync::RwLock::new(manager),
+            remake,
+            replacing: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
     /// Runs a plain command, routed by its key on a cluster.
     pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &redis::Cmd) -> RedisResult<T> {
         match self {
-            Connection::Standalone(manager) => cmd.query_async(&mut manager.clone()).await,
+            Connection::Standalone(one) => {
+                let result = cmd.query_async(&mut one.manager()).await;
+                one.after(result)
+            }
             Connection::Cluster(cluster) => cmd.query_async(&mut cluster.clone()).await,
         }
     }
@@ -39,7 +98,10 @@ impl Connection {
     ) -> RedisResult<T> {
         // Both handles are cheap clones over one multiplexed connection (per node).
         match self {
-            Connection::Standalone(manager) => invocation.invoke_async(&mut manager.clone()).await,
+            Connection::Standalone(one) => {
+                let result = invocation.invoke_async(&mut one.manager()).await;
+                one.after(result)
+            }
             Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await,
         }
     }
@@ -142,10 +204,44 @@ impl RedisStore {
     /// # Errors
     /// [`StoreError`] when the URL is invalid or the server does not answer.
     pub async fn standalone(url: &str) -> Result<Self, StoreError> {
+        Self::standalone_with_config(url, ConnectionManagerConfig::new()).await
+    }
+
+    /// [`RedisStore::standalone`] with the connection's timeouts and reconnection set by
+    /// `config`. With a response timeout set, a request that times out replaces the
+    /// connection, so a connection that silently stopped answering (packets dropped, no
+    /// reset) costs one timeout per request in flight, not an outage.
+    ///
+    /// ```no_run
+    /// use idem_redis::RedisStore;
+    /// use redis::aio::ConnectionManagerConfig;
+    /// use std::time::Duration;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let config = ConnectionManagerConfig::new()
+    ///     .set_response_timeout(Some(Duration::from_secs(2)))
+    ///     .set_connection_timeout(Some(Duration::from_secs(1)));
+    /// let store = RedisStore::standalone_with_config("redis://127.0.0.1:6379", config).await?;
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`StoreError`] when the URL is invalid or the server does not answer.
+    pub async fn standalone_with_config(
+        url: &str,
+        config: ConnectionManagerConfig,
+    ) -> Result<Self, StoreError> {
         let setup = |err| map(Operation::Setup, err);
         let client = redis::Client::open(url).map_err(setup)?;
-        let manager = ConnectionManager::new(client).await.map_err(setup)?;
-        Ok(Self::from_connection_manager(manager))
+        let manager = ConnectionManager::new_with_config(client.clone(), config.clone())
+            .await
+            .map_err(setup)?;
+        Ok(Self::new(Connection::standalone(
+            manager,
+            Some((client, config)),
+        )))
     }
 
     /// Connects to a Redis Cluster through any of its `nodes`.
@@ -163,9 +259,11 @@ impl RedisStore {
         Ok(Self::from_cluster_connection(connection))
     }
 
-    /// A store over a connection manager you configured yourself.
+    /// A store over a connection manager you configured yourself. The store cannot make
+    /// a new one: prefer [`RedisStore::standalone_with_config`], which replaces a
+    /// connection that stops answering.
     pub fn from_connection_manager(manager: ConnectionManager) -> Self {
-        Self::new(Connection::Standalone(manager))
+        Self::new(Connection::standalone(manager, None))
     }
 
     /// A store over a cluster connection you configured yourself.
@@ -229,7 +327,7 @@ impl RedisStore {
         self.connection
             .invoke::<i64>(&invocation)
             .await
-            .map_err(|err| map(operation, err))
+            .map_err(|err| map(operation, err).for_key(&lease.key))
     }
 
     async fn write(
@@ -272,7 +370,7 @@ impl Store for RedisStore {
             .connection
             .invoke(&invocation)
             .await
-            .map_err(|err| map(Operation::Claim, err))?;
+            .map_err(|err| map(Operation::Claim, err).for_key(&request.key))?;
         let mut items = array(reply)?.into_iter();
         let kind = bytes(
             items
@@ -371,7 +469,7 @@ impl Store for RedisStore {
             .connection
             .invoke(&invocation)
             .await
-            .map_err(|err| map(Operation::Get, err))?;
+            .map_err(|err| map(Operation::Get, err).for_key(key))?;
         let items = array(reply)?;
         if items.is_empty() {
             return Ok(None);

@@ -1,0 +1,89 @@
+//! Records idem did not write, planted in a hash by hand: never absent, never a panic,
+//! always a typed error naming the key's hash.
+
+mod common;
+
+use std::sync::Arc;
+
+use idem_core::{Admin, Key};
+
+use idem_testkit::assert_foreign_record_is_refused;
+
+#[tokio::test]
+async fn foreign_records_are_refused_not_absent() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let store: Arc<dyn Admin> = Arc::new(common::standalone_in(&url, &prefix).await);
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // The fingerprint the checks claim with, so a claim reaches the takeover, where a token
+    // at its maximum must stop it.
+    let fingerprint = idem_core::Fingerprint::of_bytes("foreign")
+        .as_bytes()
+        .to_vec();
+    let good: Vec<(&str, Vec<u8>)> = vec![
+        ("f", fingerprint),
+        ("s", b"in_progress".to_vec()),
+        ("t", b"1".to_vec()),
+        ("a", vec![0; 16]),
+        ("l", b"1".to_vec()),
+        ("c", b"1".to_vec()),
+        ("e", b"4102444800000".to_vec()),
+        ("z", b"0".to_vec()),
+    ];
+    let with = |field: &'static str, value: Option<&[u8]>| {
+        good.iter()
+            .filter(|(name, _)| *name != field)
+            .cloned()
+            .chain(value.map(|value| (field, value.to_vec())))
+            .collect::<Vec<_>>()
+    };
+    let cases = [
+        ("an unknown state", with("s", Some(b"paused"))),
+        ("a token that is text", with("t", Some(b"abc"))),
+        (
+            "a token beyond 2^53 - 1",
+            with("t", Some(b"9007199254740993")),
+        ),
+        ("a missing expiry", with("e", None)),
+        ("a lease end that is a fraction", with("l", Some(b"1.5"))),
+        ("a fingerprint of 5 bytes", with("f", Some(b"12345"))),
+    ];
+    for (n, (what, fields)) in cases.into_iter().enumerate() {
+        let key = Key::new("foreign", format!("case-{n}")).unwrap();
+        let name = format!("{prefix}{{7:foreign:case-{n}}}");
+        let _: () = redis::cmd("HSET")
+            .arg(&name)
+            .arg(fields)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_foreign_record_is_refused(Arc::clone(&store), &key, what).await;
+    }
+
+    // A token at its maximum is readable, but a takeover would have no next token: the
+    // claim stops with Corrupt instead of handing out a token that does not grow.
+    let key = Key::new("foreign", "at-max").unwrap();
+    let name = format!("{prefix}{{7:foreign:at-max}}");
+    let _: () = redis::cmd("HSET")
+        .arg(&name)
+        .arg(with("t", Some(b"9007199254740991")))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let request = idem_core::ClaimRequest::new(
+        key.clone(),
+        idem_core::Fingerprint::of_bytes("foreign"),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(3600),
+    );
+    let claimed = store.claim(&request).await;
+    assert!(
+        matches!(&claimed, Err(err @ idem_core::StoreError::Corrupt { .. }) if err.to_string().contains(&key.short_hash().to_string())),
+        "{claimed:?}"
+    );
+    let shown = store.get(&key).await.unwrap().expect("still readable");
+    assert_eq!(shown.token, idem_core::MAX_TOKEN);
+}

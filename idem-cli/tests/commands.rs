@@ -642,6 +642,44 @@ fn usage_errors_exit_2_and_say_what_to_do() {
 }
 
 #[test]
+fn inspect_shows_a_record_that_does_not_decode_as_stored() {
+    let path = std::env::temp_dir().join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
+    let _ = std::fs::remove_file(&path);
+    drop(SqliteStore::open(&path).expect("create the schema"));
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "PRAGMA ignore_check_constraints = ON;
+         INSERT INTO idem_records VALUES
+           ('acct_9/charge', 'hand-edited', zeroblob(32), 'paused', 1, zeroblob(16), 1, 1,
+            4102444800000, x'7b7d');",
+    )
+    .unwrap();
+    let store = format!("sqlite://{}", path.display());
+    let shown = bare(&["inspect", "acct_9/charge", "hand-edited", "--store", &store]);
+    assert_ne!(shown.code, 0, "{shown:?}");
+    let hash = Key::new("acct_9/charge", "hand-edited")
+        .unwrap()
+        .short_hash();
+    assert!(
+        shown.stdout.contains("does not decode") && shown.stdout.contains("'paused'"),
+        "{shown:?}"
+    );
+    assert!(shown.stdout.contains("response       2 bytes"), "{shown:?}");
+    assert!(shown.stderr.contains(&format!("#{hash}")), "{shown:?}");
+    let json = bare(&[
+        "inspect",
+        "acct_9/charge",
+        "hand-edited",
+        "--json",
+        "--store",
+        &store,
+    ]);
+    let value: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(value["decodes"], false);
+    assert_eq!(value["stored"]["state"], "'paused'");
+}
+
+#[test]
 fn a_missing_sqlite_file_is_not_created_except_by_migrate() {
     let path = std::env::temp_dir().join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
     let _ = std::fs::remove_file(&path);

@@ -111,10 +111,12 @@ pub enum StoreError {
     },
     /// A stored record could not be read back (a hand-edited row, a schema from another
     /// version). Not retryable.
-    #[error("a stored record is corrupt ({what}); inspect or delete it")]
+    #[error("a stored record{} is corrupt ({what}); inspect it (`idem inspect`) or delete it", key.map(|key| format!(" of key #{key}")).unwrap_or_default())]
     Corrupt {
         /// Which field was unreadable.
         what: &'static str,
+        /// The record's key, as the short hash logs carry, when the store knows it.
+        key: Option<crate::ShortHash>,
         /// The decoding error, when there is one.
         #[source]
         source: Option<BoxError>,
@@ -147,6 +149,33 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The same error, naming `key` when it is [`StoreError::Corrupt`] without a key: for
+    /// stores that learn a record is corrupt where the key is not at hand.
+    ///
+    /// ```
+    /// use idem_core::{Key, StoreError};
+    ///
+    /// let key = Key::new("s", "k")?;
+    /// let err = StoreError::Corrupt { what: "a state", key: None, source: None }.for_key(&key);
+    /// assert!(err.to_string().contains(&key.short_hash().to_string()));
+    /// # Ok::<(), idem_core::KeyError>(())
+    /// ```
+    #[must_use]
+    pub fn for_key(self, key: &crate::Key) -> Self {
+        match self {
+            StoreError::Corrupt {
+                what,
+                key: None,
+                source,
+            } => StoreError::Corrupt {
+                what,
+                key: Some(key.short_hash()),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// Whether trying the same operation again may succeed.
     ///
     /// ```

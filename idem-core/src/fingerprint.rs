@@ -208,3 +208,31 @@ mod tests {
         assert_eq!(fp.as_bytes(), &[0xab; 32]);
     }
 }
+
+#[cfg(test)]
+mod number_tests {
+    use super::*;
+
+    /// Found by the fuzzing: without serde_json's `float_roundtrip`, this integer parsed
+    /// to an f64 that printed and parsed back as another, so the same value had two
+    /// fingerprints.
+    #[test]
+    fn a_number_has_one_fingerprint_whatever_its_spelling() {
+        let long = format!("40250600002530333{}", "0".repeat(161));
+        for text in [
+            long.as_str(),
+            "0.30000000000000004",
+            "1.7976931348623157e308",
+            "123456789012345678901234567890e-10",
+        ] {
+            let value: serde_json::Value = serde_json::from_str(text).unwrap();
+            let printed = serde_json::to_string(&value).unwrap();
+            let again: serde_json::Value = serde_json::from_str(&printed).unwrap();
+            assert_eq!(
+                Fingerprint::of_json(&value).unwrap(),
+                Fingerprint::of_json(&again).unwrap(),
+                "{text} printed as {printed}"
+            );
+        }
+    }
+}

@@ -55,7 +55,8 @@ pub mod storage_name;
 mod store;
 
 pub use admin::{
-    Admin, Cursor, ListQuery, Listed, MAX_PAGE, OperatorRelease, Page, Stats, select_page,
+    Admin, Cursor, ListQuery, Listed, MAX_PAGE, OperatorRelease, Page, RawRecord, Stats, raw_of,
+    raw_text, select_page,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{
@@ -64,10 +65,10 @@ pub use codec::{
 pub use derived_key::derive_key;
 pub use driver::{
     Compensation, Completion, ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_MAX_SCOPES, DEFAULT_RETENTION, Error, FailedUndo, Heartbeat, Idempotency,
-    IdempotencyBuilder, InFlightPolicy, Interrupted, InterruptedKind, KeyBudget, KeyPolicy,
-    KeyPolicyError, Outcome, Provider, SettingsWarning, TokenBucket, ValuePart, WorkError,
-    WorkResult, WorkResultExt, done, observe,
+    DEFAULT_MAX_SCOPES, DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, Error, FailedUndo, Heartbeat,
+    Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted, InterruptedKind, KeyBudget,
+    KeyPolicy, KeyPolicyError, Outcome, Provider, SettingsWarning, TokenBucket, ValuePart,
+    WorkError, WorkResult, WorkResultExt, done, observe,
 };
 pub use error::{BoxError, Operation, StoreError};
 pub use fingerprint::{Fingerprint, FingerprintBuilder};
@@ -75,7 +76,7 @@ pub use key::{
     Key, KeyError, KeyPart, LogHashSecretError, MAX_PART_LEN, MIN_LOG_HASH_SECRET, ShortHash,
     StepName, set_log_hash_secret,
 };
-pub use limits::{MAX_DURATION, clamp_duration, duration_millis};
+pub use limits::{MAX_DURATION, MAX_TOKEN, clamp_duration, duration_millis};
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
 pub use outcome::{ClaimOutcome, ClaimRequest, RenewOutcome, WriteOutcome};

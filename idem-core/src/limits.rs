@@ -2,6 +2,12 @@
 
 use std::time::Duration;
 
+/// The largest fencing token a record may hold: 2^53 - 1, the largest integer every
+/// backend represents exactly (Redis's Lua counts in doubles). No key reaches it by
+/// takeovers (one a millisecond would take 285 000 years); a stored token beyond it was
+/// not written by idem, and the record is refused as corrupt rather than fenced wrongly.
+pub const MAX_TOKEN: u64 = (1 << 53) - 1;
+
 /// The longest lease, retention or renewal idem accepts: 100 years of 365 days.
 ///
 /// Every backend represents it exactly: added to any time before the year 2200 it stays

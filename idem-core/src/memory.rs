@@ -232,4 +232,8 @@ impl crate::Admin for MemoryStore {
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         Ok(lock(self.shard(key)).remove(key).is_some())
     }
+
+    async fn raw(&self, key: &Key) -> Result<Option<crate::RawRecord>, StoreError> {
+        Ok(lock(self.shard(key)).get(key).map(crate::raw_of))
+    }
 }

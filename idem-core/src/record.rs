@@ -349,10 +349,13 @@ impl RecordParts {
         self
     }
 
-    /// The fencing token; at least 1.
+    /// The fencing token; at least 1 and at most [`MAX_TOKEN`](crate::MAX_TOKEN).
     pub fn token(mut self, token: impl TryInto<u64>) -> Self {
-        let value = token.try_into().ok().filter(|token| *token >= 1);
-        self.token = self.check(value, "a token below 1");
+        let value = token
+            .try_into()
+            .ok()
+            .filter(|token| (1..=crate::MAX_TOKEN).contains(token));
+        self.token = self.check(value, "a token outside 1 to 2^53 - 1");
         self
     }
 
@@ -411,7 +414,12 @@ impl RecordParts {
     /// # Errors
     /// [`StoreError::Corrupt`].
     pub fn build(mut self) -> Result<Record, StoreError> {
-        let corrupt = |what| StoreError::Corrupt { what, source: None };
+        let key = Some(self.key.short_hash());
+        let corrupt = |what| StoreError::Corrupt {
+            what,
+            key,
+            source: None,
+        };
         if let Some(what) = self.error {
             return Err(corrupt(what));
         }

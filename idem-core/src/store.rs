@@ -215,6 +215,9 @@ macro_rules! forward_admin {
             async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
                 (**self).delete(key).await
             }
+            async fn raw(&self, key: &Key) -> Result<Option<crate::RawRecord>, StoreError> {
+                (**self).raw(key).await
+            }
         }
     )*};
 }

@@ -107,6 +107,7 @@ impl Admin for DynamoDbStore {
                     return token
                         .map(|token| OperatorRelease::Released { token })
                         .ok_or(StoreError::Corrupt {
+                            key: None,
                             what: "a release that returned no token",
                             source: None,
                         });
@@ -148,5 +149,39 @@ impl Admin for DynamoDbStore {
             .await
             .map_err(|err| map(Operation::Delete, err))?;
         Ok(output.attributes().is_some_and(|a| !a.is_empty()))
+    }
+
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+        let output = self
+            .client()
+            .get_item()
+            .table_name(self.table_name())
+            .key(item::PK, s(&item::partition_key(self.prefix(), key)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|err| map(Operation::Get, err))?;
+        let Some(found) = output.item() else {
+            return Ok(None);
+        };
+        let mut fields: idem_core::RawRecord = found
+            .iter()
+            .filter(|(name, _)| name.as_str() != item::PK)
+            .map(|(name, value)| {
+                let shown = match value {
+                    AttributeValue::B(blob) if name.as_str() == item::RESPONSE => {
+                        format!("{} bytes", blob.as_ref().len())
+                    }
+                    AttributeValue::B(blob) => idem_core::raw_text(blob.as_ref()),
+                    AttributeValue::S(text) => format!("S {text:?}"),
+                    AttributeValue::N(number) => format!("N {number}"),
+                    AttributeValue::M(map) => format!("M with {} entries", map.len()),
+                    other => format!("{other:?}"),
+                };
+                (name.clone(), shown)
+            })
+            .collect();
+        fields.sort();
+        Ok(Some(fields))
     }
 }

@@ -81,7 +81,11 @@ pub(crate) fn ttl_seconds(expires_at: Timestamp, lease_until: Timestamp, margin:
 }
 
 fn corrupt(what: &'static str) -> StoreError {
-    StoreError::Corrupt { what, source: None }
+    StoreError::Corrupt {
+        what,
+        key: None,
+        source: None,
+    }
 }
 
 fn number(item: &HashMap<String, AttributeValue>, name: &str) -> Option<u64> {
@@ -109,7 +113,7 @@ pub(crate) fn decode(
     };
     let response = match item.get(RESPONSE) {
         Some(AttributeValue::B(blob)) => Some(blob.as_ref().to_vec()),
-        Some(_) => return Err(corrupt("a response that is not binary")),
+        Some(_) => return Err(corrupt("a response that is not binary").for_key(key)),
         None => None,
     };
     // A number that is missing or does not parse is one core's builder refuses (-1).
@@ -123,13 +127,17 @@ pub(crate) fn decode(
         .created_at_millis(n(CREATED_AT))
         .expires_at_millis(n(EXPIRES_AT))
         .response(response);
-    if let Some(AttributeValue::M(map)) = item.get(STEPS) {
-        for (name, value) in map {
-            let AttributeValue::B(blob) = value else {
-                return Err(corrupt("a step value that is not binary"));
-            };
-            parts = parts.step(name.as_str(), blob.as_ref().to_vec());
+    match item.get(STEPS) {
+        Some(AttributeValue::M(map)) => {
+            for (name, value) in map {
+                let AttributeValue::B(blob) = value else {
+                    return Err(corrupt("a step value that is not binary").for_key(key));
+                };
+                parts = parts.step(name.as_str(), blob.as_ref().to_vec());
+            }
         }
+        Some(_) => return Err(corrupt("steps that are not a map").for_key(key)),
+        None => {}
     }
     let resumed = matches!(item.get(RESUMED), Some(AttributeValue::Bool(true)));
     Ok((parts.build()?, resumed))
@@ -168,5 +176,37 @@ mod tests {
             matches!(err, StoreError::Corrupt { what, .. } if what.contains("fingerprint")),
             "{err:?}"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(idem_testkit::fuzz_config())]
+
+        /// Any item decodes to a record or answers `Corrupt` naming the key.
+        #[test]
+        fn any_item(
+            picks in proptest::collection::vec((0usize..12, 0usize..5, proptest::prelude::any::<u64>(), proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)), 0..16)
+        ) {
+            use aws_sdk_dynamodb::primitives::Blob;
+            let names = [PK, FINGERPRINT, STATE, TOKEN, ATTEMPT, LEASE_UNTIL, CREATED_AT, EXPIRES_AT, RESPONSE, STEPS, RESUMED, TTL];
+            let mut item = HashMap::new();
+            for (name, kind, number, bytes) in picks {
+                let value = match kind {
+                    0 => AttributeValue::N(number.to_string()),
+                    1 => AttributeValue::S(String::from_utf8_lossy(&bytes).into_owned()),
+                    2 => AttributeValue::B(Blob::new(bytes)),
+                    3 => AttributeValue::Bool(number % 2 == 0),
+                    _ => AttributeValue::M(HashMap::from([(
+                        String::from_utf8_lossy(&bytes).into_owned(),
+                        AttributeValue::B(Blob::new(number.to_be_bytes().to_vec())),
+                    )])),
+                };
+                item.insert(names[name].to_owned(), value);
+            }
+            let key = Key::new("fuzz", "item").unwrap();
+            if let Err(err) = decode(&key, &item) {
+                let named = matches!(err, StoreError::Corrupt { key: Some(_), .. });
+                proptest::prop_assert!(named, "{err:?}");
+            }
+        }
     }
 }

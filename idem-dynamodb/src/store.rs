@@ -312,6 +312,7 @@ impl DynamoDbStore {
         match result {
             Ok(output) => {
                 let item = output.attributes().ok_or_else(|| StoreError::Corrupt {
+                    key: None,
                     what: "a claim that returned no item",
                     source: None,
                 })?;
@@ -353,6 +354,7 @@ impl DynamoDbStore {
         match result {
             Ok(output) => {
                 let item = output.attributes().ok_or_else(|| StoreError::Corrupt {
+                    key: None,
                     what: "a takeover that returned no item",
                     source: None,
                 })?;

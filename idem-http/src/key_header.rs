@@ -107,4 +107,30 @@ mod tests {
         assert_eq!(parse("schlüssel".as_bytes()), Err(KeyHeaderError::NotAscii));
         assert_eq!(parse(b"a\x01b"), Err(KeyHeaderError::NotAscii));
     }
+
+    use proptest::prelude::Strategy;
+
+    proptest::proptest! {
+        #![proptest_config(idem_testkit::fuzz_config())]
+
+        /// Any header bytes: an accepted key is printable ASCII without a control
+        /// character; a refusal is one of the named rules.
+        #[test]
+        fn any_header_value(value in proptest::prop_oneof![
+            proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            "[ -~]{0,300}".prop_map(String::into_bytes),
+            "\"([ -~]|\\\\.){0,80}\"?( ;[a-z]=[0-9])?".prop_map(String::into_bytes),
+        ]) {
+            match parse(&value) {
+                Ok(key) => proptest::prop_assert!(key.bytes().all(|b| (b' '..=b'~').contains(&b))),
+                Err(err) => proptest::prop_assert!(matches!(
+                    err,
+                    KeyHeaderError::NotAscii
+                        | KeyHeaderError::BadToken
+                        | KeyHeaderError::BadString
+                        | KeyHeaderError::Key(_)
+                )),
+            }
+        }
+    }
 }

@@ -1,20 +1,27 @@
 //! How a response is stored: a compact binary encoding of status, headers and body.
 //!
 //! ```text
-//! "IDH" 0x01              magic and version
+//! "IDH" 0x02              magic and version
 //! flags: u8               bit 0: the body was too large to store (the body is empty)
 //! status: u16             big-endian, as every integer below
 //! header count: u16
 //!   name length: u16, name bytes, value length: u32, value bytes    (per header)
-//! body: the rest
+//! body length: u64
+//! body: exactly that many bytes, and nothing after them
 //! ```
+//!
+//! The body's length makes a response cut short at rest (a truncated value, a bad copy)
+//! a [`DecodeError`], never a shorter body replayed to a client. Version 1 (no body
+//! length, the body ran to the end) still decodes, for records stored before.
 //!
 //! No JSON arrays of numbers: a 10 KiB body takes 10 KiB plus its headers.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-const MAGIC: &[u8; 4] = b"IDH\x01";
+const MAGIC: &[u8; 4] = b"IDH\x02";
+/// The first version, without a body length.
+const MAGIC_V1: &[u8; 4] = b"IDH\x01";
 const TOO_LARGE: u8 = 1;
 
 /// A response as the layer stores and replays it.
@@ -134,6 +141,7 @@ impl StoredResponse {
             out.extend_from_slice(&(value.len() as u32).to_be_bytes());
             out.extend_from_slice(value.as_bytes());
         }
+        out.extend_from_slice(&(self.body.len() as u64).to_be_bytes());
         out.extend_from_slice(&self.body);
         out
     }
@@ -144,11 +152,16 @@ impl StoredResponse {
     /// [`DecodeError`] for anything else.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut reader = Reader(bytes);
-        if reader.take(4, "no header")? != MAGIC {
+        let magic = reader.take(4, "no header")?;
+        let sized = if magic == MAGIC {
+            true
+        } else if magic == MAGIC_V1 {
+            false
+        } else {
             return Err(corrupt(
                 "not a stored HTTP response (or of another version)",
             ));
-        }
+        };
         let flags = reader.take(1, "no flags")?[0];
         let status = StatusCode::from_u16(reader.u16("no status")?)
             .map_err(|_| corrupt("an invalid status code"))?;
@@ -163,6 +176,13 @@ impl StoredResponse {
             let value = HeaderValue::from_bytes(reader.take(value_len, "a truncated header")?)
                 .map_err(|_| corrupt("an invalid header value"))?;
             headers.append(name, value);
+        }
+        if sized {
+            let length = reader.take(8, "no body length")?;
+            let length = u64::from_be_bytes(length.try_into().unwrap_or([0xff; 8]));
+            if usize::try_from(length).ok() != Some(reader.0.len()) {
+                return Err(corrupt("a body of another length than recorded"));
+            }
         }
         Ok(Self {
             status,
@@ -188,6 +208,19 @@ mod tests {
         let bytes = stored.encode();
         assert_eq!(StoredResponse::decode(&bytes).unwrap(), stored);
         // Compact: the body plus a few bytes per header, not JSON.
+        let cut = &bytes[..bytes.len() - 1];
+        assert!(
+            StoredResponse::decode(cut).is_err(),
+            "a body cut short is refused"
+        );
+        let mut v1 = bytes.clone();
+        v1[3] = 1;
+        v1.drain(v1.len() - stored.body.len() - 8..v1.len() - stored.body.len());
+        assert_eq!(
+            StoredResponse::decode(&v1).unwrap(),
+            stored,
+            "version 1 still reads"
+        );
         assert!(bytes.len() < stored.body.len() + 100, "{}", bytes.len());
     }
 
@@ -216,5 +249,21 @@ mod tests {
         let mut bad_status = bytes.clone();
         bad_status[5..7].copy_from_slice(&1000u16.to_be_bytes());
         assert!(StoredResponse::decode(&bad_status).is_err());
+    }
+
+    proptest::proptest! {
+        #![proptest_config(idem_testkit::fuzz_config())]
+
+        /// Any stored bytes decode or answer a `DecodeError`; a valid encoding with
+        /// bytes cut off or appended is refused, never misread.
+        #[test]
+        fn any_stored_bytes(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), cut in 0usize..64) {
+            let _ = StoredResponse::decode(&bytes);
+            let mut headers = HeaderMap::new();
+            headers.insert("location", HeaderValue::from_static("/p/1"));
+            let valid = StoredResponse::new(StatusCode::OK, headers, Bytes::from(bytes.clone())).encode();
+            let short = &valid[..valid.len().saturating_sub(cut + 1)];
+            proptest::prop_assert!(StoredResponse::decode(short).is_err());
+        }
     }
 }

@@ -64,6 +64,7 @@ impl Admin for PostgresStore {
                 .try_get("key")
                 .map_err(|err| map(Operation::List, err))?;
             let key = Key::new(scope, key).map_err(|err| StoreError::Corrupt {
+                key: None,
                 what: "a stored scope or key that breaks the key rules",
                 source: Some(err.into()),
             })?;
@@ -141,12 +142,14 @@ impl Admin for PostgresStore {
         }
         // Not released: the row was written back as it was, so `present` is what it was.
         let state = State::parse(&state).ok_or(StoreError::Corrupt {
+            key: None,
             what: "an unknown state",
             source: None,
         })?;
         Ok(match (present, state) {
             (true, State::InProgress) => {
                 return Err(StoreError::Corrupt {
+                    key: None,
                     what: "a present in-progress record the release left alone",
                     source: None,
                 });
@@ -164,5 +167,33 @@ impl Admin for PostgresStore {
             .await
             .map_err(|err| map(Operation::Delete, err))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_raw)))
+            .bind(key.scope())
+            .bind(key.key())
+            .fetch_optional(self.pool())
+            .await
+            .map_err(|err| map(Operation::Get, err))?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let read = |err| map(Operation::Get, err);
+        let fields: String = row.try_get("fields").map_err(read)?;
+        let response_len: Option<i32> = row.try_get("response_len").map_err(read)?;
+        let fields: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(&fields).unwrap_or_default();
+        let mut raw: idem_core::RawRecord = fields
+            .into_iter()
+            .map(|(name, value)| match value {
+                serde_json::Value::String(text) => (name, text),
+                other => (name, other.to_string()),
+            })
+            .collect();
+        if let Some(len) = response_len {
+            raw.push(("response".to_owned(), format!("{len} bytes")));
+        }
+        Ok(Some(raw))
     }
 }

@@ -33,6 +33,7 @@ pub(crate) fn map(operation: Operation, err: sqlx::Error) -> StoreError {
             source: err.into(),
         },
         sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) => StoreError::Corrupt {
+            key: None,
             what: "a column of the record",
             source: Some(err.into()),
         },
@@ -47,6 +48,15 @@ pub(crate) fn map(operation: Operation, err: sqlx::Error) -> StoreError {
                 StoreError::Unavailable {
                     operation,
                     source: err.into(),
+                }
+            } else if code.starts_with("22") {
+                // A data exception in idem's own statements: a stored value they cannot
+                // work on (steps that are not an object, a token at bigint's end), written
+                // by something other than idem.
+                StoreError::Corrupt {
+                    key: None,
+                    what: "a stored value idem's statements cannot work on",
+                    source: Some(err.into()),
                 }
             } else if code == "42P01" || code == "42703" || code.starts_with("28") {
                 // Undefined table or column (migrate() not run), or bad credentials.

@@ -18,6 +18,7 @@ const ADMIN_STATS: &str = include_str!("../sql/admin_stats.sql");
 const ADMIN_TOP_SCOPES: &str = include_str!("../sql/admin_top_scopes.sql");
 const ADMIN_RELEASE: &str = include_str!("../sql/admin_release.sql");
 const ADMIN_DELETE: &str = include_str!("../sql/admin_delete.sql");
+const ADMIN_RAW: &str = include_str!("../sql/admin_raw.sql");
 
 /// When a row counts as present (DESIGN.md section 2): unexpired, or held by a live lease.
 /// Every statement that decides between "there is a record" and "there is none" uses it,
@@ -44,6 +45,7 @@ pub(crate) struct Queries {
     pub(crate) admin_top_scopes: Arc<str>,
     pub(crate) admin_release: Arc<str>,
     pub(crate) admin_delete: Arc<str>,
+    pub(crate) admin_raw: Arc<str>,
 }
 
 impl Queries {
@@ -85,6 +87,7 @@ impl Queries {
             admin_top_scopes: render_all(ADMIN_TOP_SCOPES),
             admin_release: render_all(ADMIN_RELEASE),
             admin_delete: render_all(ADMIN_DELETE),
+            admin_raw: render_all(ADMIN_RAW),
         }
     }
 }

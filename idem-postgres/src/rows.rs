@@ -18,6 +18,7 @@ pub(crate) fn millis(value: i64) -> Result<Timestamp, StoreError> {
     u64::try_from(value)
         .map(Timestamp::from_unix_millis)
         .map_err(|_| StoreError::Corrupt {
+            key: None,
             what: "a time before 1970",
             source: None,
         })
@@ -29,6 +30,7 @@ pub(crate) fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<Dec
     let values: Vec<Vec<u8>> = row.try_get("step_values").map_err(column)?;
     if names.len() != values.len() {
         return Err(StoreError::Corrupt {
+            key: None,
             what: "steps whose names and values differ in number",
             source: None,
         });

@@ -247,7 +247,7 @@ impl PostgresStore {
             .fetch_one(&self.pool)
             .await
             .and_then(|row| row.try_get("applied"))
-            .map_err(|err| map(operation, err))?;
+            .map_err(|err| map(operation, err).for_key(&lease.key))?;
         Ok(if applied {
             WriteOutcome::Applied
         } else {
@@ -277,7 +277,7 @@ impl PostgresStore {
             .bind(key.key())
             .fetch_optional(&self.pool)
             .await
-            .map_err(|err| map(operation, err))
+            .map_err(|err| map(operation, err).for_key(key))
     }
 }
 
@@ -304,14 +304,14 @@ impl Store for PostgresStore {
                 .bind(millis(request.retention))
                 .fetch_optional(&self.pool)
                 .await
-                .map_err(|err| map(Operation::Claim, err))?;
+                .map_err(|err| map(Operation::Claim, err).for_key(key))?;
             // No row: a concurrent transaction inserted the key after this statement's
             // snapshot was taken, so its read saw nothing. One more read sees it.
             let (claimed, row) = match row {
                 Some(row) => {
                     let claimed: bool = row
                         .try_get("claimed")
-                        .map_err(|err| map(Operation::Claim, err))?;
+                        .map_err(|err| map(Operation::Claim, err).for_key(key))?;
                     (claimed, row)
                 }
                 None => match self.select(key, Operation::Claim).await? {

@@ -17,6 +17,8 @@ const STATS: &str = include_str!("../sql/admin_stats.sql");
 const TOP_SCOPES: &str = include_str!("../sql/admin_top_scopes.sql");
 const DELETE_RECORD: &str = include_str!("../sql/delete_record.sql");
 const DELETE_STEPS: &str = include_str!("../sql/delete_steps.sql");
+const RAW_RECORD: &str = include_str!("../sql/admin_raw_record.sql");
+const RAW_STEPS: &str = include_str!("../sql/admin_raw_steps.sql");
 
 fn sql_millis(at: Timestamp) -> i64 {
     i64::try_from(at.as_unix_millis()).unwrap_or(i64::MAX)
@@ -62,6 +64,7 @@ impl Admin for SqliteStore {
                 for (scope, key) in keys {
                     let key = Key::new(scope, key).map_err(|err| {
                         RowError::Store(StoreError::Corrupt {
+                            key: None,
                             what: "a stored scope or key that breaks the key rules",
                             source: Some(err.into()),
                         })
@@ -139,6 +142,46 @@ impl Admin for SqliteStore {
                 Ok(deleted == 1)
             };
             delete().map_err(|err| map(Operation::Delete, err))
+        })
+        .await
+    }
+
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+        let key = key.clone();
+        self.run(Operation::Get, move |connection| {
+            let read = || -> Result<Option<idem_core::RawRecord>, rusqlite::Error> {
+                const COLUMNS: [&str; 7] = [
+                    "fingerprint",
+                    "state",
+                    "token",
+                    "attempt",
+                    "lease_until",
+                    "created_at",
+                    "expires_at",
+                ];
+                let mut statement = connection.prepare_cached(RAW_RECORD)?;
+                let mut rows = statement.query(params![key.scope(), key.key()])?;
+                let Some(row) = rows.next()? else {
+                    return Ok(None);
+                };
+                let mut fields = Vec::new();
+                for (index, name) in COLUMNS.iter().enumerate() {
+                    fields.push(((*name).to_owned(), row.get::<_, String>(index)?));
+                }
+                if let Some(len) = row.get::<_, Option<i64>>(7)? {
+                    fields.push(("response".to_owned(), format!("{len} bytes")));
+                }
+                drop(rows);
+                let mut steps = connection.prepare_cached(RAW_STEPS)?;
+                let mut rows = steps.query(params![key.scope(), key.key()])?;
+                while let Some(row) = rows.next()? {
+                    let name: String = row.get(0)?;
+                    let len: i64 = row.get(1)?;
+                    fields.push((format!("step {name}"), format!("{len} bytes")));
+                }
+                Ok(Some(fields))
+            };
+            read().map_err(|err| map(Operation::Get, err))
         })
         .await
     }

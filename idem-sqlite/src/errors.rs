@@ -4,6 +4,20 @@ use idem_core::{Operation, StoreError};
 use rusqlite::ErrorCode;
 
 pub(crate) fn map(operation: Operation, err: rusqlite::Error) -> StoreError {
+    // A column holding another type than idem writes (SQLite keeps any value in any
+    // column): a row something else wrote.
+    if matches!(
+        err,
+        rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)
+    ) {
+        return StoreError::Corrupt {
+            key: None,
+            what: "a column holding another type than idem writes",
+            source: Some(err.into()),
+        };
+    }
     let code = match &err {
         rusqlite::Error::SqliteFailure(failure, _) => Some(failure.code),
         _ => None,
@@ -31,6 +45,7 @@ pub(crate) fn map(operation: Operation, err: rusqlite::Error) -> StoreError {
             source: err.into(),
         },
         Some(ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
+            key: None,
             what: "the database file",
             source: Some(err.into()),
         },

@@ -78,6 +78,7 @@ fn write(conn: &Connection, record: &Record, existing: Option<&Record>) -> Resul
         record.fingerprint.as_bytes(),
         record.state.as_str(),
         i64::try_from(record.token).map_err(|_| StoreError::Corrupt {
+            key: None,
             what: "a token past i64",
             source: None,
         })?,

@@ -291,7 +291,7 @@ impl SqliteStore {
                     tx.commit()?;
                     Ok(outcome)
                 };
-                run().map_err(|err| err.into_store_error(operation))
+                run().map_err(|err| err.into_store_error(operation).for_key(&key))
             })
             .await
     }
@@ -372,7 +372,7 @@ impl Store for SqliteStore {
         self.connection
             .run(Operation::Get, move |connection| {
                 let record = rows::read(connection, &key)
-                    .map_err(|err| err.into_store_error(Operation::Get))?;
+                    .map_err(|err| err.into_store_error(Operation::Get).for_key(&key))?;
                 Ok(machine::visible(record.as_ref(), clock.now()).cloned())
             })
             .await

@@ -55,6 +55,8 @@
 mod admin_suite;
 mod capabilities;
 mod cases;
+mod foreign;
+mod fuzz;
 mod model;
 mod namespace;
 mod quiet;
@@ -65,6 +67,8 @@ mod support;
 
 pub use admin_suite::{AdminCase, AdminSuite};
 pub use capabilities::Capabilities;
+pub use foreign::assert_foreign_record_is_refused;
+pub use fuzz::fuzz_config;
 pub use namespace::Namespace;
 pub use races::execute_races;
 pub use services::service_url;

@@ -264,6 +264,12 @@ impl Admin for FlawedStore {
             .remove(&name)
             .is_some())
     }
+
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+        let name = self.name(key);
+        let backend = self.backend.lock().expect("not poisoned");
+        Ok(backend.get(&name).map(idem_core::raw_of))
+    }
 }
 
 impl FlawedStore {

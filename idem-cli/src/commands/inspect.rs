@@ -4,7 +4,7 @@ use std::io::Write;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use idem_core::{Key, Record, Timestamp};
+use idem_core::{Key, Record, StoreError, Timestamp};
 
 use super::Store;
 use crate::cli::InspectArgs;
@@ -19,8 +19,18 @@ pub(super) async fn run(
     args: &InspectArgs,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
-    let Some(mut record) = store.get(key).await.map_err(Failure::store(target))? else {
-        return Err(not_found(target));
+    let mut record = match store.get(key).await {
+        Ok(Some(record)) => record,
+        Ok(None) => return Err(not_found(target)),
+        // A record idem did not write: show it as stored, then fail with why.
+        Err(err @ StoreError::Corrupt { .. }) => {
+            let raw = store.raw(key).await.map_err(Failure::store(target))?;
+            if let Some(fields) = raw {
+                show_raw(&err, &fields, args.json, out)?;
+            }
+            return Err(Failure::store(target)(err));
+        }
+        Err(err) => return Err(Failure::store(target)(err)),
     };
     // The store's clock would be better; reads do not return it, and a second of skew
     // only moves "in 20s" to "in 19s".
@@ -65,6 +75,32 @@ pub(super) async fn run(
     }
     if let Some(response) = &record.response {
         writeln!(out, "response body:\n{}", text_or_base64(response))?;
+    }
+    Ok(())
+}
+
+/// A record that does not decode, field by field as stored.
+fn show_raw(
+    err: &StoreError,
+    fields: &[(String, String)],
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    if json {
+        let stored: serde_json::Map<String, serde_json::Value> = fields
+            .iter()
+            .map(|(name, value)| (name.clone(), serde_json::Value::from(value.as_str())))
+            .collect();
+        let shown =
+            serde_json::json!({"decodes": false, "error": err.to_string(), "stored": stored});
+        serde_json::to_writer_pretty(&mut *out, &shown).map_err(|e| Failure::Output(e.into()))?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "this record does not decode: {err}")?;
+    writeln!(out, "as stored:")?;
+    for (name, value) in fields {
+        writeln!(out, "  {name:<14} {value}")?;
     }
     Ok(())
 }

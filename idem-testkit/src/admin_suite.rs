@@ -150,6 +150,7 @@ impl AdminSuite {
                 admin::operator_release_races_the_owners_complete(store).await
             }
             AdminCase::DeleteRemovesOneRecord => admin::delete_removes_one_record(s).await,
+            AdminCase::RawShowsWhatIsStored => admin::raw_shows_what_is_stored(s).await,
             AdminCase::MatchesTheStateMachineWithAdmin
             | AdminCase::AdminReachesOnlyItsNamespace => {
                 unreachable!("handled above")

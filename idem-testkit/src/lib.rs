@@ -299,6 +299,8 @@ macro_rules! __with_admin_cases {
                 "An operator's release racing the owner's complete: exactly one wins, and exactly one result is ever stored.";
             delete_removes_one_record => DeleteRemovesOneRecord:
                 "delete removes one record in any state; its owner is fenced and the key starts a new lifetime.";
+            raw_shows_what_is_stored => RawShowsWhatIsStored:
+                "raw shows a stored record field by field, the response only as its length, and nothing for a missing key.";
             admin_reaches_only_its_namespace => AdminReachesOnlyItsNamespace:
                 "list, stats, release and delete never reach a namespace that is a prefix of the store's, or has it as a prefix.";
             matches_the_state_machine_with_admin => MatchesTheStateMachineWithAdmin:

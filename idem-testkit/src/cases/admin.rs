@@ -353,6 +353,27 @@ pub(crate) async fn delete_removes_one_record(store: &dyn Admin) {
     );
 }
 
+pub(crate) async fn raw_shows_what_is_stored(store: &dyn Admin) {
+    let done = key("raw", "done");
+    let (lease, _, _) = claimed(store, &request(&done, "f", HOUR, HOUR)).await;
+    let step = idem_core::StepName::new("charge").expect("a valid step name");
+    let _ = ok(store.checkpoint(&lease, &step, b"ch_1").await, "checkpoint");
+    let _ = ok(store.complete(&lease, b"secret receipt").await, "complete");
+    let fields = ok(store.raw(&done).await, "raw").expect("a stored record shows");
+    let text = format!("{fields:?}");
+    assert!(text.contains("completed"), "the state shows: {text}");
+    assert!(text.contains("14"), "the response's length shows: {text}");
+    assert!(
+        !text.contains("secret receipt"),
+        "the response itself does not: {text}"
+    );
+    assert_eq!(
+        ok(store.raw(&key("raw", "never")).await, "raw"),
+        None,
+        "nothing stored, nothing shown"
+    );
+}
+
 pub(crate) async fn admin_reaches_only_its_namespace(short: &dyn Admin, long: &dyn Admin) {
     let only_long = key("ns", "long-only");
     let shared = key("ns", "both");

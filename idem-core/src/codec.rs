@@ -1,6 +1,7 @@
 //! The codec every stored byte goes through: results, stored failures and step
 //! checkpoints. The default stores bytes as they are; [`Aes256GcmCodec`] encrypts them.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -122,8 +123,8 @@ pub enum CodecError {
 /// let codec = Aes256GcmCodec::new(1, [7; 32]);
 /// let key = Key::new("acct_42/payments.create", "order-1")?;
 /// let at = StoredAt { key: &key, part: StoredPart::Result };
-/// let stored = codec.encode(&at, b"ch_1")?;
-/// assert_eq!(codec.decode(&at, &stored)?, b"ch_1");
+/// let stored = codec.encode(&at, b"ch_1".to_vec())?;
+/// assert_eq!(&*codec.decode(&at, &stored)?, b"ch_1");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait Codec: fmt::Debug + Send + Sync + 'static {
@@ -131,13 +132,15 @@ pub trait Codec: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// [`CodecError`] when nothing can be produced; the driver then stores nothing.
-    fn encode(&self, at: &StoredAt<'_>, plain: &[u8]) -> Result<Vec<u8>, CodecError>;
+    /// Takes the bytes by value, so a codec that keeps them as they are copies nothing.
+    fn encode(&self, at: &StoredAt<'_>, plain: Vec<u8>) -> Result<Vec<u8>, CodecError>;
 
     /// The plain bytes of `stored`, read from the value at `at`.
     ///
     /// # Errors
     /// [`CodecError`] when `stored` is not a value this codec wrote for `at`.
-    fn decode(&self, at: &StoredAt<'_>, stored: &[u8]) -> Result<Vec<u8>, CodecError>;
+    /// Borrows from `stored` when the plain bytes are there as they are.
+    fn decode<'a>(&self, at: &StoredAt<'_>, stored: &'a [u8]) -> Result<Cow<'a, [u8]>, CodecError>;
 }
 
 /// The default codec: stores bytes exactly as they are.
@@ -145,12 +148,12 @@ pub trait Codec: fmt::Debug + Send + Sync + 'static {
 pub struct PlainCodec;
 
 impl Codec for PlainCodec {
-    fn encode(&self, _: &StoredAt<'_>, plain: &[u8]) -> Result<Vec<u8>, CodecError> {
-        Ok(plain.to_vec())
+    fn encode(&self, _: &StoredAt<'_>, plain: Vec<u8>) -> Result<Vec<u8>, CodecError> {
+        Ok(plain)
     }
 
-    fn decode(&self, _: &StoredAt<'_>, stored: &[u8]) -> Result<Vec<u8>, CodecError> {
-        Ok(stored.to_vec())
+    fn decode<'a>(&self, _: &StoredAt<'_>, stored: &'a [u8]) -> Result<Cow<'a, [u8]>, CodecError> {
+        Ok(Cow::Borrowed(stored))
     }
 }
 
@@ -268,7 +271,7 @@ impl fmt::Debug for Aes256GcmCodec {
 }
 
 impl Codec for Aes256GcmCodec {
-    fn encode(&self, at: &StoredAt<'_>, plain: &[u8]) -> Result<Vec<u8>, CodecError> {
+    fn encode(&self, at: &StoredAt<'_>, plain: Vec<u8>) -> Result<Vec<u8>, CodecError> {
         let cipher = &self.keys[&self.current];
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce).map_err(|err| CodecError::Randomness {
@@ -279,7 +282,7 @@ impl Codec for Aes256GcmCodec {
             .encrypt(
                 Nonce::from_slice(&nonce),
                 Payload {
-                    msg: plain,
+                    msg: &plain,
                     aad: &aad,
                 },
             )
@@ -295,10 +298,10 @@ impl Codec for Aes256GcmCodec {
         Ok(out)
     }
 
-    fn decode(&self, at: &StoredAt<'_>, stored: &[u8]) -> Result<Vec<u8>, CodecError> {
+    fn decode<'a>(&self, at: &StoredAt<'_>, stored: &'a [u8]) -> Result<Cow<'a, [u8]>, CodecError> {
         if stored.first() != Some(&FORMAT_V1) {
             if self.allow_plaintext {
-                return Ok(stored.to_vec());
+                return Ok(Cow::Borrowed(stored));
             }
             return Err(CodecError::Malformed {
                 reason: "no encryption header",
@@ -321,6 +324,7 @@ impl Codec for Aes256GcmCodec {
                     aad: &aad,
                 },
             )
+            .map(Cow::Owned)
             .map_err(|_| CodecError::Unauthentic { id })
     }
 }
@@ -338,13 +342,17 @@ mod tests {
         let codec = Aes256GcmCodec::new(9, [3; 32]);
         let key = Key::new("s", "k").unwrap();
         let plain = b"Ada Lovelace, 4242";
-        let stored = codec.encode(&at(&key, StoredPart::Result), plain).unwrap();
+        let stored = codec
+            .encode(&at(&key, StoredPart::Result), plain.to_vec())
+            .unwrap();
         assert_eq!(stored.len(), plain.len() + Aes256GcmCodec::OVERHEAD);
         assert!(!stored.windows(plain.len()).any(|w| w == plain));
-        let again = codec.encode(&at(&key, StoredPart::Result), plain).unwrap();
+        let again = codec
+            .encode(&at(&key, StoredPart::Result), plain.to_vec())
+            .unwrap();
         assert_ne!(stored, again, "a fresh nonce every time");
         assert_eq!(
-            codec
+            &*codec
                 .decode(&at(&key, StoredPart::Result), &stored)
                 .unwrap(),
             plain
@@ -356,7 +364,9 @@ mod tests {
         let codec = Aes256GcmCodec::new(1, [3; 32]);
         let key = Key::new("s", "k").unwrap();
         let other = Key::new("s", "k2").unwrap();
-        let stored = codec.encode(&at(&key, StoredPart::Result), b"v").unwrap();
+        let stored = codec
+            .encode(&at(&key, StoredPart::Result), b"v".to_vec())
+            .unwrap();
         for wrong in [
             at(&other, StoredPart::Result),
             at(&key, StoredPart::Failure),
@@ -382,13 +392,15 @@ mod tests {
             .with_old_key(1, [3; 32])
             .unwrap();
         assert_eq!(
-            rotated
+            &*rotated
                 .decode(&at(&key, StoredPart::Result), &stored)
                 .unwrap(),
             b"v"
         );
         assert_eq!(
-            rotated.encode(&at(&key, StoredPart::Result), b"v").unwrap()[1..5],
+            rotated
+                .encode(&at(&key, StoredPart::Result), b"v".to_vec())
+                .unwrap()[1..5],
             2u32.to_be_bytes()
         );
         assert!(matches!(
@@ -407,7 +419,7 @@ mod tests {
         );
         let lenient = Aes256GcmCodec::new(1, [3; 32]).allow_plaintext_reads();
         assert_eq!(
-            lenient
+            &*lenient
                 .decode(&at(&key, StoredPart::Result), b"{\"plain\":1}")
                 .unwrap(),
             b"{\"plain\":1}"

@@ -147,7 +147,7 @@ proptest! {
         forged.extend(&bytes);
         prop_assert!(codec.decode(&at, &bytes).is_err());
         prop_assert!(codec.decode(&at, &forged).is_err());
-        let mut sealed = codec.encode(&at, &bytes).unwrap();
+        let mut sealed = codec.encode(&at, bytes.clone()).unwrap();
         let at_byte = flip % sealed.len();
         sealed[at_byte] ^= 1;
         prop_assert!(codec.decode(&at, &sealed).is_err(), "a flipped bit at {at_byte} decoded");

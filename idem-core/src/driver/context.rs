@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
 use super::saga::{self, Undo};
-use super::{Limits, observe, retry_within_lease};
+use super::{Limits, observe, retry_store};
 use crate::{
     Codec, CodecError, Fingerprint, Key, Lease, Operation, StepName, Steps, Store, StoreError,
     StoredAt, StoredPart, WriteOutcome,
@@ -222,9 +222,13 @@ impl Context {
 
     /// The plain bytes of the checkpoint `name`, if there is one.
     pub(crate) fn checkpointed(&self, name: &str) -> Result<Option<Vec<u8>>, Interrupted> {
-        let stored = lock(&self.inner.steps).get(name).cloned();
-        stored
-            .map(|stored| self.decode(StoredPart::Step(name), &stored))
+        let steps = lock(&self.inner.steps);
+        steps
+            .get(name)
+            .map(|stored| {
+                self.decode(StoredPart::Step(name), stored)
+                    .map(std::borrow::Cow::into_owned)
+            })
             .transpose()
     }
 
@@ -236,7 +240,7 @@ impl Context {
         plain: &[u8],
     ) -> Result<(), Interrupted> {
         let name = step.as_str();
-        let bytes = self.encode(StoredPart::Step(name), plain)?;
+        let bytes = self.encode(StoredPart::Step(name), plain.to_vec())?;
         let size = name.len() + bytes.len();
         let room = self.room_for_step();
         if size > room {
@@ -245,7 +249,7 @@ impl Context {
         let lease = self.lease();
         let store = &self.inner.store;
         let timeout = self.inner.store_timeout;
-        match retry_within_lease(Operation::Checkpoint, &lease, timeout, || {
+        match retry_store(Operation::Checkpoint, timeout, Some(&lease), || {
             store.checkpoint(&lease, step, &bytes)
         })
         .await
@@ -311,7 +315,7 @@ impl Context {
         };
         let plain = serde_json::to_vec(value).map_err(|_| unserializable())?;
         serde_json::from_slice::<T>(&plain).map_err(|_| unserializable())?;
-        let bytes = self.encode(StoredPart::Result, &plain)?;
+        let bytes = self.encode(StoredPart::Result, plain)?;
         let limit = self.room_for_response();
         if bytes.len() > limit {
             return Err(Interrupted(Reason::Unstorable(
@@ -367,7 +371,11 @@ impl Context {
     }
 
     /// The plain bytes of a stored value of this record.
-    fn decode(&self, part: StoredPart<'_>, stored: &[u8]) -> Result<Vec<u8>, Interrupted> {
+    fn decode<'a>(
+        &self,
+        part: StoredPart<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, Interrupted> {
         let key = self.key();
         let at = StoredAt { key: &key, part };
         self.inner
@@ -377,7 +385,7 @@ impl Context {
     }
 
     /// The stored form of a value of this record.
-    fn encode(&self, part: StoredPart<'_>, plain: &[u8]) -> Result<Vec<u8>, Interrupted> {
+    fn encode(&self, part: StoredPart<'_>, plain: Vec<u8>) -> Result<Vec<u8>, Interrupted> {
         let key = self.key();
         let at = StoredAt { key: &key, part };
         self.inner

@@ -710,7 +710,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Ok(()) => Ok(Some(budget)),
             Err(retry_after) => {
                 let timeout = self.settings.store_timeout;
-                if retry_store(Operation::Get, timeout, || self.store.get(key))
+                if retry_store(Operation::Get, timeout, None, || self.store.get(key))
                     .await?
                     .is_some()
                 {
@@ -735,7 +735,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     }
 
     /// The plain bytes of a stored value, or the codec's error naming it.
-    fn decode(&self, key: &Key, part: StoredPart<'_>, stored: &[u8]) -> Result<Vec<u8>, Error> {
+    fn decode<'a>(
+        &self,
+        key: &Key,
+        part: StoredPart<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, Error> {
         let at = StoredAt { key, part };
         self.settings
             .codec
@@ -744,7 +749,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     }
 
     /// The stored form of a value's plain bytes.
-    fn encode(&self, key: &Key, part: StoredPart<'_>, plain: &[u8]) -> Result<Vec<u8>, Error> {
+    fn encode(&self, key: &Key, part: StoredPart<'_>, plain: Vec<u8>) -> Result<Vec<u8>, Error> {
         let at = StoredAt { key, part };
         self.settings
             .codec
@@ -759,12 +764,19 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         value: W::Value,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
         let key = context.key();
-        // Completed inside the work's own transaction: those bytes are the result.
-        let completed = context.take_completion();
-        let plain = match &completed {
-            Some(stored) => self.decode(&key, StoredPart::Result, stored)?,
+        // The answer is what a replay will decode: a value that does not survive the trip
+        // fails now, once, and is stored as such.
+        let (bytes, stored) = match context.take_completion() {
+            // Completed inside the work's own transaction: those bytes are the result.
+            Some(bytes) => {
+                let decoded = W::decode_value(&self.decode(&key, StoredPart::Result, &bytes)?);
+                (bytes, decoded)
+            }
             None => match W::encode_value(&value) {
-                Ok(bytes) => bytes,
+                Ok(plain) => {
+                    let decoded = W::decode_value(&plain);
+                    (self.encode(&key, StoredPart::Result, plain)?, decoded)
+                }
                 Err(source) => {
                     return self
                         .unserializable::<W>(context, ValuePart::Result, source)
@@ -773,9 +785,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             },
         };
         drop(value);
-        // The answer is what a replay will decode: a value that does not survive the trip
-        // fails now, once, and is stored as such.
-        let stored = match W::decode_value(&plain) {
+        let stored = match stored {
             Ok(stored) => stored,
             Err(source) => {
                 return self
@@ -783,11 +793,6 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     .await;
             }
         };
-        let bytes = match completed {
-            Some(stored) => stored,
-            None => self.encode(&key, StoredPart::Result, &plain)?,
-        };
-        drop(plain);
         let limit = context.room_for_response();
         if bytes.len() > limit {
             let marker = Marker::ResultTooLarge {
@@ -800,7 +805,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         }
         let lease = context.lease();
         let timeout = self.settings.store_timeout;
-        match retry_within_lease(Operation::Complete, &lease, timeout, || {
+        match retry_store(Operation::Complete, timeout, Some(&lease), || {
             self.store.complete(&lease, &bytes)
         })
         .await
@@ -846,7 +851,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Ok((plain, decoded))
         });
         let encoded = match encoded {
-            Ok((plain, decoded)) => Ok((self.encode(&key, StoredPart::Failure, &plain)?, decoded)),
+            Ok((plain, decoded)) => Ok((self.encode(&key, StoredPart::Failure, plain)?, decoded)),
             Err(err) => Err(err),
         };
         let (bytes, stored, source) = match encoded {
@@ -868,7 +873,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         };
         let lease = context.lease();
         let timeout = self.settings.store_timeout;
-        match retry_within_lease(Operation::Fail, &lease, timeout, || {
+        match retry_store(Operation::Fail, timeout, Some(&lease), || {
             self.store.fail(&lease, &bytes)
         })
         .await
@@ -899,7 +904,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         // Markers hold only numbers and names: they always serialise.
         let failure = StoredFailure::Marker(marker);
         let plain = W::encode_failure(&failure).unwrap_or_default();
-        let bytes = self.encode(key, StoredPart::Failure, &plain)?;
+        let bytes = self.encode(key, StoredPart::Failure, plain)?;
         Ok((bytes, failure, source))
     }
 
@@ -1021,8 +1026,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let mut waited = false;
         loop {
             let timeout = self.settings.store_timeout;
-            let outcome =
-                retry_store(Operation::Claim, timeout, || self.store.claim(&request)).await?;
+            let outcome = retry_store(Operation::Claim, timeout, None, || {
+                self.store.claim(&request)
+            })
+            .await?;
             return Ok(match outcome {
                 ClaimOutcome::Claimed {
                     lease,
@@ -1129,49 +1136,6 @@ fn fenced_at_the_end(context: &Context) -> Error {
     Error::LeaseLost
 }
 
-/// Runs a write that follows the work (a checkpoint, the result, the failure), trying
-/// again with backoff while it fails with a retryable error and the lease has time left
-/// (at least [`STORE_ATTEMPTS`] tries). Giving up early would leave the key held until the
-/// lease ends and then run the work again: while the lease lasts, a landed write is the
-/// only way the work runs once. Every store write is safe to repeat (same attempt id).
-pub(crate) async fn retry_within_lease<O, Fut>(
-    operation: Operation,
-    lease: &Lease,
-    timeout: Duration,
-    mut call: impl FnMut() -> Fut,
-) -> Result<O, StoreError>
-where
-    Fut: Future<Output = Result<O, StoreError>>,
-{
-    // The lease's time left, read once from the wall clock, then counted on the runtime's
-    // clock like every other wait of the driver.
-    let left = lease
-        .lease_until
-        .saturating_duration_since(crate::Timestamp::now());
-    let deadline = Instant::now() + left;
-    let mut tries = 1;
-    let mut backoff = STORE_BACKOFF;
-    loop {
-        let result = bounded(operation, timeout, call()).await;
-        if result.is_err() {
-            observe::store_error(operation);
-        }
-        match result {
-            Err(err)
-                if err.is_retryable()
-                    && (tries < STORE_ATTEMPTS || Instant::now() < deadline)
-                    && tries < MAX_WRITE_ATTEMPTS =>
-            {
-                tracing::debug!(error = %err, tries, "retrying a write within the lease");
-                tokio::time::sleep(policy::jittered(backoff)).await;
-                backoff = (backoff * 2).min(MAX_WRITE_BACKOFF);
-                tries += 1;
-            }
-            result => return result,
-        }
-    }
-}
-
 /// One store call, failed as unavailable (retryable) when it takes longer than `timeout`.
 async fn bounded<O>(
     operation: Operation,
@@ -1192,26 +1156,45 @@ async fn bounded<O>(
 const MAX_WRITE_ATTEMPTS: u32 = 64;
 const MAX_WRITE_BACKOFF: Duration = Duration::from_millis(500);
 
-/// Runs a store call, trying again after a short backoff while it fails with a retryable
-/// error (at most [`STORE_ATTEMPTS`] tries). Every store operation is safe to repeat.
+/// Runs a store call, trying again with backoff while it fails with a retryable error:
+/// at least [`STORE_ATTEMPTS`] tries, and for a write that follows the work (made `within`
+/// its lease: a checkpoint, the result, the failure) as long as the lease has time left,
+/// at most [`MAX_WRITE_ATTEMPTS`]. Giving such a write up early would leave the key held
+/// until the lease ends and then run the work again. Every store operation is safe to
+/// repeat (the same attempt id, the same lease).
 pub(crate) async fn retry_store<O, Fut>(
     operation: Operation,
     timeout: Duration,
+    within: Option<&Lease>,
     mut call: impl FnMut() -> Fut,
 ) -> Result<O, StoreError>
 where
     Fut: Future<Output = Result<O, StoreError>>,
 {
+    // The lease's time left, read once from the wall clock, then counted on the runtime's
+    // clock like every other wait of the driver.
+    let deadline = within.map(|lease| {
+        Instant::now()
+            + lease
+                .lease_until
+                .saturating_duration_since(crate::Timestamp::now())
+    });
     let mut tries = 1;
+    let mut backoff = STORE_BACKOFF;
     loop {
         let result = bounded(operation, timeout, call()).await;
         if result.is_err() {
             observe::store_error(operation);
         }
+        let lease_left = deadline.is_some_and(|deadline| Instant::now() < deadline);
         match result {
-            Err(err) if err.is_retryable() && tries < STORE_ATTEMPTS => {
+            Err(err)
+                if err.is_retryable()
+                    && (tries < STORE_ATTEMPTS || lease_left && tries < MAX_WRITE_ATTEMPTS) =>
+            {
                 tracing::debug!(error = %err, tries, "retrying a store call");
-                tokio::time::sleep(STORE_BACKOFF * tries).await;
+                tokio::time::sleep(policy::jittered(backoff)).await;
+                backoff = (backoff * 2).min(MAX_WRITE_BACKOFF);
                 tries += 1;
             }
             result => return result,

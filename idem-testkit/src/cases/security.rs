@@ -181,13 +181,13 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
     let plain = key("payments", "plaintext");
     plant(store.as_ref(), &copied, fingerprint, &sealed).await;
     let mut tampered = codec
-        .encode(&at(&flipped, StoredPart::Result), b"\"ok\"")
+        .encode(&at(&flipped, StoredPart::Result), b"\"ok\"".to_vec())
         .expect("encodes");
     let last = tampered.len() - 1;
     tampered[last] ^= 0x01;
     plant(store.as_ref(), &flipped, fingerprint, &tampered).await;
     let failure_bytes = codec
-        .encode(&at(&swapped, StoredPart::Failure), b"\"ok\"")
+        .encode(&at(&swapped, StoredPart::Failure), b"\"ok\"".to_vec())
         .expect("encodes");
     plant(store.as_ref(), &swapped, fingerprint, &failure_bytes).await;
     plant(store.as_ref(), &plain, fingerprint, b"\"written in clear\"").await;
@@ -240,7 +240,10 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
     let (lease, _, _) = claimed(store.as_ref(), &request).await;
     let step = StepName::new("charge").expect("valid step name");
     let mut bad = codec
-        .encode(&at(&resumed, StoredPart::Step("charge")), b"\"ch_1\"")
+        .encode(
+            &at(&resumed, StoredPart::Step("charge")),
+            b"\"ch_1\"".to_vec(),
+        )
         .expect("encodes");
     bad[10] ^= 0x80;
     let written = ok(store.checkpoint(&lease, &step, &bad).await, "checkpoint");

@@ -100,10 +100,24 @@ local function owned(key, token, attempt, now)
 end
 
 -- complete and fail: 1 when applied (or already applied by this owner), 0 when fenced.
+-- Reads only what the fence and the expiry need (state, token, attempt, lease end,
+-- expiry), each validated before use.
 local function finish(key, token, attempt, response, terminal)
+  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e')
+  if not v[1] then
+    return 0
+  end
+  if not STATES[v[1]] then corrupt('state') end
+  if not v[3] or string.len(v[3]) ~= 16 then corrupt('attempt') end
+  local r = { s = v[1], t = integer(v[2], 'token'), a = v[3], l = integer(v[4], 'lease_until'),
+    e = integer(v[5], 'expires_at') }
+  if r.t < 1 then corrupt('token') end
   local now = now_ms()
-  local r = owned(key, token, attempt, now)
-  if r == nil then
+  if absent(r, now) then
+    redis.call('DEL', key)
+    return 0
+  end
+  if r.t ~= token or r.a ~= attempt then
     return 0
   end
   if r.s == terminal then
@@ -113,7 +127,11 @@ local function finish(key, token, attempt, response, terminal)
     return 0
   end
   redis.call('HSET', key, 's', terminal, 'r', response)
-  r.s = terminal
-  keep(key, r, now)
+  -- While in progress the key lived until max(expiry, lease end) (keep); a finished record
+  -- lives until its expiry, which is the same moment unless the lease outlasted it.
+  if r.l > r.e then
+    r.s = terminal
+    keep(key, r, now)
+  end
   return 1
 end

@@ -1,16 +1,23 @@
--- One statement per claim. The upsert writes when the key is new, absent (expired and held
--- by no live lease), or in progress with an expired lease under the same fingerprint (a
--- takeover). When it does not write, the
--- existing record comes back in the same round trip, and the client answers replay,
--- mismatch or in-flight from it with the state machine.
+-- One statement per claim. A finished record that is present (completed or failed, not
+-- expired) is read and answered as it is: no write, no row lock, which is every replay.
+-- Otherwise the upsert writes when the key is new, absent (expired and held by no live
+-- lease), or in progress with an expired lease under the same fingerprint (a takeover).
+-- When it does not write, the existing record comes back in the same round trip, and the
+-- client answers replay, mismatch or in-flight from it with the state machine.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
-WITH claimed AS (
+WITH finished AS (
+    SELECT {columns}
+    FROM {table}
+    WHERE scope = $1 AND key = $2 AND state <> 'in_progress' AND expires_at > now()
+),
+claimed AS (
     INSERT INTO {table} AS r
         (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at,
          response, steps, resumed)
-    VALUES ($1, $2, $3, 'in_progress', 1, $4,
-            now() + $5::bigint * interval '1 millisecond', now(),
-            now() + $6::bigint * interval '1 millisecond', NULL, '{}'::jsonb, false)
+    SELECT $1::text, $2::text, $3::bytea, 'in_progress', 1, $4::bytea,
+           now() + $5::bigint * interval '1 millisecond', now(),
+           now() + $6::bigint * interval '1 millisecond', NULL, '{}'::jsonb, false
+    WHERE NOT EXISTS (SELECT 1 FROM finished)
     ON CONFLICT (scope, key) DO UPDATE SET
         -- An absent record is replaced by a fresh one; a takeover keeps what it had.
         fingerprint = CASE WHEN NOT {r.present} THEN excluded.fingerprint ELSE r.fingerprint END,
@@ -29,8 +36,11 @@ WITH claimed AS (
            AND r.lease_until <= now())
     RETURNING {columns}
 )
+SELECT false AS claimed, * FROM finished
+UNION ALL
 SELECT true AS claimed, * FROM claimed
 UNION ALL
 SELECT false AS claimed, {columns}
 FROM {table}
-WHERE scope = $1 AND key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)
+WHERE scope = $1 AND key = $2
+  AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM finished)

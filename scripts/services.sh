@@ -157,7 +157,9 @@ pg_running_instance() { # name, port
 }
 
 start_postgres() {
-  pg_start_instance postgres "$PG_PORT" "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+  # pg_stat_statements: idem-bench reads server time per statement from it (BENCHMARKS.md).
+  pg_start_instance postgres "$PG_PORT" "-c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+    -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track_planning=on"
 }
 stop_postgres() { pg_stop_instance postgres fast; }
 env_postgres() { echo "export IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres"; }

@@ -16,16 +16,20 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::counting::CountingStore;
 use crate::proxy::{CountingProxy, POSTGRES_SYNC};
+use crate::raw::PlainLoop;
 use crate::raw::{
     dynamodb::RawDynamoDb, memory::RawMemory, postgres::RawPostgres, redis::RawRedis,
     sqlite::RawSqlite,
 };
+use crate::server::{PostgresClock, ProcessClock, RedisClock, ServerClock};
 use crate::target::{BoxError, IdemTarget, Target};
 
 /// A target and how to read how many round trips (or store calls) it has made.
 pub(crate) struct Counted {
     pub(crate) target: Arc<dyn Target>,
     pub(crate) trips: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// Bytes on the wire so far (client to server, server to client), when proxied.
+    pub(crate) bytes: Option<Arc<CountingProxy>>,
 }
 
 /// One backend, ready to measure.
@@ -37,6 +41,13 @@ pub(crate) struct Backend {
     pub(crate) raw: Arc<dyn Target>,
     pub(crate) idem_counted: Counted,
     pub(crate) raw_counted: Counted,
+    /// The server's own accounting of its time, where it has one.
+    pub(crate) server: Option<Arc<dyn ServerClock>>,
+    /// The CPU of the server's processes, for everything the engine's figure leaves out
+    /// (protocol, transactions, the event loop).
+    pub(crate) server_cpu: Option<Arc<ProcessClock>>,
+    /// The raw replay in a bare loop, to check the harness against.
+    pub(crate) plain: Option<Arc<dyn PlainLoop>>,
     /// Keeps the counting proxies running.
     pub(crate) _proxies: Vec<Arc<CountingProxy>>,
 }
@@ -91,11 +102,16 @@ pub(crate) async fn memory() -> Result<Backend, BoxError> {
                 Arc::clone(&idem_calls),
             ))),
             trips: calls(&idem_calls),
+            bytes: None,
         },
         raw_counted: Counted {
             target: Arc::new(counted_raw),
             trips: calls(&counted_raw_calls),
+            bytes: None,
         },
+        server: None,
+        server_cpu: None,
+        plain: None,
         _proxies: Vec::new(),
     })
 }
@@ -116,11 +132,16 @@ pub(crate) async fn sqlite(dir: &std::path::Path) -> Result<Backend, BoxError> {
                 Arc::clone(&idem_calls),
             ))),
             trips: calls(&idem_calls),
+            bytes: None,
         },
         raw_counted: Counted {
             target: Arc::new(counted_raw),
             trips: calls(&counted_raw_calls),
+            bytes: None,
         },
+        server: None,
+        server_cpu: None,
+        plain: None,
         _proxies: Vec::new(),
     })
 }
@@ -148,14 +169,19 @@ pub(crate) async fn postgres(url: &str) -> Result<Backend, BoxError> {
     let upstream = loopback_addr(url)?;
     let idem_proxy = Arc::new(CountingProxy::start(upstream, Some(POSTGRES_SYNC)).await?);
     let raw_proxy = Arc::new(CountingProxy::start(upstream, Some(POSTGRES_SYNC)).await?);
+    let raw = Arc::new(RawPostgres::new(pg_pool(url).await?, "idem_bench_raw").await?);
+    let server = PostgresClock::new(pg_pool(url).await?)
+        .await
+        .map(|clock| Arc::new(clock) as Arc<dyn ServerClock>);
     Ok(Backend {
         name: "postgres",
         trip_unit: "round trips",
         idem: pg_idem(url, "idem_bench").await?,
-        raw: Arc::new(RawPostgres::new(pg_pool(url).await?, "idem_bench_raw").await?),
+        raw: Arc::clone(&raw) as Arc<dyn Target>,
         idem_counted: Counted {
             target: pg_idem(&through(url, &idem_proxy)?, "idem_bench_counted").await?,
             trips: proxied(&idem_proxy),
+            bytes: Some(Arc::clone(&idem_proxy)),
         },
         raw_counted: Counted {
             target: Arc::new(
@@ -166,7 +192,14 @@ pub(crate) async fn postgres(url: &str) -> Result<Backend, BoxError> {
                 .await?,
             ),
             trips: proxied(&raw_proxy),
+            bytes: Some(Arc::clone(&raw_proxy)),
         },
+        server,
+        server_cpu: Some(Arc::new(ProcessClock::new(
+            vec!["postgres".into(), format!("port={}", upstream.port())],
+            "PostgreSQL processes' CPU",
+        ))),
+        plain: Some(raw),
         _proxies: vec![idem_proxy, raw_proxy],
     })
 }
@@ -177,20 +210,27 @@ async fn redis_idem(url: &str, prefix: &str) -> Result<Arc<dyn Target>, BoxError
     )))
 }
 
-async fn redis_raw(url: &str, prefix: &str) -> Result<Arc<dyn Target>, BoxError> {
-    let manager = redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?;
-    Ok(Arc::new(RawRedis::new(manager, prefix.to_owned())))
+async fn redis_manager(url: &str) -> Result<redis::aio::ConnectionManager, BoxError> {
+    Ok(redis::aio::ConnectionManager::new(redis::Client::open(url)?).await?)
+}
+
+async fn redis_raw(url: &str, prefix: &str) -> Result<Arc<RawRedis>, BoxError> {
+    Ok(Arc::new(RawRedis::new(
+        redis_manager(url).await?,
+        prefix.to_owned(),
+    )))
 }
 
 pub(crate) async fn redis(url: &str) -> Result<Backend, BoxError> {
     let run = std::process::id();
     let idem_proxy = proxy_for(url).await?;
     let raw_proxy = proxy_for(url).await?;
+    let raw = redis_raw(url, &format!("bench:{run}:raw:")).await?;
     Ok(Backend {
         name: "redis",
         trip_unit: "round trips",
         idem: redis_idem(url, &format!("bench:{run}:idem:")).await?,
-        raw: redis_raw(url, &format!("bench:{run}:raw:")).await?,
+        raw: Arc::clone(&raw) as Arc<dyn Target>,
         idem_counted: Counted {
             target: redis_idem(
                 &through(url, &idem_proxy)?,
@@ -198,6 +238,7 @@ pub(crate) async fn redis(url: &str) -> Result<Backend, BoxError> {
             )
             .await?,
             trips: proxied(&idem_proxy),
+            bytes: Some(Arc::clone(&idem_proxy)),
         },
         raw_counted: Counted {
             target: redis_raw(
@@ -206,7 +247,16 @@ pub(crate) async fn redis(url: &str) -> Result<Backend, BoxError> {
             )
             .await?,
             trips: proxied(&raw_proxy),
+            bytes: Some(Arc::clone(&raw_proxy)),
         },
+        server: Some(Arc::new(RedisClock {
+            connection: redis_manager(url).await?,
+        })),
+        server_cpu: Some(Arc::new(ProcessClock::new(
+            vec!["redis-server".into(), loopback_addr(url)?.to_string()],
+            "redis-server's CPU",
+        ))),
+        plain: Some(raw),
         _proxies: vec![idem_proxy, raw_proxy],
     })
 }
@@ -253,11 +303,23 @@ pub(crate) async fn dynamodb(endpoint: &str) -> Result<Backend, BoxError> {
         idem_counted: Counted {
             target: idem_counted,
             trips: proxied(&idem_proxy),
+            bytes: Some(Arc::clone(&idem_proxy)),
         },
         raw_counted: Counted {
             target: raw_counted,
             trips: proxied(&raw_proxy),
+            bytes: Some(Arc::clone(&raw_proxy)),
         },
+        // DynamoDB Local keeps no statistics: the CPU of the Java process serving this port.
+        server: None,
+        server_cpu: Some(Arc::new(ProcessClock::new(
+            vec![
+                "DynamoDBLocal.jar".into(),
+                format!("-port {}", loopback_addr(endpoint)?.port()),
+            ],
+            "DynamoDB Local process CPU (/proc, 10 ms ticks)",
+        ))),
+        plain: None,
         _proxies: vec![idem_proxy, raw_proxy],
     })
 }
@@ -276,11 +338,16 @@ pub(crate) async fn http() -> Result<Backend, BoxError> {
         idem_counted: Counted {
             target: layered,
             trips: calls(&layered_requests),
+            bytes: None,
         },
         raw_counted: Counted {
             target: bare,
             trips: calls(&bare_requests),
+            bytes: None,
         },
+        server: None,
+        server_cpu: None,
+        plain: None,
         _proxies: Vec::new(),
     })
 }

@@ -14,6 +14,7 @@
 //! ```
 
 mod backends;
+mod charts;
 mod codec;
 mod counting;
 mod floor;
@@ -21,6 +22,8 @@ mod http;
 mod proxy;
 mod purge;
 mod raw;
+mod scaling;
+mod server;
 mod target;
 mod workload;
 
@@ -45,9 +48,10 @@ struct Args {
     /// Rounds per measurement; idem and raw alternate, medians are reported.
     #[arg(long)]
     rounds: Option<usize>,
-    /// Operations per round (default depends on the backend).
+    /// Seconds per round: clients start operations until the time is up (default 1; quick
+    /// mode 0.05).
     #[arg(long)]
-    ops: Option<usize>,
+    seconds: Option<f64>,
     /// Backends to run, comma separated.
     #[arg(
         long,
@@ -55,6 +59,22 @@ struct Args {
         default_value = "memory,sqlite,postgres,redis,dynamodb,http"
     )]
     backends: Vec<String>,
+    /// Workloads to run, comma separated (default: all four).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Client counts to run, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    clients: Vec<usize>,
+    /// Only the scaling run: claim and replay with this many records already in the store
+    /// (comma separated, grown in order), and purge_expired with half of them expired.
+    #[arg(long, value_delimiter = ',', value_name = "RECORDS")]
+    scaling: Vec<u64>,
+    /// The most records DynamoDB Local is seeded to in the scaling run.
+    #[arg(long, default_value_t = 100_000)]
+    scaling_dynamodb_max: u64,
+    /// Write SVG charts of the results into this directory.
+    #[arg(long, value_name = "DIR")]
+    charts: Option<PathBuf>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -73,11 +93,13 @@ struct Args {
 }
 
 #[derive(Serialize)]
-struct Measurement {
+pub(crate) struct Measurement {
     backend: &'static str,
     workload: Workload,
     concurrency: usize,
-    ops_per_round: usize,
+    seconds_per_round: f64,
+    /// Operations in the median round.
+    ops: usize,
     rounds: usize,
     idem_ops_per_sec: f64,
     raw_ops_per_sec: f64,
@@ -96,6 +118,37 @@ struct Trips {
     idem_replay: f64,
     raw_fresh: f64,
     raw_replay: f64,
+    /// Bytes per operation on the wire, (client to server, server to client), when proxied.
+    idem_fresh_bytes: Option<(f64, f64)>,
+    idem_replay_bytes: Option<(f64, f64)>,
+    raw_fresh_bytes: Option<(f64, f64)>,
+    raw_replay_bytes: Option<(f64, f64)>,
+}
+
+/// Server time per operation, from the server's own accounting, 16 clients.
+#[derive(Serialize)]
+struct ServerRow {
+    backend: &'static str,
+    workload: Workload,
+    side: &'static str,
+    source: &'static str,
+    ops: usize,
+    /// From the engine's own accounting (None for DynamoDB Local, which has none).
+    micros_per_op: Option<f64>,
+    /// CPU of the server's processes per operation (10 ms ticks over the segment).
+    server_cpu_micros_per_op: Option<f64>,
+    /// CPU this process (clients, driver, client library) used per operation.
+    client_cpu_micros_per_op: f64,
+    /// The largest parts per operation: (command or statement, calls per op, µs per op).
+    parts: Vec<(String, f64, f64)>,
+}
+
+/// The harness's raw replay at 16 clients against the same replay in a bare loop.
+#[derive(Serialize)]
+struct HarnessCheck {
+    backend: &'static str,
+    plain_ops_per_sec: f64,
+    harness_raw_ops_per_sec: f64,
 }
 
 #[derive(Serialize)]
@@ -112,20 +165,30 @@ struct Report {
     quick: bool,
     measurements: Vec<Measurement>,
     round_trips: Vec<Trips>,
+    server_time: Vec<ServerRow>,
+    harness_check: Vec<HarnessCheck>,
     memory_floor: Option<MemoryFloor>,
     purge: Vec<purge::PurgeRow>,
     codec: Vec<codec::CodecRow>,
+    scaling: scaling::ScaleReport,
 }
 
-fn default_ops(backend: &str, quick: bool) -> usize {
+/// Completed keys prepared per target for the replay and mixed workloads (replays cycle
+/// over them).
+fn pool_size(backend: &str, quick: bool) -> usize {
     match (backend, quick) {
-        ("memory", false) => 20_000,
-        ("memory", true) => 1_000,
-        ("dynamodb", false) => 400,
-        ("http", false) => 4_000,
-        (_, false) => 2_000,
         (_, true) => 64,
+        ("memory", false) => 50_000,
+        ("dynamodb", false) => 1_000,
+        (_, false) => 5_000,
     }
+}
+
+/// Seconds per timed round.
+fn round_seconds(args: &Args) -> f64 {
+    args.seconds
+        .unwrap_or(if args.quick { 0.05 } else { 1.0 })
+        .max(0.001)
 }
 
 fn micros(d: Duration) -> f64 {
@@ -138,7 +201,10 @@ fn median(samples: &mut [Sample]) -> &Sample {
 }
 
 /// Round trips per operation, counted on a sequential pass (so nothing is pipelined).
-async fn trips_per_op(counted: &Counted, tag: &str, n: usize) -> Result<(f64, f64), BoxError> {
+/// Per operation, fresh and replay: round trips, and bytes each way when proxied.
+type TripsPerOp = ((f64, f64), (Option<(f64, f64)>, Option<(f64, f64)>));
+
+async fn trips_per_op(counted: &Counted, tag: &str, n: usize) -> Result<TripsPerOp, BoxError> {
     let target: &Arc<dyn Target> = &counted.target;
     // Warm up: connections made, scripts and statements cached.
     for i in 0..5 {
@@ -149,7 +215,13 @@ async fn trips_per_op(counted: &Counted, tag: &str, n: usize) -> Result<(f64, f6
     // A short pause after each operation lets background work of the client (sqlx's
     // release ping) finish on the same connection, instead of the pool opening another.
     let pause = || tokio::time::sleep(Duration::from_millis(2));
-    let before = (counted.trips)();
+    let bytes = || counted.bytes.as_ref().map(|proxy| proxy.bytes());
+    let per_op = |before: Option<(u64, u64)>, after: Option<(u64, u64)>| {
+        before
+            .zip(after)
+            .map(|(b, a)| ((a.0 - b.0) as f64 / n as f64, (a.1 - b.1) as f64 / n as f64))
+    };
+    let (before, bytes_before) = ((counted.trips)(), bytes());
     for i in 0..n {
         let done = target.execute(&format!("{tag}-{i}")).await?;
         pause().await;
@@ -158,7 +230,8 @@ async fn trips_per_op(counted: &Counted, tag: &str, n: usize) -> Result<(f64, f6
         }
     }
     let fresh = ((counted.trips)() - before) as f64 / n as f64;
-    let before = (counted.trips)();
+    let fresh_bytes = per_op(bytes_before, bytes());
+    let (before, bytes_before) = ((counted.trips)(), bytes());
     for i in 0..n {
         let done = target.execute(&format!("{tag}-{i}")).await?;
         pause().await;
@@ -167,19 +240,18 @@ async fn trips_per_op(counted: &Counted, tag: &str, n: usize) -> Result<(f64, f6
         }
     }
     let replay = ((counted.trips)() - before) as f64 / n as f64;
-    Ok((fresh, replay))
+    let replay_bytes = per_op(bytes_before, bytes());
+    Ok(((fresh, replay), (fresh_bytes, replay_bytes)))
 }
 
 async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<(), BoxError> {
-    let ops = args
-        .ops
-        .unwrap_or_else(|| default_ops(backend.name, args.quick));
+    let seconds = round_seconds(args);
     let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 5 }).max(1);
     let run_id = std::process::id();
     let n = if args.quick { 10 } else { 100 };
-    let (idem_fresh, idem_replay) =
+    let ((idem_fresh, idem_replay), (idem_fresh_bytes, idem_replay_bytes)) =
         trips_per_op(&backend.idem_counted, &format!("{run_id}-idem-trips"), n).await?;
-    let (raw_fresh, raw_replay) =
+    let ((raw_fresh, raw_replay), (raw_fresh_bytes, raw_replay_bytes)) =
         trips_per_op(&backend.raw_counted, &format!("{run_id}-raw-trips"), n).await?;
     report.round_trips.push(Trips {
         backend: backend.name,
@@ -188,9 +260,20 @@ async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<
         idem_replay,
         raw_fresh,
         raw_replay,
+        idem_fresh_bytes,
+        idem_replay_bytes,
+        raw_fresh_bytes,
+        raw_replay_bytes,
     });
-    for workload in Workload::ALL {
-        for concurrency in [1, 16] {
+    let pool = pool_size(backend.name, args.quick);
+    let idem_pool = workload::prepare(&backend.idem, &format!("{run_id}-idem-pool-"), pool).await?;
+    let raw_pool = workload::prepare(&backend.raw, &format!("{run_id}-raw-pool-"), pool).await?;
+    let workloads: Vec<Workload> = Workload::ALL
+        .into_iter()
+        .filter(|w| args.workloads.is_empty() || args.workloads.iter().any(|n| n == w.name()))
+        .collect();
+    for &workload in &workloads {
+        for &concurrency in &args.clients {
             let (mut idem, mut raw) = (Vec::new(), Vec::new());
             for round in 0..rounds {
                 // Alternate which goes first, so drift in the machine's load hits both.
@@ -205,9 +288,16 @@ async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<
                         workload.name(),
                         if is_idem { "idem" } else { "raw" }
                     );
-                    let sample =
-                        workload::run(Arc::clone(target), workload, concurrency, ops, namespace)
-                            .await?;
+                    let pool = if is_idem { &idem_pool } else { &raw_pool };
+                    let sample = workload::run(
+                        Arc::clone(target),
+                        workload,
+                        concurrency,
+                        Duration::from_secs_f64(seconds),
+                        Arc::clone(pool),
+                        namespace,
+                    )
+                    .await?;
                     if is_idem {
                         idem.push(sample)
                     } else {
@@ -220,7 +310,8 @@ async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<
                 backend: backend.name,
                 workload,
                 concurrency,
-                ops_per_round: ops,
+                seconds_per_round: seconds,
+                ops: idem.ops,
                 rounds,
                 idem_ops_per_sec: idem.ops_per_sec(),
                 raw_ops_per_sec: raw.ops_per_sec(),
@@ -242,7 +333,91 @@ async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<
             report.measurements.push(row);
         }
     }
+    let duration = Duration::from_secs_f64(seconds);
+    if backend.server.is_some() || backend.server_cpu.is_some() {
+        for workload in [Workload::Fresh, Workload::Replay] {
+            let sides = [
+                ("idem", &backend.idem, &idem_pool),
+                ("raw", &backend.raw, &raw_pool),
+            ];
+            for (side, target, pool) in sides {
+                let namespace = format!("{run_id}-server-{}-{side}-", workload.name());
+                if let Some(clock) = &backend.server {
+                    clock.reset().await?;
+                }
+                let server_cpu_before = match &backend.server_cpu {
+                    Some(clock) => Some(clock.cpu_micros()?),
+                    None => None,
+                };
+                let cpu_before = server::own_cpu_micros()?;
+                let sample = workload::run(
+                    Arc::clone(target),
+                    workload,
+                    16,
+                    duration,
+                    Arc::clone(pool),
+                    namespace,
+                )
+                .await?;
+                let client_cpu = server::own_cpu_micros()? - cpu_before;
+                let server_cpu = match (&backend.server_cpu, server_cpu_before) {
+                    (Some(clock), Some(before)) => Some(clock.cpu_micros()? - before),
+                    _ => None,
+                };
+                let reading = match &backend.server {
+                    Some(clock) => Some(clock.read().await?),
+                    None => None,
+                };
+                let ops = sample.ops.max(1) as f64;
+                report.server_time.push(ServerRow {
+                    backend: backend.name,
+                    workload,
+                    side,
+                    source: backend.server.as_ref().map_or("-", |clock| clock.source()),
+                    ops: sample.ops,
+                    micros_per_op: reading.as_ref().map(|r| r.micros / ops),
+                    server_cpu_micros_per_op: server_cpu.map(|micros| micros / ops),
+                    client_cpu_micros_per_op: client_cpu / ops,
+                    parts: reading
+                        .map(|r| r.parts)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .take(4)
+                        .map(|(name, calls, micros)| (name, calls as f64 / ops, micros / ops))
+                        .collect(),
+                });
+            }
+        }
+    }
+    if let Some(plain) = &backend.plain {
+        let (mut plain_rates, mut harness_rates) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let ops = plain.replays(16, duration, Arc::clone(&raw_pool)).await?;
+            plain_rates.push(ops as f64 / seconds);
+            let namespace = format!("{run_id}-check-{round}-");
+            let sample = workload::run(
+                Arc::clone(&backend.raw),
+                Workload::Replay,
+                16,
+                duration,
+                Arc::clone(&raw_pool),
+                namespace,
+            )
+            .await?;
+            harness_rates.push(sample.ops_per_sec());
+        }
+        report.harness_check.push(HarnessCheck {
+            backend: backend.name,
+            plain_ops_per_sec: median_of(&mut plain_rates),
+            harness_raw_ops_per_sec: median_of(&mut harness_rates),
+        });
+    }
     Ok(())
+}
+
+fn median_of(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// The address of a server-backed backend, or `None` to skip it (an error when
@@ -300,6 +475,73 @@ fn print(report: &Report) {
             t.backend, t.unit, t.idem_fresh, t.idem_replay, t.raw_fresh, t.raw_replay
         );
     }
+    let bytes = |b: Option<(f64, f64)>| {
+        b.map_or("-".to_owned(), |(up, down)| format!("{up:.0} / {down:.0}"))
+    };
+    if report
+        .round_trips
+        .iter()
+        .any(|t| t.idem_fresh_bytes.is_some())
+    {
+        println!(
+            "\n| backend | bytes per op (sent / received) | idem fresh | idem replay | raw fresh | raw replay |"
+        );
+        println!("|---|---|---:|---:|---:|---:|");
+        for t in report
+            .round_trips
+            .iter()
+            .filter(|t| t.idem_fresh_bytes.is_some())
+        {
+            println!(
+                "| {} | on the wire | {} | {} | {} | {} |",
+                t.backend,
+                bytes(t.idem_fresh_bytes),
+                bytes(t.idem_replay_bytes),
+                bytes(t.raw_fresh_bytes),
+                bytes(t.raw_replay_bytes)
+            );
+        }
+    }
+    if !report.server_time.is_empty() {
+        println!(
+            "\n| backend | workload | side | server µs per op (engine) | server CPU µs per op | client CPU µs per op | ops | largest parts (calls per op, µs per op) |"
+        );
+        println!("|---|---|---|---:|---:|---:|---:|---|");
+        for row in &report.server_time {
+            let parts: Vec<String> = row
+                .parts
+                .iter()
+                .map(|(name, calls, micros)| format!("`{name}` {calls:.2} × → {micros:.1}"))
+                .collect();
+            let figure = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
+            println!(
+                "| {} | {} | {} | {} | {} | {:.1} | {} | {} |",
+                row.backend,
+                row.workload.name(),
+                row.side,
+                figure(row.micros_per_op),
+                figure(row.server_cpu_micros_per_op),
+                row.client_cpu_micros_per_op,
+                row.ops,
+                parts.join("; "),
+            );
+        }
+    }
+    if !report.harness_check.is_empty() {
+        println!(
+            "\n| backend | plain loop replays/s (16 clients) | harness raw replays/s | harness / plain |"
+        );
+        println!("|---|---:|---:|---:|");
+        for check in &report.harness_check {
+            println!(
+                "| {} | {:.0} | {:.0} | {:.2} |",
+                check.backend,
+                check.plain_ops_per_sec,
+                check.harness_raw_ops_per_sec,
+                check.harness_raw_ops_per_sec / check.plain_ops_per_sec.max(1e-9)
+            );
+        }
+    }
     if let Some(floor) = &report.memory_floor {
         println!(
             "\nmemory store, Store level: {:.0} claim+complete pairs/s on one core; {:.0} pairs/s with 16 tasks on distinct keys over {} threads",
@@ -317,9 +559,12 @@ async fn main() -> Result<(), BoxError> {
         quick: args.quick,
         measurements: Vec::new(),
         round_trips: Vec::new(),
+        server_time: Vec::new(),
+        harness_check: Vec::new(),
         memory_floor: None,
         purge: Vec::new(),
         codec: Vec::new(),
+        scaling: scaling::ScaleReport::default(),
     };
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -332,21 +577,27 @@ async fn main() -> Result<(), BoxError> {
         report.purge = purge::run(&args.backends, records, &idem, &dir).await?;
         let _ = std::fs::remove_dir_all(&dir);
         purge::print(&report.purge);
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
-            println!("\nJSON written to {}", path.display());
-        }
-        return Ok(());
+        return finish(&args, &report);
     }
     if args.codec {
         report.codec = codec::run(&args.backends, args.quick, &dir).await?;
         let _ = std::fs::remove_dir_all(&dir);
         codec::print(&report.codec);
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
-            println!("\nJSON written to {}", path.display());
-        }
-        return Ok(());
+        return finish(&args, &report);
+    }
+    if !args.scaling.is_empty() {
+        report.scaling = scaling::run(
+            &args.backends,
+            &args.scaling,
+            args.scaling_dynamodb_max,
+            round_seconds(&args),
+            if args.quick { 200 } else { 100_000 },
+            &dir,
+        )
+        .await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        scaling::print(&report.scaling);
+        return finish(&args, &report);
     }
     for name in &args.backends {
         eprintln!("{name}:");
@@ -394,6 +645,10 @@ async fn main() -> Result<(), BoxError> {
     if args.quick {
         report.purge = purge::run(&args.backends, 200, &idem, &dir).await?;
         report.codec = codec::run(&args.backends, true, &dir).await?;
+        // A tiny scaling run, so the seeding and the purge measurement cannot rot.
+        let seconds = round_seconds(&args);
+        report.scaling =
+            scaling::run(&args.backends, &[1_000, 10_000], 1_000, seconds, 200, &dir).await?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     print(&report);
@@ -401,9 +656,22 @@ async fn main() -> Result<(), BoxError> {
         purge::print(&report.purge);
     }
     codec::print(&report.codec);
+    scaling::print(&report.scaling);
+    finish(&args, &report)
+}
+
+/// Writes the JSON report and the charts, where asked for.
+fn finish(args: &Args, report: &Report) -> Result<(), BoxError> {
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+        std::fs::write(path, serde_json::to_vec_pretty(report)?)?;
         println!("\nJSON written to {}", path.display());
+    }
+    if let Some(dir) = &args.charts {
+        std::fs::create_dir_all(dir)?;
+        let written = charts::write(dir, &report.measurements, &report.scaling)?;
+        for path in written {
+            println!("chart written to {}", path.display());
+        }
     }
     Ok(())
 }

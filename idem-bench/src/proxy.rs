@@ -13,6 +13,8 @@ use tokio::net::{TcpListener, TcpStream};
 pub(crate) struct CountingProxy {
     pub(crate) addr: SocketAddr,
     turns: Arc<AtomicU64>,
+    /// Bytes client to server, and server to client.
+    bytes: Arc<[AtomicU64; 2]>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -34,23 +36,37 @@ impl CountingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let turns = Arc::new(AtomicU64::new(0));
-        let counter = Arc::clone(&turns);
+        let bytes = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let (counter, byte_counter) = (Arc::clone(&turns), Arc::clone(&bytes));
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let counter = Arc::clone(&counter);
+                let (counter, bytes) = (Arc::clone(&counter), Arc::clone(&byte_counter));
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        relay(client, server, counter, ignored).await;
+                        relay(client, server, counter, bytes, ignored).await;
                     }
                 });
             }
         });
-        Ok(Self { addr, turns, task })
+        Ok(Self {
+            addr,
+            turns,
+            bytes,
+            task,
+        })
     }
 
     /// Round trips seen so far, over all connections.
     pub(crate) fn round_trips(&self) -> u64 {
         self.turns.load(Ordering::SeqCst)
+    }
+
+    /// Bytes relayed so far: (client to server, server to client).
+    pub(crate) fn bytes(&self) -> (u64, u64) {
+        (
+            self.bytes[0].load(Ordering::SeqCst),
+            self.bytes[1].load(Ordering::SeqCst),
+        )
     }
 }
 
@@ -64,6 +80,7 @@ async fn relay(
     client: TcpStream,
     server: TcpStream,
     turns: Arc<AtomicU64>,
+    bytes: Arc<[AtomicU64; 2]>,
     ignored: Option<&'static [u8]>,
 ) {
     let _ = client.set_nodelay(true);
@@ -74,6 +91,7 @@ async fn relay(
     let (mut server_read, mut server_write) = server.into_split();
     let up = {
         let spoke = Arc::clone(&client_spoke_last);
+        let bytes = Arc::clone(&bytes);
         async move {
             let mut buffer = vec![0u8; 64 * 1024];
             loop {
@@ -81,8 +99,12 @@ async fn relay(
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
-                if !spoke.swap(true, Ordering::SeqCst) && ignored != Some(&buffer[..n]) {
+                let counted = ignored != Some(&buffer[..n]);
+                if !spoke.swap(true, Ordering::SeqCst) && counted {
                     turns.fetch_add(1, Ordering::SeqCst);
+                }
+                if counted {
+                    bytes[0].fetch_add(n as u64, Ordering::SeqCst);
                 }
                 if server_write.write_all(&buffer[..n]).await.is_err() {
                     break;
@@ -98,6 +120,7 @@ async fn relay(
                 Ok(n) => n,
             };
             client_spoke_last.store(false, Ordering::SeqCst);
+            bytes[1].fetch_add(n as u64, Ordering::SeqCst);
             if client_write.write_all(&buffer[..n]).await.is_err() {
                 break;
             }

@@ -28,12 +28,24 @@ pub(crate) trait Target: Send + Sync {
 /// Through idem's driver.
 pub(crate) struct IdemTarget<S> {
     idem: Idempotency<S>,
+    /// One fingerprint for every key (the scaling run's seeded records share one); by
+    /// default each key's request is its own bytes.
+    fingerprint: Option<Fingerprint>,
 }
 
 impl<S: Store + 'static> IdemTarget<S> {
     pub(crate) fn new(store: S) -> Self {
         Self {
             idem: Idempotency::new(store),
+            fingerprint: None,
+        }
+    }
+
+    /// Every key with the same request fingerprint.
+    pub(crate) fn with_fingerprint(store: S, fingerprint: Fingerprint) -> Self {
+        Self {
+            idem: Idempotency::new(store),
+            fingerprint: Some(fingerprint),
         }
     }
 }
@@ -50,12 +62,17 @@ impl<S: Store + 'static> Target for IdemTarget<S> {
         let key = Key::new("bench/checkout", key)?;
         let result = self
             .idem
-            .execute(&key, Fingerprint::of_bytes(key.key()), |_ctx| async {
-                Ok::<_, WorkError<()>>(Receipt {
-                    charge: "ch_3PqX9".into(),
-                    status: "ok".into(),
-                })
-            })
+            .execute(
+                &key,
+                self.fingerprint
+                    .unwrap_or_else(|| Fingerprint::of_bytes(key.key())),
+                |_ctx| async {
+                    Ok::<_, WorkError<()>>(Receipt {
+                        charge: "ch_3PqX9".into(),
+                        status: "ok".into(),
+                    })
+                },
+            )
             .await;
         match result {
             Ok(Outcome::Completed { replayed: true, .. }) => Ok(Done::Replayed),

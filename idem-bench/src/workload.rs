@@ -37,25 +37,15 @@ impl Workload {
         }
     }
 
-    fn key(self, namespace: &str, op: usize) -> String {
+    /// The key of operation `op`: fresh keys are new in every round (the namespace holds
+    /// the round), replays cycle over `pool`, keys completed before the round.
+    fn key(self, namespace: &str, pool: &[String], op: usize) -> String {
         match self {
             Workload::Fresh => format!("{namespace}f{op}"),
-            Workload::Replay => format!("{namespace}r{op}"),
+            Workload::Replay => pool[op % pool.len()].clone(),
             Workload::Contended => format!("{namespace}c{}-{}", op / 64, op % 4),
             Workload::Mixed if op % 10 == 0 => format!("{namespace}m-fresh{op}"),
-            Workload::Mixed => format!("{namespace}r{op}"),
-        }
-    }
-
-    /// Keys that must be completed before the timed part.
-    fn prepared(self, namespace: &str, ops: usize) -> Vec<String> {
-        match self {
-            Workload::Replay => (0..ops).map(|op| self.key(namespace, op)).collect(),
-            Workload::Mixed => (0..ops)
-                .filter(|op| op % 10 != 0)
-                .map(|op| self.key(namespace, op))
-                .collect(),
-            Workload::Fresh | Workload::Contended => Vec::new(),
+            Workload::Mixed => pool[op % pool.len()].clone(),
         }
     }
 
@@ -73,6 +63,36 @@ impl Workload {
             Workload::Contended => true,
         }
     }
+}
+
+/// Completes `count` keys under `namespace` with 16 clients, for the replay workloads.
+pub(crate) async fn prepare(
+    target: &Arc<dyn Target>,
+    namespace: &str,
+    count: usize,
+) -> Result<Arc<Vec<String>>, BoxError> {
+    let keys: Arc<Vec<String>> = Arc::new((0..count).map(|i| format!("{namespace}r{i}")).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..16)
+        .map(|_| {
+            let (target, keys, next) = (Arc::clone(target), Arc::clone(&keys), Arc::clone(&next));
+            tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(key) = keys.get(i) else {
+                        return Ok::<_, BoxError>(());
+                    };
+                    if target.execute(key).await? != Done::Executed {
+                        return Err(format!("preparing: key {i} was not fresh").into());
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await??;
+    }
+    Ok(keys)
 }
 
 /// One timed run.
@@ -98,32 +118,36 @@ impl Sample {
     }
 }
 
-/// Prepares and times `ops` operations of `workload` with `concurrency` clients.
+/// Times `workload` with `concurrency` clients for `duration`: each client starts
+/// operations until the time is up, and the round ends when the last one has finished.
 pub(crate) async fn run(
     target: Arc<dyn Target>,
     workload: Workload,
     concurrency: usize,
-    ops: usize,
+    duration: Duration,
+    pool: Arc<Vec<String>>,
     namespace: String,
 ) -> Result<Sample, BoxError> {
-    for key in workload.prepared(&namespace, ops) {
-        target.execute(&key).await?;
-    }
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
+    let deadline = started + duration;
     let clients: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (target, next, namespace) =
-                (Arc::clone(&target), Arc::clone(&next), namespace.clone());
+            let (target, next, namespace, pool) = (
+                Arc::clone(&target),
+                Arc::clone(&next),
+                namespace.clone(),
+                Arc::clone(&pool),
+            );
             tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(ops / concurrency + 1);
+                let mut latencies = Vec::with_capacity(4096);
                 loop {
-                    let op = next.fetch_add(1, Ordering::Relaxed);
-                    if op >= ops {
+                    let began = Instant::now();
+                    if began >= deadline {
                         return Ok::<_, BoxError>(latencies);
                     }
-                    let key = workload.key(&namespace, op);
-                    let began = Instant::now();
+                    let op = next.fetch_add(1, Ordering::Relaxed);
+                    let key = workload.key(&namespace, &pool, op);
                     let done = target.execute(&key).await?;
                     latencies.push(began.elapsed());
                     if !workload.expects(op, done) {
@@ -133,14 +157,14 @@ pub(crate) async fn run(
             })
         })
         .collect();
-    let mut latencies = Vec::with_capacity(ops);
+    let mut latencies = Vec::new();
     for client in clients {
         latencies.extend(client.await??);
     }
     let elapsed = started.elapsed();
     latencies.sort_unstable();
     Ok(Sample {
-        ops,
+        ops: latencies.len(),
         elapsed,
         latencies,
     })

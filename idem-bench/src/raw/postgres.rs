@@ -1,8 +1,13 @@
 //! Raw baseline for PostgreSQL: `INSERT ... ON CONFLICT` (returning the existing row, so a
 //! replay is one statement) and, for a fresh key, one `UPDATE`.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 use sqlx::{PgPool, Row};
+
+use super::{PlainLoop, plain_loops};
 
 use crate::target::{BoxError, Done, RESPONSE, Target};
 
@@ -53,5 +58,35 @@ impl Target for RawPostgres {
             .execute(&self.pool)
             .await?;
         Ok(Done::Executed)
+    }
+}
+
+#[async_trait]
+impl PlainLoop for RawPostgres {
+    async fn replays(
+        &self,
+        clients: usize,
+        duration: Duration,
+        pool: Arc<Vec<String>>,
+    ) -> Result<u64, BoxError> {
+        let (connections, claim) = (self.pool.clone(), Arc::new(self.claim.clone()));
+        plain_loops(clients, duration, move |client, op| {
+            let (connections, claim, pool) =
+                (connections.clone(), Arc::clone(&claim), Arc::clone(&pool));
+            async move {
+                let key = &pool[(client * 7919 + op as usize) % pool.len()];
+                let (state, _inserted): (String, bool) =
+                    sqlx::query_as(sqlx::AssertSqlSafe(claim.as_str()))
+                        .bind(key)
+                        .fetch_one(&connections)
+                        .await?;
+                if state == "c" {
+                    Ok(())
+                } else {
+                    Err("the plain loop met a key that was not completed".into())
+                }
+            }
+        })
+        .await
     }
 }

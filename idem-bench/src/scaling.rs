@@ -1,0 +1,523 @@
+//! How cost grows with the store: claim and replay throughput and latency with 10^4, 10^6
+//! and 10^7 records already in it, and `purge_expired` on a store where half the records
+//! are expired.
+//!
+//! Records are seeded inside the server, copied from one record the store wrote itself
+//! (the template), so they are exactly what the store writes: PostgreSQL and SQLite with
+//! one `INSERT .. SELECT` over a generated series per chunk, Redis with pipelined `HSET` of
+//! the template's fields, DynamoDB with `BatchWriteItem` of the template's item. Every
+//! other seeded record is expired (where the backend keeps expired records: Redis deletes
+//! its own). The store grows from one size to the next; each size is measured as it is.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
+use idem_core::{Fingerprint, Key, Store, storage_name};
+use idem_dynamodb::DynamoDbStore;
+use idem_postgres::PostgresStore;
+use idem_redis::RedisStore;
+use idem_sqlite::SqliteStore;
+use serde::Serialize;
+
+use crate::target::{BoxError, Done, IdemTarget, Target};
+use crate::workload::{self, Workload};
+
+/// The scope every scaling record is under (the same as the other workloads').
+const SCOPE: &str = "bench/checkout";
+
+/// One measurement at one size.
+#[derive(Clone, Serialize)]
+pub(crate) struct ScaleRow {
+    pub(crate) backend: &'static str,
+    /// Records in the store when the measurement began (seeded, half of them expired
+    /// where the backend keeps expired records).
+    pub(crate) records: u64,
+    pub(crate) workload: Workload,
+    pub(crate) clients: usize,
+    pub(crate) ops_per_sec: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p99_us: f64,
+}
+
+/// `purge_expired` at one size.
+#[derive(Clone, Serialize)]
+pub(crate) struct ScalePurge {
+    pub(crate) backend: &'static str,
+    pub(crate) records: u64,
+    pub(crate) purged: usize,
+    pub(crate) secs: f64,
+    pub(crate) per_sec: f64,
+}
+
+/// Seeding to a size, and how long it took.
+#[derive(Clone, Serialize)]
+pub(crate) struct ScaleSeed {
+    pub(crate) backend: &'static str,
+    pub(crate) records: u64,
+    pub(crate) secs: f64,
+}
+
+#[derive(Default, Serialize)]
+pub(crate) struct ScaleReport {
+    pub(crate) rows: Vec<ScaleRow>,
+    pub(crate) purges: Vec<ScalePurge>,
+    pub(crate) seeds: Vec<ScaleSeed>,
+}
+
+/// Writes seeded records `seed-<from>` .. `seed-<to - 1>` as copies of the template.
+#[async_trait]
+trait Seeder: Send + Sync {
+    /// Whether expired records stay until purged (false: the backend deletes them).
+    fn keeps_expired(&self) -> bool;
+    async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError>;
+}
+
+struct Setup {
+    name: &'static str,
+    target: Arc<dyn Target>,
+    store: Arc<dyn Store>,
+    seeder: Box<dyn Seeder>,
+    /// Most records this backend is seeded to.
+    max: u64,
+}
+
+/// The fingerprint every scaling record is claimed with, template and seeds alike.
+fn fingerprint() -> Fingerprint {
+    Fingerprint::of_bytes("idem-bench scaling")
+}
+
+fn setup_target<S: Store + Clone + 'static>(store: &S) -> (Arc<dyn Target>, Arc<dyn Store>) {
+    (
+        Arc::new(IdemTarget::with_fingerprint(store.clone(), fingerprint())),
+        Arc::new(store.clone()),
+    )
+}
+
+/// Runs the scaling measurement on `backends` at `sizes`.
+pub(crate) async fn run(
+    backends: &[String],
+    sizes: &[u64],
+    dynamodb_max: u64,
+    seconds: f64,
+    purge_budget: usize,
+    dir: &Path,
+) -> Result<ScaleReport, BoxError> {
+    let mut report = ScaleReport::default();
+    for name in backends {
+        let Some(setup) = setup(name, dir, dynamodb_max).await? else {
+            continue;
+        };
+        eprintln!("scaling {}:", setup.name);
+        if setup.target.execute("template").await? != Done::Executed {
+            return Err("the scaling template was not fresh".into());
+        }
+        let mut seeded = 0u64;
+        // Seeded records purged so far (they no longer count).
+        let mut purged_total = 0u64;
+        for &size in sizes.iter().filter(|&&size| size <= setup.max) {
+            let started = Instant::now();
+            let mut from = seeded;
+            while from < size {
+                let to = (from + 500_000).min(size);
+                setup.seeder.seed(from, to).await?;
+                from = to;
+            }
+            seeded = seeded.max(size);
+            let records = seeded - purged_total;
+            report.seeds.push(ScaleSeed {
+                backend: setup.name,
+                records,
+                secs: started.elapsed().as_secs_f64(),
+            });
+            eprintln!(
+                "  seeded to {records} records in {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+            // Replays of live records spread over the whole store (even numbers are live).
+            let pool: Arc<Vec<String>> = Arc::new(
+                (0..4096u64)
+                    .map(|i| {
+                        let n = (i.wrapping_mul(2_654_435_761) % (size / 2).max(1)) * 2;
+                        format!("seed-{n}")
+                    })
+                    .collect(),
+            );
+            for workload in [Workload::Fresh, Workload::Replay] {
+                for clients in [1, 16] {
+                    let namespace = format!("{}-{size}-{clients}-", std::process::id());
+                    let sample = workload::run(
+                        Arc::clone(&setup.target),
+                        workload,
+                        clients,
+                        Duration::from_secs_f64(seconds),
+                        Arc::clone(&pool),
+                        namespace,
+                    )
+                    .await?;
+                    let row = ScaleRow {
+                        backend: setup.name,
+                        records,
+                        workload,
+                        clients,
+                        ops_per_sec: sample.ops_per_sec(),
+                        p50_us: sample.percentile(0.5).as_secs_f64() * 1e6,
+                        p99_us: sample.percentile(0.99).as_secs_f64() * 1e6,
+                    };
+                    eprintln!(
+                        "  {records:>9} records {:<7} c={clients:<2} {:>8.0}/s p50 {:>6.0} µs p99 {:>6.0} µs",
+                        workload.name(),
+                        row.ops_per_sec,
+                        row.p50_us,
+                        row.p99_us
+                    );
+                    report.rows.push(row);
+                }
+            }
+            if setup.seeder.keeps_expired() {
+                let started = Instant::now();
+                let mut purged = 0usize;
+                while purged < purge_budget {
+                    let n = setup
+                        .store
+                        .purge_expired((purge_budget - purged).min(1000))
+                        .await?;
+                    if n == 0 {
+                        break;
+                    }
+                    purged += n;
+                }
+                let secs = started.elapsed().as_secs_f64();
+                purged_total += purged as u64;
+                eprintln!(
+                    "  purge_expired: {purged} records in {secs:.2} s ({:.0}/s)",
+                    purged as f64 / secs.max(1e-9)
+                );
+                report.purges.push(ScalePurge {
+                    backend: setup.name,
+                    records,
+                    purged,
+                    secs,
+                    per_sec: purged as f64 / secs.max(1e-9),
+                });
+            }
+        }
+    }
+    Ok(report)
+}
+
+async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup>, BoxError> {
+    let run = std::process::id();
+    Ok(Some(match name {
+        "sqlite" => {
+            let path = dir.join("scaling.db");
+            let _ = std::fs::remove_file(&path);
+            let store = SqliteStore::open(&path)?;
+            let (target, store) = setup_target(&store);
+            Setup {
+                name: "sqlite",
+                target,
+                store,
+                seeder: Box::new(SqliteSeeder { path: path.clone() }),
+                max: u64::MAX,
+            }
+        }
+        "postgres" => {
+            let Some(url) = crate::service("IDEM_TEST_POSTGRES_URL")? else {
+                return Ok(None);
+            };
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(16)
+                .connect(&url)
+                .await?;
+            sqlx::raw_sql("DROP TABLE IF EXISTS idem_bench_scaling")
+                .execute(&pool)
+                .await?;
+            let store = PostgresStore::builder(pool.clone())
+                .table("idem_bench_scaling")?
+                .build();
+            store.migrate().await?;
+            let (target, store) = setup_target(&store);
+            Setup {
+                name: "postgres",
+                target,
+                store,
+                seeder: Box::new(PostgresSeeder { pool }),
+                max: u64::MAX,
+            }
+        }
+        "redis" => {
+            let Some(url) = crate::service("IDEM_TEST_REDIS_URL")? else {
+                return Ok(None);
+            };
+            let prefix = format!("bench:{run}:scaling:");
+            let store = RedisStore::standalone(&url).await?.with_prefix(&prefix)?;
+            let (target, store) = setup_target(&store);
+            let connection =
+                redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
+            Setup {
+                name: "redis",
+                target,
+                store,
+                seeder: Box::new(RedisSeeder { connection, prefix }),
+                max: u64::MAX,
+            }
+        }
+        "dynamodb" => {
+            let Some(endpoint) = crate::service("IDEM_TEST_DYNAMODB_ENDPOINT")? else {
+                return Ok(None);
+            };
+            let client = crate::backends::dynamodb_client(&endpoint);
+            idem_dynamodb::create_table(&client, "idem_bench").await?;
+            let prefix = format!("{run}#scaling#");
+            let store = DynamoDbStore::builder(client.clone(), "idem_bench")?
+                .prefix(&prefix)?
+                .build();
+            let (target, store) = setup_target(&store);
+            Setup {
+                name: "dynamodb",
+                target,
+                store,
+                seeder: Box::new(DynamoDbSeeder { client, prefix }),
+                max: dynamodb_max,
+            }
+        }
+        _ => return Ok(None),
+    }))
+}
+
+struct PostgresSeeder {
+    pool: sqlx::PgPool,
+}
+
+#[async_trait]
+impl Seeder for PostgresSeeder {
+    fn keeps_expired(&self) -> bool {
+        true
+    }
+
+    async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError> {
+        sqlx::query(
+            "INSERT INTO idem_bench_scaling (scope, key, fingerprint, state, token, attempt,
+                 lease_until, created_at, expires_at, response, steps, resumed)
+             SELECT t.scope, 'seed-' || g, t.fingerprint, t.state, t.token, t.attempt,
+                 t.lease_until, t.created_at,
+                 CASE WHEN g % 2 = 1 THEN now() - interval '1 hour' ELSE t.expires_at END,
+                 t.response, t.steps, t.resumed
+             FROM idem_bench_scaling t, generate_series($1::bigint, $2::bigint - 1) g
+             WHERE t.scope = $3 AND t.key = 'template'",
+        )
+        .bind(from as i64)
+        .bind(to as i64)
+        .bind(SCOPE)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}
+
+struct SqliteSeeder {
+    path: std::path::PathBuf,
+}
+
+#[async_trait]
+impl Seeder for SqliteSeeder {
+    fn keeps_expired(&self) -> bool {
+        true
+    }
+
+    async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError> {
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || -> Result<(), BoxError> {
+            let connection = rusqlite::Connection::open(path)?;
+            connection.busy_timeout(Duration::from_secs(30))?;
+            connection.execute(
+                "WITH RECURSIVE g(n) AS (SELECT ?1 UNION ALL SELECT n + 1 FROM g WHERE n + 1 < ?2)
+                 INSERT INTO idem_records (scope, key, fingerprint, state, token, attempt,
+                     lease_until, created_at, expires_at, response)
+                 SELECT t.scope, 'seed-' || g.n, t.fingerprint, t.state, t.token, t.attempt,
+                     t.lease_until, t.created_at,
+                     CASE WHEN g.n % 2 = 1 THEN 0 ELSE t.expires_at END, t.response
+                 FROM g, idem_records t
+                 WHERE t.scope = ?3 AND t.key = 'template'",
+                rusqlite::params![from as i64, to as i64, SCOPE],
+            )?;
+            Ok(())
+        })
+        .await?
+    }
+}
+
+struct RedisSeeder {
+    connection: redis::aio::ConnectionManager,
+    prefix: String,
+}
+
+impl RedisSeeder {
+    fn name(&self, key: &str) -> Result<String, BoxError> {
+        let key = Key::new(SCOPE, key)?;
+        Ok(format!(
+            "{}{{{}}}",
+            self.prefix,
+            storage_name::key_name(&key)
+        ))
+    }
+}
+
+#[async_trait]
+impl Seeder for RedisSeeder {
+    fn keeps_expired(&self) -> bool {
+        false
+    }
+
+    async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError> {
+        let mut conn = self.connection.clone();
+        let template = self.name("template")?;
+        let fields: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+            .arg(&template)
+            .query_async(&mut conn)
+            .await?;
+        let expires: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&template)
+            .query_async(&mut conn)
+            .await?;
+        if fields.is_empty() || expires <= 0 {
+            return Err("the Redis scaling template is missing or has no expiry".into());
+        }
+        let mut n = from;
+        while n < to {
+            let end = (n + 5_000).min(to);
+            let mut pipe = redis::pipe();
+            for i in n..end {
+                let name = self.name(&format!("seed-{i}"))?;
+                pipe.cmd("HSET").arg(&name).arg(&fields).ignore();
+                pipe.cmd("PEXPIREAT").arg(&name).arg(expires).ignore();
+            }
+            let () = pipe.query_async(&mut conn).await?;
+            n = end;
+        }
+        Ok(())
+    }
+}
+
+struct DynamoDbSeeder {
+    client: aws_sdk_dynamodb::Client,
+    prefix: String,
+}
+
+#[async_trait]
+impl Seeder for DynamoDbSeeder {
+    fn keeps_expired(&self) -> bool {
+        true
+    }
+
+    async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError> {
+        let name = |key: &str| -> Result<String, BoxError> {
+            Ok(storage_name::namespaced_key_name(
+                &self.prefix,
+                &Key::new(SCOPE, key)?,
+            ))
+        };
+        let pk = name("template")?;
+        let template = self
+            .client
+            .get_item()
+            .table_name("idem_bench")
+            .key("pk", AttributeValue::S(pk.clone()))
+            .consistent_read(true)
+            .send()
+            .await?
+            .item
+            .ok_or("the DynamoDB scaling template is missing: its partition key format changed")?;
+        let item = |i: u64| -> Result<HashMap<String, AttributeValue>, BoxError> {
+            let mut item = template.clone();
+            item.insert("pk".into(), AttributeValue::S(name(&format!("seed-{i}"))?));
+            if i % 2 == 1 {
+                item.insert("ea".into(), AttributeValue::N("1".into()));
+                item.insert("ttl".into(), AttributeValue::N("1".into()));
+            }
+            Ok(item)
+        };
+        let mut batches = Vec::new();
+        let mut n = from;
+        while n < to {
+            let end = (n + 25).min(to);
+            let mut requests = Vec::new();
+            for i in n..end {
+                requests.push(
+                    WriteRequest::builder()
+                        .put_request(PutRequest::builder().set_item(Some(item(i)?)).build()?)
+                        .build(),
+                );
+            }
+            batches.push(requests);
+            n = end;
+        }
+        // Eight batches in flight at a time.
+        for chunk in batches.chunks(8) {
+            let sends: Vec<_> = chunk
+                .iter()
+                .map(|requests| {
+                    let send = self
+                        .client
+                        .batch_write_item()
+                        .request_items("idem_bench", requests.clone())
+                        .send();
+                    tokio::spawn(send)
+                })
+                .collect();
+            for sent in sends {
+                let out = sent.await??;
+                if out
+                    .unprocessed_items
+                    .is_some_and(|left| left.values().any(|v| !v.is_empty()))
+                {
+                    return Err("DynamoDB Local left seeded items unprocessed".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prints the scaling tables (nothing when there was no scaling run).
+pub(crate) fn print(report: &ScaleReport) {
+    if report.rows.is_empty() {
+        return;
+    }
+    println!("\n| backend | records | workload | clients | ops/s | p50 / p99 (µs) |");
+    println!("|---|---:|---|---:|---:|---:|");
+    for row in &report.rows {
+        println!(
+            "| {} | {} | {} | {} | {:.0} | {:.0} / {:.0} |",
+            row.backend,
+            row.records,
+            row.workload.name(),
+            row.clients,
+            row.ops_per_sec,
+            row.p50_us,
+            row.p99_us
+        );
+    }
+    println!("\n| backend | records | seeding (s) | purge_expired: purged | s | records/s |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for seed in &report.seeds {
+        let purge = report
+            .purges
+            .iter()
+            .find(|p| p.backend == seed.backend && p.records == seed.records);
+        match purge {
+            Some(p) => println!(
+                "| {} | {} | {:.1} | {} | {:.2} | {:.0} |",
+                seed.backend, seed.records, seed.secs, p.purged, p.secs, p.per_sec
+            ),
+            None => println!(
+                "| {} | {} | {:.1} | - (expires its own records) | - | - |",
+                seed.backend, seed.records, seed.secs
+            ),
+        }
+    }
+}

@@ -152,19 +152,23 @@ impl ServerClock for PostgresClock {
     }
 
     async fn read(&self) -> Result<ServerReading, BoxError> {
-        let rows: Vec<(String, i64, f64)> = sqlx::query_as(
-            "SELECT query, calls, (total_exec_time + total_plan_time) * 1000.0
+        let rows: Vec<(String, i64, i64, f64)> = sqlx::query_as(
+            "SELECT query, calls, plans, (total_exec_time + total_plan_time) * 1000.0
              FROM pg_stat_statements
              WHERE query NOT LIKE '%pg_stat_statements%'
-             ORDER BY 3 DESC",
+             ORDER BY 4 DESC",
         )
         .fetch_all(&self.pool)
         .await?;
         let mut reading = ServerReading::default();
-        for (query, calls, micros) in rows {
+        for (query, calls, plans, micros) in rows {
             reading.micros += micros;
             let short: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
-            let short: String = short.chars().take(60).collect();
+            // Planned fewer times than called: the prepared statement's plan was reused.
+            let short = format!(
+                "{} (planned {plans}×)",
+                short.chars().take(48).collect::<String>()
+            );
             reading.parts.push((short, calls.max(0) as u64, micros));
         }
         Ok(reading)

@@ -7,21 +7,8 @@ local key = KEYS[1]
 local fingerprint, attempt = ARGV[1], ARGV[2]
 local lease, retention = tonumber(ARGV[3]), tonumber(ARGV[4])
 
--- The replay path reads four fields and not the clock: a finished record's key expires
--- exactly at its expiry (keep), and Redis never shows a script a key past its expiry, so a
--- finished record that is here is unexpired. Everything else reads the whole record.
-local peek = redis.call('HMGET', key, 'f', 's', 'e', 'r')
-if peek[2] == 'completed' or peek[2] == 'failed' then
-  if not peek[1] or string.len(peek[1]) ~= 32 then corrupt('fingerprint') end
-  integer(peek[3], 'expires_at')
-  if peek[1] ~= fingerprint then
-    return { 'mismatch' }
-  end
-  if peek[2] == 'completed' then
-    return { 'replay', peek[4] or '' }
-  end
-  return { 'replay_failure', peek[4] or '' }
-end
+-- claim_replay.lua ran first and answered every present finished record; `peek` is its
+-- read.
 local now = now_ms()
 local r = nil
 if peek[1] or peek[2] then

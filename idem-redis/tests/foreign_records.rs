@@ -51,7 +51,25 @@ async fn foreign_records_are_refused_not_absent() {
         ("a lease end that is a fraction", with("l", Some(b"1.5"))),
         ("a fingerprint of 5 bytes", with("f", Some(b"12345"))),
     ];
-    for (n, (what, fields)) in cases.into_iter().enumerate() {
+    // Finished records take the claim's replay path, which reads only what it answers from:
+    // that must be validated too.
+    let finished = |field: &'static str, value: &[u8]| {
+        let mut fields = with(field, Some(value));
+        fields.retain(|(name, _)| *name != "s");
+        fields.push(("s", b"completed".to_vec()));
+        fields
+    };
+    let cases = cases.into_iter().chain([
+        (
+            "a completed record with a fingerprint of 5 bytes",
+            finished("f", b"12345"),
+        ),
+        (
+            "a completed record whose expiry is text",
+            finished("e", b"soon"),
+        ),
+    ]);
+    for (n, (what, fields)) in cases.enumerate() {
         let key = Key::new("foreign", format!("case-{n}")).unwrap();
         let name = format!("{prefix}{{7:foreign:case-{n}}}");
         let _: () = redis::cmd("HSET")

@@ -74,6 +74,10 @@ trait Seeder: Send + Sync {
     /// Whether expired records stay until purged (false: the backend deletes them).
     fn keeps_expired(&self) -> bool;
     async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError>;
+    /// Removes what the run wrote, where it would outlive the run (a table, keys).
+    async fn clean_up(&self) -> Result<(), BoxError> {
+        Ok(())
+    }
 }
 
 struct Setup {
@@ -118,7 +122,10 @@ pub(crate) async fn run(
         let mut seeded = 0u64;
         // Seeded records purged so far (they no longer count).
         let mut purged_total = 0u64;
-        for &size in sizes.iter().filter(|&&size| size <= setup.max) {
+        // Sizes beyond what this backend is seeded to become its largest.
+        let mut capped: Vec<u64> = sizes.iter().map(|&size| size.min(setup.max)).collect();
+        capped.dedup();
+        for size in capped {
             let started = Instant::now();
             let mut from = seeded;
             while from < size {
@@ -180,7 +187,9 @@ pub(crate) async fn run(
             if setup.seeder.keeps_expired() {
                 let started = Instant::now();
                 let mut purged = 0usize;
-                while purged < purge_budget {
+                // Bounded by count and by time: a throughput, not a cleanup.
+                let limit = Duration::from_secs_f64((seconds * 10.0).max(2.0));
+                while purged < purge_budget && started.elapsed() < limit {
                     let n = setup
                         .store
                         .purge_expired((purge_budget - purged).min(1000))
@@ -205,6 +214,7 @@ pub(crate) async fn run(
                 });
             }
         }
+        setup.seeder.clean_up().await?;
     }
     Ok(report)
 }
@@ -317,6 +327,13 @@ impl Seeder for PostgresSeeder {
         .await?;
         Ok(())
     }
+
+    async fn clean_up(&self) -> Result<(), BoxError> {
+        sqlx::raw_sql("DROP TABLE IF EXISTS idem_bench_scaling")
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }
 
 struct SqliteSeeder {
@@ -400,6 +417,31 @@ impl Seeder for RedisSeeder {
             n = end;
         }
         Ok(())
+    }
+
+    async fn clean_up(&self) -> Result<(), BoxError> {
+        let mut conn = self.connection.clone();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}*", self.prefix))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                let () = redis::cmd("UNLINK")
+                    .arg(keys)
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
     }
 }
 

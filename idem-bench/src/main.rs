@@ -75,6 +75,10 @@ struct Args {
     /// Write SVG charts of the results into this directory.
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
+    /// Only redraw the charts (into --charts DIR) from these saved JSON reports, comma
+    /// separated; for a backend in several, the last one's figures are drawn.
+    #[arg(long, value_delimiter = ',', value_name = "JSON", requires = "charts")]
+    redraw: Vec<PathBuf>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -606,6 +610,17 @@ async fn main() -> Result<(), BoxError> {
         None if args.purge.is_some() || args.quick => purge::sibling_idem()?,
         None => PathBuf::new(),
     };
+    if !args.redraw.is_empty() {
+        let dir = args
+            .charts
+            .as_deref()
+            .ok_or("--redraw needs --charts DIR")?;
+        std::fs::create_dir_all(dir)?;
+        for path in charts::redraw(dir, &args.redraw)? {
+            println!("chart written to {}", path.display());
+        }
+        return Ok(());
+    }
     if let Some(records) = args.purge {
         report.purge = purge::run(&args.backends, records, &idem, &dir).await?;
         let _ = std::fs::remove_dir_all(&dir);

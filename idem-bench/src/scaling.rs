@@ -29,6 +29,9 @@ use crate::workload::{self, Workload};
 /// The scope every scaling record is under (the same as the other workloads').
 const SCOPE: &str = "bench/checkout";
 
+/// The DynamoDB table of the scaling run, deleted when it ends.
+const DYNAMODB_TABLE: &str = "idem_bench_scaling";
+
 /// One measurement at one size.
 #[derive(Clone, Serialize)]
 pub(crate) struct ScaleRow {
@@ -281,9 +284,16 @@ async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup
                 return Ok(None);
             };
             let client = crate::backends::dynamodb_client(&endpoint);
-            idem_dynamodb::create_table(&client, "idem_bench").await?;
+            // A table of its own: purge_expired scans the table, and the other
+            // measurements' items would be scanned too.
+            let _ = client
+                .delete_table()
+                .table_name(DYNAMODB_TABLE)
+                .send()
+                .await;
+            idem_dynamodb::create_table(&client, DYNAMODB_TABLE).await?;
             let prefix = format!("{run}#scaling#");
-            let store = DynamoDbStore::builder(client.clone(), "idem_bench")?
+            let store = DynamoDbStore::builder(client.clone(), DYNAMODB_TABLE)?
                 .prefix(&prefix)?
                 .build();
             let (target, store) = setup_target(&store);
@@ -456,6 +466,15 @@ impl Seeder for DynamoDbSeeder {
         true
     }
 
+    async fn clean_up(&self) -> Result<(), BoxError> {
+        self.client
+            .delete_table()
+            .table_name(DYNAMODB_TABLE)
+            .send()
+            .await?;
+        Ok(())
+    }
+
     async fn seed(&self, from: u64, to: u64) -> Result<(), BoxError> {
         let name = |key: &str| -> Result<String, BoxError> {
             Ok(storage_name::namespaced_key_name(
@@ -467,7 +486,7 @@ impl Seeder for DynamoDbSeeder {
         let template = self
             .client
             .get_item()
-            .table_name("idem_bench")
+            .table_name(DYNAMODB_TABLE)
             .key("pk", AttributeValue::S(pk.clone()))
             .consistent_read(true)
             .send()
@@ -506,7 +525,7 @@ impl Seeder for DynamoDbSeeder {
                     let send = self
                         .client
                         .batch_write_item()
-                        .request_items("idem_bench", requests.clone())
+                        .request_items(DYNAMODB_TABLE, requests.clone())
                         .send();
                     tokio::spawn(send)
                 })

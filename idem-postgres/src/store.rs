@@ -40,9 +40,11 @@ fn token(lease: &Lease) -> i64 {
 
 /// An idem [`Store`] in a PostgreSQL table, over an sqlx [`PgPool`].
 ///
-/// - `claim` is one `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ... RETURNING`
-///   statement that also returns the existing record when it does not write, so a
-///   replay, a mismatch or an in-flight answer costs one round trip.
+/// - `claim` is one statement, so a replay, a mismatch or an in-flight answer costs one
+///   round trip: it reads a present completed or failed record and answers from it
+///   without writing or locking (every replay); otherwise one
+///   `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ... RETURNING` that also returns the
+///   existing record when it does not write.
 /// - Every fenced write is one `UPDATE ... WHERE scope = $1 AND key = $2 AND token = $3
 ///   AND attempt = $4 AND state = 'in_progress'`.
 /// - All times come from the database's `now()`, never from the client.

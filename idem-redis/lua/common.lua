@@ -40,22 +40,28 @@ local function integer(value, what)
   return n
 end
 
+-- The fields every transition's fence and expiry read (state, token, attempt, lease end,
+-- expiry), validated; v holds them in that order.
+local function fenced_fields(v)
+  if not STATES[v[1]] then corrupt('state') end
+  if not v[3] or string.len(v[3]) ~= 16 then corrupt('attempt') end
+  local r = { s = v[1], t = integer(v[2], 'token'), a = v[3], l = integer(v[4], 'lease_until'),
+    e = integer(v[5], 'expires_at') }
+  if r.t < 1 then corrupt('token') end
+  return r
+end
+
 -- The record's fields, or nil when there is none or it is absent (deleting one whose moment
 -- to vanish has come but which Redis has not yet deleted: within the same millisecond, say). Steps are
 -- read separately (steps_of), only where an answer carries them.
 local function load(key, now)
-  local v = redis.call('HMGET', key, 'f', 's', 't', 'a', 'l', 'c', 'e', 'r', 'z')
-  if not v[1] then
+  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e', 'f', 'c', 'r', 'z')
+  if not v[6] then
     return nil
   end
-  if string.len(v[1]) ~= 32 then corrupt('fingerprint') end
-  if not STATES[v[2]] then corrupt('state') end
-  if not v[4] or string.len(v[4]) ~= 16 then corrupt('attempt') end
-  local r = {
-    f = v[1], s = v[2], t = integer(v[3], 'token'), a = v[4], l = integer(v[5], 'lease_until'),
-    c = integer(v[6], 'created_at'), e = integer(v[7], 'expires_at'), r = v[8] or nil, z = v[9],
-  }
-  if r.t < 1 then corrupt('token') end
+  if string.len(v[6]) ~= 32 then corrupt('fingerprint') end
+  local r = fenced_fields(v)
+  r.f, r.c, r.r, r.z = v[6], integer(v[7], 'created_at'), v[8] or nil, v[9]
   if absent(r, now) then
     redis.call('DEL', key)
     return nil
@@ -107,11 +113,7 @@ local function finish(key, token, attempt, response, terminal)
   if not v[1] then
     return 0
   end
-  if not STATES[v[1]] then corrupt('state') end
-  if not v[3] or string.len(v[3]) ~= 16 then corrupt('attempt') end
-  local r = { s = v[1], t = integer(v[2], 'token'), a = v[3], l = integer(v[4], 'lease_until'),
-    e = integer(v[5], 'expires_at') }
-  if r.t < 1 then corrupt('token') end
+  local r = fenced_fields(v)
   local now = now_ms()
   if absent(r, now) then
     redis.call('DEL', key)

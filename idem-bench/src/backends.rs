@@ -146,7 +146,7 @@ pub(crate) async fn sqlite(dir: &std::path::Path) -> Result<Backend, BoxError> {
     })
 }
 
-async fn pg_pool(url: &str) -> Result<sqlx::PgPool, BoxError> {
+pub(crate) async fn pg_pool(url: &str) -> Result<sqlx::PgPool, BoxError> {
     // No health-check query before each acquire: it would be one more round trip per call.
     Ok(PgPoolOptions::new()
         .max_connections(16)
@@ -155,13 +155,21 @@ async fn pg_pool(url: &str) -> Result<sqlx::PgPool, BoxError> {
         .await?)
 }
 
-async fn pg_idem(url: &str, table: &str) -> Result<Arc<dyn Target>, BoxError> {
-    let pool = pg_pool(url).await?;
+/// A PostgreSQL store on `table`, dropped and created again: every run starts empty.
+pub(crate) async fn fresh_pg_store(
+    pool: sqlx::PgPool,
+    table: &str,
+) -> Result<PostgresStore, BoxError> {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
         .execute(&pool)
         .await?;
     let store = PostgresStore::builder(pool).table(table)?.build();
     store.migrate().await?;
+    Ok(store)
+}
+
+async fn pg_idem(url: &str, table: &str) -> Result<Arc<dyn Target>, BoxError> {
+    let store = fresh_pg_store(pg_pool(url).await?, table).await?;
     Ok(Arc::new(IdemTarget::new(store)))
 }
 
@@ -195,10 +203,10 @@ pub(crate) async fn postgres(url: &str) -> Result<Backend, BoxError> {
             bytes: Some(Arc::clone(&raw_proxy)),
         },
         server,
-        server_cpu: Some(Arc::new(ProcessClock::new(
-            vec!["postgres".into(), format!("port={}", upstream.port())],
-            "PostgreSQL processes' CPU",
-        ))),
+        server_cpu: Some(Arc::new(ProcessClock::new(vec![
+            "postgres".into(),
+            format!("port={}", upstream.port()),
+        ]))),
         plain: Some(raw),
         _proxies: vec![idem_proxy, raw_proxy],
     })
@@ -252,10 +260,10 @@ pub(crate) async fn redis(url: &str) -> Result<Backend, BoxError> {
         server: Some(Arc::new(RedisClock {
             connection: redis_manager(url).await?,
         })),
-        server_cpu: Some(Arc::new(ProcessClock::new(
-            vec!["redis-server".into(), loopback_addr(url)?.to_string()],
-            "redis-server's CPU",
-        ))),
+        server_cpu: Some(Arc::new(ProcessClock::new(vec![
+            "redis-server".into(),
+            loopback_addr(url)?.to_string(),
+        ]))),
         plain: Some(raw),
         _proxies: vec![idem_proxy, raw_proxy],
     })
@@ -312,13 +320,10 @@ pub(crate) async fn dynamodb(endpoint: &str) -> Result<Backend, BoxError> {
         },
         // DynamoDB Local keeps no statistics: the CPU of the Java process serving this port.
         server: None,
-        server_cpu: Some(Arc::new(ProcessClock::new(
-            vec![
-                "DynamoDBLocal.jar".into(),
-                format!("-port {}", loopback_addr(endpoint)?.port()),
-            ],
-            "DynamoDB Local process CPU (/proc, 10 ms ticks)",
-        ))),
+        server_cpu: Some(Arc::new(ProcessClock::new(vec![
+            "DynamoDBLocal.jar".into(),
+            format!("-port {}", loopback_addr(endpoint)?.port()),
+        ]))),
         plain: None,
         _proxies: vec![idem_proxy, raw_proxy],
     })

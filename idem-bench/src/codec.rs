@@ -51,13 +51,7 @@ pub(crate) async fn run(
                         .max_connections(2)
                         .connect(&url)
                         .await?;
-                    sqlx::raw_sql("DROP TABLE IF EXISTS idem_codec_bench")
-                        .execute(&pool)
-                        .await?;
-                    let store = idem_postgres::PostgresStore::builder(pool)
-                        .table("idem_codec_bench")?
-                        .build();
-                    store.migrate().await?;
+                    let store = crate::backends::fresh_pg_store(pool, "idem_codec_bench").await?;
                     (Arc::new(store), if quick { 50 } else { 2_000 })
                 }
                 Err(_) => continue,

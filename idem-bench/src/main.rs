@@ -350,7 +350,7 @@ async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<
                 for round in 0..rounds {
                     let namespace = format!("{run_id}-server-{}-{side}-{round}-", workload.name());
                     segments.push(
-                        server_segment(backend, target, pool, workload, duration, namespace)
+                        server_segment(backend, side, target, pool, workload, duration, namespace)
                             .await?,
                     );
                 }
@@ -396,6 +396,7 @@ async fn measure(backend: &Backend, args: &Args, report: &mut Report) -> Result<
 /// One timed segment at 16 clients with the server's accounting read before and after.
 async fn server_segment(
     backend: &Backend,
+    side: &'static str,
     target: &Arc<dyn Target>,
     pool: &Arc<Vec<String>>,
     workload: Workload,
@@ -432,11 +433,7 @@ async fn server_segment(
     Ok(ServerRow {
         backend: backend.name,
         workload,
-        side: if Arc::ptr_eq(target, &backend.idem) {
-            "idem"
-        } else {
-            "raw"
-        },
+        side,
         source: backend.server.as_ref().map_or("-", |clock| clock.source()),
         ops: sample.ops,
         micros_per_op: reading.as_ref().map(|r| r.micros / ops),

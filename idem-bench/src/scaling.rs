@@ -18,7 +18,6 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
 use idem_core::{Fingerprint, Key, Store, storage_name};
 use idem_dynamodb::DynamoDbStore;
-use idem_postgres::PostgresStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
 use serde::Serialize;
@@ -242,17 +241,9 @@ async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup
             let Some(url) = crate::service("IDEM_TEST_POSTGRES_URL")? else {
                 return Ok(None);
             };
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(16)
-                .connect(&url)
-                .await?;
-            sqlx::raw_sql("DROP TABLE IF EXISTS idem_bench_scaling")
-                .execute(&pool)
-                .await?;
-            let store = PostgresStore::builder(pool.clone())
-                .table("idem_bench_scaling")?
-                .build();
-            store.migrate().await?;
+            // The same pool as the other measurements: no health-check ping per acquire.
+            let pool = crate::backends::pg_pool(&url).await?;
+            let store = crate::backends::fresh_pg_store(pool.clone(), "idem_bench_scaling").await?;
             let (target, store) = setup_target(&store);
             Setup {
                 name: "postgres",

@@ -175,21 +175,28 @@ impl ServerClock for PostgresClock {
     }
 }
 
+/// Linux reports CPU time in clock ticks of 1/100 s (USER_HZ) on every common platform.
+const MICROS_PER_TICK: f64 = 10_000.0;
+
+/// The parent's pid and the CPU ticks (user + system) in a `/proc/<pid>/stat` line.
+fn parent_and_ticks(stat: &str) -> Option<(u32, u64)> {
+    // Fields after the command name, which is in parentheses and may hold spaces: ppid,
+    // utime and stime are the 4th, 14th and 15th fields of the whole line.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let number = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some((u32::try_from(number(1)?).ok()?, number(11)? + number(12)?))
+}
+
 /// CPU time (user + system) of the processes whose command line holds every marker, and
 /// of their children.
 pub(crate) struct ProcessClock {
-    pub(crate) markers: Vec<String>,
-    pub(crate) label: &'static str,
-    pub(crate) start: std::sync::Mutex<f64>,
+    markers: Vec<String>,
 }
 
 impl ProcessClock {
-    pub(crate) fn new(markers: Vec<String>, label: &'static str) -> Self {
-        Self {
-            markers,
-            label,
-            start: std::sync::Mutex::new(0.0),
-        }
+    pub(crate) fn new(markers: Vec<String>) -> Self {
+        Self { markers }
     }
 
     /// Microseconds of CPU the matching processes, and their children (PostgreSQL's
@@ -212,20 +219,11 @@ impl ProcessClock {
             ) else {
                 continue;
             };
-            // Fields after the command name, which is in parentheses and may hold spaces:
-            // ppid, utime and stime are the 4th, 14th and 15th fields of the whole line.
-            let Some((_, rest)) = stat.rsplit_once(')') else {
+            let Some((parent, ticks)) = parent_and_ticks(&stat) else {
                 continue;
             };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let number = |i: usize| {
-                fields
-                    .get(i)
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0)
-            };
             let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            processes.push((pid, number(1) as u32, cmdline, number(11) + number(12)));
+            processes.push((pid, parent, cmdline, ticks));
         }
         let roots: Vec<u32> = processes
             .iter()
@@ -240,30 +238,7 @@ impl ProcessClock {
             .filter(|(pid, parent, ..)| roots.contains(pid) || roots.contains(parent))
             .map(|(.., ticks)| ticks)
             .sum();
-        // Linux reports these in clock ticks of 1/100 s (USER_HZ) on every common platform.
-        Ok(ticks as f64 * 10_000.0)
-    }
-}
-
-#[async_trait]
-impl ServerClock for ProcessClock {
-    fn source(&self) -> &'static str {
-        self.label
-    }
-
-    async fn reset(&self) -> Result<(), BoxError> {
-        let now = self.cpu_micros()?;
-        *self.start.lock().map_err(|_| "poisoned")? = now;
-        Ok(())
-    }
-
-    async fn read(&self) -> Result<ServerReading, BoxError> {
-        let start = *self.start.lock().map_err(|_| "poisoned")?;
-        let micros = self.cpu_micros()? - start;
-        Ok(ServerReading {
-            micros,
-            parts: vec![("process CPU".into(), 0, micros)],
-        })
+        Ok(ticks as f64 * MICROS_PER_TICK)
     }
 }
 
@@ -271,16 +246,26 @@ impl ServerClock for ProcessClock {
 /// the same segments (the harness's clients, the driver, the client library).
 pub(crate) fn own_cpu_micros() -> Result<f64, BoxError> {
     let stat = std::fs::read_to_string("/proc/self/stat")?;
-    let (_, rest) = stat.rsplit_once(')').ok_or("unreadable /proc/self/stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    Ok(ticks as f64 * 10_000.0)
+    let (_, ticks) = parent_and_ticks(&stat).ok_or("unreadable /proc/self/stat")?;
+    Ok(ticks as f64 * MICROS_PER_TICK)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_stat_lines_give_parent_and_cpu_ticks() {
+        // A command name with spaces and a parenthesis, as a process may set.
+        let line = "4242 (postgres: idle (x)) S 31 4242 4242 0 -1 4194560 10 0 0 0 7 5 0 0 20 0 1 0 100 0 0";
+        assert_eq!(parent_and_ticks(line), Some((31, 12)));
+        assert_eq!(parent_and_ticks("no parenthesis here"), None);
+        assert_eq!(
+            parent_and_ticks("1 (init) S"),
+            None,
+            "a cut line is not zero"
+        );
+    }
 
     #[test]
     fn commandstats_are_summed_without_the_harness_calls() {

@@ -8,7 +8,7 @@ use std::fmt;
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 
-use crate::Key;
+use crate::{Fingerprint, Key};
 
 /// Which value of a record a stored byte string is. Bound into every ciphertext, so a
 /// stored failure cannot be replayed as a result, nor one step's value as another's.
@@ -33,32 +33,38 @@ impl fmt::Display for StoredPart<'_> {
     }
 }
 
-/// Where a value is stored: the record (scope and key) and which of its values it is.
-/// A [`Codec`] binds its output to it.
+/// Where a value is stored: the record (scope and key), the request it answers (its
+/// fingerprint) and which of the record's values it is. A [`Codec`] binds its output to
+/// it.
 #[derive(Clone, Copy, Debug)]
 pub struct StoredAt<'a> {
     /// The record's key.
     pub key: &'a Key,
+    /// The fingerprint of the request the record answers: a value stored for one request
+    /// must not decode as the answer to another request under the same key (an earlier
+    /// lifetime of the key, copied into a later record).
+    pub fingerprint: &'a Fingerprint,
     /// Which value of the record.
     pub part: StoredPart<'a>,
 }
 
 impl StoredAt<'_> {
     /// The bytes a codec authenticates for this place: an unambiguous encoding of scope,
-    /// key and part (each length-prefixed), under a version tag.
+    /// key, part (each length-prefixed) and fingerprint, under a version tag.
     pub fn associated_data(&self) -> Vec<u8> {
         let (tag, step) = match self.part {
             StoredPart::Result => (b'r', ""),
             StoredPart::Failure => (b'f', ""),
             StoredPart::Step(step) => (b's', step),
         };
-        let mut out = Vec::with_capacity(32 + self.key.scope().len() + self.key.key().len());
-        out.extend_from_slice(b"idem/aad/1");
+        let mut out = Vec::with_capacity(64 + self.key.scope().len() + self.key.key().len());
+        out.extend_from_slice(b"idem/aad/2");
         out.push(tag);
         for part in [self.key.scope(), self.key.key(), step] {
             out.extend_from_slice(&(part.len() as u32).to_be_bytes());
             out.extend_from_slice(part.as_bytes());
         }
+        out.extend_from_slice(self.fingerprint.as_bytes());
         out
     }
 }
@@ -118,11 +124,12 @@ pub enum CodecError {
 /// - Size limits apply to what `encode` returns: the driver checks the stored size.
 ///
 /// ```
-/// use idem_core::{Aes256GcmCodec, Codec, Key, StoredAt, StoredPart};
+/// use idem_core::{Aes256GcmCodec, Codec, Fingerprint, Key, StoredAt, StoredPart};
 ///
 /// let codec = Aes256GcmCodec::new(1, [7; 32]);
 /// let key = Key::new("acct_42/payments.create", "order-1")?;
-/// let at = StoredAt { key: &key, part: StoredPart::Result };
+/// let fingerprint = Fingerprint::of_bytes("amount=500");
+/// let at = StoredAt { key: &key, fingerprint: &fingerprint, part: StoredPart::Result };
 /// let stored = codec.encode(&at, b"ch_1".to_vec())?;
 /// assert_eq!(&*codec.decode(&at, &stored)?, b"ch_1");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -181,9 +188,12 @@ pub enum KeyringError {
 ///
 /// - Stored form: a version byte, the 4-byte id of the key that encrypted it, a random
 ///   96-bit nonce, then the ciphertext and its 16-byte tag (33 bytes over the plaintext).
-/// - Associated data: scope, key and which value ([`StoredAt::associated_data`]), so a
-///   ciphertext copied into another record, or from a failure into a result, does not
-///   decode ([`CodecError::Unauthentic`]).
+/// - Associated data: scope, key, the request's fingerprint and which value
+///   ([`StoredAt::associated_data`]), so a ciphertext copied into another record, into a
+///   later record of the same key for another request, or from a failure into a result,
+///   does not decode ([`CodecError::Unauthentic`]). A copy from an earlier lifetime of the
+///   same key *for the same request* (same fingerprint) does decode: it is that request's
+///   own answer, as a replay would give it.
 /// - Rotation without a migration: encrypt with the newest key, keep older ones for
 ///   decoding ([`Aes256GcmCodec::with_old_key`]) until the records they encrypted expire
 ///   (the retention).
@@ -333,8 +343,14 @@ impl Codec for Aes256GcmCodec {
 mod tests {
     use super::*;
 
+    const FINGERPRINT: Fingerprint = Fingerprint::from_bytes([5; 32]);
+
     fn at<'a>(key: &'a Key, part: StoredPart<'a>) -> StoredAt<'a> {
-        StoredAt { key, part }
+        StoredAt {
+            key,
+            fingerprint: &FINGERPRINT,
+            part,
+        }
     }
 
     #[test]
@@ -367,10 +383,17 @@ mod tests {
         let stored = codec
             .encode(&at(&key, StoredPart::Result), b"v".to_vec())
             .unwrap();
+        // The same key for another request: a later lifetime of the key.
+        let another_request = Fingerprint::from_bytes([6; 32]);
         for wrong in [
             at(&other, StoredPart::Result),
             at(&key, StoredPart::Failure),
             at(&key, StoredPart::Step("charge")),
+            StoredAt {
+                key: &key,
+                fingerprint: &another_request,
+                part: StoredPart::Result,
+            },
         ] {
             assert_eq!(
                 codec.decode(&wrong, &stored),

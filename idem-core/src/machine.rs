@@ -35,13 +35,23 @@
 //!
 //! | op | effect when the fence holds |
 //! |---|---|
-//! | `complete(lease, response)` | Completed, response stored |
-//! | `fail(lease, response)` | Failed, response stored |
+//! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + retention)` |
+//! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + retention)` |
 //! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over |
 //! | `renew(lease, extend)` | `lease_until = now + extend` |
 //! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` |
 //!
 //! `get` hides absent records; `purge_expired` removes absent records ([`is_purgeable`]).
+//!
+//! # A stored result stays replayable
+//!
+//! A record's retention is `expires_at - created_at` (the claim that created it set
+//! `expires_at = now + retention`). Work kept alive by heartbeats past the retention, or a
+//! takeover near its end, may finish after `expires_at`; without more, its result would
+//! be absent the moment it is stored, and the next retry would run the work again. So a
+//! `complete` or `fail` that applies also moves `expires_at` to at least
+//! `now + retention` ([`replayable_until`]): every stored result is replayed for at least
+//! one retention after it was stored.
 
 use std::time::Duration;
 
@@ -277,6 +287,15 @@ fn fenced_update(
     }
 }
 
+/// The `expires_at` a record takes when its result is stored at `now`: its expiry, or one
+/// retention (`expires_at - created_at`) after `now` when that is later.
+pub fn replayable_until(record: &Record, now: Timestamp) -> Timestamp {
+    let retention = record
+        .expires_at
+        .saturating_duration_since(record.created_at);
+    record.expires_at.max(now.saturating_add(retention))
+}
+
 fn finish(
     existing: Option<&Record>,
     lease: &Lease,
@@ -288,6 +307,7 @@ fn finish(
         // The same owner retrying after its first write landed.
         Some(record) if record.state == terminal => Transition::answer(WriteOutcome::Applied),
         _ => fenced_update(existing, lease, now, |record| {
+            record.expires_at = replayable_until(record, now);
             record.state = terminal;
             record.response = Some(response.to_vec());
         }),
@@ -513,12 +533,49 @@ mod tests {
             .unwrap();
         let done = complete(Some(&with_step), &lease, b"ok", later);
         assert_eq!(done.outcome, WriteOutcome::Applied);
-        // Completed, the expired record is absent: the next claim is fresh.
+        // Stored, the result is replayed for one retention: zero here, so the expired
+        // record is absent at once and the next claim is fresh (the driver refuses a
+        // retention shorter than the lease; the next test has a real one).
         let done = done.write.unwrap();
         assert!(done.is_absent(later));
         let (next, resumed, _) = claimed(claim(Some(&done), &request("b"), later));
         assert!(!resumed);
         assert_eq!(next.token, lease.token + 1);
+    }
+
+    #[test]
+    fn a_result_stored_after_expiry_is_replayed_for_a_whole_retention() {
+        let mut req = request("a");
+        req.lease = Duration::from_secs(60);
+        req.retention = Duration::from_secs(90);
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        // Heartbeats keep the work alive past the retention's end at 90 s.
+        let at = |secs| T0.saturating_add(Duration::from_secs(secs));
+        let minute = Duration::from_secs(60);
+        let renewed = renew(Some(&record), &lease, minute, at(50)).write.unwrap();
+        let renewed = renew(Some(&renewed), &lease, minute, at(100))
+            .write
+            .unwrap();
+        let late = at(150);
+        let done = complete(Some(&renewed), &lease, b"ok", late).write.unwrap();
+        assert_eq!(
+            done.expires_at,
+            late.saturating_add(Duration::from_secs(90))
+        );
+        assert_eq!(done.created_at, T0);
+        let just_before = late.saturating_add(Duration::from_secs(89));
+        assert_eq!(
+            claim(Some(&done), &request("a"), just_before).outcome,
+            ClaimOutcome::replay(b"ok".to_vec())
+        );
+        assert!(done.is_absent(late.saturating_add(Duration::from_secs(90))));
+        // A result stored early keeps the later of the two expiries.
+        let early = T0.saturating_add(Duration::from_secs(10));
+        let failed = fail(Some(&record), &lease, b"no", early).write.unwrap();
+        assert_eq!(
+            failed.expires_at,
+            early.saturating_add(Duration::from_secs(90))
+        );
     }
 
     #[test]

@@ -92,7 +92,11 @@ pub trait Store: Send + Sync {
     /// Stores `response` as the result of the work and marks the record Completed.
     ///
     /// - Applies only while the fence holds (see the trait docs); otherwise `Fenced`.
-    /// - Keeps the fingerprint, token, steps and times.
+    /// - Keeps the fingerprint, token, steps, `created_at` and `lease_until`.
+    /// - Sets `expires_at = max(expires_at, now + (expires_at - created_at))`
+    ///   ([`machine::replayable_until`](crate::machine::replayable_until)): a result stored
+    ///   late (work kept alive past its retention by heartbeats, or a takeover near its
+    ///   end) is still replayed for one whole retention.
     /// - Retried by the same owner after the first call landed (record Completed with the
     ///   lease's token and attempt): `Applied`, writing nothing.
     /// - A response the store cannot hold (see [`Store::max_record_bytes`]) is

@@ -141,7 +141,8 @@ proptest! {
     fn ciphertexts(bytes in any::<Vec<u8>>(), header in any::<[u8; 5]>(), flip in any::<usize>()) {
         let codec = Aes256GcmCodec::new(1, [7; 32]);
         let key = Key::new("fuzz", "cipher").unwrap();
-        let at = StoredAt { key: &key, part: StoredPart::Result };
+        let fingerprint = idem_core::Fingerprint::of_bytes("request");
+        let at = StoredAt { key: &key, fingerprint: &fingerprint, part: StoredPart::Result };
         let mut forged = header.to_vec();
         forged[0] = 0xA1;
         forged.extend(&bytes);

@@ -72,10 +72,13 @@ pub const DEFAULT_MAX_SCOPES: usize = 100_000;
 
 impl TokenBucket {
     /// `keys` new keys per scope at once, refilled at `keys` per `period`. A zero `keys`
-    /// or `period` is raised to 1 key per millisecond's worth, never a division by zero.
+    /// or `period` is raised to 1 key per millisecond's worth, never a division by zero;
+    /// a `period` over [`MAX_DURATION`](crate::MAX_DURATION) counts as that.
     pub fn new(keys: u32, period: Duration) -> Self {
         let capacity = f64::from(keys.max(1));
-        let period = period.max(Duration::from_millis(1)).as_secs_f64();
+        let period = period
+            .clamp(Duration::from_millis(1), crate::MAX_DURATION)
+            .as_secs_f64();
         Self {
             capacity,
             per_second: capacity / period,
@@ -124,7 +127,10 @@ impl KeyBudget for TokenBucket {
             return Ok(());
         }
         *bucket = Bucket { tokens, at: now };
-        Err(Duration::from_secs_f64((1.0 - tokens) / self.per_second))
+        // A very slow refill (a period of years) must not overflow the wait.
+        let wait = Duration::try_from_secs_f64((1.0 - tokens) / self.per_second)
+            .unwrap_or(crate::MAX_DURATION);
+        Err(wait.min(crate::MAX_DURATION))
     }
 
     fn give_back(&self, scope: &str) {
@@ -148,6 +154,20 @@ impl fmt::Debug for TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_periods_do_not_panic() {
+        for period in [
+            Duration::MAX,
+            crate::MAX_DURATION,
+            Duration::from_secs(u64::MAX),
+        ] {
+            let bucket = TokenBucket::new(1, period);
+            assert_eq!(bucket.take("s"), Ok(()));
+            let wait = bucket.take("s").unwrap_err();
+            assert!(wait > Duration::ZERO && wait <= crate::MAX_DURATION);
+        }
+    }
 
     #[tokio::test(start_paused = true)]
     async fn refills_over_the_period_and_takes_back() {

@@ -9,12 +9,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
+use super::durable::{self, Write};
 use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
 use super::saga::{self, Undo};
-use super::{Limits, observe, retry_store};
+use super::{Limits, observe};
 use crate::{
-    Codec, CodecError, Fingerprint, Key, Lease, Operation, StepName, Steps, Store, StoreError,
-    StoredAt, StoredPart, WriteOutcome,
+    Codec, CodecError, Fingerprint, Key, Lease, StepName, Steps, Store, StoreError, StoredAt,
+    StoredPart, WriteOutcome,
 };
 
 /// Handed to the work by [`Idempotency::execute`](crate::Idempotency::execute).
@@ -28,6 +29,10 @@ pub struct Context {
 struct Inner {
     store: Arc<dyn Store>,
     lease: Mutex<Lease>,
+    /// When the lease ends on this process's clock, counted from when the claim or the
+    /// last renewal was sent (never later than the store's own end of the lease): the
+    /// store's `lease_until` is on the store's clock, which this process cannot read.
+    lease_deadline: Mutex<tokio::time::Instant>,
     fingerprint: Fingerprint,
     resumed: bool,
     steps: Mutex<Steps>,
@@ -50,6 +55,7 @@ impl Context {
     pub(crate) fn new(
         store: Arc<dyn Store>,
         lease: Lease,
+        lease_deadline: tokio::time::Instant,
         fingerprint: Fingerprint,
         resumed: bool,
         steps: Steps,
@@ -63,6 +69,7 @@ impl Context {
             inner: Arc::new(Inner {
                 store,
                 lease: Mutex::new(lease),
+                lease_deadline: Mutex::new(lease_deadline),
                 fingerprint,
                 resumed,
                 steps: Mutex::new(steps),
@@ -77,6 +84,11 @@ impl Context {
                 compensating,
             }),
         }
+    }
+
+    /// The fingerprint of the request being executed.
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
+        self.inner.fingerprint
     }
 
     /// The key being executed.
@@ -139,13 +151,19 @@ impl Context {
         crate::derive_key(&lease.key, &self.inner.fingerprint, lease.created_at, label)
     }
 
-    /// Runs the step `name` at most once across retries and takeovers.
+    /// Runs the step `name` once across retries and takeovers, unless the process dies
+    /// between the step's effect and its checkpoint.
     ///
     /// - A checkpoint for `name` exists (written by this run or an earlier owner): returns
     ///   its stored value; `run` does not run.
     /// - Otherwise runs `run`, checkpoints its value (fenced by the lease, retried like
-    ///   every store write) and returns the value as stored, decoded: exactly what a
-    ///   takeover will read.
+    ///   every store write, in a task that survives the caller dropping `execute`) and
+    ///   returns the value as stored, decoded: exactly what a takeover will read.
+    /// - At least once, not exactly once, where nothing can know: if the process crashes
+    ///   (or `execute` is dropped) while `run` runs, or after it and before its
+    ///   checkpoint is stored, a takeover runs `run` again. Make the step's effect
+    ///   idempotent downstream with a key from [`Context::derive`], so the second run is
+    ///   answered, not repeated.
     /// - `run` fails: its error is returned and nothing is checkpointed.
     /// - The checkpoint is fenced (another attempt took over): the lease is lost, and
     ///   [`WorkError::Interrupted`] says so; the other owner will run this step again, so
@@ -246,14 +264,8 @@ impl Context {
         if size > room {
             return Err(too_large(name, size, room));
         }
-        let lease = self.lease();
-        let store = &self.inner.store;
-        let timeout = self.inner.store_timeout;
-        match retry_store(Operation::Checkpoint, timeout, Some(&lease), || {
-            store.checkpoint(&lease, step, &bytes)
-        })
-        .await
-        {
+        let write = Write::Checkpoint(step.clone(), bytes.clone());
+        match self.durable(write).await {
             Ok(WriteOutcome::Applied) => {
                 lock(&self.inner.steps).insert(name.to_owned(), bytes);
                 Ok(())
@@ -358,8 +370,28 @@ impl Context {
         self.inner.lost_notify.notify_waiters();
     }
 
-    pub(crate) fn set_lease(&self, lease: Lease) {
+    /// A renewal landed: the lease as renewed, and its end on this process's clock.
+    pub(crate) fn set_lease(&self, lease: Lease, deadline: tokio::time::Instant) {
         *lock(&self.inner.lease) = lease;
+        *lock(&self.inner.lease_deadline) = deadline;
+    }
+
+    /// When the lease ends, on this process's clock (see `Inner::lease_deadline`).
+    pub(crate) fn lease_deadline(&self) -> tokio::time::Instant {
+        *lock(&self.inner.lease_deadline)
+    }
+
+    /// Runs a fenced write under this lease, retried while the lease lasts, in a task
+    /// that survives the caller dropping `execute`.
+    pub(crate) async fn durable(&self, write: Write) -> Result<WriteOutcome, StoreError> {
+        durable::write(
+            Arc::clone(&self.inner.store),
+            self.lease(),
+            write,
+            self.inner.store_timeout,
+            Some(self.lease_deadline()),
+        )
+        .await
     }
 
     pub(crate) fn store(&self) -> &Arc<dyn Store> {
@@ -377,7 +409,11 @@ impl Context {
         stored: &'a [u8],
     ) -> Result<std::borrow::Cow<'a, [u8]>, Interrupted> {
         let key = self.key();
-        let at = StoredAt { key: &key, part };
+        let at = StoredAt {
+            key: &key,
+            fingerprint: &self.inner.fingerprint,
+            part,
+        };
         self.inner
             .codec
             .decode(&at, stored)
@@ -387,7 +423,11 @@ impl Context {
     /// The stored form of a value of this record.
     fn encode(&self, part: StoredPart<'_>, plain: Vec<u8>) -> Result<Vec<u8>, Interrupted> {
         let key = self.key();
-        let at = StoredAt { key: &key, part };
+        let at = StoredAt {
+            key: &key,
+            fingerprint: &self.inner.fingerprint,
+            part,
+        };
         self.inner
             .codec
             .encode(&at, plain)

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Context, observe};
-use crate::{Operation, RenewOutcome};
+use crate::{Operation, RenewOutcome, clamp_duration};
 
 /// Polls `work` to completion, renewing the lease for `extend` every `every` beside it. A
 /// fenced renewal marks the lease lost on `context` (the work can watch
@@ -55,9 +55,14 @@ pub(super) async fn run<Fut: Future>(
 
 async fn renew(context: Context, extend: Duration, timeout: Duration) {
     let lease = context.lease();
+    // The store starts the renewed lease no earlier than now: counted from here, the
+    // process's idea of its end is never later than the store's.
+    let sent = Instant::now();
     let renewal = tokio::time::timeout(timeout, context.store().renew(&lease, extend)).await;
     match renewal {
-        Ok(Ok(RenewOutcome::Renewed(renewed))) => context.set_lease(renewed),
+        Ok(Ok(RenewOutcome::Renewed(renewed))) => {
+            context.set_lease(renewed, sent + clamp_duration(extend));
+        }
         Ok(Ok(RenewOutcome::Fenced)) => {
             // Another attempt took over, or this one's result is already stored (completed
             // in the caller's transaction). Either way the lease is over; the final write

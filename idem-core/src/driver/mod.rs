@@ -2,6 +2,7 @@
 
 mod budget;
 mod context;
+mod durable;
 mod errors;
 mod heartbeat;
 mod key_policy;
@@ -39,7 +40,7 @@ use wire::{Json, Marker, Raw, StoredFailure, Wire};
 
 use crate::{
     ClaimOutcome, ClaimRequest, Codec, Fingerprint, Key, Lease, MAX_DURATION, Operation,
-    PlainCodec, Steps, Store, StoreError, StoredAt, StoredPart, WriteOutcome,
+    PlainCodec, Steps, Store, StoreError, StoredAt, StoredPart, WriteOutcome, clamp_duration,
 };
 
 /// The default lease: how long one attempt owns a key before others may take over.
@@ -188,7 +189,9 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
         self
     }
 
-    /// How long results are kept and replayed, from the first claim (default 24 h).
+    /// How long a record is kept (default 24 h): from its first claim, and for a stored
+    /// result at least this long after it was stored, so a result stored late (work kept
+    /// alive by heartbeats, a takeover) is still replayed.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.settings.retention = retention;
         self
@@ -220,6 +223,19 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// Default 10 s. Without a bound, a connection that stops answering (a network
     /// partition that drops packets) would hold the request until the operating system
     /// gives up on the connection, which can take hours.
+    ///
+    /// What it bounds, with `T` this timeout:
+    /// - The claim: 3 tries, at most `3T + 75 ms` with the backoff between them (twice
+    ///   that when a [`KeyBudget`] is out of keys and the store is asked whether the key
+    ///   exists). [`InFlightPolicy::Wait`] adds its own timeout and one more claim.
+    /// - Each write after the work (a step's checkpoint, the result, the failure, an
+    ///   undo's marks): tried again while the lease has time left, so at most the lease's
+    ///   time left `+ T + 500 ms`, and never fewer than 3 tries (`3T + 75 ms`). A `fail`
+    ///   the store refuses as too large is written once more, as the marker saying so.
+    /// - The release after [`WorkError::Retryable`]: 3 tries, `3T + 75 ms`.
+    /// - A heartbeat: one try, bounded by the heartbeat interval.
+    ///
+    /// The work's own time, and its undos', come on top: idem never cuts the work short.
     ///
     /// ```
     /// use idem_core::{Idempotency, MemoryStore};
@@ -502,7 +518,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     ///
     /// If the returned future is dropped while `work` runs (a client disconnected), nothing
     /// is stored and the lease is kept: duplicates see in-flight until it expires, then a
-    /// retry takes over. The same holds if `work` panics.
+    /// retry takes over (resuming through the checkpointed steps). The same holds if
+    /// `work` panics. Once `work` has returned, dropping the future stops nothing: each
+    /// write after the work (the result, the failure, a step's checkpoint, an undo and its
+    /// marks) runs in a task of its own and lands, so the work is not run again. How long
+    /// `execute` can take apart from the work is under
+    /// [`IdempotencyBuilder::store_timeout`].
     ///
     /// # Errors
     /// See [`Error`].
@@ -606,15 +627,16 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         } else if let Some(budget) = charged {
             budget.give_back(key.scope());
         }
-        let (lease, resumed, steps) = match claim? {
+        let (lease, deadline, resumed, steps) = match claim? {
             Claim::Won {
                 lease,
+                deadline,
                 resumed,
                 steps,
-            } => (lease, resumed, steps),
+            } => (lease, deadline, resumed, steps),
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
-                let plain = self.decode(key, StoredPart::Result, &response)?;
+                let plain = self.decode(key, &fingerprint, StoredPart::Result, &response)?;
                 let value = W::decode_value(&plain).map_err(Error::Decode)?;
                 return Ok(Outcome::Completed {
                     value,
@@ -623,7 +645,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             }
             Claim::ReplayFailure(response) => {
                 observe::count(observe::REPLAYS);
-                let plain = self.decode(key, StoredPart::Failure, &response)?;
+                let plain = self.decode(key, &fingerprint, StoredPart::Failure, &response)?;
                 return match W::decode_failure(&plain).map_err(Error::Decode)? {
                     StoredFailure::Work(error) => Ok(Outcome::Failed {
                         error,
@@ -634,7 +656,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                         compensation,
                         replayed: true,
                     }),
-                    StoredFailure::Marker(marker) => Err(marker.into_error(true, None)),
+                    StoredFailure::Marker(marker) | StoredFailure::CompensatedMarker(marker, _) => {
+                        Err(marker.into_error(true, None))
+                    }
                 };
             }
         };
@@ -645,6 +669,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let context = Context::new(
             store,
             lease,
+            deadline,
             fingerprint,
             resumed,
             steps,
@@ -661,12 +686,22 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         // An earlier owner started compensating: the failure is decided; finish undoing,
         // unless this run cannot write any more.
         if context.is_compensating() && !cannot_write(&result) {
+            // The run went through the work as far as it goes (to the first step without
+            // a checkpoint, or its end): every undo it did not register, it never will.
+            let whole = matches!(
+                result,
+                Ok(_)
+                    | Err(WorkError::Permanent(_))
+                    | Err(WorkError::Interrupted(Interrupted(Reason::Compensating)))
+            );
             drop(result);
-            return self.compensate::<W>(&context, None, every).await;
+            return self.compensate::<W>(&context, None, whole, every).await;
         }
         match result {
             Err(WorkError::Permanent(error)) if context.has_undos() => {
-                self.compensate::<W>(&context, Some(error), every).await
+                let failure = StoredFailure::Work(error);
+                self.compensate::<W>(&context, Some(failure), true, every)
+                    .await
             }
             Ok(value) => self.complete::<W>(&context, value).await,
             Err(WorkError::Permanent(error)) => {
@@ -674,10 +709,16 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     .await
             }
             Err(WorkError::Retryable(error)) => {
-                // Best effort: if the release fails, the lease simply runs out.
-                let lease = context.lease();
-                if let Err(err) = self.store.release(&lease).await {
-                    observe::store_error(Operation::Release);
+                // Best effort, bounded like every store call (no lease deadline: a
+                // release that fails just lets the lease run out).
+                let release = durable::write(
+                    Arc::clone(&self.shared),
+                    context.lease(),
+                    durable::Write::Release,
+                    self.settings.store_timeout,
+                    None,
+                );
+                if let Err(err) = release.await {
                     tracing::warn!(error = %err, "could not release the lease; it will expire");
                 }
                 Ok(Outcome::Retryable(error))
@@ -692,8 +733,15 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     source,
                 }),
                 Reason::Unstorable(unstorable) => {
+                    // A permanent failure of the execution like any other: steps done
+                    // before it are undone.
                     let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
-                    self.fail::<W>(&context, marker, None).await
+                    if context.has_undos() {
+                        self.compensate::<W>(&context, Some(marker), true, every)
+                            .await
+                    } else {
+                        self.fail::<W>(&context, marker, None).await
+                    }
                 }
                 other => Err(Error::Interrupted(Interrupted(other))),
             },
@@ -738,10 +786,15 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     fn decode<'a>(
         &self,
         key: &Key,
+        fingerprint: &Fingerprint,
         part: StoredPart<'_>,
         stored: &'a [u8],
     ) -> Result<std::borrow::Cow<'a, [u8]>, Error> {
-        let at = StoredAt { key, part };
+        let at = StoredAt {
+            key,
+            fingerprint,
+            part,
+        };
         self.settings
             .codec
             .decode(&at, stored)
@@ -749,8 +802,18 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     }
 
     /// The stored form of a value's plain bytes.
-    fn encode(&self, key: &Key, part: StoredPart<'_>, plain: Vec<u8>) -> Result<Vec<u8>, Error> {
-        let at = StoredAt { key, part };
+    fn encode(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        part: StoredPart<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, Error> {
+        let at = StoredAt {
+            key,
+            fingerprint,
+            part,
+        };
         self.settings
             .codec
             .encode(&at, plain)
@@ -764,18 +827,27 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         value: W::Value,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
         let key = context.key();
+        let fingerprint = context.fingerprint();
         // The answer is what a replay will decode: a value that does not survive the trip
         // fails now, once, and is stored as such.
         let (bytes, stored) = match context.take_completion() {
             // Completed inside the work's own transaction: those bytes are the result.
             Some(bytes) => {
-                let decoded = W::decode_value(&self.decode(&key, StoredPart::Result, &bytes)?);
+                let decoded = W::decode_value(&self.decode(
+                    &key,
+                    &fingerprint,
+                    StoredPart::Result,
+                    &bytes,
+                )?);
                 (bytes, decoded)
             }
             None => match W::encode_value(&value) {
                 Ok(plain) => {
                     let decoded = W::decode_value(&plain);
-                    (self.encode(&key, StoredPart::Result, plain)?, decoded)
+                    (
+                        self.encode(&key, &fingerprint, StoredPart::Result, plain)?,
+                        decoded,
+                    )
                 }
                 Err(source) => {
                     return self
@@ -803,13 +875,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 .fail::<W>(context, StoredFailure::Marker(marker), None)
                 .await;
         }
-        let lease = context.lease();
-        let timeout = self.settings.store_timeout;
-        match retry_store(Operation::Complete, timeout, Some(&lease), || {
-            self.store.complete(&lease, &bytes)
-        })
-        .await
-        {
+        match context.durable(durable::Write::Complete(bytes)).await {
             Ok(WriteOutcome::Applied) => Ok(Outcome::Completed {
                 value: stored,
                 replayed: false,
@@ -845,13 +911,24 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         source: Option<crate::BoxError>,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
         let key = context.key();
+        let fingerprint = context.fingerprint();
         let limit = context.room_for_response();
+        // What compensating did stays with the failure even when the work's error
+        // cannot be stored.
+        let compensation = match &failure {
+            StoredFailure::Compensated(_, compensation)
+            | StoredFailure::CompensatedMarker(_, compensation) => Some(compensation.clone()),
+            _ => None,
+        };
         let encoded = W::encode_failure(&failure).and_then(|plain| {
             let decoded = W::decode_failure(&plain)?;
             Ok((plain, decoded))
         });
         let encoded = match encoded {
-            Ok((plain, decoded)) => Ok((self.encode(&key, StoredPart::Failure, plain)?, decoded)),
+            Ok((plain, decoded)) => Ok((
+                self.encode(&key, &fingerprint, StoredPart::Failure, plain)?,
+                decoded,
+            )),
             Err(err) => Err(err),
         };
         let (bytes, stored, source) = match encoded {
@@ -861,23 +938,17 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     size: bytes.len(),
                     limit,
                 };
-                self.encode_marker::<W>(&key, marker, source)?
+                self.encode_marker::<W>(&key, &fingerprint, marker, compensation, source)?
             }
             Err(err) => {
                 let marker = Marker::Unserializable {
                     step: None,
                     failure: true,
                 };
-                self.encode_marker::<W>(&key, marker, Some(err))?
+                self.encode_marker::<W>(&key, &fingerprint, marker, compensation, Some(err))?
             }
         };
-        let lease = context.lease();
-        let timeout = self.settings.store_timeout;
-        match retry_store(Operation::Fail, timeout, Some(&lease), || {
-            self.store.fail(&lease, &bytes)
-        })
-        .await
-        {
+        match context.durable(durable::Write::Fail(bytes)).await {
             Ok(WriteOutcome::Applied) => match stored {
                 StoredFailure::Work(error) => Ok(Outcome::Failed {
                     error,
@@ -889,8 +960,26 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     replayed: false,
                 }),
                 StoredFailure::Marker(marker) => Err(marker.into_error(false, source)),
+                StoredFailure::CompensatedMarker(marker, compensation) => {
+                    tracing::warn!(
+                        undone = ?compensation.undone,
+                        pending = ?compensation.pending,
+                        interrupted = ?compensation.interrupted,
+                        "compensated a work error that could not be stored"
+                    );
+                    Err(marker.into_error(false, source))
+                }
             },
             Ok(WriteOutcome::Fenced) => Err(fenced_at_the_end(context)),
+            // The store holds less than the driver knew: store that, as `complete` does,
+            // so the key is not held (and the work run again) after every lease. A marker
+            // the store cannot hold either is a store error.
+            Err(StoreError::ResponseTooLarge { size, limit })
+                if !matches!(stored, StoredFailure::Marker(Marker::ResultTooLarge { .. })) =>
+            {
+                let marker = Marker::ResultTooLarge { size, limit };
+                Box::pin(self.fail::<W>(context, StoredFailure::Marker(marker), None)).await
+            }
             Err(err) => Err(Error::Store(err)),
         }
     }
@@ -898,113 +987,201 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     fn encode_marker<W: Wire>(
         &self,
         key: &Key,
+        fingerprint: &Fingerprint,
         marker: Marker,
+        compensation: Option<Compensation>,
         source: Option<crate::BoxError>,
     ) -> Result<EncodedFailure<W::Failure>, Error> {
         // Markers hold only numbers and names: they always serialise.
-        let failure = StoredFailure::Marker(marker);
+        let failure = match compensation {
+            Some(compensation) => StoredFailure::CompensatedMarker(marker, compensation),
+            None => StoredFailure::Marker(marker),
+        };
         let plain = W::encode_failure(&failure).unwrap_or_default();
-        let bytes = self.encode(key, StoredPart::Failure, plain)?;
+        let bytes = self.encode(key, fingerprint, StoredPart::Failure, plain)?;
         Ok((bytes, failure, source))
     }
 
-    /// Runs the registered undos in reverse order, each once across takeovers, then
-    /// stores the failure with what was undone. `failure` is the work's error on the run
-    /// that failed; a takeover reads it from the saga checkpoint.
+    /// Runs the undos in reverse order, each at most once across takeovers, then stores
+    /// the failure with what was undone. `failure` is the work's failure on the run that
+    /// failed, which checkpoints it (as `idem.saga`, with the steps that registered
+    /// undos); a takeover reads both from that checkpoint. `whole` says this run of the
+    /// work went as far as it can, so an undo it did not register never will be.
     async fn compensate<W: Wire>(
         &self,
         context: &Context,
-        failure: Option<W::Failure>,
+        failure: Option<StoredFailure<W::Failure>>,
+        whole: bool,
         every: Option<Duration>,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
         let key = context.key();
         let interrupted = |interrupted: Interrupted| interruption_error(&key, interrupted);
-        let plain = match failure {
-            Some(error) => {
-                let failure = StoredFailure::Work(error);
-                let Ok(plain) = W::encode_failure(&failure) else {
-                    // Nothing to compensate against: store why, as any unstorable error.
-                    let marker = Marker::Unserializable {
-                        step: None,
-                        failure: true,
-                    };
-                    return self
-                        .fail::<W>(context, StoredFailure::Marker(marker), None)
-                        .await;
-                };
-                let step = step_name(saga::SAGA_STEP).map_err(interrupted)?;
-                match context.checkpoint(&step, &plain).await {
-                    Ok(()) => plain,
-                    // The failure does not fit beside the checkpoints: store that instead,
-                    // as any value that cannot be stored (nothing is undone).
-                    Err(Interrupted(Reason::Unstorable(unstorable))) => {
-                        let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
-                        return self.fail::<W>(context, marker, None).await;
+        let mut registered = context.take_undos();
+        let (listed, plain) = match failure {
+            Some(failure) => {
+                let listed: Vec<String> = registered.iter().map(|undo| undo.step.clone()).collect();
+                match self.checkpoint_saga::<W>(context, failure, &listed).await? {
+                    Ok(plain) => (listed, plain),
+                    // Not even a marker fits beside the checkpoints: nothing can record
+                    // what would be undone, so nothing is (the marker says why).
+                    Err(marker) => {
+                        return self
+                            .fail::<W>(context, StoredFailure::Marker(marker), None)
+                            .await;
                     }
-                    Err(other) => return Err(interrupted(other)),
                 }
             }
-            None => context
-                .checkpointed(saga::SAGA_STEP)
-                .map_err(interrupted)?
-                .ok_or_else(|| Error::Decode("the saga checkpoint is missing".into()))?,
-        };
-        let error = match W::decode_failure(&plain).map_err(Error::Decode)? {
-            StoredFailure::Work(error) => error,
-            _ => {
-                return Err(Error::Decode(
-                    "the saga checkpoint holds no work error".into(),
-                ));
+            None => {
+                let stored = context
+                    .checkpointed(saga::SAGA_STEP)
+                    .map_err(interrupted)?
+                    .ok_or_else(|| Error::Decode("the saga checkpoint is missing".into()))?;
+                let (listed, plain) = saga::decode_saga(&stored).map_err(Error::Decode)?;
+                let listed = listed
+                    .unwrap_or_else(|| registered.iter().map(|undo| undo.step.clone()).collect());
+                (listed, plain.to_vec())
             }
         };
+        let failure = W::decode_failure(&plain).map_err(Error::Decode)?;
         let mut compensation = Compensation {
             undone: Vec::new(),
             failed: None,
             pending: Vec::new(),
+            interrupted: Vec::new(),
         };
-        let mut undos = context.take_undos();
-        while let Some(undo) = undos.pop() {
-            let done_name = saga::undo_checkpoint(&undo.step);
-            if context
-                .checkpointed(&done_name)
-                .map_err(interrupted)?
-                .is_some()
-            {
-                compensation.undone.push(undo.step);
-                continue;
-            }
-            if context.is_lease_lost() {
-                return Err(Error::LeaseLost);
-            }
-            match heartbeat::run((undo.run)(), context, every, self.settings.lease).await {
-                saga::UndoResult::Done => {
-                    let done = step_name(&done_name).map_err(interrupted)?;
-                    context
-                        .checkpoint(&done, b"true")
-                        .await
-                        .map_err(interrupted)?;
-                    compensation.undone.push(undo.step);
+        // A step run twice under one name registered twice: it is undone once.
+        let mut seen = std::collections::HashSet::new();
+        let listed: Vec<String> = listed
+            .into_iter()
+            .filter(|step| seen.insert(step.clone()))
+            .collect();
+        for step in listed.into_iter().rev() {
+            let mark = context
+                .checkpointed(&saga::undo_checkpoint(&step))
+                .map_err(interrupted)?;
+            let stopped = compensation.failed.is_some();
+            match saga::UndoMark::read(mark.as_deref()) {
+                saga::UndoMark::Done => compensation.undone.push(step),
+                saga::UndoMark::Started => compensation.interrupted.push(step),
+                _ if stopped => compensation.pending.push(step),
+                saga::UndoMark::Failed(error) => {
+                    compensation.failed = Some(FailedUndo { step, error });
                 }
-                saga::UndoResult::Permanent(error) => {
-                    tracing::warn!(step = %undo.step, "an undo failed permanently; compensation stopped");
-                    compensation.pending = undos.drain(..).rev().map(|undo| undo.step).collect();
-                    compensation.failed = Some(FailedUndo {
-                        step: undo.step,
-                        error,
-                    });
-                    break;
-                }
-                saga::UndoResult::NotYet => {
-                    return Err(Error::CompensationPending { step: undo.step });
+                saga::UndoMark::NotRun | saga::UndoMark::Retry => {
+                    let Some(at) = registered.iter().rposition(|undo| undo.step == step) else {
+                        if !whole {
+                            // A later run of the work may register it yet.
+                            return Err(Error::CompensationPending { step });
+                        }
+                        tracing::warn!(
+                            step = %step,
+                            "a step registered an undo that this run of the work never reached; reported pending"
+                        );
+                        compensation.pending.push(step);
+                        continue;
+                    };
+                    let undo = registered.swap_remove(at);
+                    if context.is_lease_lost() {
+                        return Err(Error::LeaseLost);
+                    }
+                    match self.run_undo(context, undo, every).await? {
+                        saga::UndoResult::Done => compensation.undone.push(step),
+                        saga::UndoResult::Permanent(error) => {
+                            tracing::warn!(step = %step, "an undo failed permanently; compensation stopped");
+                            compensation.failed = Some(FailedUndo { step, error });
+                        }
+                        saga::UndoResult::NotYet => {
+                            return Err(Error::CompensationPending { step });
+                        }
+                    }
                 }
             }
         }
-        self.fail::<W>(
-            context,
-            StoredFailure::Compensated(error, compensation),
-            None,
-        )
-        .await
+        let compensated = match failure {
+            StoredFailure::Work(error) | StoredFailure::Compensated(error, _) => {
+                StoredFailure::Compensated(error, compensation)
+            }
+            StoredFailure::Marker(marker) | StoredFailure::CompensatedMarker(marker, _) => {
+                StoredFailure::CompensatedMarker(marker, compensation)
+            }
+        };
+        self.fail::<W>(context, compensated, None).await
+    }
+
+    /// Checkpoints the failure that starts a compensation with the steps to undo, and
+    /// answers the failure's plain bytes as checkpointed. A work error that does not
+    /// serialise, or does not fit, is checkpointed as the marker saying so: the undos run
+    /// all the same. `Err(marker)` when not even a marker fits, saying why.
+    async fn checkpoint_saga<W: Wire>(
+        &self,
+        context: &Context,
+        failure: StoredFailure<W::Failure>,
+        listed: &[String],
+    ) -> Result<Result<Vec<u8>, Marker>, Error> {
+        let key = context.key();
+        let step = step_name(saga::SAGA_STEP).map_err(|err| interruption_error(&key, err))?;
+        let unserializable = StoredFailure::<W::Failure>::Marker(Marker::Unserializable {
+            step: None,
+            failure: true,
+        });
+        let mut plain = W::encode_failure(&failure)
+            .and_then(|plain| W::decode_failure(&plain).map(|_| plain))
+            .or_else(|_| W::encode_failure(&unserializable))
+            .map_err(Error::Decode)?;
+        let mut marked = false;
+        loop {
+            match context
+                .checkpoint(&step, &saga::encode_saga(listed, &plain))
+                .await
+            {
+                Ok(()) => return Ok(Ok(plain)),
+                Err(Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
+                    size,
+                    limit,
+                    ..
+                }))) if !marked => {
+                    marked = true;
+                    let marker = Marker::ResultTooLarge { size, limit };
+                    plain =
+                        W::encode_failure(&StoredFailure::Marker(marker)).map_err(Error::Decode)?;
+                }
+                Err(Interrupted(Reason::Unstorable(unstorable))) => {
+                    return Ok(Err(Marker::from_unstorable(unstorable)));
+                }
+                Err(other) => return Err(interruption_error(&key, other)),
+            }
+        }
+    }
+
+    /// Runs one undo, marked started before and ended after in its checkpoint, in a task
+    /// of its own: once it starts, it runs to its end and its mark is written even if the
+    /// caller drops `execute`. The lease is renewed meanwhile.
+    async fn run_undo(
+        &self,
+        context: &Context,
+        undo: saga::Undo,
+        every: Option<Duration>,
+    ) -> Result<saga::UndoResult, Error> {
+        let key = context.key();
+        let mark = step_name(&saga::undo_checkpoint(&undo.step))
+            .map_err(|err| interruption_error(&key, err))?;
+        let owner = context.clone();
+        let task = tokio::spawn(async move {
+            owner.checkpoint(&mark, saga::UndoMark::started()).await?;
+            let result = (undo.run)().await;
+            owner
+                .checkpoint(&mark, &saga::UndoMark::ended(&result))
+                .await?;
+            Ok::<_, Interrupted>(result)
+        });
+        match heartbeat::run(task, context, every, self.settings.lease).await {
+            Ok(result) => result.map_err(|err| interruption_error(&key, err)),
+            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+            Err(err) => Err(Error::Store(StoreError::Unavailable {
+                operation: Operation::Checkpoint,
+                source: Box::new(err),
+            })),
+        }
     }
 
     /// Claims the key, waiting for another attempt under [`InFlightPolicy::Wait`].
@@ -1018,32 +1195,44 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         // The same request (same attempt id) on every try: a claim that landed but whose
         // answer was lost returns the same lease instead of in-flight.
         let request = ClaimRequest::new(key.clone(), fingerprint, lease, retention);
-        let deadline = match in_flight {
-            InFlightPolicy::Wait { timeout } => Some(Instant::now() + timeout),
+        let waiting = match in_flight {
+            // A wait too long for the clock to count is a wait without end.
+            InFlightPolicy::Wait { timeout } => Some(Instant::now().checked_add(timeout)),
             InFlightPolicy::Reject => None,
         };
         let mut backoff = policy::WAIT_FIRST_BACKOFF;
         let mut waited = false;
         loop {
             let timeout = self.settings.store_timeout;
+            let sent = Instant::now();
+            let mut tries = 0u32;
             let outcome = retry_store(Operation::Claim, timeout, None, || {
+                tries += 1;
                 self.store.claim(&request)
             })
             .await?;
             return Ok(match outcome {
                 ClaimOutcome::Claimed {
-                    lease,
+                    lease: granted,
                     resumed,
                     steps,
                     ..
                 } => {
+                    // A retried claim whose first try landed gets its own lease back as
+                    // `resumed: false`, whether that try created the record or took it
+                    // over; only a fresh record's lease starts when the record does.
+                    let resumed = resumed
+                        || tries > 1
+                            && granted.lease_until
+                                != granted.created_at.saturating_add(clamp_duration(lease));
                     observe::count(observe::CLAIMS);
                     if resumed {
                         observe::count(observe::TAKEOVERS);
-                        tracing::info!(token = lease.token, "took over an expired lease");
+                        tracing::info!(token = granted.token, "took over an expired lease");
                     }
                     Claim::Won {
-                        lease,
+                        lease: granted,
+                        deadline: sent + clamp_duration(lease),
                         resumed,
                         steps,
                     }
@@ -1052,18 +1241,23 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 ClaimOutcome::ReplayFailure { response, .. } => Claim::ReplayFailure(response),
                 ClaimOutcome::InFlight { retry_after, .. } => {
                     let now = Instant::now();
-                    match deadline {
-                        Some(deadline) if now < deadline => {
+                    let left = match waiting {
+                        Some(Some(deadline)) if now < deadline => Some(deadline - now),
+                        Some(None) => Some(Duration::MAX),
+                        _ => None,
+                    };
+                    match left {
+                        Some(left) => {
                             if !waited {
                                 waited = true;
                                 observe::count(observe::WAITS);
                             }
-                            let pause = policy::jittered(backoff).min(deadline - now);
+                            let pause = policy::jittered(backoff).min(left);
                             tokio::time::sleep(pause).await;
                             backoff = (backoff * 2).min(policy::WAIT_MAX_BACKOFF);
                             continue;
                         }
-                        _ => {
+                        None => {
                             observe::count(observe::IN_FLIGHT_REJECTIONS);
                             return Err(Error::InFlight { retry_after });
                         }
@@ -1085,6 +1279,8 @@ type EncodedFailure<F> = (Vec<u8>, StoredFailure<F>, Option<crate::BoxError>);
 enum Claim {
     Won {
         lease: Lease,
+        /// When the lease ends on this process's clock.
+        deadline: Instant,
         resumed: bool,
         steps: Steps,
     },
@@ -1157,28 +1353,22 @@ const MAX_WRITE_ATTEMPTS: u32 = 64;
 const MAX_WRITE_BACKOFF: Duration = Duration::from_millis(500);
 
 /// Runs a store call, trying again with backoff while it fails with a retryable error:
-/// at least [`STORE_ATTEMPTS`] tries, and for a write that follows the work (made `within`
-/// its lease: a checkpoint, the result, the failure) as long as the lease has time left,
-/// at most [`MAX_WRITE_ATTEMPTS`]. Giving such a write up early would leave the key held
-/// until the lease ends and then run the work again. Every store operation is safe to
-/// repeat (the same attempt id, the same lease).
+/// at least [`STORE_ATTEMPTS`] tries, and for a write that follows the work (made before
+/// `deadline`, the end of its lease on this process's clock: a checkpoint, the result,
+/// the failure) as long as the lease has time left, at most [`MAX_WRITE_ATTEMPTS`].
+/// Giving such a write up early would leave the key held until the lease ends and then
+/// run the work again. Every store operation is safe to repeat (the same attempt id, the
+/// same lease). Each try is bounded by `timeout`, so the whole call ends within
+/// `max(deadline, 3 tries) + timeout` and the backoff between tries.
 pub(crate) async fn retry_store<O, Fut>(
     operation: Operation,
     timeout: Duration,
-    within: Option<&Lease>,
+    deadline: Option<Instant>,
     mut call: impl FnMut() -> Fut,
 ) -> Result<O, StoreError>
 where
     Fut: Future<Output = Result<O, StoreError>>,
 {
-    // The lease's time left, read once from the wall clock, then counted on the runtime's
-    // clock like every other wait of the driver.
-    let deadline = within.map(|lease| {
-        Instant::now()
-            + lease
-                .lease_until
-                .saturating_duration_since(crate::Timestamp::now())
-    });
     let mut tries = 1;
     let mut backoff = STORE_BACKOFF;
     loop {

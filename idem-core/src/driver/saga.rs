@@ -30,11 +30,11 @@ pub(crate) const RESERVED_PREFIX: &str = "idem.";
 ///     Running --> Completed: work returns Ok
 ///     Running --> Failed: Permanent, no undo registered
 ///     Running --> Held: Unknown (lease kept, nothing undone)
-///     Running --> Compensating: Permanent with undos registered (failure checkpointed as idem.saga)
-///     Compensating --> Compensating: undo of the latest step not yet undone runs, checkpointed as idem.undo:STEP
-///     Compensating --> Compensating: crash or lost lease, then a takeover replays the steps (registering their undos) and skips undos already checkpointed
+///     Running --> Compensating: Permanent with undos registered (failure and their steps checkpointed as idem.saga)
+///     Compensating --> Compensating: undo of the latest listed step not yet run: idem.undo:STEP marked started, the undo runs, marked ended
+///     Compensating --> Compensating: crash or lost lease, then a takeover replays the steps (registering their undos), skips ended undos, reports started ones interrupted
 ///     Compensating --> Held: an undo is Retryable or Unknown (Error::CompensationPending, lease kept)
-///     Compensating --> Compensated: every undo ran (Outcome::Compensated, failed = None)
+///     Compensating --> Compensated: every listed step undone, pending or interrupted (Outcome::Compensated)
 ///     Compensating --> Compensated: an undo failed permanently (failed = that step, pending = the rest)
 ///     Held --> Running: lease expires, a retry takes over
 ///     Held --> Compensating: lease expires during a saga, a retry takes over
@@ -50,16 +50,23 @@ pub struct Compensation {
     /// The undo that failed permanently, which stopped the compensation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<FailedUndo>,
-    /// The steps whose undos never ran because the undo in [`Compensation::failed`]
-    /// stopped the compensation first (latest first): an operator must see to them.
+    /// The steps whose undos never ran (latest first): the undo in
+    /// [`Compensation::failed`] stopped the compensation first, or the run of the work
+    /// that finished the compensation (a takeover) no longer registers their undo. An
+    /// operator must see to them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending: Vec<String>,
+    /// The steps whose undo started but whose end no owner saw (the process crashed, or
+    /// the caller dropped the execution, while the undo ran): undos run at most once, so
+    /// none of these ran again. An operator must check whether each took effect.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interrupted: Vec<String>,
 }
 
 impl Compensation {
     /// True when every registered step was undone.
     pub fn is_complete(&self) -> bool {
-        self.failed.is_none() && self.pending.is_empty()
+        self.failed.is_none() && self.pending.is_empty() && self.interrupted.is_empty()
     }
 }
 
@@ -88,6 +95,98 @@ pub(crate) enum UndoResult {
     NotYet,
 }
 
+/// What the checkpoint `idem.undo:STEP` says of an undo. Written before the undo runs
+/// (`started`) and again when it ends, so that an undo whose end no owner saw is never run
+/// a second time: a refund issued twice is money gone, while an undo reported
+/// interrupted is one an operator checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum UndoMark {
+    /// No owner started it.
+    NotRun,
+    /// An owner started it and never recorded its end.
+    Started,
+    Done,
+    /// It answered Retryable or Unknown: the next owner runs it again.
+    Retry,
+    /// It failed for good, with this error.
+    Failed(serde_json::Value),
+}
+
+const MARK_STARTED: &[u8] = b"started";
+/// Also what earlier versions wrote for a finished undo.
+const MARK_DONE: &[u8] = b"true";
+const MARK_RETRY: &[u8] = b"retry";
+const MARK_FAILED: &[u8] = b"failed:";
+
+impl UndoMark {
+    pub(crate) fn read(stored: Option<&[u8]>) -> Self {
+        match stored {
+            None => UndoMark::NotRun,
+            Some(MARK_DONE) => UndoMark::Done,
+            Some(MARK_RETRY) => UndoMark::Retry,
+            Some(bytes) => match bytes.strip_prefix(MARK_FAILED) {
+                Some(json) => UndoMark::Failed(
+                    serde_json::from_slice(json).unwrap_or(serde_json::Value::Null),
+                ),
+                // Started, or a mark this version does not know: never run it again.
+                None => UndoMark::Started,
+            },
+        }
+    }
+
+    pub(crate) fn started() -> &'static [u8] {
+        MARK_STARTED
+    }
+
+    /// The mark an undo's result leaves.
+    pub(crate) fn ended(result: &UndoResult) -> Vec<u8> {
+        match result {
+            UndoResult::Done => MARK_DONE.to_vec(),
+            UndoResult::NotYet => MARK_RETRY.to_vec(),
+            UndoResult::Permanent(error) => {
+                let mut out = MARK_FAILED.to_vec();
+                // A serde_json::Value always serialises.
+                out.extend_from_slice(&serde_json::to_vec(error).unwrap_or_default());
+                out
+            }
+        }
+    }
+}
+
+/// The saga checkpoint: the failure being compensated for (as the driver stores
+/// failures, in plain bytes) and the steps that registered undos on the run that failed,
+/// in the order they registered, so that a takeover whose own run of the work no longer
+/// reaches some of them still accounts for every one.
+const SAGA_V2: &[u8] = b"idem.saga/2\n";
+
+pub(crate) fn encode_saga(steps: &[String], failure: &[u8]) -> Vec<u8> {
+    // A list of strings always serialises.
+    let list = serde_json::to_vec(steps).unwrap_or_default();
+    let mut out = Vec::with_capacity(SAGA_V2.len() + 4 + list.len() + failure.len());
+    out.extend_from_slice(SAGA_V2);
+    out.extend_from_slice(&u32::try_from(list.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(&list);
+    out.extend_from_slice(failure);
+    out
+}
+
+/// The steps (`None` in a checkpoint of an earlier version, which kept only the
+/// failure) and the failure's plain bytes.
+pub(crate) fn decode_saga(stored: &[u8]) -> Result<(Option<Vec<String>>, &[u8]), crate::BoxError> {
+    let Some(rest) = stored.strip_prefix(SAGA_V2) else {
+        return Ok((None, stored));
+    };
+    let (len, rest) = rest
+        .split_first_chunk::<4>()
+        .ok_or("a saga checkpoint without its length")?;
+    let len = u32::from_be_bytes(*len) as usize;
+    if rest.len() < len {
+        return Err("a saga checkpoint shorter than its length".into());
+    }
+    let (list, failure) = rest.split_at(len);
+    Ok((Some(serde_json::from_slice(list)?), failure))
+}
+
 /// The checkpoint an undo of `step` leaves: `idem.undo:STEP`, or for a step name too long
 /// to fit beside the prefix, `idem.undo#` and the name's SHA-256 (still one name per step).
 pub(crate) fn undo_checkpoint(step: &str) -> String {
@@ -105,14 +204,25 @@ impl Context {
     /// the work) fails with [`WorkError::Permanent`], the driver runs the registered
     /// undos in reverse order before storing the failure.
     ///
-    /// - `undo` gets the step's value (as stored) and runs at most once per execution,
-    ///   across takeovers: each finished undo is checkpointed.
-    /// - The failure that started compensating is checkpointed first, so a takeover
-    ///   during compensation goes on compensating: it runs the work again, whose
-    ///   checkpointed steps replay (registering their undos) and whose first step without
-    ///   a checkpoint stops it ([`InterruptedKind::Compensating`](crate::InterruptedKind::Compensating)),
-    ///   then it runs the undos not yet checkpointed. Keep the work's path through its
+    /// - `undo` gets the step's value (as stored) and runs **at most once** per execution,
+    ///   across takeovers: its checkpoint marks it started before it runs and ended after.
+    ///   An undo whose end no owner saw (a crash mid-undo) is never run again: the final
+    ///   [`Compensation`] lists it as [`interrupted`](Compensation::interrupted), for an
+    ///   operator to check. Once started, an undo runs in a task of its own and ends even
+    ///   if the caller drops `execute`.
+    /// - The failure that started compensating is checkpointed first, with the names of
+    ///   the steps that registered undos, so a takeover during compensation goes on
+    ///   compensating, for every one of them: it runs the work again, whose checkpointed
+    ///   steps replay (registering their undos) and whose first step without a checkpoint
+    ///   stops it ([`InterruptedKind::Compensating`](crate::InterruptedKind::Compensating)),
+    ///   then it runs the undos not yet run. A listed step whose undo that run did not
+    ///   register is waited for (the key stays held) when the run stopped early
+    ///   (Retryable, Unknown), and reported [`pending`](Compensation::pending) when it
+    ///   went as far as it goes: never skipped silently. Keep the work's path through its
     ///   steps deterministic, and every effect inside a step.
+    /// - A failure that does not serialise, does not fit, or a step value that cannot be
+    ///   stored ([`InterruptedKind::Unstorable`](crate::InterruptedKind::Unstorable)) still
+    ///   compensates; what is stored is the marker saying why, with what was undone.
     /// - `undo` answers `Ok(())` when undone; [`WorkError::Permanent`] stops compensating
     ///   and is stored ([`Compensation::failed`]); [`WorkError::Retryable`] or
     ///   [`WorkError::Unknown`] keep the key held
@@ -212,6 +322,39 @@ mod tests {
     }
 
     #[test]
+    fn saga_checkpoints_and_undo_marks_round_trip() {
+        let steps = vec!["reserve".to_string(), "charge".to_string()];
+        let stored = encode_saga(&steps, b"\x00\xffthe failure");
+        let (read, failure) = decode_saga(&stored).unwrap();
+        assert_eq!(read, Some(steps));
+        assert_eq!(failure, b"\x00\xffthe failure");
+        // An earlier version's checkpoint: the failure alone.
+        assert_eq!(
+            decode_saga(b"{\"e\":1}").unwrap(),
+            (None, &b"{\"e\":1}"[..])
+        );
+        assert!(decode_saga(b"idem.saga/2\n\x00\x00\x00\x09[]").is_err());
+        assert!(decode_saga(b"idem.saga/2\n\x00").is_err());
+
+        for result in [
+            UndoResult::Done,
+            UndoResult::NotYet,
+            UndoResult::Permanent(serde_json::json!({"code": 7})),
+        ] {
+            let mark = UndoMark::read(Some(&UndoMark::ended(&result)));
+            let expected = match result {
+                UndoResult::Done => UndoMark::Done,
+                UndoResult::NotYet => UndoMark::Retry,
+                UndoResult::Permanent(error) => UndoMark::Failed(error),
+            };
+            assert_eq!(mark, expected);
+        }
+        assert_eq!(UndoMark::read(None), UndoMark::NotRun);
+        assert_eq!(UndoMark::read(Some(UndoMark::started())), UndoMark::Started);
+        assert_eq!(UndoMark::read(Some(b"from the future")), UndoMark::Started);
+    }
+
+    #[test]
     fn compensation_round_trips_in_json() {
         let full = Compensation {
             undone: vec!["b".into()],
@@ -220,6 +363,7 @@ mod tests {
                 error: serde_json::json!({"code": 7}),
             }),
             pending: vec!["a".into()],
+            interrupted: vec!["c".into()],
         };
         let text = serde_json::to_string(&full).unwrap();
         assert_eq!(serde_json::from_str::<Compensation>(&text).unwrap(), full);

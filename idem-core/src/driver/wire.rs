@@ -17,6 +17,34 @@ pub(crate) enum StoredFailure<E> {
     /// The work's error, after its steps' undos ran.
     Compensated(E, Compensation),
     Marker(Marker),
+    /// A marker for a work error that could not be stored, after the steps' undos ran.
+    CompensatedMarker(Marker, Compensation),
+}
+
+/// A marker's JSON, with what compensating did when there was a compensation.
+fn marker_json(marker: &Marker, compensation: Option<&Compensation>) -> Result<Vec<u8>, BoxError> {
+    let Some(compensation) = compensation else {
+        return Ok(serde_json::to_vec(marker)?);
+    };
+    let mut value = serde_json::to_value(marker)?;
+    if let serde_json::Value::Object(fields) = &mut value {
+        fields.insert("compensation".into(), serde_json::to_value(compensation)?);
+    }
+    Ok(serde_json::to_vec(&value)?)
+}
+
+/// Reads what [`marker_json`] wrote.
+fn marker_from_json<E>(mut value: serde_json::Value) -> Result<StoredFailure<E>, BoxError> {
+    let compensation = value
+        .as_object_mut()
+        .and_then(|fields| fields.remove("compensation"));
+    let marker = serde_json::from_value(value)?;
+    Ok(match compensation {
+        Some(compensation) => {
+            StoredFailure::CompensatedMarker(marker, serde_json::from_value(compensation)?)
+        }
+        None => StoredFailure::Marker(marker),
+    })
 }
 
 /// The failures the driver records itself. Markers hold only numbers and names, so they
@@ -130,7 +158,10 @@ where
                     compensation: Some(compensation),
                 })?
             }
-            StoredFailure::Marker(marker) => serde_json::to_vec(marker)?,
+            StoredFailure::Marker(marker) => marker_json(marker, None)?,
+            StoredFailure::CompensatedMarker(marker, compensation) => {
+                marker_json(marker, Some(compensation))?
+            }
         })
     }
 
@@ -153,7 +184,7 @@ where
                 None => StoredFailure::Work(error),
             });
         }
-        Ok(StoredFailure::Marker(serde_json::from_value(value)?))
+        marker_from_json(value)
     }
 }
 
@@ -211,7 +242,12 @@ impl Wire for Raw {
             }
             StoredFailure::Marker(marker) => {
                 let mut out = vec![RAW_MARKER];
-                serde_json::to_writer(&mut out, marker)?;
+                out.extend_from_slice(&marker_json(marker, None)?);
+                out
+            }
+            StoredFailure::CompensatedMarker(marker, compensation) => {
+                let mut out = vec![RAW_MARKER];
+                out.extend_from_slice(&marker_json(marker, Some(compensation))?);
                 out
             }
         })
@@ -220,9 +256,7 @@ impl Wire for Raw {
     fn decode_failure(bytes: &[u8]) -> Result<StoredFailure<Vec<u8>>, BoxError> {
         match bytes.split_first() {
             Some((&RAW_WORK, error)) => Ok(StoredFailure::Work(error.to_vec())),
-            Some((&RAW_MARKER, marker)) => {
-                Ok(StoredFailure::Marker(serde_json::from_slice(marker)?))
-            }
+            Some((&RAW_MARKER, marker)) => marker_from_json(serde_json::from_slice(marker)?),
             Some((&RAW_COMPENSATED, rest)) => {
                 let (len, rest) = rest
                     .split_first_chunk::<4>()
@@ -270,10 +304,19 @@ mod tests {
             undone: vec!["reserve".into()],
             failed: None,
             pending: Vec::new(),
+            interrupted: Vec::new(),
         };
         assert!(matches!(
             round_trip::<W>(StoredFailure::Compensated("no courier".into(), compensation.clone())),
             StoredFailure::Compensated(e, c) if e == "no courier" && c == compensation
+        ));
+        let compensated = round_trip::<W>(StoredFailure::CompensatedMarker(
+            marker.clone(),
+            compensation.clone(),
+        ));
+        assert!(matches!(
+            compensated,
+            StoredFailure::CompensatedMarker(m, c) if m == marker && c == compensation
         ));
         // The format earlier versions wrote still reads.
         let old = br#"{"idem_failure":"result_too_large","size":2,"limit":1}"#;
@@ -309,10 +352,16 @@ mod tests {
             undone: vec!["b".into(), "a".into()],
             failed: None,
             pending: Vec::new(),
+            interrupted: Vec::new(),
         };
         assert!(matches!(
             round_trip::<Raw>(StoredFailure::Compensated(all.clone(), compensation.clone())),
             StoredFailure::Compensated(e, c) if e == all && c == compensation
+        ));
+        let marker = Marker::ResultTooLarge { size: 3, limit: 2 };
+        assert!(matches!(
+            round_trip::<Raw>(StoredFailure::CompensatedMarker(marker.clone(), compensation.clone())),
+            StoredFailure::CompensatedMarker(m, c) if m == marker && c == compensation
         ));
         assert!(Raw::decode_failure(b"\x02\x00\x00\x00\x09{}").is_err());
         assert!(Raw::decode_failure(b"\x02\x00").is_err());

@@ -174,7 +174,11 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
         .response
         .expect("completed");
 
-    let at = |k, part| StoredAt { key: k, part };
+    let at = |k, part| StoredAt {
+        key: k,
+        fingerprint: &fingerprint,
+        part,
+    };
     let copied = key("payments", "copied");
     let flipped = key("payments", "flipped");
     let swapped = key("payments", "failure-as-result");
@@ -191,6 +195,25 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
         .expect("encodes");
     plant(store.as_ref(), &swapped, fingerprint, &failure_bytes).await;
     plant(store.as_ref(), &plain, fingerprint, b"\"written in clear\"").await;
+    // A later lifetime of a key, for another request, holding the earlier request's
+    // ciphertext: it answers the earlier request, not this one.
+    let relived = key("payments", "another-lifetime");
+    let later_request = Fingerprint::of_bytes("another request");
+    let earlier = codec
+        .encode(&at(&relived, StoredPart::Result), b"\"ok\"".to_vec())
+        .expect("encodes");
+    plant(store.as_ref(), &relived, later_request, &earlier).await;
+    let answer = idem.execute(&relived, later_request, work).await;
+    assert!(
+        matches!(
+            answer,
+            Err(Error::Codec {
+                source: CodecError::Unauthentic { id: 1 },
+                ..
+            })
+        ),
+        "another request's ciphertext under the same key: {answer:?}"
+    );
 
     for (k, what) in [
         (&copied, "a ciphertext copied from another record"),

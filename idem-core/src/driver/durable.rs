@@ -1,0 +1,67 @@
+//! Writes after the work, made so that they survive the caller going away.
+//!
+//! Once the work returned, its effect happened: the result (or failure, or checkpoint)
+//! must reach the store even if the caller drops `execute` (a client timeout, an axum
+//! handler whose client disconnected). Each such write runs as a task of its own, which
+//! the caller awaits; dropping the caller leaves the task running to its end.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::retry_store;
+use crate::{Lease, Operation, StepName, Store, StoreError, WriteOutcome};
+
+/// A fenced write of the driver's.
+pub(crate) enum Write {
+    Complete(Vec<u8>),
+    Fail(Vec<u8>),
+    Checkpoint(StepName, Vec<u8>),
+    Release,
+}
+
+impl Write {
+    fn operation(&self) -> Operation {
+        match self {
+            Write::Complete(_) => Operation::Complete,
+            Write::Fail(_) => Operation::Fail,
+            Write::Checkpoint(..) => Operation::Checkpoint,
+            Write::Release => Operation::Release,
+        }
+    }
+}
+
+/// Runs `write` under `lease` with the driver's store retries (until `deadline`, the
+/// lease's end on this process's clock, when given) in a task of its own, and answers
+/// what it answered. Dropping the returned future does not stop the write.
+pub(crate) async fn write(
+    store: Arc<dyn Store>,
+    lease: Lease,
+    write: Write,
+    timeout: Duration,
+    deadline: Option<Instant>,
+) -> Result<WriteOutcome, StoreError> {
+    let operation = write.operation();
+    let task = tokio::spawn(async move {
+        retry_store(operation, timeout, deadline, || async {
+            match &write {
+                Write::Complete(bytes) => store.complete(&lease, bytes).await,
+                Write::Fail(bytes) => store.fail(&lease, bytes).await,
+                Write::Checkpoint(step, bytes) => store.checkpoint(&lease, step, bytes).await,
+                Write::Release => store.release(&lease).await,
+            }
+        })
+        .await
+    });
+    match task.await {
+        Ok(result) => result,
+        // The store panicked: the caller sees that panic, as if the call ran inline.
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Only a runtime shutting down cancels the task: the write may or may not land.
+        Err(err) => Err(StoreError::Unavailable {
+            operation,
+            source: Box::new(err),
+        }),
+    }
+}

@@ -1,0 +1,520 @@
+//! The guarantee on paths the happy cases never walk: a caller that goes away after the
+//! work returned, a takeover whose answer was lost, a release into a hung store, a store
+//! that holds less than it said, a compensation taken over, an undo interrupted, a
+//! failure that cannot be stored beside its undos, and settings at their extremes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy, Key,
+    Lease, ManualClock, MemoryStore, Operation, Outcome, Record, RenewOutcome, State, StepName,
+    Store, StoreError, Timestamp, WorkError, WriteOutcome,
+};
+
+/// What a [`Faulty`] store does to one kind of call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Passes the call through.
+    None,
+    /// Fails the next `n` calls before they apply.
+    Refuse(usize),
+    /// Applies the next call, then answers as if the connection broke.
+    LoseAnswer,
+    /// Never answers.
+    Hang,
+    /// Answers after this long (then applies).
+    Slow(Duration),
+    /// `fail` with more than this many bytes is `ResponseTooLarge`.
+    FailLimit(usize),
+}
+
+/// The memory store with a fault per operation.
+struct Faulty {
+    inner: MemoryStore,
+    faults: Mutex<Vec<(Operation, Fault)>>,
+}
+
+impl Faulty {
+    fn new(inner: MemoryStore) -> Self {
+        Self {
+            inner,
+            faults: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn set(&self, operation: Operation, fault: Fault) {
+        let mut faults = self.faults.lock().unwrap();
+        faults.retain(|(op, _)| *op != operation);
+        faults.push((operation, fault));
+    }
+
+    fn fault(&self, operation: Operation) -> Fault {
+        let mut faults = self.faults.lock().unwrap();
+        let Some((_, fault)) = faults.iter_mut().find(|(op, _)| *op == operation) else {
+            return Fault::None;
+        };
+        let now = *fault;
+        *fault = match now {
+            Fault::Refuse(n) if n > 1 => Fault::Refuse(n - 1),
+            Fault::Refuse(_) | Fault::LoseAnswer => Fault::None,
+            other => other,
+        };
+        now
+    }
+
+    async fn call<O>(
+        &self,
+        operation: Operation,
+        size: usize,
+        apply: impl std::future::Future<Output = Result<O, StoreError>>,
+    ) -> Result<O, StoreError> {
+        let broken = || StoreError::Unavailable {
+            operation,
+            source: "connection reset".into(),
+        };
+        match self.fault(operation) {
+            Fault::None => apply.await,
+            Fault::Refuse(_) => Err(broken()),
+            Fault::LoseAnswer => {
+                apply.await?;
+                Err(broken())
+            }
+            Fault::Hang => std::future::pending().await,
+            Fault::Slow(pause) => {
+                tokio::time::sleep(pause).await;
+                apply.await
+            }
+            Fault::FailLimit(limit) if size > limit => {
+                Err(StoreError::ResponseTooLarge { size, limit })
+            }
+            Fault::FailLimit(_) => apply.await,
+        }
+    }
+}
+
+#[async_trait]
+impl Store for Faulty {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.call(Operation::Claim, 0, self.inner.claim(request))
+            .await
+    }
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        let apply = self.inner.complete(lease, response);
+        self.call(Operation::Complete, response.len(), apply).await
+    }
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        let apply = self.inner.fail(lease, response);
+        self.call(Operation::Fail, response.len(), apply).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.call(Operation::Release, 0, self.inner.release(lease))
+            .await
+    }
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        self.call(Operation::Renew, 0, self.inner.renew(lease, extend))
+            .await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        let apply = self.inner.checkpoint(lease, step, value);
+        self.call(Operation::Checkpoint, value.len(), apply).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+const TIMEOUT: Duration = Duration::from_secs(1);
+
+fn key(name: &str) -> Key {
+    Key::new("every-path", name).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_bytes("request")
+}
+
+/// A driver over a shared faulty store on `clock`.
+fn driver(store: &Arc<Faulty>) -> Idempotency<Arc<Faulty>> {
+    Idempotency::builder(Arc::clone(store))
+        .lease(LEASE)
+        .heartbeat(Heartbeat::Off)
+        .store_timeout(TIMEOUT)
+        .build()
+        .unwrap()
+}
+
+fn store_on(clock: &ManualClock) -> Arc<Faulty> {
+    Arc::new(Faulty::new(MemoryStore::with_clock(clock.clone())))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_survives_the_caller_going_away_after_the_work_returned() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = |runs: Arc<AtomicUsize>| {
+        move |_ctx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, WorkError<String>>("charged".to_string())
+        }
+    };
+    // The caller gives up while the result is on its way to a slow store.
+    store.set(Operation::Complete, Fault::Slow(TIMEOUT / 2));
+    let gave_up = tokio::time::timeout(
+        TIMEOUT / 4,
+        idem.execute(&key("dropped"), fp(), work(Arc::clone(&runs))),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller timed out first");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    store.set(Operation::Complete, Fault::None);
+    let record = store.get(&key("dropped")).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        State::Completed,
+        "the write went on without the caller"
+    );
+    clock.advance(2 * LEASE);
+    let retry = idem
+        .execute(&key("dropped"), fp(), work(Arc::clone(&runs)))
+        .await
+        .unwrap();
+    assert_eq!(
+        retry,
+        Outcome::Completed {
+            value: "charged".to_string(),
+            replayed: true
+        }
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_whose_answer_was_lost_still_says_it_resumed() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    // An earlier attempt claimed and then vanished.
+    let abandoned = ClaimRequest::new(key("lost"), fp(), LEASE, 10 * LEASE);
+    assert!(matches!(
+        store.inner.claim(&abandoned).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    clock.advance(LEASE);
+    // The takeover lands, but its answer is lost; the retry gets the same lease back.
+    store.set(Operation::Claim, Fault::LoseAnswer);
+    let idem = driver(&store);
+    let outcome = idem
+        .execute(&key("lost"), fp(), |ctx| async move {
+            Ok::<_, WorkError<String>>((ctx.resumed(), ctx.token()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.into_result(), Ok((true, 2)), "a takeover, told so");
+
+    // A fresh claim whose answer was lost is still a fresh one.
+    store.set(Operation::Claim, Fault::LoseAnswer);
+    let outcome = idem
+        .execute(&key("fresh"), fp(), |ctx| async move {
+            Ok::<_, WorkError<String>>(ctx.resumed())
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.into_result(), Ok(false));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_release_into_a_hung_store_is_bounded() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    store.set(Operation::Release, Fault::Hang);
+    let started = tokio::time::Instant::now();
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(60),
+        idem.execute(&key("release"), fp(), |_ctx| async {
+            Err::<String, _>(WorkError::Retryable("provider down".to_string()))
+        }),
+    )
+    .await
+    .expect("execute returns although the release never answers");
+    assert!(matches!(outcome, Ok(Outcome::Retryable(_))));
+    // Three tries of one store_timeout each, and the backoff between them.
+    assert!(started.elapsed() <= 3 * TIMEOUT + Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    // The store refuses failures over 100 bytes, without saying so up front.
+    store.set(Operation::Fail, Fault::FailLimit(100));
+    let runs = AtomicUsize::new(0);
+    let work = |_ctx| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Err::<String, _>(WorkError::Permanent("x".repeat(500)))
+    };
+    let first = idem.execute(&key("too-large"), fp(), work).await;
+    assert!(
+        matches!(first, Err(Error::ResultTooLarge { limit: 100, .. })),
+        "{first:?}"
+    );
+    let record = store.get(&key("too-large")).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Failed, "the key is not held");
+    clock.advance(2 * LEASE);
+    let again = idem.execute(&key("too-large"), fp(), work).await;
+    assert!(matches!(
+        again,
+        Err(Error::ResultTooLarge { replayed: true, .. })
+    ));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_keep_trying_for_the_lease_whatever_the_stores_clock_says() {
+    // The store's clock is years behind this process's: its lease_until is long past on
+    // the process's clock, yet the lease is live in the store.
+    let clock = ManualClock::starting_at(Timestamp::from_unix_millis(1_000_000));
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    store.set(Operation::Complete, Fault::Refuse(6));
+    let runs = AtomicUsize::new(0);
+    let work = |_ctx| async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        Ok::<_, WorkError<String>>("ok".to_string())
+    };
+    let first = idem.execute(&key("clock"), fp(), work).await;
+    assert!(
+        matches!(
+            first,
+            Ok(Outcome::Completed {
+                replayed: false,
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_wait_does_not_panic() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .in_flight(InFlightPolicy::Wait {
+            timeout: Duration::MAX,
+        })
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("wait"), fp(), |_ctx| async {
+            Ok::<_, WorkError<String>>(1)
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.into_result(), Ok(1));
+}
+
+/// A ledger of effects kept outside the store.
+#[derive(Default, Clone)]
+struct Ledger(Arc<Mutex<Vec<String>>>);
+
+impl Ledger {
+    fn add(&self, effect: &str) {
+        self.0.lock().unwrap().push(effect.to_string());
+    }
+    fn count(&self, effect: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| *e == effect)
+            .count()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_accounts_for_every_undo_the_failed_run_registered() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let k = key("saga-early");
+    // First run: reserve and charge, then shipping fails for good; the charge's refund
+    // is not possible yet (Unknown), so the execution stays held mid-compensation.
+    let l = ledger.clone();
+    let first = idem
+        .execute(&k, fp(), move |ctx| async move {
+            let l2 = l.clone();
+            ctx.step_with_undo(
+                "reserve",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l2.add("release");
+                    Ok(())
+                },
+            )
+            .await?;
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                |()| async { Err(WorkError::Unknown("refund timed out".to_string())) },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("no courier".to_string()))
+        })
+        .await;
+    assert!(
+        matches!(first, Err(Error::CompensationPending { ref step }) if step == "charge"),
+        "{first:?}"
+    );
+    clock.advance(LEASE);
+    // The takeover's run of the work stops early, before it re-registers the charge's
+    // undo: a plain call that is momentarily down.
+    let l = ledger.clone();
+    let second = idem
+        .execute(&k, fp(), move |ctx| async move {
+            let l2 = l.clone();
+            ctx.step_with_undo(
+                "reserve",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l2.add("release");
+                    Ok(())
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Retryable("fraud check down".to_string()))
+        })
+        .await;
+    assert!(
+        matches!(second, Err(Error::CompensationPending { ref step }) if step == "charge"),
+        "never stored as compensated with the charge not refunded: {second:?}"
+    );
+    assert_eq!(ledger.count("release"), 0, "undos run in reverse order");
+    clock.advance(LEASE);
+    // A run that goes all the way but whose code no longer registers the charge's undo:
+    // it is reported pending, and the reservation is released.
+    let l = ledger.clone();
+    let third = idem
+        .execute(&k, fp(), move |ctx| async move {
+            let l2 = l.clone();
+            ctx.step_with_undo(
+                "reserve",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l2.add("release");
+                    Ok(())
+                },
+            )
+            .await?;
+            Ok::<(), WorkError<String>>(())
+        })
+        .await
+        .unwrap();
+    let Outcome::Compensated { compensation, .. } = third else {
+        panic!("compensated: {third:?}")
+    };
+    assert_eq!(compensation.undone, ["reserve"]);
+    assert_eq!(compensation.pending, ["charge"]);
+    assert!(!compensation.is_complete());
+    assert_eq!(ledger.count("release"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undo_interrupted_while_it_runs_never_runs_again() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let k = key("undo-interrupted");
+    let work = |ledger: Ledger, hang: bool| {
+        move |ctx: idem_core::Context| async move {
+            let l = ledger.clone();
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("refund");
+                    if hang {
+                        // The process dies here, after the refund went out.
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("declined downstream".to_string()))
+        }
+    };
+    let first = tokio::time::timeout(
+        Duration::from_secs(5),
+        idem.execute(&k, fp(), work(ledger.clone(), true)),
+    )
+    .await;
+    assert!(first.is_err(), "the caller gave up mid-undo");
+    clock.advance(LEASE);
+    let second = idem
+        .execute(&k, fp(), work(ledger.clone(), false))
+        .await
+        .unwrap();
+    let Outcome::Compensated { compensation, .. } = second else {
+        panic!("compensated: {second:?}")
+    };
+    assert_eq!(compensation.interrupted, ["charge"]);
+    assert!(compensation.undone.is_empty());
+    assert_eq!(ledger.count("refund"), 1, "the refund went out once");
+}
+
+/// An error that does not serialise.
+#[derive(Debug, serde::Deserialize)]
+struct Opaque;
+
+impl serde::Serialize for Opaque {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        Err(serde::ser::Error::custom("opaque"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_that_cannot_be_stored_still_undoes_the_steps() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let outcome = idem
+        .execute(&key("opaque"), fp(), move |ctx| async move {
+            let l2 = l.clone();
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<Opaque>>(()) },
+                move |()| async move {
+                    l2.add("refund");
+                    Ok(())
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent(Opaque))
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(Error::Unserializable { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(ledger.count("refund"), 1, "the charge was refunded");
+    let record = store.get(&key("opaque")).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Failed);
+}

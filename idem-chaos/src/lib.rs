@@ -8,8 +8,11 @@
 //! - [`proxy`]: a TCP proxy on 127.0.0.1 that delays, refuses, blackholes and cuts.
 //! - [`ledger`]: what each execution did, kept outside the store under test.
 //! - [`run`]: the workers, the faults, the server crashes, and the checks.
+//! - [`explore`]: `idem-chaos explore`, idem-testkit's systematic fault explorer on every
+//!   backend.
 
 pub mod backends;
+pub mod explore;
 pub mod ledger;
 pub mod proxy;
 pub mod run;

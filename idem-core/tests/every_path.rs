@@ -27,14 +27,18 @@ enum Fault {
     Hang,
     /// Answers after this long (then applies).
     Slow(Duration),
-    /// `fail` with more than this many bytes is `ResponseTooLarge`.
+    /// A `complete` or `fail` with more than this many bytes is `ResponseTooLarge`.
     FailLimit(usize),
+    /// As `FailLimit`, after this long.
+    SlowLimit(Duration, usize),
 }
 
 /// The memory store with a fault per operation.
 struct Faulty {
     inner: MemoryStore,
     faults: Mutex<Vec<(Operation, Fault)>>,
+    /// What `max_record_bytes` declares.
+    limit: Option<usize>,
 }
 
 impl Faulty {
@@ -42,6 +46,7 @@ impl Faulty {
         Self {
             inner,
             faults: Mutex::new(Vec::new()),
+            limit: None,
         }
     }
 
@@ -91,6 +96,13 @@ impl Faulty {
                 Err(StoreError::ResponseTooLarge { size, limit })
             }
             Fault::FailLimit(_) => apply.await,
+            Fault::SlowLimit(pause, limit) => {
+                tokio::time::sleep(pause).await;
+                if size > limit {
+                    return Err(StoreError::ResponseTooLarge { size, limit });
+                }
+                apply.await
+            }
         }
     }
 }
@@ -131,6 +143,9 @@ impl Store for Faulty {
     }
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         self.inner.purge_expired(limit).await
+    }
+    fn max_record_bytes(&self) -> Option<usize> {
+        self.limit
     }
 }
 
@@ -223,6 +238,24 @@ async fn a_takeover_whose_answer_was_lost_still_says_it_resumed() {
         .await
         .unwrap();
     assert_eq!(outcome.into_result(), Ok((true, 2)), "a takeover, told so");
+
+    // A takeover in the very millisecond the record was created (a Retryable run released
+    // its lease at once), its answer lost: still a takeover.
+    let released = idem
+        .execute(&key("same-ms"), fp(), |_ctx| async {
+            Err::<bool, _>(WorkError::Retryable("down".to_string()))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(released, Outcome::Retryable(_)));
+    store.set(Operation::Claim, Fault::LoseAnswer);
+    let outcome = idem
+        .execute(&key("same-ms"), fp(), |ctx| async move {
+            Ok::<_, WorkError<String>>(ctx.resumed())
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.into_result(), Ok(true));
 
     // A fresh claim whose answer was lost is still a fresh one.
     store.set(Operation::Claim, Fault::LoseAnswer);
@@ -353,7 +386,7 @@ async fn a_takeover_accounts_for_every_undo_the_failed_run_registered() {
     let ledger = Ledger::default();
     let k = key("saga-early");
     // First run: reserve and charge, then shipping fails for good; the charge's refund
-    // is not possible yet (Unknown), so the execution stays held mid-compensation.
+    // is not possible yet (Retryable), so the execution stays held mid-compensation.
     let l = ledger.clone();
     let first = idem
         .execute(&k, fp(), move |ctx| async move {
@@ -370,7 +403,7 @@ async fn a_takeover_accounts_for_every_undo_the_failed_run_registered() {
             ctx.step_with_undo(
                 "charge",
                 || async { Ok::<_, WorkError<String>>(()) },
-                |()| async { Err(WorkError::Unknown("refund timed out".to_string())) },
+                |()| async { Err(WorkError::Retryable("refunds are down".to_string())) },
             )
             .await?;
             Err::<(), _>(WorkError::Permanent("no courier".to_string()))
@@ -517,4 +550,257 @@ async fn a_failure_that_cannot_be_stored_still_undoes_the_steps() {
     assert_eq!(ledger.count("refund"), 1, "the charge was refunded");
     let record = store.get(&key("opaque")).await.unwrap().unwrap();
     assert_eq!(record.state, State::Failed);
+}
+
+/// The work of [`saga_of`].
+type SagaRun =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), WorkError<String>>> + Send>>;
+
+/// A saga over a shared ledger: `steps`, each with an undo that logs `undo:NAME` after
+/// `pause`, then a permanent failure.
+fn saga_of(
+    ledger: &Ledger,
+    steps: &'static [&'static str],
+    pause: Duration,
+) -> impl FnOnce(idem_core::Context) -> SagaRun + Clone {
+    let ledger = ledger.clone();
+    move |ctx: idem_core::Context| {
+        Box::pin(async move {
+            for name in steps {
+                let l = ledger.clone();
+                ctx.step_with_undo(
+                    name,
+                    || async { Ok::<_, WorkError<String>>(()) },
+                    move |()| async move {
+                        tokio::time::sleep(pause).await;
+                        l.add(&format!("undo:{name}"));
+                        Ok(())
+                    },
+                )
+                .await?;
+            }
+            Err(WorkError::Permanent("declined".to_string()))
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_gone_mid_compensation_stops_none_of_it() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let k = key("gone-mid-saga");
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        idem.execute(
+            &k,
+            fp(),
+            saga_of(&ledger, &["reserve", "charge"], Duration::from_secs(2)),
+        ),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller left during the first undo");
+    // Nobody retries; the compensation goes on by itself.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(ledger.count("undo:charge"), 1);
+    assert_eq!(ledger.count("undo:reserve"), 1);
+    let record = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        State::Failed,
+        "the compensated failure is stored"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_lease_is_renewed_for_the_whole_compensation() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let lease = Duration::from_secs(3);
+    let builder = |store: &Arc<Faulty>| {
+        Idempotency::builder(Arc::clone(store))
+            .lease(lease)
+            .heartbeat(Heartbeat::Every(Duration::from_secs(1)))
+            .store_timeout(TIMEOUT)
+    };
+    let idem = builder(&store).build().unwrap();
+    let waiting = builder(&store)
+        .in_flight(InFlightPolicy::Wait {
+            timeout: Duration::from_secs(60),
+        })
+        .build()
+        .unwrap();
+    // The store's clock follows the runtime's, so leases end as time passes.
+    let ticking = {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                clock.advance(Duration::from_millis(100));
+            }
+        })
+    };
+    let ledger = Ledger::default();
+    let k = key("renewed-saga");
+    const FIVE: &[&str] = &["a", "b", "c", "d", "e"];
+    let first = tokio::spawn({
+        let (idem, k, ledger) = (idem.clone(), k.clone(), ledger.clone());
+        async move {
+            idem.execute(&k, fp(), saga_of(&ledger, FIVE, Duration::from_millis(900)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let second = waiting
+        .execute(&k, fp(), saga_of(&ledger, FIVE, Duration::from_millis(900)))
+        .await;
+    let first = first.await.unwrap();
+    ticking.abort();
+    let Ok(Outcome::Compensated { compensation, .. }) = first else {
+        panic!("the first owner compensates: {first:?}")
+    };
+    assert_eq!(compensation.undone, ["e", "d", "c", "b", "a"]);
+    assert!(
+        matches!(second, Ok(Outcome::Compensated { replayed: true, .. })),
+        "the duplicate waited for the owner, never took over: {second:?}"
+    );
+    for step in FIVE {
+        assert_eq!(ledger.count(&format!("undo:{step}")), 1);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_the_steps_filled_still_records_what_to_undo() {
+    let clock = ManualClock::new();
+    let mut faulty = Faulty::new(MemoryStore::with_clock(clock.clone()));
+    faulty.limit = Some(4096);
+    let store = Arc::new(faulty);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let outcome = idem
+        .execute(&key("full"), fp(), move |ctx| async move {
+            let l2 = l.clone();
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l2.add("refund");
+                    Ok(())
+                },
+            )
+            .await?;
+            // A step that fills the record to just under what the work's own steps may
+            // take, leaving less than the room kept for a failure marker.
+            ctx.step("label", || async {
+                Ok::<_, WorkError<String>>("x".repeat(3530))
+            })
+            .await?;
+            Err::<(), _>(WorkError::Permanent("declined".to_string()))
+        })
+        .await;
+    assert_eq!(
+        ledger.count("refund"),
+        1,
+        "the charge was refunded: {outcome:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undo_whose_outcome_is_unknown_is_never_run_again() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let k = key("undo-unknown");
+    let work = |ledger: Ledger| {
+        move |ctx: idem_core::Context| async move {
+            let l = ledger.clone();
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("refund");
+                    Err(WorkError::Unknown("the refund timed out".to_string()))
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("declined".to_string()))
+        }
+    };
+    let first = idem.execute(&k, fp(), work(ledger.clone())).await.unwrap();
+    let Outcome::Compensated { compensation, .. } = first else {
+        panic!("compensated: {first:?}")
+    };
+    assert_eq!(compensation.interrupted, ["charge"]);
+    clock.advance(2 * LEASE);
+    let again = idem.execute(&k, fp(), work(ledger.clone())).await.unwrap();
+    assert!(again.replayed());
+    assert_eq!(
+        ledger.count("refund"),
+        1,
+        "a refund that may have gone out is not sent again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_whose_value_cannot_be_stored_is_reported_pending() {
+    let clock = ManualClock::new();
+    let mut faulty = Faulty::new(MemoryStore::with_clock(clock.clone()));
+    faulty.limit = Some(4096);
+    let store = Arc::new(faulty);
+    let idem = driver(&store);
+    let outcome = idem
+        .execute(&key("unstorable-step"), fp(), |ctx| async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>("r".repeat(8000)) },
+                |_receipt: String| async { Ok(()) },
+            )
+            .await?;
+            Ok::<(), WorkError<String>>(())
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(Error::StepTooLarge { .. })),
+        "{outcome:?}"
+    );
+    let record = store.get(&key("unstorable-step")).await.unwrap().unwrap();
+    let stored = String::from_utf8(record.response.unwrap()).unwrap();
+    assert!(
+        stored.contains("\"pending\":[\"charge\"]"),
+        "the charge is reported for an operator: {stored}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_refused_as_too_large_then_a_caller_gone_holds_no_key() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    // The store takes its time to refuse the result, and the caller leaves meanwhile.
+    store.set(Operation::Complete, Fault::SlowLimit(TIMEOUT / 2, 100));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&runs);
+    let gave_up = tokio::time::timeout(
+        TIMEOUT / 4,
+        idem.execute(&key("refused-then-gone"), fp(), move |_ctx| async move {
+            r.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, WorkError<String>>("x".repeat(500))
+        }),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "the caller left while the result was on its way"
+    );
+    tokio::time::sleep(5 * TIMEOUT).await;
+    let record = store.get(&key("refused-then-gone")).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        State::Failed,
+        "the marker landed without the caller"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

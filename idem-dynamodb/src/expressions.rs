@@ -24,7 +24,15 @@ pub(crate) const TAKEOVER_UPDATE: &str =
 /// (unexpired, or held by a lease live within the skew margin).
 pub(crate) const FENCE: &str = "#tk = :token AND #at = :at AND #st = :in_progress \
      AND (#ea > :now OR #lu > :cutoff)";
-pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response";
+/// complete and fail, beside the fence: the creation time the write assumes.
+pub(crate) const FINISH_CREATED: &str = "#ca = :ca";
+/// complete and fail: a result stored late is kept one retention after now, so the expiry
+/// moves to `max(expires_at, now + (expires_at - created_at))`, which is
+/// `expires_at + :late` with `:late = max(0, now - created_at)` (exact for the item, whose
+/// creation time the condition checks). The TTL moves by `:late_s`, the same in seconds
+/// rounded up, so it still covers the expiry.
+pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response, \
+     #ea = #ea + :late, #ttl = #ttl + :late_s";
 pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
 /// A renewal whose new lease end the item's TTL already covers: the common case, one
 /// conditional write.

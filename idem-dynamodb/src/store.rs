@@ -44,7 +44,9 @@ const CLAIM_ATTEMPTS: usize = 8;
 /// - Every fenced write is an `UpdateItem` conditioned on the token, the attempt, the
 ///   state and presence; a failed condition is an outcome, never an error. A renewal is
 ///   one conditional write; it also moves the TTL, in the same write, when the new lease
-///   outlives it.
+///   outlives it. A complete or fail stored late (past the retention, a live lease
+///   holding the record) moves the expiry to one retention after now, and the TTL with
+///   it, in the same conditional write.
 /// - DynamoDB has no server clock, so the store reads the client's clock: a takeover
 ///   waits until `lease_until + skew_margin` (default 2 s). The margin protects a live
 ///   owner against clients whose clocks run ahead by up to the margin, at the price of
@@ -142,6 +144,51 @@ impl fmt::Debug for DynamoDbStoreBuilder {
         f.debug_tuple("DynamoDbStoreBuilder")
             .field(&self.store)
             .finish()
+    }
+}
+
+/// How often a complete or fail writes again when the item's creation time was not the
+/// one the write assumed (a lease whose `created_at` is not the item's).
+const FINISH_ATTEMPTS: usize = 3;
+
+/// What a complete or fail whose condition failed answers, from the item as it was.
+#[derive(Debug, PartialEq, Eq)]
+enum Refused {
+    /// The same owner's earlier try stored this result: applied, nothing written again.
+    Landed,
+    /// Another owner, another terminal state, or no record: fenced.
+    Fenced,
+    /// The fence holds: only the creation time the write assumed was wrong. Write again
+    /// assuming the item's.
+    Again {
+        /// The item's creation time.
+        created_at: Timestamp,
+    },
+}
+
+/// The state machine's answer for `seen` (none: no item), with leases lasting the skew
+/// margin longer, as the fence's condition counts them.
+fn refused_finish(
+    seen: Option<Record>,
+    lease: &Lease,
+    terminal: State,
+    now: Timestamp,
+    skew_margin: Duration,
+) -> Refused {
+    let Some(mut seen) = seen else {
+        return Refused::Fenced;
+    };
+    seen.lease_until = seen.lease_until.saturating_add(skew_margin);
+    let answer = match terminal {
+        State::Failed => machine::fail(Some(&seen), lease, b"", now),
+        _ => machine::complete(Some(&seen), lease, b"", now),
+    };
+    match (answer.outcome, answer.write) {
+        (WriteOutcome::Applied, None) => Refused::Landed,
+        (WriteOutcome::Applied, Some(_)) => Refused::Again {
+            created_at: seen.created_at,
+        },
+        _ => Refused::Fenced,
     }
 }
 
@@ -384,35 +431,46 @@ impl DynamoDbStore {
         if response.len() > MAX_RECORD_BYTES {
             return Err(too_large());
         }
-        let now = self.now();
-        let result = self
-            .fenced(lease, x::FINISH_UPDATE, x::FENCE, now)
-            .expression_attribute_values(":terminal", s(terminal.as_str()))
-            .expression_attribute_values(":response", b(response))
-            .send()
-            .await;
-        let Err(err) = result else {
-            return Ok(WriteOutcome::Applied);
-        };
-        if is_item_too_large(&err) {
-            // The response fits alone, not beside the checkpoints the item holds.
-            return Err(too_large());
+        let condition = format!("{} AND {}", x::FENCE, x::FINISH_CREATED);
+        // The item's creation time, as the lease tells it; the item corrects it if not.
+        let mut created_at = lease.created_at;
+        for _ in 0..FINISH_ATTEMPTS {
+            let now = self.now();
+            let late = duration_millis(now.saturating_duration_since(created_at));
+            let result = self
+                .fenced(lease, x::FINISH_UPDATE, &condition, now)
+                .expression_attribute_values(":terminal", s(terminal.as_str()))
+                .expression_attribute_values(":response", b(response))
+                .expression_attribute_values(":ca", n(created_at.as_unix_millis()))
+                .expression_attribute_values(":late", n(late))
+                .expression_attribute_values(":late_s", n(late.div_ceil(1000)))
+                .send()
+                .await;
+            let Err(err) = result else {
+                return Ok(WriteOutcome::Applied);
+            };
+            if is_item_too_large(&err) {
+                // The response fits alone, not beside the checkpoints the item holds.
+                return Err(too_large());
+            }
+            let old = match condition_failed(err, operation)? {
+                Some(old) => Some(old),
+                // Some servers send no old item: read it, strongly consistent.
+                None => self.read(&lease.key, operation).await?,
+            };
+            let seen = old
+                .map(|item| item::decode(&lease.key, &item))
+                .transpose()?
+                .map(|(record, _)| record);
+            match refused_finish(seen, lease, terminal, now, self.skew_margin) {
+                Refused::Landed => return Ok(WriteOutcome::Applied),
+                Refused::Fenced => return Ok(WriteOutcome::Fenced),
+                Refused::Again { created_at: item } => created_at = item,
+            }
         }
-        // The same owner retrying after its first try landed is not fenced.
-        let old = condition_failed(err, operation)?;
-        let landed = old
-            .map(|item| item::decode(&lease.key, &item))
-            .transpose()?
-            .is_some_and(|(record, _)| {
-                record.token == lease.token
-                    && record.attempt == lease.attempt
-                    && record.state == terminal
-                    && !record.is_expired(now)
-            });
-        Ok(if landed {
-            WriteOutcome::Applied
-        } else {
-            WriteOutcome::Fenced
+        Err(StoreError::Busy {
+            operation,
+            source: "the item kept changing under the write; retry".into(),
         })
     }
 
@@ -651,5 +709,132 @@ impl Store for DynamoDbStore {
 
     fn max_record_bytes(&self) -> Option<usize> {
         Some(MAX_RECORD_BYTES)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{AttemptId, Fingerprint};
+
+    const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
+
+    /// A record claimed at `T0` with a lease of a minute and a retention of an hour.
+    fn claimed() -> (Record, Lease) {
+        let request = ClaimRequest::new(
+            Key::new("s", "k").unwrap(),
+            Fingerprint::of_bytes("x"),
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        );
+        let record = machine::claim(None, &request, T0)
+            .write
+            .expect("a fresh claim");
+        let lease = machine::lease_of(&record);
+        (record, lease)
+    }
+
+    fn at(seconds: u64) -> Timestamp {
+        T0.saturating_add(Duration::from_secs(seconds))
+    }
+
+    #[test]
+    fn no_item_read_back_is_fenced() {
+        let (_, lease) = claimed();
+        assert_eq!(
+            refused_finish(None, &lease, State::Completed, T0, Duration::ZERO),
+            Refused::Fenced
+        );
+    }
+
+    #[test]
+    fn the_owners_stored_result_is_landed_while_present() {
+        let (record, lease) = claimed();
+        for terminal in [State::Completed, State::Failed] {
+            let stored = match terminal {
+                State::Failed => machine::fail(Some(&record), &lease, b"r", T0),
+                _ => machine::complete(Some(&record), &lease, b"r", T0),
+            }
+            .write
+            .unwrap();
+            let refused =
+                |now| refused_finish(Some(stored.clone()), &lease, terminal, now, Duration::ZERO);
+            assert_eq!(refused(at(10)), Refused::Landed, "{terminal:?}");
+            assert_eq!(refused(at(3600)), Refused::Fenced, "{terminal:?}: expired");
+            let other = if terminal == State::Failed {
+                State::Completed
+            } else {
+                State::Failed
+            };
+            assert_eq!(
+                refused_finish(Some(stored.clone()), &lease, other, at(10), Duration::ZERO),
+                Refused::Fenced,
+                "{terminal:?} is not {other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn another_owner_is_fenced() {
+        let (record, mut lease) = claimed();
+        lease.attempt = AttemptId::random();
+        assert_eq!(
+            refused_finish(
+                Some(record.clone()),
+                &lease,
+                State::Completed,
+                at(10),
+                Duration::ZERO
+            ),
+            Refused::Fenced
+        );
+        let (_, mut lease) = claimed();
+        lease.token += 1;
+        assert_eq!(
+            refused_finish(
+                Some(record),
+                &lease,
+                State::Completed,
+                at(10),
+                Duration::ZERO
+            ),
+            Refused::Fenced
+        );
+    }
+
+    #[test]
+    fn a_wrong_creation_time_is_corrected_from_the_item() {
+        let (record, mut lease) = claimed();
+        lease.created_at = at(5);
+        assert_eq!(
+            refused_finish(
+                Some(record),
+                &lease,
+                State::Completed,
+                at(10),
+                Duration::ZERO
+            ),
+            Refused::Again { created_at: T0 }
+        );
+    }
+
+    #[test]
+    fn a_lease_live_within_the_skew_margin_still_holds_the_fence() {
+        let (mut record, lease) = claimed();
+        record.expires_at = at(30); // retention over, lease until 60 s
+        let refused = |margin| {
+            refused_finish(
+                Some(record.clone()),
+                &lease,
+                State::Completed,
+                at(61),
+                margin,
+            )
+        };
+        assert_eq!(refused(Duration::ZERO), Refused::Fenced);
+        assert_eq!(
+            refused(Duration::from_secs(2)),
+            Refused::Again { created_at: T0 }
+        );
     }
 }

@@ -271,3 +271,107 @@ async fn a_renewal_past_retention_moves_the_ttl_in_the_same_write() {
         long.lease_until
     );
 }
+
+#[tokio::test]
+async fn a_result_stored_late_moves_the_expiry_and_the_ttl_in_the_same_write() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let client = common::client(&endpoint);
+    idem_dynamodb::create_table(&client, &common::table())
+        .await
+        .unwrap();
+    let prefix = common::unique_prefix();
+    let clock = ManualClock::starting_at(Timestamp::now());
+    let store = DynamoDbStore::builder(client.clone(), &common::table())
+        .unwrap()
+        .prefix(&prefix)
+        .unwrap()
+        .skew_margin(Duration::ZERO)
+        .clock(clock.clone())
+        .build();
+    let item = |key: Key| {
+        let client = client.clone();
+        let pk = idem_core::storage_name::namespaced_key_name(&prefix, &key);
+        async move {
+            let found = client
+                .get_item()
+                .table_name(common::table())
+                .key("pk", AttributeValue::S(pk))
+                .consistent_read(true)
+                .send()
+                .await
+                .unwrap();
+            let number = |name: &str| match found.item().and_then(|item| item.get(name)) {
+                Some(AttributeValue::N(n)) => n.parse::<u64>().unwrap(),
+                other => panic!("no {name}: {other:?}"),
+            };
+            (number("ca"), number("ea"), number("ttl"))
+        }
+    };
+    let retention = Duration::from_secs(60);
+    for (name, late) in [
+        ("early", Duration::from_secs(10)),
+        ("late", Duration::from_secs(150)),
+    ] {
+        let key = Key::new("late", name).unwrap();
+        let request = ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes("x"),
+            Duration::from_secs(3600),
+            retention,
+        );
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+            panic!("a fresh claim")
+        };
+        clock.advance(late);
+        assert_eq!(
+            store.complete(&lease, b"r").await.unwrap(),
+            WriteOutcome::Applied
+        );
+        let (created, expires, ttl) = item(key.clone()).await;
+        let stored = lease.created_at.as_unix_millis() + late.as_millis() as u64;
+        assert_eq!(created, lease.created_at.as_unix_millis());
+        assert_eq!(
+            expires,
+            stored + retention.as_millis() as u64,
+            "{name}: kept one retention after it was stored"
+        );
+        assert!(
+            ttl * 1000 >= expires,
+            "{name}: the TTL ({ttl} s) covers the expiry ({expires} ms)"
+        );
+        // A retry of the landed write changes nothing.
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(
+            store.complete(&lease, b"r").await.unwrap(),
+            WriteOutcome::Applied
+        );
+        assert_eq!(item(key.clone()).await, (created, expires, ttl));
+        assert!(matches!(
+            store.claim(&request).await.unwrap(),
+            ClaimOutcome::Replay { .. }
+        ));
+    }
+    // A lease that misstates the creation time: the item's own is what counts.
+    let key = Key::new("late", "misstated").unwrap();
+    let request = ClaimRequest::new(
+        key.clone(),
+        Fingerprint::of_bytes("x"),
+        Duration::from_secs(3600),
+        retention,
+    );
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    let mut misstated = lease.clone();
+    misstated.created_at = lease.created_at.saturating_add(Duration::from_secs(100));
+    clock.advance(Duration::from_secs(150));
+    assert_eq!(
+        store.complete(&misstated, b"r").await.unwrap(),
+        WriteOutcome::Applied
+    );
+    let (created, expires, _) = item(key).await;
+    assert_eq!(created, lease.created_at.as_unix_millis());
+    assert_eq!(expires, created + 150_000 + retention.as_millis() as u64);
+}

@@ -13,6 +13,9 @@ local now = now_ms()
 local r = nil
 if peek[1] or peek[2] then
   r = load(key, now)
+else
+  -- No fingerprint and no state: no record, unless the hash holds other fields.
+  refuse_fingerprintless(key)
 end
 
 local function claimed(token, lease_until, resumed, created, steps)

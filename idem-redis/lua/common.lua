@@ -51,12 +51,24 @@ local function fenced_fields(v)
   return r
 end
 
+-- Every hash idem writes has its fingerprint, from the first claim on. A hash without one
+-- that still holds fields is not "no record": it may be a damaged record whose step fields
+-- say work already ran. Starting afresh over it would either keep those steps (a later
+-- takeover then skips steps that never ran) or, deleting it first, run the work again.
+-- Refusing it as corrupt runs nothing and leaves it for an operator to read and delete.
+local function refuse_fingerprintless(key)
+  if redis.call('EXISTS', key) == 1 then
+    corrupt('fingerprint')
+  end
+end
+
 -- The record's fields, or nil when there is none or it is absent (deleting one whose moment
 -- to vanish has come but which Redis has not yet deleted: within the same millisecond, say). Steps are
 -- read separately (steps_of), only where an answer carries them.
 local function load(key, now)
   local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e', 'f', 'c', 'r', 'z')
   if not v[6] then
+    refuse_fingerprintless(key)
     return nil
   end
   if string.len(v[6]) ~= 32 then corrupt('fingerprint') end
@@ -107,9 +119,9 @@ end
 
 -- complete and fail: 1 when applied (or already applied by this owner), 0 when fenced.
 -- Reads only what the fence and the expiry need (state, token, attempt, lease end,
--- expiry), each validated before use.
+-- expiry, creation), each validated before use.
 local function finish(key, token, attempt, response, terminal)
-  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e')
+  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e', 'c')
   if not v[1] then
     return 0
   end
@@ -123,17 +135,21 @@ local function finish(key, token, attempt, response, terminal)
     return 0
   end
   if r.s == terminal then
+    -- Already stored by this owner: nothing is written again, not even the expiry.
     return 1
   end
   if r.s ~= 'in_progress' then
     return 0
   end
-  redis.call('HSET', key, 's', terminal, 'r', response)
-  -- While in progress the key lived until max(expiry, lease end) (keep); a finished record
-  -- lives until its expiry, which is the same moment unless the lease outlasted it.
-  if r.l > r.e then
-    r.s = terminal
-    keep(key, r, now)
+  -- A result stored late (heartbeats or a takeover kept the work past the retention) is
+  -- kept one whole retention (expiry - creation) after now, never less than before.
+  local retention = math.max(r.e - integer(v[6], 'created_at'), 0)
+  if now + retention > r.e then
+    r.e = math.min(now + retention, MAX_INTEGER)
   end
+  r.s = terminal
+  redis.call('HSET', key, 's', terminal, 'r', response, 'e', num(r.e))
+  -- A finished record's key lives until its expiry: the lease no longer holds it.
+  keep(key, r, now)
   return 1
 end

@@ -38,6 +38,14 @@ pub(crate) fn map(operation: Operation, err: RedisError) -> StoreError {
                 source: err.into(),
             }
         }
+        // Server states that pass (out of memory until eviction or a purge frees some, a
+        // long script, too few replicas in sync, a failing snapshot) refuse the command
+        // before it runs: a short wait and the same call succeed. As a permanent error, a
+        // moment's OOM would end a completion and strand the key until its lease expires.
+        ErrorKind::Extension if err.code().is_some_and(is_transient) => StoreError::Unavailable {
+            operation,
+            source: err.into(),
+        },
         ErrorKind::UnexpectedReturnType => StoreError::Corrupt {
             key: None,
             what: "a reply from a script",
@@ -54,6 +62,11 @@ pub(crate) fn map(operation: Operation, err: RedisError) -> StoreError {
     }
 }
 
+/// Error codes of server states that pass, which redis-rs does not classify itself.
+fn is_transient(code: &str) -> bool {
+    matches!(code, "OOM" | "BUSY" | "NOREPLICAS" | "MISCONF")
+}
+
 /// A reply of a shape the scripts never produce.
 pub(crate) fn unexpected(what: &'static str) -> StoreError {
     StoreError::Corrupt {
@@ -66,6 +79,89 @@ pub(crate) fn unexpected(what: &'static str) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The error a server's reply `-<line>` becomes, parsed as redis-rs parses replies.
+    fn server_error(line: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(err)) => err.into(),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    /// A server state that passes: the write did not run, and trying again soon is safe.
+    fn assert_transient(line: &str) {
+        let mapped = map(Operation::Complete, server_error(line));
+        assert!(
+            matches!(mapped, StoreError::Unavailable { .. }) && mapped.is_retryable(),
+            "{line}: {mapped:?}"
+        );
+    }
+
+    #[test]
+    fn out_of_memory_is_retryable() {
+        assert_transient(
+            "OOM command not allowed when used memory > 'maxmemory'. script: 1a2b, on @user_script:9.",
+        );
+    }
+
+    #[test]
+    fn a_busy_script_is_retryable() {
+        assert_transient(
+            "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+        );
+    }
+
+    #[test]
+    fn too_few_replicas_is_retryable() {
+        assert_transient("NOREPLICAS Not enough good replicas to write.");
+    }
+
+    #[test]
+    fn a_failing_snapshot_is_retryable() {
+        assert_transient(
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+        );
+    }
+
+    /// A server state the client library knows: retryable already, as `Busy`.
+    fn assert_busy(line: &str) {
+        let mapped = map(Operation::Claim, server_error(line));
+        assert!(
+            matches!(mapped, StoreError::Busy { .. }) && mapped.is_retryable(),
+            "{line}: {mapped:?}"
+        );
+    }
+
+    #[test]
+    fn loading_is_retryable() {
+        assert_busy("LOADING Redis is loading the dataset in memory");
+    }
+
+    #[test]
+    fn try_again_is_retryable() {
+        assert_busy("TRYAGAIN Multiple keys request during rehashing of slot");
+    }
+
+    #[test]
+    fn a_master_down_is_retryable() {
+        assert_busy(
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        );
+    }
+
+    #[test]
+    fn a_cluster_down_is_retryable() {
+        assert_busy("CLUSTERDOWN The cluster is down");
+    }
+
+    #[test]
+    fn other_server_errors_stay_permanent() {
+        let mapped = map(
+            Operation::Claim,
+            server_error("WRONGTYPE Operation against a key holding the wrong kind of value"),
+        );
+        assert!(!mapped.is_retryable(), "{mapped:?}");
+    }
 
     #[test]
     fn a_reply_cut_short_is_retryable_not_corrupt() {

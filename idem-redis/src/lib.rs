@@ -36,7 +36,10 @@
 //!   snapshots only), a restart loses every record.
 //! - **No eviction.** Set `maxmemory-policy noeviction`. Any evicting policy may delete a
 //!   record early, turning a replay into a second execution; with `noeviction` a full
-//!   Redis refuses new claims instead (an error, so the work does not run).
+//!   Redis refuses new claims instead (an error, so the work does not run). That `OOM`
+//!   reply, like `BUSY`, `NOREPLICAS` and `MISCONF`, is a retryable
+//!   [`StoreError::Unavailable`](idem_core::StoreError::Unavailable): a completion refused
+//!   for a moment keeps trying while its lease lasts.
 //! - **Failover.** Replication is asynchronous. When a primary fails and a replica is
 //!   promoted, writes the replica had not yet received are lost, with the same effect as
 //!   a lost second above. Where that matters, put downstream effects behind their own

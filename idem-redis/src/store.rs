@@ -115,7 +115,9 @@ impl Connection {
 ///   one key in one cluster slot.
 /// - Time is the server's (`TIME` inside the script), never the client's.
 /// - Retention is `PEXPIREAT`: a record lives until it expires, or until its lease ends if
-///   that is later (a live owner's record is never absent), and Redis deletes it then. So
+///   that is later (a live owner's record is never absent), and Redis deletes it then. A
+///   result stored late moves the expiry (and the key's `PEXPIREAT`) to one retention
+///   after it is stored. So
 ///   its [`Expiry`] is [`Expiry::Vanishes`]: `purge_expired` has nothing to do, and a key
 ///   claimed again after its record vanished starts a new lifetime at token 1 (the attempt
 ///   id still fences the old owner out).

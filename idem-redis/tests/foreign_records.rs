@@ -5,7 +5,9 @@ mod common;
 
 use std::sync::Arc;
 
-use idem_core::{Admin, Key};
+use std::time::Duration;
+
+use idem_core::{Admin, AttemptId, ClaimOutcome, ClaimRequest, Key, Store, StoreError};
 
 use idem_testkit::assert_foreign_record_is_refused;
 
@@ -50,6 +52,7 @@ async fn foreign_records_are_refused_not_absent() {
         ("a missing expiry", with("e", None)),
         ("a lease end that is a fraction", with("l", Some(b"1.5"))),
         ("a fingerprint of 5 bytes", with("f", Some(b"12345"))),
+        ("a missing fingerprint", with("f", None)),
     ];
     // Finished records take the claim's replay path, which reads only what it answers from:
     // that must be validated too.
@@ -104,4 +107,89 @@ async fn foreign_records_are_refused_not_absent() {
     );
     let shown = store.get(&key).await.unwrap().expect("still readable");
     assert_eq!(shown.token, idem_core::MAX_TOKEN);
+}
+
+/// A hash's fields, as `HSET` takes them.
+type Fields = Vec<(&'static str, Vec<u8>)>;
+
+/// A hash without its fingerprint that still holds a step: a claim must neither start
+/// afresh over it (keeping the step) nor hand that step to a takeover as work already done.
+#[tokio::test]
+async fn a_hash_without_its_fingerprint_never_hands_out_stale_steps() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let store = common::standalone_in(&url, &prefix).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let fingerprint = idem_core::Fingerprint::of_bytes("stale");
+    // One hash with every field but the fingerprint, one with nothing but a step.
+    let seeded: [(&str, Fields); 2] = [
+        (
+            "no-fingerprint",
+            vec![
+                ("s", b"in_progress".to_vec()),
+                ("t", b"3".to_vec()),
+                ("a", vec![0; 16]),
+                ("l", b"1".to_vec()),
+                ("c", b"1".to_vec()),
+                ("e", b"4102444800000".to_vec()),
+                ("z", b"0".to_vec()),
+                ("step:debit", b"done".to_vec()),
+            ],
+        ),
+        ("only-a-step", vec![("step:debit", b"done".to_vec())]),
+    ];
+    for (name, fields) in seeded {
+        let key = Key::new("stale", name).unwrap();
+        let hash = format!("{prefix}{{5:stale:{name}}}");
+        let _: () = redis::cmd("HSET")
+            .arg(&hash)
+            .arg(fields)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // A lease of zero, so the next claim is a takeover at once.
+        let request = |attempt| {
+            ClaimRequest::new(
+                key.clone(),
+                fingerprint,
+                Duration::ZERO,
+                Duration::from_secs(3600),
+            )
+            .with_attempt(attempt)
+        };
+        match store.claim(&request(AttemptId::random())).await {
+            Ok(ClaimOutcome::Claimed { .. }) => {
+                let taken = store.claim(&request(AttemptId::random())).await;
+                let Ok(ClaimOutcome::Claimed { steps, .. }) = taken else {
+                    panic!("{name}: the takeover answered {taken:?}");
+                };
+                assert!(
+                    steps.is_empty(),
+                    "{name}: a takeover of a record claimed afresh answered steps that never \
+                     ran in it: {steps:?}"
+                );
+                panic!("{name}: a hash idem did not write was claimed afresh");
+            }
+            Err(StoreError::Corrupt { .. }) => {}
+            other => panic!("{name}: claim must answer Corrupt, not {other:?}"),
+        }
+        let step: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&hash)
+            .arg("step:debit")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            step.as_deref(),
+            Some(&b"done"[..]),
+            "{name}: the refused hash is left for an operator to read"
+        );
+        assert!(
+            matches!(store.get(&key).await, Err(StoreError::Corrupt { .. })),
+            "{name}: get must answer Corrupt"
+        );
+    }
 }

@@ -55,6 +55,7 @@
 mod admin_suite;
 mod capabilities;
 mod cases;
+pub mod explore;
 mod foreign;
 mod fuzz;
 mod model;
@@ -119,6 +120,8 @@ macro_rules! __with_cases {
                 "Claiming an absent record (expired, no live lease) is a fresh claim: token + 1, steps and response cleared, any fingerprint.";
             a_live_lease_is_never_absent => ALiveLeaseIsNeverAbsent:
                 "A record whose retention ended but whose lease lives is in flight, not claimed afresh; its owner still writes.";
+            late_results_stay_replayable => LateResultsStayReplayable:
+                "A result or failure stored after the record's retention ended (a live lease held it) is replayed and shown by get for one whole retention after it is stored.";
             different_fingerprint_is_a_mismatch => DifferentFingerprintIsAMismatch:
                 "Any present record answers Mismatch to another fingerprint and stays unchanged.";
             completed_record_replays => CompletedRecordReplays:
@@ -131,12 +134,14 @@ macro_rules! __with_cases {
                 "A claim retried with the same attempt id gets the same lease back.";
             expired_lease_is_taken_over => ExpiredLeaseIsTakenOver:
                 "An expired lease is taken over: token + 1, steps kept, resumed.";
+            lease_and_expiry_end_exactly => LeaseAndExpiryEndExactly:
+                "A lease is over, and a record expired, at the very millisecond they end (to the millisecond on a manual clock; on a server's, short leases, renewals and retentions live at once and over once waited out).";
             tokens_strictly_increase => TokensStrictlyIncrease:
                 "Tokens strictly increase across takeovers, releases and re-claims within a record's lifetime.";
             lifetimes_are_told_apart => LifetimesAreToldApart:
                 "A key claimed again after its record was deleted starts a new lifetime: a later creation time, and other derived keys.";
             complete_stores_the_response => CompleteStoresTheResponse:
-                "complete stores the response and keeps fingerprint, token, steps and times.";
+                "complete stores the response, keeps fingerprint, token, steps and creation time, and keeps the expiry or moves it later.";
             fail_stores_the_failure => FailStoresTheFailure:
                 "fail stores the failure as a permanent result.";
             release_lets_the_next_claim_take_over => ReleaseLetsTheNextClaimTakeOver:
@@ -151,6 +156,8 @@ macro_rules! __with_cases {
                 "Writes to a finished, missing or absent record, or with another attempt id, are fenced.";
             retried_terminal_writes_are_applied => RetriedTerminalWritesAreApplied:
                 "complete or fail retried after landing is Applied; switching terminal state is fenced.";
+            retried_terminal_writes_keep_the_first_bytes => RetriedTerminalWritesKeepTheFirstBytes:
+                "complete or fail retried by the same lease with other bytes is Applied and writes nothing: the first bytes stay and replay.";
             fingerprint_survives_completion => FingerprintSurvivesCompletion:
                 "After completion an identical retry replays and a changed one is a mismatch.";
             scopes_are_isolated => ScopesAreIsolated:
@@ -160,7 +167,9 @@ macro_rules! __with_cases {
             replays_are_byte_exact => ReplaysAreByteExact:
                 "Empty, binary (all 256 byte values) and non-UTF-8 responses replay byte for byte.";
             large_responses_replay_or_are_refused => LargeResponsesReplayOrAreRefused:
-                "A response of the largest size replays exactly; one byte over a store's own limit is refused and writes nothing.";
+                "A response of the largest size replays exactly; a result or failure one byte over a store's own limit is refused and writes nothing.";
+            steps_count_toward_the_record_limit => StepsCountTowardTheRecordLimit:
+                "With a record limit: a checkpoint that does not fit is StepTooLarge, a result or failure that fits alone but not beside the steps is ResponseTooLarge; nothing is written and a smaller result completes. Without a declared limit, 1 MiB checkpoints and a 1 MiB result beside them all land.";
             keys_at_the_limits => KeysAtTheLimits:
                 "Keys of exactly 255 bytes, non-ASCII keys and keys with quotes work.";
             extreme_durations_work => ExtremeDurationsWork:
@@ -173,6 +182,8 @@ macro_rules! __with_cases {
                 "Concurrent claims of a fresh key: exactly one Claimed, the rest InFlight.";
             concurrent_takeovers_have_one_winner => ConcurrentTakeoversHaveOneWinner:
                 "Concurrent takeovers of an expired lease: exactly one wins, with the next token.";
+            stale_completes_race_takeovers => StaleCompletesRaceTakeovers:
+                "A stale owner's complete racing a takeover and the new owner's complete, 32 keys at a time: Applied only before the takeover (which replays it), else Fenced; one result is stored, the Applied owner's.";
             steps_run_once_across_takeovers => StepsRunOnceAcrossTakeovers:
                 "Driver: a two-step payment resumes after a takeover; each step's closure runs once, then every retry replays.";
             a_stale_owner_cannot_store_its_result => AStaleOwnerCannotStoreItsResult:

@@ -57,6 +57,11 @@ impl<F: Future> Future for Quiet<F> {
     }
 }
 
+/// Whether the code running now is quiet (a case inside `run_all`).
+pub(crate) fn is_quiet() -> bool {
+    QUIET.with(Cell::get)
+}
+
 /// `future`, quiet when `quiet` is set.
 pub(crate) async fn maybe<F: Future>(quiet: bool, future: F) -> F::Output {
     if quiet {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use idem_core::{ManualClock, Store};
 
 use crate::cases::{
-    claim, concurrency, driver, fencing, namespaces, payloads, retention, saga, security,
+    claim, concurrency, driver, edges, fencing, namespaces, payloads, retention, saga, security,
 };
 use crate::{Capabilities, Namespace, model, quiet};
 
@@ -156,6 +156,7 @@ impl Suite {
             Case::LiveLeaseIsInFlight => claim::live_lease_is_in_flight(s).await,
             Case::SameAttemptGetsItsLeaseBack => claim::same_attempt_gets_its_lease_back(s).await,
             Case::ExpiredLeaseIsTakenOver => claim::expired_lease_is_taken_over(s).await,
+            Case::LeaseAndExpiryEndExactly => edges::lease_and_expiry_end_exactly(s, caps).await,
             Case::TokensStrictlyIncrease => claim::tokens_strictly_increase(s).await,
             Case::CompleteStoresTheResponse => fencing::complete_stores_the_response(s).await,
             Case::FailStoresTheFailure => fencing::fail_stores_the_failure(s).await,
@@ -171,6 +172,9 @@ impl Suite {
             Case::RetriedTerminalWritesAreApplied => {
                 fencing::retried_terminal_writes_are_applied(s).await
             }
+            Case::RetriedTerminalWritesKeepTheFirstBytes => {
+                fencing::retried_terminal_writes_keep_the_first_bytes(s).await
+            }
             Case::FingerprintSurvivesCompletion => {
                 fencing::fingerprint_survives_completion(s).await
             }
@@ -179,8 +183,14 @@ impl Suite {
             Case::LargeResponsesReplayOrAreRefused => {
                 payloads::large_responses_replay_or_are_refused(s, caps).await
             }
+            Case::StepsCountTowardTheRecordLimit => {
+                payloads::steps_count_toward_the_record_limit(s).await
+            }
             Case::KeysAtTheLimits => payloads::keys_at_the_limits(s).await,
             Case::ALiveLeaseIsNeverAbsent => retention::a_live_lease_is_never_absent(s, caps).await,
+            Case::LateResultsStayReplayable => {
+                retention::late_results_stay_replayable(s, caps).await
+            }
             Case::GetHidesAbsentRecords => retention::get_hides_absent_records(s, caps).await,
             Case::LifetimesAreToldApart => retention::lifetimes_are_told_apart(store, caps).await,
             Case::ExtremeDurationsWork => retention::extreme_durations_work(s, caps).await,
@@ -192,6 +202,9 @@ impl Suite {
             }
             Case::ConcurrentTakeoversHaveOneWinner => {
                 concurrency::concurrent_takeovers_have_one_winner(store).await
+            }
+            Case::StaleCompletesRaceTakeovers => {
+                concurrency::stale_completes_race_takeovers(store).await
             }
             Case::StepsRunOnceAcrossTakeovers => {
                 driver::steps_run_once_across_takeovers(store, caps).await

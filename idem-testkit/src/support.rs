@@ -67,6 +67,16 @@ pub(crate) fn ok<T>(result: Result<T, idem_core::StoreError>, what: &str) -> T {
     result.unwrap_or_else(|err| panic!("{what} failed with a store error: {err}"))
 }
 
+/// Tells whoever runs the case what it could not check (a skip): on stderr itself, since
+/// the test harness keeps a passing test's `eprintln!` out of sight; not inside a quiet
+/// report, where every case's output is left out.
+pub(crate) fn notice(case: &str, text: &str) {
+    use std::io::Write as _;
+    if !crate::quiet::is_quiet() {
+        let _ = writeln!(std::io::stderr(), "\n!!! {case}: {text}\n");
+    }
+}
+
 /// Lets `duration` pass for the store: moves the suite's clock, or waits on a real one
 /// (a little longer, so the store's clock has certainly moved as far).
 pub(crate) async fn let_time_pass(caps: &crate::Capabilities, duration: Duration) {

@@ -8,9 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    Admin, AttemptId, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, ListQuery, MAX_DURATION,
-    MemoryStore, Operation, OperatorRelease, Page, Record, RenewOutcome, State, Stats, StepName,
-    Store, StoreError, Timestamp, WriteOutcome, select_page, storage_name,
+    Admin, AttemptId, ClaimOutcome, ClaimRequest, Clock, Fingerprint, Key, Lease, ListQuery,
+    MAX_DURATION, MemoryStore, Operation, OperatorRelease, Page, Record, RenewOutcome, State,
+    Stats, StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome, select_page,
+    storage_name,
 };
 use idem_testkit::{AdminCase, AdminSuite, Case, CaseName, Namespace, Report, Suite};
 
@@ -44,7 +45,28 @@ enum Flaw {
     /// A takeover's claim answers no checkpoints (a store that reads steps from the wrong
     /// column): the new owner redoes steps, and a saga forgets it was compensating.
     TakeoverForgetsSteps,
+    /// `complete` reads the record, checks the fence, lets other tasks run, then writes:
+    /// a takeover between the check and the write is overwritten.
+    NonAtomicComplete,
+    /// `complete` or `fail` retried by the same lease stores the retry's bytes over the
+    /// first ones (still answering Applied).
+    RewritesOnRetry,
+    /// The record limit is checked against each write alone, never counting the steps the
+    /// record already holds.
+    LimitIgnoresSteps,
+    /// The record limit is enforced on results and checkpoints but not on failures.
+    LimitSparesFailures,
+    /// A lease is live while `now <= lease_until`: one millisecond too long.
+    LeaseLiveAtItsEnd,
+    /// A record expires once `now > expires_at`: one millisecond too late.
+    PresentAtItsExpiry,
+    /// `complete` and `fail` keep `expires_at` as it was: a result stored after the
+    /// retention ended is absent the moment it is stored.
+    KeepsExpiryOnFinish,
 }
+
+/// The record limit of the stores that declare one here: small, so the cases stay quick.
+const LIMIT: usize = 64 * 1024;
 
 /// A key-value backend shared by every store one factory makes, as a server is.
 type Backend = Arc<Mutex<HashMap<String, Record>>>;
@@ -54,6 +76,9 @@ struct FlawedStore {
     backend: Backend,
     namespace: String,
     flaw: Option<Flaw>,
+    /// The record limit the store declares and (but for its flaw) enforces.
+    limit: Option<usize>,
+    clock: Arc<dyn Clock>,
 }
 
 impl FlawedStore {
@@ -84,7 +109,69 @@ impl FlawedStore {
         if self.has(Flaw::ExpiredIsAbsentDespiteLease) && record.is_expired(now) {
             record.lease_until = record.lease_until.min(now);
         }
+        // `<=` where `<` belongs: at its last instant, the record looks one millisecond
+        // short of it.
+        let one = Duration::from_millis(1);
+        if self.has(Flaw::LeaseLiveAtItsEnd) && record.lease_until == now {
+            record.lease_until = now.saturating_add(one);
+        }
+        if self.has(Flaw::PresentAtItsExpiry) && record.expires_at == now {
+            record.expires_at = now.saturating_add(one);
+        }
         Some(record)
+    }
+
+    /// A write computed from what `seen` showed, with the times `seen` made up for the
+    /// `<=` flaws put back as they were stored.
+    fn unseen(&self, mut write: Record, stored: Option<&Record>, seen: Option<&Record>) -> Record {
+        if let (Some(stored), Some(seen)) = (stored, seen) {
+            let inclusive = self.has(Flaw::LeaseLiveAtItsEnd) || self.has(Flaw::PresentAtItsExpiry);
+            if inclusive && write.lease_until == seen.lease_until {
+                write.lease_until = stored.lease_until;
+            }
+            if inclusive && write.expires_at == seen.expires_at {
+                write.expires_at = stored.expires_at;
+            }
+        }
+        write
+    }
+
+    /// A response over the limit on its own, refused before anything is read.
+    fn refuse_response(&self, response: &[u8]) -> Result<(), StoreError> {
+        match self.limit {
+            Some(limit) if response.len() > limit => Err(StoreError::ResponseTooLarge {
+                size: response.len(),
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `response` fits beside the record's steps, or the error refusing it.
+    fn check_response(
+        &self,
+        record: &Record,
+        response: &[u8],
+        terminal: State,
+    ) -> Result<(), StoreError> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        if terminal == State::Failed && self.has(Flaw::LimitSparesFailures) {
+            return Ok(());
+        }
+        let beside = if self.has(Flaw::LimitIgnoresSteps) {
+            0
+        } else {
+            steps_size(record, None)
+        };
+        if beside + response.len() > limit {
+            return Err(StoreError::ResponseTooLarge {
+                size: response.len(),
+                limit,
+            });
+        }
+        Ok(())
     }
 
     fn apply<O>(
@@ -94,13 +181,56 @@ impl FlawedStore {
     ) -> O {
         let mut records = self.backend.lock().expect("not poisoned");
         let name = self.name(key);
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let existing = self.seen(records.get(&name), now);
         let Transition { outcome, write } = step(existing.as_ref(), now);
         if let Some(record) = write {
+            let record = self.unseen(record, records.get(&name), existing.as_ref());
             records.insert(name, record);
         }
         outcome
+    }
+
+    /// `complete` or `fail` through the state machine, with this store's limit and flaws.
+    fn finish(
+        &self,
+        lease: &Lease,
+        response: &[u8],
+        terminal: State,
+    ) -> Result<WriteOutcome, StoreError> {
+        self.apply(&lease.key, |record, now| {
+            let mut step = if terminal == State::Completed {
+                machine::complete(record, lease, response, now)
+            } else {
+                machine::fail(record, lease, response, now)
+            };
+            match (&mut step.write, record) {
+                (Some(written), Some(before)) => {
+                    if let Err(err) = self.check_response(before, response, terminal) {
+                        return Transition {
+                            outcome: Err(err),
+                            write: None,
+                        };
+                    }
+                    if self.has(Flaw::KeepsExpiryOnFinish) {
+                        written.expires_at = before.expires_at;
+                    }
+                }
+                // The retry of a write that landed: this flaw stores it again.
+                (None, Some(before))
+                    if self.has(Flaw::RewritesOnRetry) && step.outcome == WriteOutcome::Applied =>
+                {
+                    let mut rewritten = before.clone();
+                    rewritten.response = Some(response.to_vec());
+                    step.write = Some(rewritten);
+                }
+                _ => {}
+            }
+            Transition {
+                outcome: Ok(step.outcome),
+                write: step.write,
+            }
+        })
     }
 
     fn refuse(&self, operation: Operation, durations: &[Duration]) -> Result<(), StoreError> {
@@ -142,7 +272,7 @@ impl Store for FlawedStore {
             .cloned();
         tokio::task::yield_now().await;
         let Transition { outcome, write } =
-            machine::claim(existing.as_ref(), request, Timestamp::now());
+            machine::claim(existing.as_ref(), request, self.clock.now());
         if let Some(record) = write {
             self.backend
                 .lock()
@@ -153,6 +283,34 @@ impl Store for FlawedStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.refuse_response(response)?;
+        if self.has(Flaw::NonAtomicComplete) {
+            let name = self.name(&lease.key);
+            let existing = self
+                .backend
+                .lock()
+                .expect("not poisoned")
+                .get(&name)
+                .cloned();
+            let Transition { outcome, write } =
+                machine::complete(existing.as_ref(), lease, response, self.clock.now());
+            // The fence was checked on what was read; the write lands on whatever is there
+            // by now.
+            tokio::task::yield_now().await;
+            if let Some(record) = write {
+                self.backend
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(name, record);
+            }
+            return Ok(outcome);
+        }
+        if !matches!(
+            self.flaw,
+            Some(Flaw::SkipsFenceOnComplete | Flaw::ForgetsFingerprintOnCompletion)
+        ) {
+            return self.finish(lease, response, State::Completed);
+        }
         Ok(
             self.apply(&lease.key, |record, now| match (self.flaw, record) {
                 (Some(Flaw::SkipsFenceOnComplete), Some(record)) => {
@@ -177,7 +335,10 @@ impl Store for FlawedStore {
     }
 
     async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-        Ok(self.apply(&lease.key, |r, now| machine::fail(r, lease, response, now)))
+        if !self.has(Flaw::LimitSparesFailures) {
+            self.refuse_response(response)?;
+        }
+        self.finish(lease, response, State::Failed)
     }
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
@@ -195,26 +356,54 @@ impl Store for FlawedStore {
         step: &StepName,
         value: &[u8],
     ) -> Result<WriteOutcome, StoreError> {
-        Ok(self.apply(&lease.key, |r, now| {
-            machine::checkpoint(r, lease, step, value, now)
-        }))
+        let size = step.as_str().len() + value.len();
+        let too_large = |limit| StoreError::StepTooLarge {
+            step: step.as_str().to_owned(),
+            size,
+            limit,
+        };
+        if let Some(limit) = self.limit.filter(|limit| size > *limit) {
+            return Err(too_large(limit));
+        }
+        self.apply(&lease.key, |r, now| {
+            let written = machine::checkpoint(r, lease, step, value, now);
+            let beside = match (self.limit, r) {
+                (Some(_), Some(before)) if !self.has(Flaw::LimitIgnoresSteps) => {
+                    steps_size(before, Some(step.as_str()))
+                }
+                _ => 0,
+            };
+            match self.limit {
+                Some(limit) if written.write.is_some() && beside + size > limit => Transition {
+                    outcome: Err(too_large(limit)),
+                    write: None,
+                },
+                _ => Transition {
+                    outcome: Ok(written.outcome),
+                    write: written.write,
+                },
+            }
+        })
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let records = self.backend.lock().expect("not poisoned");
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let seen = self.seen(records.get(&self.name(key)), now);
         Ok(machine::visible(seen.as_ref(), now).cloned())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         let mut records = self.backend.lock().expect("not poisoned");
-        let now = Timestamp::now();
+        let now = self.clock.now();
         let doomed: Vec<String> = records
             .iter()
             .filter(|(name, _)| self.in_namespace(name))
             .filter(|(_, r)| match self.flaw {
                 Some(Flaw::PurgesLiveLeases) => r.is_expired(now),
+                Some(Flaw::LeaseLiveAtItsEnd | Flaw::PresentAtItsExpiry) => self
+                    .seen(Some(r), now)
+                    .is_some_and(|r| machine::is_purgeable(&r, now)),
                 _ => machine::is_purgeable(r, now),
             })
             .map(|(name, _)| name.clone())
@@ -222,6 +411,10 @@ impl Store for FlawedStore {
             .collect();
         doomed.iter().for_each(|name| drop(records.remove(name)));
         Ok(doomed.len())
+    }
+
+    fn max_record_bytes(&self) -> Option<usize> {
+        self.limit
     }
 }
 
@@ -232,11 +425,11 @@ impl Admin for FlawedStore {
         if self.has(Flaw::ListForgetsTheCursor) {
             query.after = None;
         }
-        select_page(self.records(), &query, Timestamp::now())
+        select_page(self.records(), &query, self.clock.now())
     }
 
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
-        Ok(Stats::tally(&self.records(), Timestamp::now(), top_scopes))
+        Ok(Stats::tally(&self.records(), self.clock.now(), top_scopes))
     }
 
     async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
@@ -272,6 +465,17 @@ impl Admin for FlawedStore {
     }
 }
 
+/// The bytes `record`'s steps take (names and values), leaving out the step `except`,
+/// whose value a checkpoint is about to replace.
+fn steps_size(record: &Record, except: Option<&str>) -> usize {
+    record
+        .steps
+        .iter()
+        .filter(|(name, _)| Some(name.as_str()) != except)
+        .map(|(name, value)| name.len() + value.len())
+        .sum()
+}
+
 impl FlawedStore {
     /// This namespace's records, as its purge sees the namespace.
     fn records(&self) -> Vec<Record> {
@@ -284,35 +488,63 @@ impl FlawedStore {
     }
 }
 
+/// How a suite's stores are made, besides their flaw.
+#[derive(Clone, Copy, Default)]
+struct Setup {
+    /// The record limit the stores declare.
+    limit: Option<usize>,
+    /// Whether they read the suite's manual clock rather than the system's.
+    manual_clock: bool,
+}
+
+/// A factory of stores with `flaw` on one shared backend, reading the clock they are given.
+fn factory(
+    flaw: Option<Flaw>,
+    setup: Setup,
+) -> impl Fn(Arc<dyn Clock>, Namespace) -> std::future::Ready<FlawedStore> + Send + Sync + 'static {
+    let backend = Backend::default();
+    move |clock, namespace| {
+        std::future::ready(FlawedStore {
+            backend: Arc::clone(&backend),
+            namespace: namespace.into(),
+            flaw,
+            limit: setup.limit,
+            clock,
+        })
+    }
+}
+
 /// An admin suite over stores with `flaw`, all on one shared backend.
 fn admin_suite(flaw: Option<Flaw>) -> AdminSuite {
-    let backend = Backend::default();
-    AdminSuite::new(move |namespace: Namespace| {
-        let backend = Arc::clone(&backend);
-        async move {
-            FlawedStore {
-                backend,
-                namespace: namespace.into(),
-                flaw,
-            }
-        }
-    })
+    let make = factory(flaw, Setup::default());
+    AdminSuite::new(move |namespace| make(Arc::new(SystemClock), namespace))
 }
 
 /// A suite over stores with `flaw`, all on one shared backend.
 fn suite(flaw: Option<Flaw>) -> Suite {
-    let backend = Backend::default();
-    Suite::new(move |namespace: Namespace| {
-        let backend = Arc::clone(&backend);
-        async move {
-            FlawedStore {
-                backend,
-                namespace: namespace.into(),
-                flaw,
-            }
-        }
-    })
+    suite_with(flaw, Setup::default())
 }
+
+/// A suite over stores with `flaw` made as `setup` says, all on one shared backend.
+fn suite_with(flaw: Option<Flaw>, setup: Setup) -> Suite {
+    let make = factory(flaw, setup);
+    if setup.manual_clock {
+        Suite::with_manual_clock(move |clock, namespace| make(Arc::new(clock), namespace))
+    } else {
+        Suite::new(move |namespace| make(Arc::new(SystemClock), namespace))
+    }
+}
+
+/// Stores that declare (and, unflawed, enforce) a record limit.
+const LIMITED: Setup = Setup {
+    limit: Some(LIMIT),
+    manual_clock: false,
+};
+/// Stores on the suite's manual clock.
+const MANUAL: Setup = Setup {
+    limit: None,
+    manual_clock: true,
+};
 
 /// The report must name every case in `required` and nothing outside `required` and
 /// `also_allowed`.
@@ -339,6 +571,8 @@ async fn the_unbroken_references_pass() {
     for report in [
         Suite::new(|_| async { MemoryStore::new() }).run_all().await,
         suite(None).run_all().await,
+        suite_with(None, LIMITED).run_all().await,
+        suite_with(None, MANUAL).run_all().await,
     ] {
         assert!(report.passed(), "{report}");
         assert_eq!(report.results.len(), Case::ALL.len());
@@ -405,11 +639,18 @@ async fn a_store_that_skips_the_fence_on_complete_is_reported() {
         &[
             Case::StaleOwnerIsFencedAfterTakeover,
             Case::WritesAfterTheEndAreFenced,
+            Case::RetriedTerminalWritesKeepTheFirstBytes,
             Case::AStaleOwnerCannotStoreItsResult,
             Case::MatchesTheStateMachine,
         ],
-        // Switching a failed record to completed is a write the fence must refuse too.
-        &[Case::RetriedTerminalWritesAreApplied],
+        // Switching a failed record to completed is a write the fence must refuse too; a
+        // stale complete after a takeover overwrites whenever the race lets it; a result
+        // written without the fence's bookkeeping is not kept a retention after it.
+        &[
+            Case::RetriedTerminalWritesAreApplied,
+            Case::StaleCompletesRaceTakeovers,
+            Case::LateResultsStayReplayable,
+        ],
     );
 }
 
@@ -440,6 +681,10 @@ async fn a_store_that_forgets_the_fingerprint_is_reported() {
             Case::EncryptedValuesAreNotPlaintextAtRest,
             Case::EncryptedRecordsRefuseCopiesAndTampering,
             Case::KeyPoliciesAndBudgetsRefuseBeforeStoring,
+            Case::LateResultsStayReplayable,
+            Case::LeaseAndExpiryEndExactly,
+            Case::RetriedTerminalWritesKeepTheFirstBytes,
+            Case::StaleCompletesRaceTakeovers,
         ],
     );
 }
@@ -464,15 +709,18 @@ async fn a_store_whose_takeover_forgets_steps_is_reported() {
 async fn a_store_whose_claim_is_not_atomic_is_reported() {
     let report = suite(Some(Flaw::NonAtomicClaim)).run_all().await;
     // Sequentially it is correct, so only races can catch it. The two store-level races
-    // must; the driver's herd of waiting duplicates may (whether its race window is hit
-    // varies from run to run).
+    // of claims must; the driver's herd of waiting duplicates and a takeover racing a
+    // stale complete may (whether their race window is hit varies from run to run).
     assert_reported(
         &report,
         &[
             Case::ConcurrentClaimsHaveOneWinner,
             Case::ConcurrentTakeoversHaveOneWinner,
         ],
-        &[Case::WaitingDuplicatesShareOneExecution],
+        &[
+            Case::WaitingDuplicatesShareOneExecution,
+            Case::StaleCompletesRaceTakeovers,
+        ],
     );
 }
 
@@ -502,10 +750,12 @@ async fn a_store_that_forgets_a_live_lease_past_retention_is_reported() {
             Case::GetHidesAbsentRecords,
             Case::MatchesTheStateMachine,
         ],
-        // A lease outliving a zero retention, read back or renewed, is the flaw itself.
+        // A lease outliving a zero retention, read back or renewed, is the flaw itself, and
+        // a result stored under such a lease is what stays replayable.
         &[
             Case::PurgeRemovesOnlyAbsentRecords,
             Case::ExtremeDurationsWork,
+            Case::LateResultsStayReplayable,
         ],
     );
 }
@@ -547,6 +797,112 @@ async fn a_store_that_refuses_long_durations_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_whose_complete_is_not_atomic_is_reported() {
+    let report = suite(Some(Flaw::NonAtomicComplete)).run_all().await;
+    // Sequentially it is correct, so only a race of a stale write against a takeover can
+    // catch it; the driver's races may meet it too.
+    assert_reported(
+        &report,
+        &[Case::StaleCompletesRaceTakeovers],
+        &[
+            Case::AStaleOwnerCannotStoreItsResult,
+            Case::WaitingDuplicatesShareOneExecution,
+        ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_rewrites_a_retried_result_is_reported() {
+    let report = suite(Some(Flaw::RewritesOnRetry)).run_all().await;
+    assert_reported(
+        &report,
+        &[Case::RetriedTerminalWritesKeepTheFirstBytes],
+        // Random sequences retry a complete with other bytes now and then.
+        &[Case::MatchesTheStateMachine],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_limit_that_ignores_the_steps_is_reported() {
+    let report = suite_with(Some(Flaw::LimitIgnoresSteps), LIMITED)
+        .run_all()
+        .await;
+    assert_reported(&report, &[Case::StepsCountTowardTheRecordLimit], &[]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_limit_that_spares_failures_is_reported() {
+    let report = suite_with(Some(Flaw::LimitSparesFailures), LIMITED)
+        .run_all()
+        .await;
+    assert_reported(
+        &report,
+        &[
+            Case::LargeResponsesReplayOrAreRefused,
+            Case::StepsCountTowardTheRecordLimit,
+        ],
+        &[],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_live_at_its_end_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::LeaseLiveAtItsEnd), setup)
+            .run_all()
+            .await;
+        assert_reported(&report, &[Case::LeaseAndExpiryEndExactly], LEASE_ENDS_MEET);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_present_at_its_expiry_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::PresentAtItsExpiry), setup)
+            .run_all()
+            .await;
+        assert_reported(&report, &[Case::LeaseAndExpiryEndExactly], EXPIRY_ENDS_MEET);
+    }
+}
+
+/// Cases that meet a lease live at its end whenever a claim lands in the millisecond a
+/// zero lease was granted in, or exactly when a waited-out lease ends (always, on a manual
+/// clock): every case that takes over an ended lease.
+const LEASE_ENDS_MEET: &[Case] = &[
+    Case::AbsentRecordIsClaimedFresh,
+    Case::ExpiredLeaseIsTakenOver,
+    Case::TokensStrictlyIncrease,
+    Case::ReleaseLetsTheNextClaimTakeOver,
+    Case::RenewExtendsTheLease,
+    Case::StaleOwnerIsFencedAfterTakeover,
+    Case::WritesAfterTheEndAreFenced,
+    Case::NamespacesAreIsolated,
+    Case::GetHidesAbsentRecords,
+    Case::PurgeRemovesOnlyAbsentRecords,
+    Case::ConcurrentTakeoversHaveOneWinner,
+    Case::StaleCompletesRaceTakeovers,
+    Case::StepsRunOnceAcrossTakeovers,
+    Case::AStaleOwnerCannotStoreItsResult,
+    Case::EncryptedRecordsRefuseCopiesAndTampering,
+    Case::ProviderKeysSurviveTakeovers,
+    Case::ATakeoverFinishesACrashedCompensation,
+    Case::MatchesTheStateMachine,
+];
+
+/// Cases that meet a record present at its expiry whenever an operation lands in the
+/// millisecond a zero retention was granted in, or exactly at a waited-out expiry.
+const EXPIRY_ENDS_MEET: &[Case] = &[
+    Case::AbsentRecordIsClaimedFresh,
+    Case::ALiveLeaseIsNeverAbsent,
+    Case::LateResultsStayReplayable,
+    Case::WritesAfterTheEndAreFenced,
+    Case::NamespacesAreIsolated,
+    Case::GetHidesAbsentRecords,
+    Case::PurgeRemovesOnlyAbsentRecords,
+    Case::MatchesTheStateMachine,
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_report_carries_the_whole_failure_of_the_model_based_case() {
     let report = suite(Some(Flaw::SkipsFenceOnComplete)).run_all().await;
     let failure = report
@@ -569,4 +925,23 @@ async fn a_report_carries_the_whole_failure_of_the_model_based_case() {
     let text = report.to_string();
     assert!(text.contains("FAILED matches_the_state_machine"), "{text}");
     assert!(text.contains("the shrunk sequence"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_keeps_the_expiry_of_a_late_result_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::KeepsExpiryOnFinish), setup)
+            .run_all()
+            .await;
+        assert_reported(
+            &report,
+            &[Case::LateResultsStayReplayable],
+            // The manual-clock part of that case sees the same flaw.
+            &[
+                Case::MatchesTheStateMachine,
+                Case::GetHidesAbsentRecords,
+                Case::ALiveLeaseIsNeverAbsent,
+            ],
+        );
+    }
 }

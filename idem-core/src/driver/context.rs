@@ -257,10 +257,32 @@ impl Context {
         step: &StepName,
         plain: &[u8],
     ) -> Result<(), Interrupted> {
+        self.checkpoint_within(step, plain, super::MARKER_RESERVE)
+            .await
+    }
+
+    /// [`Context::checkpoint`] for idem's own checkpoints (the saga's, the undos' marks),
+    /// which may use most of the room kept for the failure marker: a record the work's
+    /// steps filled still records what to undo.
+    pub(crate) async fn checkpoint_own(
+        &self,
+        step: &StepName,
+        plain: &[u8],
+    ) -> Result<(), Interrupted> {
+        self.checkpoint_within(step, plain, super::OWN_RESERVE)
+            .await
+    }
+
+    async fn checkpoint_within(
+        &self,
+        step: &StepName,
+        plain: &[u8],
+        reserve: usize,
+    ) -> Result<(), Interrupted> {
         let name = step.as_str();
         let bytes = self.encode(StoredPart::Step(name), plain.to_vec())?;
         let size = name.len() + bytes.len();
-        let room = self.room_for_step();
+        let room = self.inner.limits.room(self.steps_size(), reserve);
         if size > room {
             return Err(too_large(name, size, room));
         }
@@ -421,7 +443,11 @@ impl Context {
     }
 
     /// The stored form of a value of this record.
-    fn encode(&self, part: StoredPart<'_>, plain: Vec<u8>) -> Result<Vec<u8>, Interrupted> {
+    pub(crate) fn encode(
+        &self,
+        part: StoredPart<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, Interrupted> {
         let key = self.key();
         let at = StoredAt {
             key: &key,
@@ -446,13 +472,6 @@ impl Context {
     /// beside the checkpoints.
     pub(crate) fn room_for_response(&self) -> usize {
         self.inner.limits.room(self.steps_size(), 0)
-    }
-
-    /// The most bytes one more checkpoint may take, keeping room for a failure marker.
-    fn room_for_step(&self) -> usize {
-        self.inner
-            .limits
-            .room(self.steps_size(), super::MARKER_RESERVE)
     }
 }
 

@@ -10,8 +10,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::retry_store;
-use crate::{Lease, Operation, StepName, Store, StoreError, WriteOutcome};
+use super::errors::Error;
+use super::wire::Marker;
+use super::{Context, interruption_error, retry_store};
+use crate::{
+    Compensation, Lease, Operation, StepName, Store, StoreError, StoredPart, WriteOutcome,
+};
 
 /// A fenced write of the driver's.
 pub(crate) enum Write {
@@ -43,7 +47,7 @@ pub(crate) async fn write(
     deadline: Option<Instant>,
 ) -> Result<WriteOutcome, StoreError> {
     let operation = write.operation();
-    let task = tokio::spawn(async move {
+    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
         retry_store(operation, timeout, deadline, || async {
             match &write {
                 Write::Complete(bytes) => store.complete(&lease, bytes).await,
@@ -53,7 +57,7 @@ pub(crate) async fn write(
             }
         })
         .await
-    });
+    }));
     match task.await {
         Ok(result) => result,
         // The store panicked: the caller sees that panic, as if the call ran inline.
@@ -63,5 +67,54 @@ pub(crate) async fn write(
             operation,
             source: Box::new(err),
         }),
+    }
+}
+
+/// What storing a result or a failure came to.
+pub(crate) enum Finished {
+    Applied,
+    Fenced,
+    /// The store refused the value as too large; this marker, saying so, is stored.
+    Marked(Marker),
+}
+
+/// Stores a result or a failure (`write` is [`Write::Complete`] or [`Write::Fail`]) under
+/// the context's lease; one the store refuses as too large is stored as the failure
+/// marker saying so, in the same task, so that a caller dropping `execute` between the
+/// two leaves no key held.
+pub(crate) async fn finish(
+    context: &Context,
+    write: Write,
+    marker: fn(&Marker, Option<&Compensation>) -> Vec<u8>,
+) -> Result<Finished, Error> {
+    let owner = context.clone();
+    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+        let mut write = write;
+        let mut marked = None;
+        loop {
+            match owner.durable(write).await {
+                Ok(WriteOutcome::Applied) => {
+                    return Ok(marked.map_or(Finished::Applied, Finished::Marked));
+                }
+                Ok(WriteOutcome::Fenced) => return Ok(Finished::Fenced),
+                Err(StoreError::ResponseTooLarge { size, limit }) if marked.is_none() => {
+                    let stored = Marker::ResultTooLarge { size, limit };
+                    let bytes = owner
+                        .encode(StoredPart::Failure, marker(&stored, None))
+                        .map_err(|err| interruption_error(&owner.key(), err))?;
+                    write = Write::Fail(bytes);
+                    marked = Some(stored);
+                }
+                Err(err) => return Err(Error::Store(err)),
+            }
+        }
+    }));
+    match task.await {
+        Ok(result) => result,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(err) => Err(Error::Store(StoreError::Unavailable {
+            operation: Operation::Complete,
+            source: Box::new(err),
+        })),
     }
 }

@@ -393,7 +393,8 @@ pub enum Error {
         source: CodecError,
     },
     /// Undoing a step ([`Context::step_with_undo`](crate::Context::step_with_undo)) failed
-    /// with a retryable or unknown error. The compensation is checkpointed so far; the key
+    /// with a retryable error, or a takeover's run of the work stopped before it
+    /// registered a step's undo again. The compensation is checkpointed so far; the key
     /// stays held until its lease ends, then a retry takes over and goes on compensating.
     #[error(
         "undoing step `{step}` did not finish; retry after the lease ends to go on compensating"

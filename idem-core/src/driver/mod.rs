@@ -1,6 +1,7 @@
 //! The driver: claim, run the work once, store its result, replay it to every retry.
 
 mod budget;
+mod compensate;
 mod context;
 mod durable;
 mod errors;
@@ -40,7 +41,7 @@ use wire::{Json, Marker, Raw, StoredFailure, Wire};
 
 use crate::{
     ClaimOutcome, ClaimRequest, Codec, Fingerprint, Key, Lease, MAX_DURATION, Operation,
-    PlainCodec, Steps, Store, StoreError, StoredAt, StoredPart, WriteOutcome, clamp_duration,
+    PlainCodec, Steps, Store, StoreError, StoredAt, StoredPart, clamp_duration,
 };
 
 /// The default lease: how long one attempt owns a key before others may take over.
@@ -55,6 +56,8 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Room kept in a record with a size limit so that a failure marker always fits beside
 /// the checkpoints.
 pub(crate) const MARKER_RESERVE: usize = 512;
+/// What idem's own checkpoints leave of that room: enough for the marker alone.
+pub(crate) const OWN_RESERVE: usize = 128;
 
 /// How often the driver retries a store call that failed with a retryable error. Every
 /// store operation is safe to repeat (same attempt id, same lease), so a retry resolves an
@@ -229,9 +232,10 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     ///   that when a [`KeyBudget`] is out of keys and the store is asked whether the key
     ///   exists). [`InFlightPolicy::Wait`] adds its own timeout and one more claim.
     /// - Each write after the work (a step's checkpoint, the result, the failure, an
-    ///   undo's marks): tried again while the lease has time left, so at most the lease's
-    ///   time left `+ T + 500 ms`, and never fewer than 3 tries (`3T + 75 ms`). A `fail`
-    ///   the store refuses as too large is written once more, as the marker saying so.
+    ///   undo's marks): tried again while the lease has time left (up to 64 tries), so at
+    ///   most the lease's time left `+ T + 500 ms`, and never fewer than 3 tries
+    ///   (`3T + 75 ms`). A result or failure the store refuses as too large is written
+    ///   once more, as the marker saying so.
     /// - The release after [`WorkError::Retryable`]: 3 tries, `3T + 75 ms`.
     /// - A heartbeat: one try, bounded by the heartbeat interval.
     ///
@@ -521,9 +525,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// retry takes over (resuming through the checkpointed steps). The same holds if
     /// `work` panics. Once `work` has returned, dropping the future stops nothing: each
     /// write after the work (the result, the failure, a step's checkpoint, an undo and its
-    /// marks) runs in a task of its own and lands, so the work is not run again. How long
-    /// `execute` can take apart from the work is under
-    /// [`IdempotencyBuilder::store_timeout`].
+    /// marks, the whole compensation) runs in a task of its own and lands, so the work is
+    /// not run again; only the Tokio runtime shutting down stops it (let a server drain
+    /// its requests before the runtime ends). How long `execute` can take apart from the
+    /// work is under [`IdempotencyBuilder::store_timeout`].
     ///
     /// # Errors
     /// See [`Error`].
@@ -646,20 +651,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Claim::ReplayFailure(response) => {
                 observe::count(observe::REPLAYS);
                 let plain = self.decode(key, &fingerprint, StoredPart::Failure, &response)?;
-                return match W::decode_failure(&plain).map_err(Error::Decode)? {
-                    StoredFailure::Work(error) => Ok(Outcome::Failed {
-                        error,
-                        replayed: true,
-                    }),
-                    StoredFailure::Compensated(error, compensation) => Ok(Outcome::Compensated {
-                        error,
-                        compensation,
-                        replayed: true,
-                    }),
-                    StoredFailure::Marker(marker) | StoredFailure::CompensatedMarker(marker, _) => {
-                        Err(marker.into_error(true, None))
-                    }
-                };
+                let stored = W::decode_failure(&plain).map_err(Error::Decode)?;
+                return answer_failure(stored, true, None);
             }
         };
 
@@ -875,18 +868,13 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 .fail::<W>(context, StoredFailure::Marker(marker), None)
                 .await;
         }
-        match context.durable(durable::Write::Complete(bytes)).await {
-            Ok(WriteOutcome::Applied) => Ok(Outcome::Completed {
+        match durable::finish(context, durable::Write::Complete(bytes), W::marker).await? {
+            durable::Finished::Applied => Ok(Outcome::Completed {
                 value: stored,
                 replayed: false,
             }),
-            Ok(WriteOutcome::Fenced) => Err(fenced_at_the_end(context)),
-            Err(StoreError::ResponseTooLarge { size, limit }) => {
-                let marker = Marker::ResultTooLarge { size, limit };
-                self.fail::<W>(context, StoredFailure::Marker(marker), None)
-                    .await
-            }
-            Err(err) => Err(Error::Store(err)),
+            durable::Finished::Fenced => Err(fenced_at_the_end(context)),
+            durable::Finished::Marked(marker) => Err(marker.into_error(false, None)),
         }
     }
 
@@ -948,39 +936,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 self.encode_marker::<W>(&key, &fingerprint, marker, compensation, Some(err))?
             }
         };
-        match context.durable(durable::Write::Fail(bytes)).await {
-            Ok(WriteOutcome::Applied) => match stored {
-                StoredFailure::Work(error) => Ok(Outcome::Failed {
-                    error,
-                    replayed: false,
-                }),
-                StoredFailure::Compensated(error, compensation) => Ok(Outcome::Compensated {
-                    error,
-                    compensation,
-                    replayed: false,
-                }),
-                StoredFailure::Marker(marker) => Err(marker.into_error(false, source)),
-                StoredFailure::CompensatedMarker(marker, compensation) => {
-                    tracing::warn!(
-                        undone = ?compensation.undone,
-                        pending = ?compensation.pending,
-                        interrupted = ?compensation.interrupted,
-                        "compensated a work error that could not be stored"
-                    );
-                    Err(marker.into_error(false, source))
-                }
-            },
-            Ok(WriteOutcome::Fenced) => Err(fenced_at_the_end(context)),
-            // The store holds less than the driver knew: store that, as `complete` does,
-            // so the key is not held (and the work run again) after every lease. A marker
-            // the store cannot hold either is a store error.
-            Err(StoreError::ResponseTooLarge { size, limit })
-                if !matches!(stored, StoredFailure::Marker(Marker::ResultTooLarge { .. })) =>
-            {
-                let marker = Marker::ResultTooLarge { size, limit };
-                Box::pin(self.fail::<W>(context, StoredFailure::Marker(marker), None)).await
-            }
-            Err(err) => Err(Error::Store(err)),
+        match durable::finish(context, durable::Write::Fail(bytes), W::marker).await? {
+            durable::Finished::Applied => answer_failure(stored, false, source),
+            durable::Finished::Fenced => Err(fenced_at_the_end(context)),
+            // The store holds less than the driver knew: the marker saying so is stored,
+            // as for a result, so the key is not held (and the work run again).
+            durable::Finished::Marked(marker) => Err(marker.into_error(false, None)),
         }
     }
 
@@ -1003,10 +964,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     }
 
     /// Runs the undos in reverse order, each at most once across takeovers, then stores
-    /// the failure with what was undone. `failure` is the work's failure on the run that
-    /// failed, which checkpoints it (as `idem.saga`, with the steps that registered
-    /// undos); a takeover reads both from that checkpoint. `whole` says this run of the
-    /// work went as far as it can, so an undo it did not register never will be.
+    /// the failure with what was undone, all in a task of its own (see `compensate.rs`).
+    /// `failure` is the work's failure on the run that failed; a takeover reads it from
+    /// the saga checkpoint. `whole` says this run of the work went as far as it can, so an
+    /// undo it did not register never will be.
     async fn compensate<W: Wire>(
         &self,
         context: &Context,
@@ -1014,174 +975,42 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         whole: bool,
         every: Option<Duration>,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
-        let key = context.key();
-        let interrupted = |interrupted: Interrupted| interruption_error(&key, interrupted);
-        let mut registered = context.take_undos();
-        let (listed, plain) = match failure {
-            Some(failure) => {
-                let listed: Vec<String> = registered.iter().map(|undo| undo.step.clone()).collect();
-                match self.checkpoint_saga::<W>(context, failure, &listed).await? {
-                    Ok(plain) => (listed, plain),
-                    // Not even a marker fits beside the checkpoints: nothing can record
-                    // what would be undone, so nothing is (the marker says why).
-                    Err(marker) => {
-                        return self
-                            .fail::<W>(context, StoredFailure::Marker(marker), None)
-                            .await;
-                    }
-                }
-            }
-            None => {
-                let stored = context
-                    .checkpointed(saga::SAGA_STEP)
-                    .map_err(interrupted)?
-                    .ok_or_else(|| Error::Decode("the saga checkpoint is missing".into()))?;
-                let (listed, plain) = saga::decode_saga(&stored).map_err(Error::Decode)?;
-                let listed = listed
-                    .unwrap_or_else(|| registered.iter().map(|undo| undo.step.clone()).collect());
-                (listed, plain.to_vec())
-            }
-        };
-        let failure = W::decode_failure(&plain).map_err(Error::Decode)?;
-        let mut compensation = Compensation {
-            undone: Vec::new(),
-            failed: None,
-            pending: Vec::new(),
-            interrupted: Vec::new(),
-        };
-        // A step run twice under one name registered twice: it is undone once.
-        let mut seen = std::collections::HashSet::new();
-        let listed: Vec<String> = listed
-            .into_iter()
-            .filter(|step| seen.insert(step.clone()))
-            .collect();
-        for step in listed.into_iter().rev() {
-            let mark = context
-                .checkpointed(&saga::undo_checkpoint(&step))
-                .map_err(interrupted)?;
-            let stopped = compensation.failed.is_some();
-            match saga::UndoMark::read(mark.as_deref()) {
-                saga::UndoMark::Done => compensation.undone.push(step),
-                saga::UndoMark::Started => compensation.interrupted.push(step),
-                _ if stopped => compensation.pending.push(step),
-                saga::UndoMark::Failed(error) => {
-                    compensation.failed = Some(FailedUndo { step, error });
-                }
-                saga::UndoMark::NotRun | saga::UndoMark::Retry => {
-                    let Some(at) = registered.iter().rposition(|undo| undo.step == step) else {
-                        if !whole {
-                            // A later run of the work may register it yet.
-                            return Err(Error::CompensationPending { step });
-                        }
-                        tracing::warn!(
-                            step = %step,
-                            "a step registered an undo that this run of the work never reached; reported pending"
-                        );
-                        compensation.pending.push(step);
-                        continue;
+        // A work error that does not serialise, or does not read back, compensates all the
+        // same: the marker saying so stands in for it.
+        let failure = failure.map(|failure| {
+            W::encode_failure(&failure)
+                .and_then(|plain| W::decode_failure(&plain).map(|_| plain))
+                .unwrap_or_else(|_| {
+                    let marker = Marker::Unserializable {
+                        step: None,
+                        failure: true,
                     };
-                    let undo = registered.swap_remove(at);
-                    if context.is_lease_lost() {
-                        return Err(Error::LeaseLost);
-                    }
-                    match self.run_undo(context, undo, every).await? {
-                        saga::UndoResult::Done => compensation.undone.push(step),
-                        saga::UndoResult::Permanent(error) => {
-                            tracing::warn!(step = %step, "an undo failed permanently; compensation stopped");
-                            compensation.failed = Some(FailedUndo { step, error });
-                        }
-                        saga::UndoResult::NotYet => {
-                            return Err(Error::CompensationPending { step });
-                        }
-                    }
-                }
-            }
-        }
-        let compensated = match failure {
-            StoredFailure::Work(error) | StoredFailure::Compensated(error, _) => {
-                StoredFailure::Compensated(error, compensation)
-            }
-            StoredFailure::Marker(marker) | StoredFailure::CompensatedMarker(marker, _) => {
-                StoredFailure::CompensatedMarker(marker, compensation)
-            }
+                    W::marker(&marker, None)
+                })
+        });
+        let saga = compensate::Saga {
+            context: context.clone(),
+            undos: context.take_undos(),
+            failure,
+            whole,
+            every,
+            lease: self.settings.lease,
+            encoding: compensate::Encoding {
+                with_compensation: W::with_compensation,
+                marker: W::marker,
+            },
         };
-        self.fail::<W>(context, compensated, None).await
-    }
-
-    /// Checkpoints the failure that starts a compensation with the steps to undo, and
-    /// answers the failure's plain bytes as checkpointed. A work error that does not
-    /// serialise, or does not fit, is checkpointed as the marker saying so: the undos run
-    /// all the same. `Err(marker)` when not even a marker fits, saying why.
-    async fn checkpoint_saga<W: Wire>(
-        &self,
-        context: &Context,
-        failure: StoredFailure<W::Failure>,
-        listed: &[String],
-    ) -> Result<Result<Vec<u8>, Marker>, Error> {
-        let key = context.key();
-        let step = step_name(saga::SAGA_STEP).map_err(|err| interruption_error(&key, err))?;
-        let unserializable = StoredFailure::<W::Failure>::Marker(Marker::Unserializable {
-            step: None,
-            failure: true,
-        });
-        let mut plain = W::encode_failure(&failure)
-            .and_then(|plain| W::decode_failure(&plain).map(|_| plain))
-            .or_else(|_| W::encode_failure(&unserializable))
-            .map_err(Error::Decode)?;
-        let mut marked = false;
-        loop {
-            match context
-                .checkpoint(&step, &saga::encode_saga(listed, &plain))
-                .await
-            {
-                Ok(()) => return Ok(Ok(plain)),
-                Err(Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
-                    size,
-                    limit,
-                    ..
-                }))) if !marked => {
-                    marked = true;
-                    let marker = Marker::ResultTooLarge { size, limit };
-                    plain =
-                        W::encode_failure(&StoredFailure::Marker(marker)).map_err(Error::Decode)?;
-                }
-                Err(Interrupted(Reason::Unstorable(unstorable))) => {
-                    return Ok(Err(Marker::from_unstorable(unstorable)));
-                }
-                Err(other) => return Err(interruption_error(&key, other)),
-            }
+        let plain = compensate::run(saga).await?;
+        let stored = W::decode_failure(&plain).map_err(Error::Decode)?;
+        if let StoredFailure::CompensatedMarker(_, compensation) = &stored {
+            tracing::warn!(
+                undone = ?compensation.undone,
+                pending = ?compensation.pending,
+                interrupted = ?compensation.interrupted,
+                "compensated a work error that could not be stored"
+            );
         }
-    }
-
-    /// Runs one undo, marked started before and ended after in its checkpoint, in a task
-    /// of its own: once it starts, it runs to its end and its mark is written even if the
-    /// caller drops `execute`. The lease is renewed meanwhile.
-    async fn run_undo(
-        &self,
-        context: &Context,
-        undo: saga::Undo,
-        every: Option<Duration>,
-    ) -> Result<saga::UndoResult, Error> {
-        let key = context.key();
-        let mark = step_name(&saga::undo_checkpoint(&undo.step))
-            .map_err(|err| interruption_error(&key, err))?;
-        let owner = context.clone();
-        let task = tokio::spawn(async move {
-            owner.checkpoint(&mark, saga::UndoMark::started()).await?;
-            let result = (undo.run)().await;
-            owner
-                .checkpoint(&mark, &saga::UndoMark::ended(&result))
-                .await?;
-            Ok::<_, Interrupted>(result)
-        });
-        match heartbeat::run(task, context, every, self.settings.lease).await {
-            Ok(result) => result.map_err(|err| interruption_error(&key, err)),
-            Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-            Err(err) => Err(Error::Store(StoreError::Unavailable {
-                operation: Operation::Checkpoint,
-                source: Box::new(err),
-            })),
-        }
+        answer_failure(stored, false, None)
     }
 
     /// Claims the key, waiting for another attempt under [`InFlightPolicy::Wait`].
@@ -1220,11 +1049,15 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 } => {
                     // A retried claim whose first try landed gets its own lease back as
                     // `resumed: false`, whether that try created the record or took it
-                    // over; only a fresh record's lease starts when the record does.
+                    // over. A takeover shows in a lease that did not start with the
+                    // record, or in a token past the first; the second also counts a
+                    // fresh record that replaced an absent one (token + 1) as resumed,
+                    // the safe side: the work then finds no steps done.
                     let resumed = resumed
                         || tries > 1
-                            && granted.lease_until
-                                != granted.created_at.saturating_add(clamp_duration(lease));
+                            && (granted.token > 1
+                                || granted.lease_until
+                                    != granted.created_at.saturating_add(clamp_duration(lease)));
                     observe::count(observe::CLAIMS);
                     if resumed {
                         observe::count(observe::TAKEOVERS);
@@ -1268,6 +1101,26 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     return Err(Error::Mismatch);
                 }
             });
+        }
+    }
+}
+
+/// What `execute` answers for a stored failure; `source` is the serialiser's error on the
+/// run that stored a marker.
+fn answer_failure<T, E>(
+    stored: StoredFailure<E>,
+    replayed: bool,
+    source: Option<crate::BoxError>,
+) -> Result<Outcome<T, E>, Error> {
+    match stored {
+        StoredFailure::Work(error) => Ok(Outcome::Failed { error, replayed }),
+        StoredFailure::Compensated(error, compensation) => Ok(Outcome::Compensated {
+            error,
+            compensation,
+            replayed,
+        }),
+        StoredFailure::Marker(marker) | StoredFailure::CompensatedMarker(marker, _) => {
+            Err(marker.into_error(replayed, source))
         }
     }
 }

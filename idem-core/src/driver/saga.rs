@@ -33,7 +33,7 @@ pub(crate) const RESERVED_PREFIX: &str = "idem.";
 ///     Running --> Compensating: Permanent with undos registered (failure and their steps checkpointed as idem.saga)
 ///     Compensating --> Compensating: undo of the latest listed step not yet run: idem.undo:STEP marked started, the undo runs, marked ended
 ///     Compensating --> Compensating: crash or lost lease, then a takeover replays the steps (registering their undos), skips ended undos, reports started ones interrupted
-///     Compensating --> Held: an undo is Retryable or Unknown (Error::CompensationPending, lease kept)
+///     Compensating --> Held: an undo is Retryable (Error::CompensationPending, lease kept)
 ///     Compensating --> Compensated: every listed step undone, pending or interrupted (Outcome::Compensated)
 ///     Compensating --> Compensated: an undo failed permanently (failed = that step, pending = the rest)
 ///     Held --> Running: lease expires, a retry takes over
@@ -80,19 +80,23 @@ pub struct FailedUndo {
     pub error: serde_json::Value,
 }
 
-type UndoFuture = Pin<Box<dyn Future<Output = UndoResult> + Send>>;
+pub(crate) type UndoFuture = Pin<Box<dyn Future<Output = UndoResult> + Send>>;
 
 /// An undo registered by a step, waiting to be needed.
 pub(crate) struct Undo {
     pub(crate) step: String,
-    pub(crate) run: Box<dyn FnOnce() -> UndoFuture + Send>,
+    /// `None` for a step whose effect happened but whose value could not be stored: its
+    /// undo, which takes that value, cannot run, and is reported pending.
+    pub(crate) run: Option<Box<dyn FnOnce() -> UndoFuture + Send>>,
 }
 
 pub(crate) enum UndoResult {
     Done,
     Permanent(serde_json::Value),
-    /// Retryable or unknown: the compensation must be tried again later.
+    /// Retryable: nothing happened; the compensation must be tried again later.
     NotYet,
+    /// Unknown: it may have taken effect, so it never runs again (reported interrupted).
+    Unknown,
 }
 
 /// What the checkpoint `idem.undo:STEP` says of an undo. Written before the undo runs
@@ -106,7 +110,7 @@ pub(crate) enum UndoMark {
     /// An owner started it and never recorded its end.
     Started,
     Done,
-    /// It answered Retryable or Unknown: the next owner runs it again.
+    /// It answered Retryable (nothing happened): the next owner runs it again.
     Retry,
     /// It failed for good, with this error.
     Failed(serde_json::Value),
@@ -143,6 +147,8 @@ impl UndoMark {
         match result {
             UndoResult::Done => MARK_DONE.to_vec(),
             UndoResult::NotYet => MARK_RETRY.to_vec(),
+            // It may have taken effect: the mark stays `started`.
+            UndoResult::Unknown => MARK_STARTED.to_vec(),
             UndoResult::Permanent(error) => {
                 let mut out = MARK_FAILED.to_vec();
                 // A serde_json::Value always serialises.
@@ -222,12 +228,19 @@ impl Context {
     ///   steps deterministic, and every effect inside a step.
     /// - A failure that does not serialise, does not fit, or a step value that cannot be
     ///   stored ([`InterruptedKind::Unstorable`](crate::InterruptedKind::Unstorable)) still
-    ///   compensates; what is stored is the marker saying why, with what was undone.
+    ///   compensates; what is stored is the marker saying why, with what was undone. A
+    ///   `step_with_undo` whose own value cannot be stored has no value to give its undo:
+    ///   it is reported [`pending`](Compensation::pending).
+    /// - The whole compensation (the saga checkpoint, every undo, the stored failure)
+    ///   runs in a task of its own, with the lease renewed on the heartbeat's schedule: a
+    ///   caller that drops `execute` once the work has failed stops none of it.
     /// - `undo` answers `Ok(())` when undone; [`WorkError::Permanent`] stops compensating
-    ///   and is stored ([`Compensation::failed`]); [`WorkError::Retryable`] or
-    ///   [`WorkError::Unknown`] keep the key held
+    ///   and is stored ([`Compensation::failed`]); [`WorkError::Retryable`] (nothing
+    ///   happened) keeps the key held
     ///   ([`Error::CompensationPending`](crate::Error::CompensationPending)) until its
-    ///   lease ends and a retry takes over to try again.
+    ///   lease ends and a retry takes over to try again; [`WorkError::Unknown`] (it may
+    ///   have taken effect) is never run again: it is reported
+    ///   [`interrupted`](Compensation::interrupted) and the other undos go on.
     /// - [`WorkError::Unknown`] and [`WorkError::Retryable`] from the work never
     ///   compensate: the effect may yet happen, or the work runs again.
     ///
@@ -274,7 +287,19 @@ impl Context {
         UndoFut: Future<Output = Result<(), WorkError<E>>> + Send + 'static,
         E: Serialize + Send + 'static,
     {
-        let (value, plain) = self.step_plain(name, run).await?;
+        let (value, plain) = match self.step_plain(name, run).await {
+            Ok(stored) => stored,
+            // The step's effect happened but its value cannot be stored: its undo cannot
+            // get that value, but the compensation must not read as complete without it.
+            Err(WorkError::Interrupted(Interrupted(Reason::Unstorable(unstorable)))) => {
+                self.register_undo(Undo {
+                    step: name.to_owned(),
+                    run: None,
+                });
+                return Err(Interrupted(Reason::Unstorable(unstorable)).into());
+            }
+            Err(other) => return Err(other),
+        };
         // The undo gets its own copy, decoded from the same stored bytes.
         let for_undo: T = serde_json::from_slice(&plain).map_err(|source| {
             Interrupted(Reason::StepUndecodable {
@@ -289,13 +314,14 @@ impl Context {
                     Err(WorkError::Permanent(error)) => UndoResult::Permanent(
                         serde_json::to_value(&error).unwrap_or(serde_json::Value::Null),
                     ),
+                    Err(WorkError::Unknown(_)) => UndoResult::Unknown,
                     Err(_) => UndoResult::NotYet,
                 }
             })
         });
         self.register_undo(Undo {
             step: name.to_owned(),
-            run,
+            run: Some(run),
         });
         Ok(value)
     }
@@ -339,6 +365,7 @@ mod tests {
         for result in [
             UndoResult::Done,
             UndoResult::NotYet,
+            UndoResult::Unknown,
             UndoResult::Permanent(serde_json::json!({"code": 7})),
         ] {
             let mark = UndoMark::read(Some(&UndoMark::ended(&result)));
@@ -346,6 +373,7 @@ mod tests {
                 UndoResult::Done => UndoMark::Done,
                 UndoResult::NotYet => UndoMark::Retry,
                 UndoResult::Permanent(error) => UndoMark::Failed(error),
+                UndoResult::Unknown => UndoMark::Started,
             };
             assert_eq!(mark, expected);
         }

@@ -122,6 +122,11 @@ pub(crate) trait Wire: Send + Sync + 'static {
     fn decode_value(bytes: &[u8]) -> Result<Self::Value, BoxError>;
     fn encode_failure(failure: &StoredFailure<Self::Failure>) -> Result<Vec<u8>, BoxError>;
     fn decode_failure(bytes: &[u8]) -> Result<StoredFailure<Self::Failure>, BoxError>;
+    /// A stored failure's plain bytes with what compensating did added, working on the
+    /// bytes alone (the compensation runs in a task of its own, without the error's type).
+    fn with_compensation(plain: &[u8], compensation: &Compensation) -> Result<Vec<u8>, BoxError>;
+    /// A marker's plain bytes, with what compensating did when there was a compensation.
+    fn marker(marker: &Marker, compensation: Option<&Compensation>) -> Vec<u8>;
     /// Whether the Context's serde helpers match this encoding.
     const SERDE: bool;
 }
@@ -186,6 +191,25 @@ where
         }
         marker_from_json(value)
     }
+
+    fn with_compensation(plain: &[u8], compensation: &Compensation) -> Result<Vec<u8>, BoxError> {
+        json_with_compensation(plain, compensation)
+    }
+
+    fn marker(marker: &Marker, compensation: Option<&Compensation>) -> Vec<u8> {
+        // Markers hold only numbers and names: they always serialise.
+        marker_json(marker, compensation).unwrap_or_default()
+    }
+}
+
+/// A JSON failure (the work's, or a marker) with `compensation` set.
+fn json_with_compensation(plain: &[u8], compensation: &Compensation) -> Result<Vec<u8>, BoxError> {
+    let mut value: serde_json::Value = serde_json::from_slice(plain)?;
+    let serde_json::Value::Object(fields) = &mut value else {
+        return Err("a stored failure that is not a JSON object".into());
+    };
+    fields.insert("compensation".into(), serde_json::to_value(compensation)?);
+    Ok(serde_json::to_vec(&value)?)
 }
 
 /// A work failure as `execute` stores it, borrowed.
@@ -274,6 +298,25 @@ impl Wire for Raw {
             _ => Err("a stored failure without a known tag byte".into()),
         }
     }
+
+    fn with_compensation(plain: &[u8], compensation: &Compensation) -> Result<Vec<u8>, BoxError> {
+        match Self::decode_failure(plain)? {
+            StoredFailure::Work(error) | StoredFailure::Compensated(error, _) => {
+                Self::encode_failure(&StoredFailure::Compensated(error, compensation.clone()))
+            }
+            StoredFailure::Marker(_) | StoredFailure::CompensatedMarker(..) => {
+                let mut out = vec![RAW_MARKER];
+                out.extend_from_slice(&json_with_compensation(&plain[1..], compensation)?);
+                Ok(out)
+            }
+        }
+    }
+
+    fn marker(marker: &Marker, compensation: Option<&Compensation>) -> Vec<u8> {
+        let mut out = vec![RAW_MARKER];
+        out.extend_from_slice(&marker_json(marker, compensation).unwrap_or_default());
+        out
+    }
 }
 
 #[cfg(test)]
@@ -332,6 +375,41 @@ mod tests {
                 failure: false
             })
         ));
+    }
+
+    #[test]
+    fn compensation_is_added_to_the_bytes_alone() {
+        let compensation = Compensation {
+            undone: vec!["a".into()],
+            failed: None,
+            pending: Vec::new(),
+            interrupted: vec!["b".into()],
+        };
+        let marker = Marker::ResultTooLarge { size: 3, limit: 2 };
+        type W = Json<String, String>;
+        let work = W::encode_failure(&StoredFailure::Work("no".into())).unwrap();
+        assert!(matches!(
+            W::decode_failure(&W::with_compensation(&work, &compensation).unwrap()).unwrap(),
+            StoredFailure::Compensated(e, c) if e == "no" && c == compensation
+        ));
+        let marked = W::marker(&marker, None);
+        assert!(matches!(
+            W::decode_failure(&W::with_compensation(&marked, &compensation).unwrap()).unwrap(),
+            StoredFailure::CompensatedMarker(m, c) if m == marker && c == compensation
+        ));
+        let all: Vec<u8> = (0..=255).collect();
+        let work = Raw::encode_failure(&StoredFailure::Work(all.clone())).unwrap();
+        assert!(matches!(
+            Raw::decode_failure(&Raw::with_compensation(&work, &compensation).unwrap()).unwrap(),
+            StoredFailure::Compensated(e, c) if e == all && c == compensation
+        ));
+        let marked = Raw::marker(&marker, None);
+        assert!(matches!(
+            Raw::decode_failure(&Raw::with_compensation(&marked, &compensation).unwrap()).unwrap(),
+            StoredFailure::CompensatedMarker(m, c) if m == marker && c == compensation
+        ));
+        assert!(W::with_compensation(b"[1]", &compensation).is_err());
+        assert!(Raw::with_compensation(b"", &compensation).is_err());
     }
 
     #[test]

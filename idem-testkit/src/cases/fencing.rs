@@ -30,7 +30,17 @@ pub(crate) async fn complete_stores_the_response(store: &dyn Store) {
     assert_eq!(after.token, before.token);
     assert_eq!(after.steps, before.steps, "completion keeps the steps");
     assert_eq!(after.created_at, before.created_at);
-    assert_eq!(after.expires_at, before.expires_at);
+    // Kept one retention after it is stored: later than the claim's expiry by the time
+    // since the claim, never earlier.
+    let later = after
+        .expires_at
+        .saturating_duration_since(before.expires_at);
+    assert!(
+        after.expires_at >= before.expires_at && later < std::time::Duration::from_secs(60),
+        "completion keeps the expiry or moves it by the time since the claim: {:?} then {:?}",
+        before.expires_at,
+        after.expires_at
+    );
 }
 
 pub(crate) async fn fail_stores_the_failure(store: &dyn Store) {
@@ -262,6 +272,54 @@ pub(crate) async fn retried_terminal_writes_are_applied(store: &dyn Store) {
         (record.state, record.response.as_deref()),
         (State::Failed, Some(&b"e"[..]))
     );
+}
+
+pub(crate) async fn retried_terminal_writes_keep_the_first_bytes(store: &dyn Store) {
+    // A retry is Applied because the first try landed; it must not store its own bytes.
+    // Bytes of another length and content, so a partial rewrite shows too.
+    let first: &[u8] = b"first\x00\xff";
+    let second: &[u8] = b"second, longer";
+    for failed in [false, true] {
+        let what = if failed { "fail" } else { "complete" };
+        let k = key("orders", &format!("retried-{what}"));
+        let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+        let write = |bytes: &'static [u8]| {
+            let lease = lease.clone();
+            async move {
+                let answer = if failed {
+                    store.fail(&lease, bytes).await
+                } else {
+                    store.complete(&lease, bytes).await
+                };
+                ok(answer, what)
+            }
+        };
+        assert_eq!(write(first).await, WriteOutcome::Applied);
+        let landed = get_some(store, &k).await;
+        assert_eq!(
+            write(second).await,
+            WriteOutcome::Applied,
+            "{what} retried by the same lease with other bytes"
+        );
+        let after = get_some(store, &k).await;
+        assert!(
+            after.response.as_deref() == Some(first),
+            "a retried {what} rewrote the stored bytes: {:?} instead of {first:?}",
+            after.response
+        );
+        assert_eq!(after, landed, "a retried {what} writes nothing");
+        let expected = if failed {
+            ClaimOutcome::replay_failure(first.to_vec())
+        } else {
+            ClaimOutcome::replay(first.to_vec())
+        };
+        match claim(store, &request(&k, "a", HOUR, HOUR)).await {
+            replayed if replayed == expected => {}
+            other => {
+                panic!("after a retried {what}, a claim must replay the first bytes: {other:?}")
+            }
+        }
+    }
 }
 
 pub(crate) async fn fingerprint_survives_completion(store: &dyn Store) {

@@ -4,6 +4,7 @@ pub(crate) mod admin;
 pub(crate) mod claim;
 pub(crate) mod concurrency;
 pub(crate) mod driver;
+pub(crate) mod edges;
 pub(crate) mod fencing;
 pub(crate) mod namespaces;
 pub(crate) mod payloads;

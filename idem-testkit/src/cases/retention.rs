@@ -93,7 +93,9 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
         ok(store.complete(&lease, b"done").await, "complete"),
         WriteOutcome::Applied
     );
-    // Completed and expired, it is absent: the next claim is fresh.
+    // A result is kept one retention after it is stored: zero here, so the record is
+    // absent at once and the next claim is fresh. (A longer retention is in
+    // `late_results_stay_replayable`.)
     assert_eq!(get(store, &k).await, None);
     let (next, resumed, steps) = claimed(store, &request(&k, "b", HOUR, HOUR)).await;
     assert!(!resumed && steps.is_empty());
@@ -124,6 +126,28 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
             ok(store.complete(&taken, b"r").await, "complete"),
             WriteOutcome::Applied
         );
+        // Stored 10 s after the retention of 90 s ended, the result is replayed for 90 s
+        // more, then it is absent.
+        let done = get_some(store, &k).await;
+        assert_eq!(
+            done.expires_at,
+            done.created_at.saturating_add(Duration::from_secs(190)),
+            "a result stored at 100 s is kept until 100 s + the retention of 90 s"
+        );
+        clock.advance(Duration::from_secs(89));
+        assert!(
+            matches!(
+                claim(store, &request(&k, "a", HOUR, HOUR)).await,
+                ClaimOutcome::Replay { .. }
+            ),
+            "a result stored late is replayed for a whole retention"
+        );
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(
+            get(store, &k).await,
+            None,
+            "absent one retention after it was stored"
+        );
 
         // Heartbeats past retention keep the record held as long as they go on.
         let k = key("live-lease", "heartbeat");
@@ -143,6 +167,105 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
             claim(store, &request(&k, "a", HOUR, HOUR)).await,
             ClaimOutcome::InFlight { .. }
         ));
+        // Failed 60 s after creation, 30 s past the retention: kept 30 s more.
+        assert_eq!(
+            ok(store.fail(&beat, b"no").await, "fail"),
+            WriteOutcome::Applied
+        );
+        clock.advance(Duration::from_secs(29));
+        assert!(matches!(
+            claim(store, &request(&k, "a", HOUR, HOUR)).await,
+            ClaimOutcome::ReplayFailure { .. }
+        ));
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(get(store, &k).await, None);
+    }
+}
+
+/// How long `late_results_stay_replayable` keeps its records: short enough to wait for
+/// on a server's clock, long enough to claim and read within it after storing.
+const SHORT_RETENTION: Duration = Duration::from_secs(1);
+
+pub(crate) async fn late_results_stay_replayable(store: &dyn Store, caps: &Capabilities) {
+    // Leases of an hour hold both records past a retention of a second: the work goes on
+    // (as heartbeats would keep it going) and stores its result after the retention ended.
+    let done = key("late-result", "completed");
+    let failed = key("late-result", "failed");
+    let (done_lease, _, _) = claimed(store, &request(&done, "a", HOUR, SHORT_RETENTION)).await;
+    let (failed_lease, _, _) = claimed(store, &request(&failed, "a", HOUR, SHORT_RETENTION)).await;
+    let_time_pass(caps, SHORT_RETENTION).await;
+    assert!(
+        matches!(
+            claim(store, &request(&done, "a", HOUR, HOUR)).await,
+            ClaimOutcome::InFlight { .. }
+        ),
+        "the live lease holds the record past its retention"
+    );
+    assert_eq!(
+        ok(store.complete(&done_lease, b"late").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.fail(&failed_lease, b"late failure").await, "fail"),
+        WriteOutcome::Applied
+    );
+    match claim(store, &request(&done, "a", HOUR, HOUR)).await {
+        ClaimOutcome::Replay { response, .. } => assert_eq!(response, b"late".to_vec()),
+        other => panic!(
+            "a result stored after the retention ended must be replayed for one retention \
+             after it is stored; the store answered {other:?}"
+        ),
+    }
+    match claim(store, &request(&failed, "a", HOUR, HOUR)).await {
+        ClaimOutcome::ReplayFailure { response, .. } => {
+            assert_eq!(response, b"late failure".to_vec())
+        }
+        other => panic!(
+            "a failure stored after the retention ended must be replayed for one retention \
+             after it is stored; the store answered {other:?}"
+        ),
+    }
+    for (k, state) in [(&done, State::Completed), (&failed, State::Failed)] {
+        let record = get(store, k)
+            .await
+            .unwrap_or_else(|| panic!("get must show the {state:?} record stored late"));
+        assert_eq!(record.state, state);
+        // Stored at least one retention after creation, kept one retention after that.
+        let kept = record
+            .expires_at
+            .saturating_duration_since(record.created_at);
+        assert!(
+            kept >= 2 * SHORT_RETENTION,
+            "{state:?}: expires_at must be at least one retention after the result was \
+             stored; it is {kept:?} after creation"
+        );
+    }
+    // Retried by the same owner, the terminal writes are still applied and write nothing.
+    let before = get_some(store, &done).await;
+    assert_eq!(
+        ok(store.complete(&done_lease, b"late").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        get_some(store, &done).await,
+        before,
+        "a retried complete wrote"
+    );
+
+    if let Some(clock) = &caps.manual_clock {
+        // Exactly one retention after it was stored, the result is absent.
+        let record = get_some(store, &done).await;
+        assert_eq!(
+            record.expires_at,
+            record.created_at.saturating_add(2 * SHORT_RETENTION)
+        );
+        clock.advance(SHORT_RETENTION - Duration::from_millis(1));
+        assert!(matches!(
+            claim(store, &request(&done, "a", HOUR, HOUR)).await,
+            ClaimOutcome::Replay { .. }
+        ));
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(get(store, &done).await, None);
     }
 }
 

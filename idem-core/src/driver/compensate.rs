@@ -1,0 +1,263 @@
+//! The compensation engine: once the work failed for good, the saga checkpoint, every
+//! undo and the stored failure, in a task of its own.
+//!
+//! It works on the failure's plain bytes, not on the error's type, so that it can run
+//! apart from the caller: a caller that drops `execute` (a client gone, a timeout) stops
+//! none of it, and the lease is renewed on the heartbeat's schedule for the whole of it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use super::errors::{Error, Interrupted, Reason, Unstorable};
+use super::saga::{self, Undo, UndoMark, UndoResult};
+use super::wire::Marker;
+use super::{Context, FailedUndo, durable, heartbeat, interruption_error, step_name};
+use crate::{BoxError, Compensation, Operation, StoreError, StoredPart, WriteOutcome};
+
+/// How the engine writes failures without knowing the error's type.
+#[derive(Clone, Copy)]
+pub(crate) struct Encoding {
+    pub(crate) with_compensation: fn(&[u8], &Compensation) -> Result<Vec<u8>, BoxError>,
+    pub(crate) marker: fn(&Marker, Option<&Compensation>) -> Vec<u8>,
+}
+
+/// One compensation to run.
+pub(crate) struct Saga {
+    pub(crate) context: Context,
+    /// The undos this run of the work registered, in order.
+    pub(crate) undos: Vec<Undo>,
+    /// On the run that failed: the failure's plain bytes (the work's error, or a marker
+    /// saying why it cannot be stored). `None` on a takeover, which reads them, with the
+    /// steps, from the saga checkpoint.
+    pub(crate) failure: Option<Vec<u8>>,
+    /// This run of the work went as far as it can: an undo it did not register, it never
+    /// will.
+    pub(crate) whole: bool,
+    pub(crate) every: Option<Duration>,
+    pub(crate) lease: Duration,
+    pub(crate) encoding: Encoding,
+}
+
+/// Runs `saga` in a task of its own and answers the stored failure's plain bytes.
+pub(crate) async fn run(saga: Saga) -> Result<Vec<u8>, Error> {
+    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+        let (context, every, lease) = (saga.context.clone(), saga.every, saga.lease);
+        heartbeat::run(compensate(saga), &context, every, lease).await
+    }));
+    match task.await {
+        Ok(result) => result,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Only a runtime shutting down cancels the task; a takeover finishes the saga.
+        Err(err) => Err(Error::Store(StoreError::Unavailable {
+            operation: Operation::Checkpoint,
+            source: Box::new(err),
+        })),
+    }
+}
+
+async fn compensate(saga: Saga) -> Result<Vec<u8>, Error> {
+    let Saga {
+        context,
+        undos: mut registered,
+        failure,
+        whole,
+        encoding,
+        ..
+    } = saga;
+    let key = context.key();
+    let interrupted = |err: Interrupted| interruption_error(&key, err);
+    let (listed, plain) = match failure {
+        Some(plain) => {
+            let listed: Vec<String> = registered.iter().map(|undo| undo.step.clone()).collect();
+            match checkpoint_saga(&context, &listed, plain, encoding).await? {
+                Ok(plain) => (listed, plain),
+                // Not even a marker fits beside the checkpoints: nothing can record what
+                // would be undone, so nothing is (the marker says why).
+                Err(marker) => {
+                    return store(&context, (encoding.marker)(&marker, None), encoding).await;
+                }
+            }
+        }
+        None => {
+            let stored = context
+                .checkpointed(saga::SAGA_STEP)
+                .map_err(interrupted)?
+                .ok_or_else(|| Error::Decode("the saga checkpoint is missing".into()))?;
+            let (listed, plain) = saga::decode_saga(&stored).map_err(Error::Decode)?;
+            let listed =
+                listed.unwrap_or_else(|| registered.iter().map(|undo| undo.step.clone()).collect());
+            (listed, plain.to_vec())
+        }
+    };
+    let mut compensation = Compensation {
+        undone: Vec::new(),
+        failed: None,
+        pending: Vec::new(),
+        interrupted: Vec::new(),
+    };
+    // A step run twice under one name registered twice: it is undone once.
+    let mut seen = HashSet::new();
+    let listed: Vec<String> = listed
+        .into_iter()
+        .filter(|step| seen.insert(step.clone()))
+        .collect();
+    for step in listed.into_iter().rev() {
+        let mark = context
+            .checkpointed(&saga::undo_checkpoint(&step))
+            .map_err(interrupted)?;
+        let stopped = compensation.failed.is_some();
+        match UndoMark::read(mark.as_deref()) {
+            UndoMark::Done => compensation.undone.push(step),
+            UndoMark::Started => compensation.interrupted.push(step),
+            _ if stopped => compensation.pending.push(step),
+            UndoMark::Failed(error) => compensation.failed = Some(FailedUndo { step, error }),
+            UndoMark::NotRun | UndoMark::Retry => {
+                let Some(at) = registered.iter().rposition(|undo| undo.step == step) else {
+                    if !whole {
+                        // A later run of the work may register it yet.
+                        return Err(Error::CompensationPending { step });
+                    }
+                    tracing::warn!(
+                        step = %step,
+                        "a step registered an undo that this run of the work never reached; reported pending"
+                    );
+                    compensation.pending.push(step);
+                    continue;
+                };
+                let Some(undo) = registered.swap_remove(at).run else {
+                    // The step's value could not be stored: no value to undo it with.
+                    compensation.pending.push(step);
+                    continue;
+                };
+                if context.is_lease_lost() {
+                    return Err(Error::LeaseLost);
+                }
+                match run_undo(&context, &step, undo).await? {
+                    Ran::Ended(UndoResult::Done) => compensation.undone.push(step),
+                    Ran::Ended(UndoResult::Permanent(error)) => {
+                        tracing::warn!(step = %step, "an undo failed permanently; compensation stopped");
+                        compensation.failed = Some(FailedUndo { step, error });
+                    }
+                    Ran::Ended(UndoResult::Unknown) => {
+                        tracing::warn!(step = %step, "an undo's outcome is unknown; reported interrupted, never run again");
+                        compensation.interrupted.push(step);
+                    }
+                    Ran::Ended(UndoResult::NotYet) => {
+                        return Err(Error::CompensationPending { step });
+                    }
+                    Ran::NoRoom => compensation.pending.push(step),
+                }
+            }
+        }
+    }
+    let plain = (encoding.with_compensation)(&plain, &compensation).map_err(Error::Decode)?;
+    store_compensated(&context, plain, &compensation, encoding).await
+}
+
+/// Checkpoints the failure with the steps to undo. A failure that does not fit is
+/// checkpointed as the marker saying so; `Err(marker)` when not even that fits.
+async fn checkpoint_saga(
+    context: &Context,
+    listed: &[String],
+    mut plain: Vec<u8>,
+    encoding: Encoding,
+) -> Result<Result<Vec<u8>, Marker>, Error> {
+    let key = context.key();
+    let step = step_name(saga::SAGA_STEP).map_err(|err| interruption_error(&key, err))?;
+    let mut marked = false;
+    loop {
+        match context
+            .checkpoint_own(&step, &saga::encode_saga(listed, &plain))
+            .await
+        {
+            Ok(()) => return Ok(Ok(plain)),
+            Err(Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
+                size, limit, ..
+            }))) if !marked => {
+                marked = true;
+                plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, None);
+            }
+            Err(Interrupted(Reason::Unstorable(unstorable))) => {
+                return Ok(Err(Marker::from_unstorable(unstorable)));
+            }
+            Err(other) => return Err(interruption_error(&key, other)),
+        }
+    }
+}
+
+enum Ran {
+    Ended(UndoResult),
+    /// Not even its `started` mark fits in the record: it did not run.
+    NoRoom,
+}
+
+/// Runs one undo, its checkpoint marked started before and ended after.
+async fn run_undo(
+    context: &Context,
+    step: &str,
+    undo: Box<dyn FnOnce() -> saga::UndoFuture + Send>,
+) -> Result<Ran, Error> {
+    let key = context.key();
+    let mark =
+        step_name(&saga::undo_checkpoint(step)).map_err(|err| interruption_error(&key, err))?;
+    match context.checkpoint_own(&mark, UndoMark::started()).await {
+        Ok(()) => {}
+        Err(Interrupted(Reason::Unstorable(_))) => return Ok(Ran::NoRoom),
+        Err(other) => return Err(interruption_error(&key, other)),
+    }
+    let result = undo().await;
+    if !matches!(result, UndoResult::Unknown) {
+        context
+            .checkpoint_own(&mark, &UndoMark::ended(&result))
+            .await
+            .map_err(|err| interruption_error(&key, err))?;
+    }
+    Ok(Ran::Ended(result))
+}
+
+/// Stores the compensated failure, or, when it does not fit, the marker saying so with
+/// what compensating did.
+async fn store_compensated(
+    context: &Context,
+    plain: Vec<u8>,
+    compensation: &Compensation,
+    encoding: Encoding,
+) -> Result<Vec<u8>, Error> {
+    let room = context.room_for_response();
+    let size = encoded(context, plain.clone())?.len();
+    if size <= room {
+        return store(context, plain, encoding).await;
+    }
+    let marker = Marker::ResultTooLarge { size, limit: room };
+    store(
+        context,
+        (encoding.marker)(&marker, Some(compensation)),
+        encoding,
+    )
+    .await
+}
+
+/// Writes a failure's plain bytes; one the store refuses as too large is written again as
+/// the marker saying so.
+async fn store(context: &Context, plain: Vec<u8>, encoding: Encoding) -> Result<Vec<u8>, Error> {
+    let mut plain = plain;
+    let mut marked = false;
+    loop {
+        let bytes = encoded(context, plain.clone())?;
+        match context.durable(durable::Write::Fail(bytes)).await {
+            Ok(WriteOutcome::Applied) => return Ok(plain),
+            Ok(WriteOutcome::Fenced) => return Err(super::fenced_at_the_end(context)),
+            Err(StoreError::ResponseTooLarge { size, limit }) if !marked => {
+                marked = true;
+                plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, None);
+            }
+            Err(err) => return Err(Error::Store(err)),
+        }
+    }
+}
+
+fn encoded(context: &Context, plain: Vec<u8>) -> Result<Vec<u8>, Error> {
+    context
+        .encode(StoredPart::Failure, plain)
+        .map_err(|err| interruption_error(&context.key(), err))
+}

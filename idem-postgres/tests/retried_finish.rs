@@ -1,0 +1,114 @@
+//! A complete retried while its first try still holds the row lock: once the first try
+//! commits, the retry finds its own result and answers Applied, not Fenced.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::{Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store, WorkError};
+use idem_core::{StoreError, WriteOutcome};
+use idem_postgres::{PostgresStore, sqlx};
+use idem_testkit::Namespace;
+
+/// Waits (boundedly) until a statement on `table` waits for a row lock.
+async fn wait_until_blocked(store: &PostgresStore, table: &str) {
+    for _ in 0..500 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0",
+        )
+        .bind(table)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the retried complete never waited for the first try's row lock");
+}
+
+/// Runs the work: complete inside a transaction holding the row lock, the same complete
+/// retried on another connection meanwhile, then `commit` or roll back the first. Answers
+/// what the retry answered.
+async fn retry_beside_an_open_first_try(commit: bool) -> (PostgresStore, Key, WriteOutcome) {
+    let url = common::url().expect("checked by the caller");
+    let namespace = Namespace::fresh();
+    let table = namespace.as_str().to_owned();
+    let store = common::store_in(&url, &table, 4).await;
+    let idem = Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let key = Key::new("race", "retried-complete").unwrap();
+    let retried: Arc<Mutex<Option<Result<WriteOutcome, StoreError>>>> = Arc::default();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, table, retried) = (store.clone(), table.clone(), Arc::clone(&retried));
+            async move {
+                let completion = ctx.prepare_completion(&"paid".to_owned())?;
+                // The first try lands inside a transaction that holds the row lock...
+                let mut tx = store.pool().begin().await.unwrap();
+                assert_eq!(
+                    store.complete_in(&mut tx, &completion).await.unwrap(),
+                    WriteOutcome::Applied
+                );
+                // ...while the same complete, retried on another connection (its first
+                // answer lost, say), waits for that lock.
+                let retry = tokio::spawn({
+                    let (store, lease) = (store.clone(), completion.lease().clone());
+                    let bytes = completion.bytes().to_vec();
+                    async move { store.complete(&lease, &bytes).await }
+                });
+                wait_until_blocked(&store, &table).await;
+                if commit {
+                    tx.commit().await.unwrap();
+                } else {
+                    tx.rollback().await.unwrap();
+                }
+                *retried.lock().unwrap() = Some(retry.await.unwrap());
+                Ok::<_, WorkError<String>>("paid".to_owned())
+            }
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, Outcome::Completed { value, replayed: false } if value == "paid"),
+        "{outcome:?}"
+    );
+    let retried = retried.lock().unwrap().take().expect("the retry ran");
+    (store, key, retried.expect("the retry reached the store"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_complete_that_waited_for_its_first_try_is_applied() {
+    if common::url().is_none() {
+        return;
+    }
+    let (store, key, retried) = retry_beside_an_open_first_try(true).await;
+    assert_eq!(
+        retried,
+        WriteOutcome::Applied,
+        "a retried complete whose first try landed must be Applied"
+    );
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_that_waited_for_a_rolled_back_try_writes_itself() {
+    if common::url().is_none() {
+        return;
+    }
+    let (store, key, retried) = retry_beside_an_open_first_try(false).await;
+    assert_eq!(retried, WriteOutcome::Applied);
+    let record = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        State::Completed,
+        "the retry stored the result"
+    );
+    assert_eq!(record.response.as_deref(), Some(&b"\"paid\""[..]));
+}

@@ -1,0 +1,86 @@
+//! The key's own expiry (`PEXPIREAT`) follows the record's: a result stored late keeps its
+//! key exactly until its new expiry, and a retried write leaves it alone.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Store, WriteOutcome};
+use idem_redis::redis;
+
+#[tokio::test]
+async fn a_result_stored_late_keeps_its_key_until_its_new_expiry() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let store = common::standalone_in(&url, &prefix).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let retention = Duration::from_millis(200);
+    for (name, failed) in [("completed", false), ("failed", true)] {
+        let key = Key::new("expiry", name).unwrap();
+        let hash = format!("{prefix}{{6:expiry:{name}}}");
+        let request = ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes("x"),
+            Duration::from_secs(3600),
+            retention,
+        );
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+            panic!("{name}: a fresh claim")
+        };
+        // The lease holds the record past its retention; the work ends after it.
+        tokio::time::sleep(retention + Duration::from_millis(100)).await;
+        let finish = || async {
+            if failed {
+                store.fail(&lease, b"r").await.unwrap()
+            } else {
+                store.complete(&lease, b"r").await.unwrap()
+            }
+        };
+        assert_eq!(finish().await, WriteOutcome::Applied);
+        let read = |mut conn: redis::aio::MultiplexedConnection| {
+            let hash = hash.clone();
+            async move {
+                let expires: Option<i64> = redis::cmd("HGET")
+                    .arg(&hash)
+                    .arg("e")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let key_expires: i64 = redis::cmd("PEXPIRETIME")
+                    .arg(&hash)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                (expires, key_expires)
+            }
+        };
+        let (expires, key_expires) = read(conn.clone()).await;
+        let record = store
+            .get(&key)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name}: the result stored late is there"));
+        let expires = expires.expect("the hash keeps its expiry");
+        assert_eq!(
+            u64::try_from(expires).unwrap(),
+            record.expires_at.as_unix_millis()
+        );
+        assert!(
+            record
+                .expires_at
+                .saturating_duration_since(record.created_at)
+                >= 2 * retention,
+            "{name}: kept one retention after it was stored: {record:?}"
+        );
+        assert_eq!(
+            key_expires, expires,
+            "{name}: the key expires when the record does"
+        );
+        // A retry of the landed write writes nothing, the key's expiry included.
+        assert_eq!(finish().await, WriteOutcome::Applied);
+        assert_eq!(read(conn.clone()).await, (Some(expires), key_expires));
+    }
+}

@@ -1,0 +1,297 @@
+//! One run: the first callers (with the run's faults), retries as new processes until a
+//! result, a last retry that must replay it, then the checks on the ledger.
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{Error, Fingerprint, InterruptedKind, Key, Outcome, Store};
+use tokio::sync::mpsc;
+use tokio::task::JoinError;
+use tokio::time::Instant;
+
+use super::Timing;
+use super::check::{self, Verdict};
+use super::faults::{Fault, FaultPoint, Kill, PlacedFault, Process, ProcessStore, World};
+use super::ledger::{Answer, End, Event};
+use super::scenarios::{Probe, Scenario};
+
+/// The most retries after the first callers, before a run counts as never finishing.
+pub(crate) const MAX_RETRIES: u32 = 12;
+
+/// What one run found.
+pub(crate) struct RunOutcome {
+    /// Every fault point reached, in order (the check process's left out).
+    pub(crate) trace: Vec<FaultPoint>,
+    pub(crate) verdict: Verdict,
+    /// How each process's `execute` ended, for reading a violation.
+    pub(crate) story: String,
+}
+
+pub(crate) async fn run(
+    store: Arc<dyn Store>,
+    scenario: Scenario,
+    plan: Vec<PlacedFault>,
+    timing: Timing,
+    key: Key,
+    paused: bool,
+) -> RunOutcome {
+    let hangs_late = plan.iter().any(|f| f.fault == Fault::HangThenApply);
+    let world = World::new(store, plan.clone(), timing, paused);
+    let caller = Caller {
+        world: Arc::clone(&world),
+        scenario,
+        key,
+        fingerprint: Fingerprint::of_bytes(scenario.name()),
+    };
+    let first = tokio::spawn(caller.clone().execute(Process::First));
+    let duplicate = scenario.has_duplicate().then(|| {
+        let caller = caller.clone();
+        tokio::spawn(async move {
+            // Just after the first, so that the first claims and the duplicate waits.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            caller.execute(Process::Duplicate).await
+        })
+    });
+    let _ = first.await;
+    if let Some(duplicate) = duplicate {
+        let _ = duplicate.await;
+    }
+    let mut retries = 0;
+    while world.ledger.first_result().is_none() && retries < MAX_RETRIES {
+        retries += 1;
+        let end = caller.clone().execute(Process::Retry(retries)).await;
+        if let End::Returned {
+            answer:
+                Answer::Error {
+                    retry_after: Some(after),
+                    ..
+                },
+            ..
+        } = end
+        {
+            tokio::time::sleep(after + Duration::from_millis(5)).await;
+        }
+    }
+    if world.ledger.first_result().is_some() {
+        if hangs_late {
+            // Let a hung write land before the check, as it would in time.
+            tokio::time::sleep(timing.hang + timing.store_timeout).await;
+        }
+        caller.clone().execute(Process::Check).await;
+    }
+    world.end();
+    let events = world.ledger.snapshot();
+    let verdict = check::check(scenario, &timing, &events, retries);
+    RunOutcome {
+        trace: events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Reached(point) if point.process != Process::Check => Some(point.clone()),
+                _ => None,
+            })
+            .collect(),
+        verdict,
+        story: story(&events, &plan),
+    }
+}
+
+/// How each process ended, and which planned faults never struck (their point was not
+/// reached in this run).
+fn story(events: &[Event], plan: &[PlacedFault]) -> String {
+    let mut story = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Ended { process, end } => Some(format!("{process}: {end}")),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    for planned in plan {
+        let struck = events
+            .iter()
+            .any(|event| matches!(event, Event::Faulted(f) if f.point.same_place(&planned.point)));
+        if !struck {
+            story.push_str(&format!(" [not reached: {}]", planned.point));
+        }
+    }
+    story
+}
+
+/// What every process of a run calls with.
+#[derive(Clone)]
+struct Caller {
+    world: Arc<World>,
+    scenario: Scenario,
+    key: Key,
+    fingerprint: Fingerprint,
+}
+
+impl Caller {
+    /// Runs one process's `execute` in a task of its own, and drops it when a fault says
+    /// so: records and answers how it ended.
+    async fn execute(self, process: Process) -> End {
+        let world = Arc::clone(&self.world);
+        let (supervisor, mut requests) = mpsc::unbounded_channel();
+        world.supervise(process, Some(supervisor));
+        let (end, recorded) = self.supervise(process, &mut requests).await;
+        // Later requests (from a task of this process that outlived it) are answered at
+        // once: the execution is already over.
+        world.supervise(process, None);
+        drop(requests);
+        if !recorded {
+            world.ledger.push(Event::Ended {
+                process,
+                end: end.clone(),
+            });
+        }
+        end
+    }
+
+    /// The end, and whether it is already in the ledger.
+    async fn supervise(
+        self,
+        process: Process,
+        requests: &mut mpsc::UnboundedReceiver<super::faults::KillRequest>,
+    ) -> (End, bool) {
+        let world = Arc::clone(&self.world);
+        let timing = world.timing;
+        let store = ProcessStore {
+            process,
+            world: Arc::clone(&world),
+        };
+        let idem = match self.scenario.driver(&timing, store) {
+            Ok(idem) => idem,
+            Err(err) => return (End::Setup(err.to_string()), false),
+        };
+        let probe = Probe {
+            process,
+            world: Arc::clone(&world),
+            store: Arc::new(ProcessStore {
+                process,
+                world: Arc::clone(&world),
+            }),
+        };
+        let work = self.scenario.work(probe);
+        let (key, fingerprint) = (self.key, self.fingerprint);
+        let started = Instant::now();
+        let mut task =
+            tokio::spawn(async move { idem.execute(&key, fingerprint, work).await.map(answer) });
+        let limit = watchdog(self.scenario, &timing);
+        tokio::select! {
+            biased;
+            joined = &mut task => (ended(joined, started.elapsed()), false),
+            Some(request) = requests.recv() => {
+                task.abort();
+                let end = match (&mut task).await {
+                    // It answered before it could be dropped: the caller has that answer.
+                    Ok(answer) => End::Returned { answer: answer.unwrap_or_else(error_answer), took: started.elapsed() },
+                    Err(err) if err.is_panic() => ended(Err(err), started.elapsed()),
+                    Err(_) => match request.kill {
+                        Kill::Crash => End::Crashed,
+                        Kill::Drop => End::Dropped { work_returned: world.ledger.work_returned(process) },
+                    },
+                };
+                // Recorded before the faulting call goes on, so the ledger has it first.
+                world.ledger.push(Event::Ended { process, end: end.clone() });
+                let _ = request.done.send(());
+                (end, true)
+            }
+            () = tokio::time::sleep(limit) => {
+                task.abort();
+                let _ = (&mut task).await;
+                (End::DidNotReturn(limit), false)
+            }
+        }
+    }
+}
+
+/// How long an `execute` may go on before the explorer gives up on it: far past any
+/// bound, so that only one that never returns meets it.
+fn watchdog(scenario: Scenario, timing: &Timing) -> Duration {
+    let write = timing.lease + timing.store_timeout + Duration::from_millis(500);
+    scenario.wait(timing).unwrap_or_default()
+        + timing.hang
+        + timing.stall * 2
+        + timing.lease * 4
+        + write * 40
+}
+
+fn ended(joined: Result<Result<Answer, Error>, JoinError>, took: Duration) -> End {
+    match joined {
+        Ok(result) => End::Returned {
+            answer: result.unwrap_or_else(error_answer),
+            took,
+        },
+        Err(err) if err.is_panic() => {
+            let panic = err.into_panic();
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            End::Panicked(message)
+        }
+        Err(err) => End::Panicked(format!("the task ended without an answer: {err}")),
+    }
+}
+
+fn answer(outcome: Outcome<String, String>) -> Answer {
+    match outcome {
+        Outcome::Completed { value, replayed } => Answer::Completed { value, replayed },
+        Outcome::Failed { error, replayed } => Answer::Failed { error, replayed },
+        Outcome::Compensated {
+            error,
+            compensation,
+            replayed,
+        } => Answer::Compensated {
+            error,
+            compensation,
+            replayed,
+        },
+        Outcome::Retryable(error) => Answer::Retryable(error),
+        Outcome::Unknown(error) => Answer::Unknown(error),
+        other => Answer::Error {
+            name: "outcome",
+            text: format!("an outcome the explorer does not know: {other:?}"),
+            retry_after: None,
+            fine: false,
+        },
+    }
+}
+
+/// An error as an answer: which one, and whether a correct driver may answer it under
+/// faults (it promises nothing about the work's result, and a retry can do better).
+fn error_answer(err: Error) -> Answer {
+    let (name, fine, retry_after) = match &err {
+        Error::InFlight { retry_after } => ("in flight", true, Some(*retry_after)),
+        Error::LeaseLost => ("lease lost", true, None),
+        Error::Store(_) => ("store", true, None),
+        Error::CompensationPending { .. } => ("compensation pending", true, None),
+        Error::Interrupted(interrupted) => (
+            "interrupted",
+            matches!(
+                interrupted.kind(),
+                InterruptedKind::LeaseLost | InterruptedKind::Store | InterruptedKind::Compensating
+            ),
+            None,
+        ),
+        Error::Mismatch => ("mismatch", false, None),
+        Error::Decode(_) => ("decode", false, None),
+        Error::Codec { .. } => ("codec", false, None),
+        _ => ("other", false, None),
+    };
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    Answer::Error {
+        name,
+        text,
+        retry_after,
+        fine,
+    }
+}

@@ -1,0 +1,426 @@
+//! The scenarios: what the work does, with its effects recorded in the ledger and await
+//! points where the explorer can drop the caller or crash the process.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    Aes256GcmCodec, ConfigError, Context, Heartbeat, Idempotency, InFlightPolicy, WorkError,
+    WriteOutcome,
+};
+
+use super::Timing;
+use super::faults::{BoxFuture, Fault, Kill, Process, ProcessStore, World};
+use super::ledger::{Effect, Event};
+
+/// What the explored work does. Each scenario's work records its effects outside the
+/// store and waits at named await points, where faults strike too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Scenario {
+    /// Work without steps: one effect, then its result.
+    Plain,
+    /// Three steps (`reserve`, `debit`, `ship`), then the work's own effect.
+    Steps,
+    /// Three steps with undos (`reserve`, `debit`, `notify`); the step at this position
+    /// (1 to 3) fails permanently. At 1 nothing is registered: a plain failure.
+    SagaFailsAtStep(u8),
+    /// The three steps with undos succeed, then the work fails permanently: all three are
+    /// undone.
+    SagaFailsAfterSteps,
+    /// As [`Scenario::SagaFailsAtStep`]`(3)`, but a takeover that finds the compensation
+    /// started fails at once, before any step: the steps an earlier owner registered must
+    /// still be accounted for (undone, or reported pending).
+    SagaRerunStopsEarly,
+    /// As [`Scenario::SagaFailsAfterSteps`], but the undo of `debit` fails permanently:
+    /// `notify` undone, `debit` failed, `reserve` pending.
+    SagaUndoFails,
+    /// A step, then the work completes the record itself, as a store whose `complete_in`
+    /// writes inside the caller's transaction: `store.complete` with
+    /// `completion.bytes()` under `completion.lease()`, then `completion.written()`; then
+    /// it works on for half a lease, so a heartbeat finds the record completed.
+    PrepareCompletion,
+    /// Work that takes 3.5 leases between two steps: heartbeats must keep its lease.
+    LongWork,
+    /// A second caller under `InFlightPolicy::Wait` races the first.
+    WaitDuplicate,
+    /// [`Scenario::Steps`] with results and checkpoints encrypted (`Aes256GcmCodec`).
+    Encrypted,
+    /// [`Scenario::SagaFailsAfterSteps`] encrypted.
+    EncryptedSaga,
+    /// A step, then the first run fails retryably (the lease is released); the retry
+    /// finishes.
+    RetryableThenDone,
+}
+
+/// The steps with undos of the saga scenarios, in order.
+const SAGA_STEPS: [&str; 3] = ["reserve", "debit", "notify"];
+
+/// The result kind a scenario must end with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Expect {
+    Completed,
+    Failed,
+    Compensated,
+}
+
+impl Scenario {
+    /// Every scenario, in the order explorations run them.
+    pub fn all() -> Vec<Scenario> {
+        vec![
+            Scenario::Plain,
+            Scenario::Steps,
+            Scenario::SagaFailsAtStep(1),
+            Scenario::SagaFailsAtStep(2),
+            Scenario::SagaFailsAtStep(3),
+            Scenario::SagaFailsAfterSteps,
+            Scenario::SagaRerunStopsEarly,
+            Scenario::SagaUndoFails,
+            Scenario::PrepareCompletion,
+            Scenario::LongWork,
+            Scenario::WaitDuplicate,
+            Scenario::Encrypted,
+            Scenario::EncryptedSaga,
+            Scenario::RetryableThenDone,
+        ]
+    }
+
+    /// The scenario's name, as reports print it.
+    pub fn name(&self) -> String {
+        match self {
+            Scenario::Plain => "plain".into(),
+            Scenario::Steps => "steps".into(),
+            Scenario::SagaFailsAtStep(n) => format!("saga-fails-at-step-{n}"),
+            Scenario::SagaFailsAfterSteps => "saga-fails-after-steps".into(),
+            Scenario::SagaRerunStopsEarly => "saga-rerun-stops-early".into(),
+            Scenario::SagaUndoFails => "saga-undo-fails".into(),
+            Scenario::PrepareCompletion => "prepare-completion".into(),
+            Scenario::LongWork => "long-work".into(),
+            Scenario::WaitDuplicate => "wait-duplicate".into(),
+            Scenario::Encrypted => "encrypted".into(),
+            Scenario::EncryptedSaga => "encrypted-saga".into(),
+            Scenario::RetryableThenDone => "retryable-then-done".into(),
+        }
+    }
+
+    pub(crate) fn expect(&self) -> Expect {
+        match self {
+            Scenario::SagaFailsAtStep(n) if *n <= 1 => Expect::Failed,
+            Scenario::SagaFailsAtStep(_)
+            | Scenario::SagaFailsAfterSteps
+            | Scenario::SagaRerunStopsEarly
+            | Scenario::SagaUndoFails
+            | Scenario::EncryptedSaga => Expect::Compensated,
+            _ => Expect::Completed,
+        }
+    }
+
+    /// The steps that register undos.
+    pub(crate) fn undo_steps(&self) -> &'static [&'static str] {
+        match self {
+            Scenario::SagaFailsAtStep(_)
+            | Scenario::SagaFailsAfterSteps
+            | Scenario::SagaRerunStopsEarly
+            | Scenario::SagaUndoFails
+            | Scenario::EncryptedSaga => &SAGA_STEPS,
+            _ => &[],
+        }
+    }
+
+    pub(crate) fn has_duplicate(&self) -> bool {
+        *self == Scenario::WaitDuplicate
+    }
+
+    /// Whether the work itself may answer `Retryable` or `Unknown`: only where it does.
+    pub(crate) fn may_answer_retryable(&self) -> bool {
+        *self == Scenario::RetryableThenDone
+    }
+
+    pub(crate) fn may_answer_unknown(&self) -> bool {
+        *self == Scenario::PrepareCompletion
+    }
+
+    pub(crate) fn wait(&self, timing: &Timing) -> Option<Duration> {
+        self.has_duplicate().then_some(timing.wait_timeout)
+    }
+
+    /// The driver of one process, over its own store handle, with the scenario's settings.
+    pub(crate) fn driver(
+        &self,
+        timing: &Timing,
+        store: ProcessStore,
+    ) -> Result<Idempotency<ProcessStore>, ConfigError> {
+        let mut builder = Idempotency::builder(store)
+            .lease(timing.lease)
+            .retention(Duration::from_secs(3600).max(timing.lease))
+            .store_timeout(timing.store_timeout)
+            .heartbeat(Heartbeat::Auto);
+        if let Some(timeout) = self.wait(timing) {
+            builder = builder.in_flight(InFlightPolicy::Wait { timeout });
+        }
+        if matches!(self, Scenario::Encrypted | Scenario::EncryptedSaga) {
+            builder = builder.codec(Aes256GcmCodec::new(1, [42; 32]));
+        }
+        builder.build()
+    }
+
+    /// The work one process runs.
+    pub(crate) fn work(self, probe: Probe) -> impl FnOnce(Context) -> WorkFuture + Send {
+        move |ctx: Context| {
+            Box::pin(async move {
+                probe.started(&ctx);
+                let result = self.body(&probe, &ctx).await;
+                probe.returned();
+                result
+            })
+        }
+    }
+
+    async fn body(self, probe: &Probe, ctx: &Context) -> WorkResult {
+        let me = probe.process;
+        let token = ctx.token();
+        match self {
+            Scenario::Plain => {
+                probe.point("before-effect").await;
+                probe.effect(Effect::Work).await;
+                probe.point("after-effect").await;
+                Ok(format!("paid by {me} (token {token})"))
+            }
+            Scenario::Steps | Scenario::Encrypted => {
+                let mut done = Vec::new();
+                for name in ["reserve", "debit", "ship"] {
+                    done.push(effect_step(ctx, probe, name).await?);
+                }
+                probe.effect(Effect::Work).await;
+                probe.point("after-effect").await;
+                Ok(format!("{} by {me}", done.join(" ")))
+            }
+            Scenario::SagaFailsAtStep(_)
+            | Scenario::SagaFailsAfterSteps
+            | Scenario::SagaRerunStopsEarly
+            | Scenario::SagaUndoFails
+            | Scenario::EncryptedSaga => {
+                let fails_at = match self {
+                    Scenario::SagaFailsAtStep(n) => usize::from(n),
+                    Scenario::SagaRerunStopsEarly => 3,
+                    _ => 0,
+                };
+                let compensating = ctx.completed_steps().iter().any(|s| s == "idem.saga");
+                if self == Scenario::SagaRerunStopsEarly && compensating {
+                    probe.point("stops-early").await;
+                    return Err(WorkError::Permanent("the order is gone".into()));
+                }
+                let mut done = Vec::new();
+                for (at, name) in SAGA_STEPS.iter().enumerate() {
+                    let undo_fails = self == Scenario::SagaUndoFails && *name == "debit";
+                    let fails = fails_at == at + 1;
+                    done.push(undo_step(ctx, probe, name, fails, undo_fails).await?);
+                }
+                if fails_at == 0 {
+                    probe.point("before-failing").await;
+                    return Err(WorkError::Permanent("the order was cancelled".into()));
+                }
+                Ok(format!("{} by {me}", done.join(" ")))
+            }
+            Scenario::PrepareCompletion => {
+                let reserved = effect_step(ctx, probe, "reserve").await?;
+                let value = format!("{reserved}, committed by {me} (token {token})");
+                let completion = ctx.prepare_completion(&value)?;
+                probe.point("before-commit").await;
+                match probe.commit(&completion).await {
+                    Ok(WriteOutcome::Applied) => completion.written(),
+                    Ok(WriteOutcome::Fenced) => {
+                        return Err(WorkError::Retryable("another attempt owns the key".into()));
+                    }
+                    // Whether the transaction committed is unknown: keep the key held.
+                    Err(err) => return Err(WorkError::Unknown(err)),
+                }
+                // Long enough for a heartbeat to find the record completed: the driver
+                // must still answer the committed value, not a lost lease.
+                probe.work_for(probe.world.timing.lease / 2).await;
+                probe.point("after-commit").await;
+                Ok(value)
+            }
+            Scenario::LongWork => {
+                let started = effect_step(ctx, probe, "start").await?;
+                // 3.5 leases in four pieces, with a point between each.
+                let piece = probe.world.timing.lease * 7 / 8;
+                for tick in 0..4 {
+                    probe.work_for(piece).await;
+                    probe.point(&format!("tick-{tick}")).await;
+                }
+                let finished = effect_step(ctx, probe, "finish").await?;
+                Ok(format!("{started} {finished} by {me}"))
+            }
+            Scenario::WaitDuplicate => {
+                let reserved = effect_step(ctx, probe, "reserve").await?;
+                // Long enough that the duplicate really waits.
+                probe.work_for(probe.world.timing.lease / 2).await;
+                probe.effect(Effect::Work).await;
+                probe.point("after-effect").await;
+                Ok(format!("{reserved}, paid by {me}"))
+            }
+            Scenario::RetryableThenDone => {
+                let reserved = effect_step(ctx, probe, "reserve").await?;
+                if !probe.retryable_already_returned() {
+                    probe.point("before-retryable").await;
+                    probe.mark_retryable_returned();
+                    return Err(WorkError::Retryable("the provider is busy".into()));
+                }
+                probe.effect(Effect::Work).await;
+                probe.point("after-effect").await;
+                Ok(format!("{reserved}, paid by {me} (token {token})"))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+type WorkResult = Result<String, WorkError<String>>;
+pub(crate) type WorkFuture = BoxFuture<WorkResult>;
+
+/// A step whose closure has an effect, with a point between the effect and the
+/// checkpoint, and one after the checkpoint.
+async fn effect_step(ctx: &Context, probe: &Probe, name: &'static str) -> WorkResult {
+    let inner = probe.clone();
+    let token = ctx.token();
+    let value = ctx
+        .step(name, || async move {
+            inner.effect(Effect::Step(name.into())).await;
+            inner.point(&format!("{name}:effect-done")).await;
+            Ok::<_, WorkError<String>>(format!("{name}#{}.{token}", inner.process))
+        })
+        .await?;
+    probe.point(&format!("after-{name}")).await;
+    Ok(value)
+}
+
+/// [`effect_step`] with an undo (whose effect sits between two points), or a step whose
+/// run fails permanently; `undo_fails` makes the undo fail permanently instead.
+async fn undo_step(
+    ctx: &Context,
+    probe: &Probe,
+    name: &'static str,
+    fails: bool,
+    undo_fails: bool,
+) -> WorkResult {
+    let (inner, undo) = (probe.clone(), probe.clone());
+    let token = ctx.token();
+    let value = ctx
+        .step_with_undo(
+            name,
+            || async move {
+                if fails {
+                    return Err(WorkError::Permanent(format!("{name} was refused")));
+                }
+                inner.effect(Effect::Step(name.into())).await;
+                inner.point(&format!("{name}:effect-done")).await;
+                Ok(format!("{name}#{}.{token}", inner.process))
+            },
+            move |_value: String| async move {
+                undo.point(&format!("undo-{name}:start")).await;
+                if undo_fails {
+                    return Err(WorkError::Permanent(format!("{name} cannot be undone")));
+                }
+                undo.effect(Effect::Undo(name.into())).await;
+                undo.point(&format!("undo-{name}:effect-done")).await;
+                Ok(())
+            },
+        )
+        .await?;
+    probe.point(&format!("after-{name}")).await;
+    Ok(value)
+}
+
+/// What the work of one process uses to record its effects and to wait at fault points.
+#[derive(Clone)]
+pub(crate) struct Probe {
+    pub(crate) process: Process,
+    pub(crate) world: Arc<World>,
+    pub(crate) store: Arc<ProcessStore>,
+}
+
+impl Probe {
+    /// An await point: the explorer may drop the caller, crash the process or stall here.
+    pub(crate) async fn point(&self, name: &str) {
+        if self.world.crashed(self.process) {
+            return self.world.dead().await;
+        }
+        match self.world.next_point(self.process, name) {
+            Some(Fault::DropAtPoint) => self.world.kill(self.process, Kill::Drop).await,
+            Some(Fault::CrashAtPoint) => {
+                self.world.kill(self.process, Kill::Crash).await;
+                self.world.dead().await;
+            }
+            Some(Fault::StallAtPoint) => self.work_for(self.world.timing.stall).await,
+            _ => {}
+        }
+    }
+
+    /// Records an effect; a crashed process has none.
+    pub(crate) async fn effect(&self, effect: Effect) {
+        if self.world.crashed(self.process) {
+            return self.world.dead().await;
+        }
+        self.world.ledger.push(Event::Effect {
+            process: self.process,
+            effect,
+        });
+    }
+
+    /// The work's own time: a sleep, counted toward the process's bound.
+    pub(crate) async fn work_for(&self, duration: Duration) {
+        self.world.ledger.push(Event::WorkTime {
+            process: self.process,
+            duration,
+        });
+        tokio::time::sleep(duration).await;
+    }
+
+    /// The work's own commit, bounded by the store timeout as an application would bound
+    /// it (and counted as the work's own time).
+    async fn commit(&self, completion: &idem_core::Completion) -> Result<WriteOutcome, String> {
+        let timeout = self.world.timing.store_timeout;
+        self.world.ledger.push(Event::WorkTime {
+            process: self.process,
+            duration: timeout,
+        });
+        match tokio::time::timeout(timeout, self.store.commit(completion)).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(_) => Err("the commit timed out".into()),
+        }
+    }
+
+    fn started(&self, ctx: &Context) {
+        self.world.ledger.push(Event::WorkStarted {
+            process: self.process,
+            token: ctx.token(),
+            resumed: ctx.resumed(),
+        });
+    }
+
+    fn returned(&self) {
+        self.world.ledger.push(Event::WorkReturned {
+            process: self.process,
+        });
+    }
+
+    fn retryable_already_returned(&self) -> bool {
+        self.world
+            .retryable_returned
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn mark_retryable_returned(&self) {
+        self.world
+            .retryable_returned
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}

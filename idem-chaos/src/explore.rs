@@ -43,7 +43,8 @@ fn variable(backend: &str) -> Option<&'static str> {
 /// Explores each backend in turn and answers its report.
 ///
 /// - memory and SQLite (on a virtual clock): every single fault at every fault point of
-///   every scenario, then sampled pairs;
+///   every scenario's fault-free run, then sampled pairs (the only runs that fault a
+///   takeover);
 /// - PostgreSQL, Redis, DynamoDB (real time, short leases): sampled runs, their addresses
 ///   from `IDEM_TEST_POSTGRES_URL`, `IDEM_TEST_REDIS_URL`, `IDEM_TEST_DYNAMODB_ENDPOINT`
 ///   (`scripts/services.sh start`), on loopback only.

@@ -804,3 +804,165 @@ async fn a_result_refused_as_too_large_then_a_caller_gone_holds_no_key() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A clock that follows the runtime's (paused) time, moved by a background task.
+fn ticking(clock: &ManualClock) -> tokio::task::JoinHandle<()> {
+    let clock = clock.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            clock.advance(Duration::from_millis(100));
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undo_that_never_returns_does_not_hold_the_key_for_ever() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let lease = Duration::from_secs(3);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(lease)
+        .heartbeat(Heartbeat::Every(Duration::from_secs(1)))
+        .store_timeout(TIMEOUT)
+        .build()
+        .unwrap();
+    let ticks = ticking(&clock);
+    let ledger = Ledger::default();
+    let k = key("undo-hangs");
+    let work = |ledger: Ledger, hang: bool| {
+        move |ctx: idem_core::Context| async move {
+            let l = ledger.clone();
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("refund");
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("declined".to_string()))
+        }
+    };
+    let gave_up = tokio::time::timeout(
+        Duration::from_secs(1),
+        idem.execute(&k, fp(), work(ledger.clone(), true)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller left; the undo hangs on");
+    // One more lease of renewals after the caller left, then the lease ends.
+    tokio::time::sleep(4 * lease).await;
+    let retry = idem.execute(&k, fp(), work(ledger.clone(), false)).await;
+    ticks.abort();
+    let Ok(Outcome::Compensated { compensation, .. }) = retry else {
+        panic!("a retry takes over once the lease ends: {retry:?}")
+    };
+    assert_eq!(compensation.interrupted, ["charge"]);
+    assert_eq!(ledger.count("refund"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undo_error_too_large_for_its_mark_still_stops_the_compensation() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(LEASE)
+        .heartbeat(Heartbeat::Off)
+        .store_timeout(TIMEOUT)
+        .max_response_bytes(1024)
+        .build()
+        .unwrap();
+    let ledger = Ledger::default();
+    let k = key("undo-error-large");
+    let work = |ledger: Ledger| {
+        move |ctx: idem_core::Context| async move {
+            let l = ledger.clone();
+            ctx.step_with_undo(
+                "reserve",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("release");
+                    Ok(())
+                },
+            )
+            .await?;
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                |()| async { Err(WorkError::Permanent("x".repeat(2000))) },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("declined".to_string()))
+        }
+    };
+    let first = idem.execute(&k, fp(), work(ledger.clone())).await;
+    clock.advance(2 * LEASE);
+    let again = idem.execute(&k, fp(), work(ledger.clone())).await;
+    assert_eq!(
+        ledger.count("release"),
+        0,
+        "an undo that failed for good stops the compensation: {first:?} then {again:?}"
+    );
+    let record = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(record.state, State::Failed);
+    let stored = String::from_utf8(record.response.unwrap()).unwrap();
+    assert!(stored.contains("\"pending\":[\"reserve\"]"), "{stored}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_with_no_room_to_compensate_reports_every_step_pending() {
+    let clock = ManualClock::new();
+    let mut faulty = Faulty::new(MemoryStore::with_clock(clock.clone()));
+    faulty.limit = Some(4096);
+    let store = Arc::new(faulty);
+    let idem = driver(&store);
+    const NAMES: [&str; 12] = [
+        "reserve-the-stock-in-warehouse-01",
+        "reserve-the-stock-in-warehouse-02",
+        "reserve-the-stock-in-warehouse-03",
+        "reserve-the-stock-in-warehouse-04",
+        "reserve-the-stock-in-warehouse-05",
+        "reserve-the-stock-in-warehouse-06",
+        "reserve-the-stock-in-warehouse-07",
+        "reserve-the-stock-in-warehouse-08",
+        "reserve-the-stock-in-warehouse-09",
+        "reserve-the-stock-in-warehouse-10",
+        "reserve-the-stock-in-warehouse-11",
+        "reserve-the-stock-in-warehouse-12",
+    ];
+    let outcome = idem
+        .execute(&key("no-room"), fp(), |ctx| async move {
+            for name in NAMES {
+                ctx.step_with_undo(
+                    name,
+                    || async { Ok::<_, WorkError<String>>(()) },
+                    |()| async { Ok(()) },
+                )
+                .await?;
+            }
+            ctx.step("label", || async {
+                Ok::<_, WorkError<String>>("x".repeat(3050))
+            })
+            .await?;
+            Err::<(), _>(WorkError::Permanent("declined".to_string()))
+        })
+        .await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    let record = store.get(&key("no-room")).await.unwrap().unwrap();
+    let stored: serde_json::Value = serde_json::from_slice(&record.response.unwrap()).unwrap();
+    let pending = &stored["compensation"]["pending"];
+    assert_eq!(
+        pending.as_array().map(Vec::len),
+        Some(NAMES.len()),
+        "every step reported pending, none undone: {stored}"
+    );
+    assert!(
+        stored["compensation"]
+            .get("undone")
+            .is_none_or(|u| u == &serde_json::json!([]))
+    );
+}

@@ -6,7 +6,10 @@
 //! none of it, and the lease is renewed on the heartbeat's schedule for the whole of it.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::errors::{Error, Interrupted, Reason, Unstorable};
 use super::saga::{self, Undo, UndoMark, UndoResult};
@@ -39,12 +42,25 @@ pub(crate) struct Saga {
 }
 
 /// Runs `saga` in a task of its own and answers the stored failure's plain bytes.
+///
+/// The lease is renewed while the caller waits, and for one more lease after it left: a
+/// compensation left by its caller still finishes its undos, but one whose undo never
+/// returns does not hold the key for ever; the lease ends, and a retry reports that undo
+/// interrupted.
 pub(crate) async fn run(saga: Saga) -> Result<Vec<u8>, Error> {
+    let left = Arc::new(Mutex::new(None::<Instant>));
+    let caller = CallerPresent(Arc::clone(&left));
     let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
         let (context, every, lease) = (saga.context.clone(), saga.every, saga.lease);
-        heartbeat::run(compensate(saga), &context, every, lease).await
+        let keep = move || {
+            let left = *left.lock().unwrap_or_else(PoisonError::into_inner);
+            left.is_none_or(|left| left.elapsed() < lease)
+        };
+        heartbeat::run_while(compensate(saga), &context, every, lease, keep).await
     }));
-    match task.await {
+    let joined = task.await;
+    drop(caller);
+    match joined {
         Ok(result) => result,
         Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
         // Only a runtime shutting down cancels the task; a takeover finishes the saga.
@@ -52,6 +68,15 @@ pub(crate) async fn run(saga: Saga) -> Result<Vec<u8>, Error> {
             operation: Operation::Checkpoint,
             source: Box::new(err),
         })),
+    }
+}
+
+/// Records when the caller stopped waiting (dropped `execute`).
+struct CallerPresent(Arc<Mutex<Option<Instant>>>);
+
+impl Drop for CallerPresent {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 }
 
@@ -72,9 +97,21 @@ async fn compensate(saga: Saga) -> Result<Vec<u8>, Error> {
             match checkpoint_saga(&context, &listed, plain, encoding).await? {
                 Ok(plain) => (listed, plain),
                 // Not even a marker fits beside the checkpoints: nothing can record what
-                // would be undone, so nothing is (the marker says why).
+                // would be undone, so nothing is; every step is reported pending, for an
+                // operator, beside the marker saying why.
                 Err(marker) => {
-                    return store(&context, (encoding.marker)(&marker, None), encoding).await;
+                    tracing::warn!(
+                        steps = ?listed,
+                        "no room in the record to compensate; every step reported pending"
+                    );
+                    let compensation = Compensation {
+                        undone: Vec::new(),
+                        failed: None,
+                        pending: listed.into_iter().rev().collect(),
+                        interrupted: Vec::new(),
+                    };
+                    let plain = (encoding.marker)(&marker, Some(&compensation));
+                    return store_compensated(&context, plain, &compensation, encoding).await;
                 }
             }
         }
@@ -207,10 +244,23 @@ async fn run_undo(
     }
     let result = undo().await;
     if !matches!(result, UndoResult::Unknown) {
-        context
+        let ended = match context
             .checkpoint_own(&mark, &UndoMark::ended(&result))
             .await
-            .map_err(|err| interruption_error(&key, err))?;
+        {
+            // An undo's error too large for its mark: the mark keeps that it failed for
+            // good (which stops the compensation on any takeover too), not the error.
+            Err(Interrupted(Reason::Unstorable(_)))
+                if matches!(result, UndoResult::Permanent(_)) =>
+            {
+                let failed = UndoResult::Permanent(serde_json::Value::Null);
+                context
+                    .checkpoint_own(&mark, &UndoMark::ended(&failed))
+                    .await
+            }
+            ended => ended,
+        };
+        ended.map_err(|err| interruption_error(&key, err))?;
     }
     Ok(Ran::Ended(result))
 }

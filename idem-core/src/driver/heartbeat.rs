@@ -25,6 +25,18 @@ pub(super) async fn run<Fut: Future>(
     every: Option<Duration>,
     extend: Duration,
 ) -> Fut::Output {
+    run_while(work, context, every, extend, || true).await
+}
+
+/// [`run`], renewing only while `keep` says so: once it answers false, the lease is left
+/// to end.
+pub(super) async fn run_while<Fut: Future>(
+    work: Fut,
+    context: &Context,
+    every: Option<Duration>,
+    extend: Duration,
+    keep: impl Fn() -> bool,
+) -> Fut::Output {
     let Some(every) = every else {
         return work.await;
     };
@@ -43,7 +55,7 @@ pub(super) async fn run<Fut: Future>(
                 }
                 renewal = None;
             }
-            if context.is_lease_lost() || ticks.poll_tick(cx).is_pending() {
+            if context.is_lease_lost() || !keep() || ticks.poll_tick(cx).is_pending() {
                 break;
             }
             renewal = Some(Box::pin(renew(context.clone(), extend, every)));

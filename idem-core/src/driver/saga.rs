@@ -233,7 +233,13 @@ impl Context {
     ///   it is reported [`pending`](Compensation::pending).
     /// - The whole compensation (the saga checkpoint, every undo, the stored failure)
     ///   runs in a task of its own, with the lease renewed on the heartbeat's schedule: a
-    ///   caller that drops `execute` once the work has failed stops none of it.
+    ///   caller that drops `execute` once the work has failed stops none of it. Once the
+    ///   caller left, the lease is renewed for one more lease only: an undo that never
+    ///   returns lets the lease end, and a retry reports it interrupted.
+    /// - An undo's permanent error too large for its checkpoint is recorded as failed
+    ///   without the error (`null`): it stops the compensation all the same. A record
+    ///   with no room left for the saga checkpoint undoes nothing and reports every step
+    ///   pending, beside the marker saying why.
     /// - `undo` answers `Ok(())` when undone; [`WorkError::Permanent`] stops compensating
     ///   and is stored ([`Compensation::failed`]); [`WorkError::Retryable`] (nothing
     ///   happened) keeps the key held

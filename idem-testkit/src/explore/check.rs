@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use idem_core::{Operation, Timestamp};
 
 use super::faults::Process;
-use super::ledger::{Answer, Effect, End, Event};
+use super::ledger::{Answer, Effect, End, Event, compensation_text};
 use super::report::Broken;
 use super::scenarios::{Expect, Scenario};
 use super::{Timing, execute_bound};
@@ -21,18 +21,22 @@ pub(crate) struct Verdict {
     pub(crate) at_least_once: Vec<String>,
 }
 
+/// Checks one run's ledger; `fault_free` says the run had no fault planned, so that its
+/// compensation must be exactly the scenario's documented one.
 pub(crate) fn check(
     scenario: Scenario,
     timing: &Timing,
     events: &[Event],
     retries: u32,
+    fault_free: bool,
 ) -> Verdict {
     let mut verdict = Verdict::default();
     ends(scenario, timing, events, &mut verdict);
     resumed(events, &mut verdict);
+    renewals(events, &mut verdict);
     effects(timing, events, &mut verdict);
     results(scenario, events, retries, &mut verdict);
-    compensation(scenario, events, &mut verdict);
+    compensation(scenario, events, fault_free, &mut verdict);
     verdict
 }
 
@@ -167,11 +171,33 @@ fn resumed(events: &[Event], verdict: &mut Verdict) {
     }
 }
 
-/// Why an effect may have happened again.
+/// Every renewal the store granted extends the lease it was asked to renew: a store
+/// that answers Renewed and keeps the old end lets the lease run out under heartbeats.
+fn renewals(events: &[Event], verdict: &mut Verdict) {
+    for event in events {
+        if let Event::Renewed {
+            process,
+            asked,
+            lease_until,
+        } = event
+            && lease_until <= asked
+        {
+            verdict.broken.push(Broken::LeaseNotExtended {
+                process: *process,
+                held_until: asked.as_unix_millis(),
+                renewed_until: lease_until.as_unix_millis(),
+            });
+        }
+    }
+}
+
+/// Why an effect may have happened again. A lease that ran out while its owner still
+/// ran is none: heartbeats renew it every third of a lease, and a failed renewal costs
+/// one interval, so under the explorer's faults it never runs out unless something broke
+/// (every scenario runs with heartbeats on).
 enum Excuse {
     Crash,
     DropMidWork,
-    LeaseRanOut,
 }
 
 /// Every effect at most once, unless the contract allows it again (and then it is
@@ -200,7 +226,6 @@ fn effects(timing: &Timing, events: &[Event], verdict: &mut Verdict) {
                     match excuse {
                         Excuse::Crash => "crashed",
                         Excuse::DropMidWork => "was dropped mid-work",
-                        Excuse::LeaseRanOut => "lost its lease mid-work",
                     }
                 )),
                 Err(why) => verdict.broken.push(Broken::Repeated {
@@ -219,7 +244,8 @@ fn effects(timing: &Timing, events: &[Event], verdict: &mut Verdict) {
 /// An effect may happen again only on a takeover (the store granted the key to `again`
 /// after `first`'s lease ran out), when `first` did not store it (its checkpoint, or its
 /// result for the work's own effect) and `first`'s process crashed, or its caller dropped
-/// `execute` while the work still ran, or it was still running when its lease ran out.
+/// `execute` while the work still ran and before the step's checkpoint was sent (once
+/// sent, the driver's write goes on in a task of its own and lands).
 fn excuse(
     timing: &Timing,
     events: &[Event],
@@ -243,28 +269,91 @@ fn excuse(
         return Err("the same process ran it twice".into());
     }
     // The lease `again` ran it under: the last the store granted it before the effect.
-    let Some((claim_at, claimed_until)) =
-        events[..again_at]
-            .iter()
-            .enumerate()
-            .rev()
-            .find_map(|(at, event)| match event {
-                Event::Claimed {
-                    process,
-                    lease_until,
-                    ..
-                } if *process == again => Some((at, *lease_until)),
-                _ => None,
-            })
-    else {
+    let Some(claim_at) = last_claim(events, again, again_at) else {
         return Err(format!("the store never granted {again} the key"));
     };
-    let claimed_at = Timestamp::from_unix_millis(
-        claimed_until
+    if claim_at < first_at {
+        // `again` held its lease from before `first` had the effect: it is the stale
+        // owner, and `first` was granted the key while it still ran.
+        return Err(stale(timing, events, (first_at, first), (claim_at, again)));
+    }
+    if let Some(why) = granted_while_live(timing, events, first, (claim_at, again)) {
+        return Err(why);
+    }
+    let first_end =
+        events[first_at + 1..claim_at]
+            .iter()
+            .enumerate()
+            .find_map(|(offset, event)| match event {
+                Event::Ended { process, end } if *process == first => {
+                    Some((first_at + 1 + offset, end))
+                }
+                _ => None,
+            });
+    match first_end {
+        None => Err(format!(
+            "{first} was still running when the store granted {again} the key: its lease ran \
+             out under heartbeats"
+        )),
+        Some((_, End::Crashed)) => Ok(Excuse::Crash),
+        Some((
+            end_at,
+            End::Dropped {
+                work_returned: false,
+            },
+        )) => match effect {
+            Effect::Step(name) if checkpoint_sent(events, first, name, first_at..end_at) => {
+                Err(format!(
+                    "{first}'s caller dropped execute after the checkpoint of `{name}` was \
+                     sent, and it was never stored: the driver's write must survive the caller \
+                     going away"
+                ))
+            }
+            _ => Ok(Excuse::DropMidWork),
+        },
+        Some((
+            _,
+            End::Dropped {
+                work_returned: true,
+            },
+        )) => Err(format!(
+            "{first}'s caller dropped execute after the work returned, and its result was never \
+             stored: the final write must survive the caller going away"
+        )),
+        Some((_, other)) => Err(format!("{first} ended ({other}) without storing it")),
+    }
+}
+
+/// Where the store last granted `process` a lease before `before`.
+fn last_claim(events: &[Event], process: Process, before: usize) -> Option<usize> {
+    events[..before]
+        .iter()
+        .rposition(|event| matches!(event, Event::Claimed { process: p, .. } if *p == process))
+}
+
+/// When the lease granted at `claim_at` started: its end less one lease.
+fn claimed_at(timing: &Timing, events: &[Event], claim_at: usize) -> Timestamp {
+    let Event::Claimed { lease_until, .. } = &events[claim_at] else {
+        return Timestamp::from_unix_millis(0);
+    };
+    Timestamp::from_unix_millis(
+        lease_until
             .as_unix_millis()
             .saturating_sub(u64::try_from(timing.lease.as_millis()).unwrap_or(u64::MAX)),
-    );
-    let first_until = events[..claim_at]
+    )
+}
+
+/// Why the store's grant to `owner` at `claim_at` broke `holder`'s live lease, if it did:
+/// `holder`'s lease, as the store last granted or renewed it, still ran then, and
+/// `holder` had not released it.
+fn granted_while_live(
+    timing: &Timing,
+    events: &[Event],
+    holder: Process,
+    (claim_at, owner): (usize, Process),
+) -> Option<String> {
+    let granted = claimed_at(timing, events, claim_at);
+    let held_until = events[..claim_at]
         .iter()
         .filter_map(|event| match event {
             Event::Claimed {
@@ -275,39 +364,62 @@ fn excuse(
             | Event::Renewed {
                 process,
                 lease_until,
-            } if *process == first => Some(*lease_until),
+                ..
+            } if *process == holder => Some(*lease_until),
             _ => None,
         })
         .max();
     let released = events[..claim_at]
         .iter()
-        .any(|event| matches!(event, Event::Released { process } if *process == first));
-    if !released && first_until.is_some_and(|until| until > claimed_at) {
-        return Err(format!(
-            "the store granted {again} the key while {first}'s lease was live"
-        ));
+        .any(|event| matches!(event, Event::Released { process } if *process == holder));
+    (!released && held_until.is_some_and(|until| until > granted))
+        .then(|| format!("the store granted {owner} the key while {holder}'s lease was live"))
+}
+
+/// Why `again`, holding a lease granted (at `claim_at`) before `first` had the effect,
+/// had it again: `first` was granted the key while that lease lived, or the lease ran out
+/// while `again` still ran. Neither is allowed.
+fn stale(
+    timing: &Timing,
+    events: &[Event],
+    (first_at, first): (usize, Process),
+    (claim_at, again): (usize, Process),
+) -> String {
+    let live = match last_claim(events, first, first_at) {
+        // `first` was granted the key after `again`'s lease.
+        Some(at) if at > claim_at => granted_while_live(timing, events, again, (at, first))
+            .map(|why| format!("{why}, and {again} then ran it again under that lease")),
+        // Both held leases when `first` had the effect: `again`'s is the later grant.
+        Some(_) => granted_while_live(timing, events, first, (claim_at, again)),
+        None => None,
+    };
+    match live {
+        Some(why) => why,
+        None => format!(
+            "{again} ran it under a lease granted before {first} had it: {again}'s lease ran \
+             out while it still ran, under heartbeats"
+        ),
     }
-    let first_end = events[first_at + 1..claim_at]
-        .iter()
-        .find_map(|event| match event {
-            Event::Ended { process, end } if *process == first => Some(end),
-            _ => None,
-        });
-    match first_end {
-        // Still running when the store let `again` take over: its lease ran out mid-work.
-        None => Ok(Excuse::LeaseRanOut),
-        Some(End::Crashed) => Ok(Excuse::Crash),
-        Some(End::Dropped {
-            work_returned: false,
-        }) => Ok(Excuse::DropMidWork),
-        Some(End::Dropped {
-            work_returned: true,
-        }) => Err(format!(
-            "{first}'s caller dropped execute after the work returned, and its result was never \
-             stored: the final write must survive the caller going away"
-        )),
-        Some(other) => Err(format!("{first} ended ({other}) without storing it")),
-    }
+}
+
+/// True when `process` sent a checkpoint of step `name` within `range` of the ledger.
+fn checkpoint_sent(
+    events: &[Event],
+    process: Process,
+    name: &str,
+    range: std::ops::Range<usize>,
+) -> bool {
+    events[range].iter().any(|event| {
+        matches!(
+            event,
+            Event::Call {
+                process: p,
+                operation: Operation::Checkpoint,
+                step: Some(step),
+                ..
+            } if *p == process && step == name
+        )
+    })
 }
 
 /// Every caller with a result got the same one, of the scenario's kind, and the retry
@@ -344,6 +456,7 @@ fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Ver
         (Expect::Completed, Answer::Completed { .. })
             | (Expect::Failed, Answer::Failed { .. })
             | (Expect::Compensated, Answer::Compensated { .. })
+            | (Expect::Marked, Answer::Marked { .. })
     );
     if !kind_fits {
         verdict.broken.push(Broken::UnexpectedResult {
@@ -351,6 +464,7 @@ fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Ver
                 Expect::Completed => "completed",
                 Expect::Failed => "failed",
                 Expect::Compensated => "compensated",
+                Expect::Marked => "with a stored failure marker",
             },
             got: first_result.clone(),
         });
@@ -383,10 +497,16 @@ fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Ver
     }
 }
 
-/// Every step that registered an undo (its checkpoint stored) is in exactly one of
-/// undone, failed, pending, interrupted; undone ones ran once, pending ones never.
-fn compensation(scenario: Scenario, events: &[Event], verdict: &mut Verdict) {
-    let Some(compensation) = events.iter().find_map(|event| match event {
+/// One list of a compensation: its name, its steps, and how many runs of an undo fit it.
+type Listing<'a> = (&'static str, &'a [String], fn(usize) -> bool);
+
+/// Every step that registered an undo (its checkpoint stored, or for a step whose value
+/// cannot be stored, its effect) is in exactly one of undone, failed, pending,
+/// interrupted; undone ones ran once, interrupted ones at most once, pending ones never.
+/// The fault-free run ends with the scenario's documented compensation, and the steps the
+/// scenario always reports interrupted are, whatever the faults.
+fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict: &mut Verdict) {
+    let answered = events.iter().find_map(|event| match event {
         Event::Ended {
             end:
                 End::Returned {
@@ -396,7 +516,23 @@ fn compensation(scenario: Scenario, events: &[Event], verdict: &mut Verdict) {
             ..
         } => Some(compensation),
         _ => None,
-    }) else {
+    });
+    let stored = events.iter().find_map(|event| match event {
+        Event::StoredCompensation(compensation) => Some(compensation),
+        _ => None,
+    });
+    let Some(compensation) = answered.or(stored) else {
+        let documented = scenario.fault_free_compensation();
+        let has_result = events.iter().any(|event| {
+            matches!(event, Event::Ended { end: End::Returned { answer, .. }, .. } if answer.result().is_some())
+        });
+        // A saga's result without its compensation: the answer or the record lost it.
+        if let Some(expected) = documented.filter(|_| has_result) {
+            verdict.broken.push(Broken::CompensationUnexpected {
+                expected: expected.to_string(),
+                got: "no compensation".into(),
+            });
+        }
         return;
     };
     let registered: BTreeSet<&str> = scenario
@@ -404,9 +540,14 @@ fn compensation(scenario: Scenario, events: &[Event], verdict: &mut Verdict) {
         .iter()
         .copied()
         .filter(|name| {
-            events
-                .iter()
-                .any(|event| matches!(event, Event::Checkpointed { step, .. } if step == name))
+            events.iter().any(|event| match event {
+                Event::Checkpointed { step, .. } => step == name,
+                Event::Effect {
+                    effect: Effect::Step(step),
+                    ..
+                } => scenario.unstorable_step() == Some(name) && step == name,
+                _ => false,
+            })
         })
         .collect();
     let listed = |step: &str| -> Vec<&'static str> {
@@ -459,23 +600,43 @@ fn compensation(scenario: Scenario, events: &[Event], verdict: &mut Verdict) {
             )
             .count()
     };
-    for step in &compensation.undone {
-        let ran = ran(step);
-        if ran != 1 {
-            verdict.broken.push(Broken::CompensationUntrue {
-                step: step.clone(),
-                listed: "undone",
-                ran,
-            });
+    let lists: [Listing<'_>; 3] = [
+        ("undone", &compensation.undone, |ran| ran == 1),
+        ("interrupted", &compensation.interrupted, |ran| ran <= 1),
+        ("pending", &compensation.pending, |ran| ran == 0),
+    ];
+    for (listed, steps, fits) in lists {
+        for step in steps {
+            let ran = ran(step);
+            if !fits(ran) {
+                verdict.broken.push(Broken::CompensationUntrue {
+                    step: step.clone(),
+                    listed,
+                    ran,
+                });
+            }
         }
     }
-    for step in &compensation.pending {
-        let ran = ran(step);
-        if ran != 0 {
-            verdict.broken.push(Broken::CompensationUntrue {
-                step: step.clone(),
-                listed: "pending",
-                ran,
+    if let Some(step) = scenario.always_interrupted()
+        && !compensation.interrupted.iter().any(|s| s == step)
+    {
+        verdict.broken.push(Broken::CompensationUnexpected {
+            expected: format!("`{step}` interrupted, its undo's outcome unknown"),
+            got: compensation_text(compensation),
+        });
+    }
+    if let Some(expected) = scenario.fault_free_compensation().filter(|_| fault_free) {
+        let matches = compensation.undone == expected.undone
+            && compensation.failed.as_ref().map(|f| f.step.as_str()) == expected.failed
+            && compensation.pending == expected.pending
+            && compensation.interrupted == expected.interrupted;
+        let complete = expected.failed.is_none()
+            && expected.pending.is_empty()
+            && expected.interrupted.is_empty();
+        if !matches || complete != compensation.is_complete() {
+            verdict.broken.push(Broken::CompensationUnexpected {
+                expected: expected.to_string(),
+                got: compensation_text(compensation),
             });
         }
     }

@@ -249,6 +249,8 @@ pub(crate) struct World {
     /// The retryable scenario's first run answered `Retryable` (shared by all processes,
     /// as a downstream system's state would be).
     pub(crate) retryable_returned: AtomicBool,
+    /// The undo that answers `Retryable` once did so (shared, likewise).
+    pub(crate) undo_retried: AtomicBool,
     processes: Mutex<HashMap<Process, ProcessState>>,
     over: watch::Sender<bool>,
 }
@@ -267,6 +269,7 @@ impl World {
             timing,
             paused,
             retryable_returned: AtomicBool::new(false),
+            undo_retried: AtomicBool::new(false),
             processes: Mutex::new(HashMap::new()),
             over: watch::Sender::new(false),
         })
@@ -579,7 +582,7 @@ impl Store for ProcessStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         let lease = lease.clone();
-        let process = self.process;
+        let (process, asked) = (self.process, lease.lease_until);
         self.call(
             Operation::Renew,
             None,
@@ -588,6 +591,7 @@ impl Store for ProcessStore {
             Box::new(move |outcome| match outcome {
                 RenewOutcome::Renewed(lease) => vec![Event::Renewed {
                     process,
+                    asked,
                     lease_until: lease.lease_until,
                 }],
                 RenewOutcome::Fenced => Vec::new(),

@@ -51,6 +51,13 @@ pub(crate) enum Answer {
     },
     Retryable(String),
     Unknown(String),
+    /// A failure the driver stored as a marker (a value too large, or that does not
+    /// serialise) and answers as an `idem_core::Error`: every caller must agree on it, as
+    /// on any stored failure.
+    Marked {
+        text: String,
+        replayed: bool,
+    },
     /// An `idem_core::Error`: `name` says which, `fine` whether it is an answer a correct
     /// driver may give under faults (in flight, lease lost, a store error ...).
     Error {
@@ -76,6 +83,7 @@ impl Answer {
                 "compensated {error:?} {}",
                 compensation_text(compensation)
             )),
+            Answer::Marked { text, .. } => Some(format!("marked {text}")),
             _ => None,
         }
     }
@@ -86,6 +94,7 @@ impl Answer {
             Answer::Completed { replayed: true, .. }
                 | Answer::Failed { replayed: true, .. }
                 | Answer::Compensated { replayed: true, .. }
+                | Answer::Marked { replayed: true, .. }
         )
     }
 }
@@ -179,6 +188,8 @@ pub(crate) enum Event {
     /// The store renewed a lease.
     Renewed {
         process: Process,
+        /// The end of the lease the renewal was asked to extend.
+        asked: Timestamp,
         lease_until: Timestamp,
     },
     /// The store applied a checkpoint.
@@ -204,6 +215,9 @@ pub(crate) enum Event {
     Effect { process: Process, effect: Effect },
     /// A process's `execute` ended.
     Ended { process: Process, end: End },
+    /// The compensation stored with a failure marker, read from the record at the end of
+    /// the run (the marker's answer, an `idem_core::Error`, does not carry it).
+    StoredCompensation(Compensation),
 }
 
 /// The events of one run; closed once the run is over, so that anything a dead process

@@ -7,9 +7,18 @@
 //! `Idempotency` with the same settings. Each store call of a process has a number: its
 //! fault point. The explorer first runs each [`Scenario`] without faults to count the
 //! points it reaches, then, in [`Mode::Exhaustive`], runs it once for every [`Fault`] at
-//! every point, then samples pairs of faults (the second chosen among the points the run
-//! with the first reached). [`Mode::Sampled`] runs a seeded sample instead, for stores on
-//! real servers where every run waits in real time.
+//! every point of that fault-free run, then samples pairs of faults (the second chosen
+//! among the points the run with the first reached). [`Mode::Sampled`] runs a seeded
+//! sample instead, for stores on real servers where every run waits in real time.
+//!
+//! What "exhaustive" covers, exactly: every single fault at every point of the fault-free
+//! run, which are the points of the first caller and of the racing duplicate (`p1`,
+//! `dup`), and of the retries only in the scenarios whose fault-free run retries by
+//! itself (`retryable-then-done`, `saga-undo-retryable`). The points only a fault opens
+//! (the takeover after a crash or a drop, the retry after a lost answer, the compensation
+//! such a takeover finishes) are not among them: those paths are reached only by the
+//! sampled pairs, whose second fault may strike any point the first fault's run reached,
+//! a takeover's included. More pairs cover more of them; none promises them all.
 //!
 //! Faults at a store call: an error before it applies, an answer lost after it applied, a
 //! hang past the store timeout (then it applies, or not), the caller dropping `execute`
@@ -25,20 +34,29 @@
 //! 1. A step's or the work's effect happens at most once, except where the contract says
 //!    at-least-once, and then the run is counted so ([`ScenarioReport::at_least_once`]),
 //!    never silently: the process that had the effect crashed, or its caller dropped
-//!    `execute` while the work still ran, or it was still running when its lease ran out,
-//!    after the effect and before its checkpoint (or result) was stored, and the store
-//!    granted the key to the next owner only once that lease was over.
-//! 2. A drop of `execute` after the work returned never causes a re-run: the final write
-//!    survives the caller going away.
+//!    `execute` while the work still ran and before the step's checkpoint was sent, after
+//!    the effect and before its checkpoint (or result) was stored, and the store granted
+//!    the key to the next owner only once that lease was over. A lease that ran out while
+//!    its owner still ran excuses nothing: every scenario runs with heartbeats, which
+//!    renew it every third of a lease.
+//! 2. A drop of `execute` after the work returned, or after a step's checkpoint was sent,
+//!    never causes a re-run: the driver's writes survive the caller going away.
 //! 3. An undo runs at most once; one interrupted while running is not run again and is
 //!    listed in `Compensation::interrupted`.
 //! 4. Every step that registered an undo is in exactly one of the final compensation's
-//!    `undone`, `failed.step`, `pending`, `interrupted`; an undo listed as undone ran once.
-//! 5. Every caller that got a result (Completed, Failed, Compensated) got the same one,
-//!    of the scenario's kind, and the retry after replays it.
-//! 6. `ctx.resumed()` is true exactly after a takeover; no answer is one a correct driver
-//!    never gives; no `execute` panics; every `execute` returns within
-//!    [`execute_bound`] (measured on Tokio's clock: virtual where time is paused).
+//!    `undone`, `failed.step`, `pending`, `interrupted`; an undo listed as undone ran
+//!    exactly once, one listed interrupted at most once, one listed pending never. The
+//!    fault-free run ends with the compensation the scenario documents (every step
+//!    undone for a plain saga), and an undo that answered `Unknown` is always listed
+//!    interrupted. The compensation of a failure stored as a marker is read from the
+//!    record.
+//! 5. Every caller that got a result (Completed, Failed, Compensated, a stored failure
+//!    marker) got the same one, of the scenario's kind, and the retry after replays it.
+//! 6. `ctx.resumed()` is true exactly after a takeover; fencing tokens grow; every
+//!    renewal extends the lease; no answer is one a correct driver never gives; no
+//!    `execute` panics; every `execute` returns within [`execute_bound`] (measured on
+//!    Tokio's clock: virtual where time is paused). A hanging call outlasts the largest
+//!    bound of its scenario, so a call the driver does not bound always shows.
 //!
 //! Stores with a process clock (memory, SQLite) run on a paused Tokio runtime with a
 //! [`VirtualClock`] ([`Target::virtual_time`]): leases, heartbeats, timeouts and backoffs
@@ -129,8 +147,10 @@ pub enum ExploreError {
 #[non_exhaustive]
 pub enum Mode {
     /// Per scenario: the fault-free run, then every fault kind at every fault point it
-    /// reached, then `pairs` runs with two faults (the first one of those, the second
-    /// drawn with `seed` among the points the run with the first reached).
+    /// reached (the first caller's and the duplicate's: not those of a takeover only a
+    /// fault opens), then `pairs` runs with two faults (the first one of
+    /// those, the second drawn with `seed` among the points the run with the first
+    /// reached, a takeover's included).
     Exhaustive {
         /// Runs with two faults, per scenario.
         pairs: usize,
@@ -149,7 +169,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// Every single fault, no pairs.
+    /// Every single fault at every point of the fault-free run, no pairs.
     pub fn exhaustive() -> Self {
         Mode::Exhaustive {
             pairs: 0,
@@ -157,7 +177,8 @@ impl Mode {
         }
     }
 
-    /// Every single fault, then `pairs` sampled pairs per scenario drawn with `seed`.
+    /// Every single fault at every point of the fault-free run, then `pairs` sampled
+    /// pairs per scenario drawn with `seed` (the only runs that fault a takeover).
     pub fn exhaustive_with_pairs(seed: u64, pairs: usize) -> Self {
         Mode::Exhaustive { pairs, seed }
     }

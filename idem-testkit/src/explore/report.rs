@@ -50,6 +50,25 @@ pub enum Broken {
         /// How many times its undo's effect took place.
         ran: usize,
     },
+    /// The compensation is not the one the scenario documents: its fault-free run must
+    /// end with exactly that one (every step undone, for a plain saga), and some steps
+    /// must be listed so whatever the faults (an undo answering `Unknown`: interrupted).
+    CompensationUnexpected {
+        /// What the scenario documents.
+        expected: String,
+        /// What the compensation said.
+        got: String,
+    },
+    /// The store answered a renewal with a lease that ends no later than the one it was
+    /// asked to renew: heartbeats keep nothing alive.
+    LeaseNotExtended {
+        /// The process whose renewal it was.
+        process: Process,
+        /// The end of the lease it asked to renew (Unix milliseconds).
+        held_until: u64,
+        /// The end the store answered (Unix milliseconds).
+        renewed_until: u64,
+    },
     /// Two callers got different results.
     ResultsDiffer {
         /// The first caller with a result, and that result.
@@ -144,6 +163,8 @@ impl Broken {
             Broken::UndoRepeated { .. } => "undo repeated",
             Broken::CompensationIncomplete { .. } => "compensation incomplete",
             Broken::CompensationUntrue { .. } => "compensation untrue",
+            Broken::CompensationUnexpected { .. } => "compensation unexpected",
+            Broken::LeaseNotExtended { .. } => "lease not extended",
             Broken::ResultsDiffer { .. } => "results differ",
             Broken::ResultLost { .. } => "result lost",
             Broken::UnexpectedResult { .. } => "unexpected result",
@@ -184,6 +205,17 @@ impl fmt::Display for Broken {
             Broken::CompensationUntrue { step, listed, ran } => write!(
                 f,
                 "the compensation lists `{step}` as {listed}, but its undo ran {ran} times"
+            ),
+            Broken::CompensationUnexpected { expected, got } => {
+                write!(f, "the compensation must be {expected}, it is {got}")
+            }
+            Broken::LeaseNotExtended {
+                process,
+                held_until,
+                renewed_until,
+            } => write!(
+                f,
+                "{process} renewed a lease ending at {held_until} ms and the store answered one ending at {renewed_until} ms: a renewal must extend it"
             ),
             Broken::ResultsDiffer { first, other } => write!(
                 f,
@@ -284,11 +316,13 @@ pub struct ScenarioReport {
     pub scenario: String,
     /// Runs made (the fault-free one included).
     pub runs: usize,
-    /// Fault points the fault-free run reached.
+    /// Fault points the fault-free run reached: the points
+    /// [`Mode::Exhaustive`](super::Mode::Exhaustive) faults one by one (not those of a
+    /// takeover only a fault opens).
     pub fault_points: usize,
-    /// Runs where an effect happened more than once as the contract allows (a crash or a
-    /// drop mid-work after the effect and before its checkpoint or result was stored, or
-    /// a lease that ran out while the work ran), classified so, never silently.
+    /// Runs where an effect happened more than once as the contract allows (a crash, or
+    /// a drop mid-work before the step's checkpoint was sent, after the effect and before
+    /// its checkpoint or result was stored), classified so, never silently.
     pub at_least_once: usize,
     /// Every violation found.
     pub violations: Vec<Violation>,

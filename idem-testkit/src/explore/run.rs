@@ -5,7 +5,7 @@ use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Error, Fingerprint, InterruptedKind, Key, Outcome, Store};
+use idem_core::{Error, Fingerprint, InterruptedKind, Key, Outcome, Store, WorkError};
 use tokio::sync::mpsc;
 use tokio::task::JoinError;
 use tokio::time::Instant;
@@ -14,7 +14,7 @@ use super::Timing;
 use super::check::{self, Verdict};
 use super::faults::{Fault, FaultPoint, Kill, PlacedFault, Process, ProcessStore, World};
 use super::ledger::{Answer, End, Event};
-use super::scenarios::{Probe, Scenario};
+use super::scenarios::{Expect, Probe, Scenario};
 
 /// The most retries after the first callers, before a run counts as never finishing.
 pub(crate) const MAX_RETRIES: u32 = 12;
@@ -37,6 +37,7 @@ pub(crate) async fn run(
     paused: bool,
 ) -> RunOutcome {
     let hangs_late = plan.iter().any(|f| f.fault == Fault::HangThenApply);
+    let timing = timing.striking(scenario, &plan);
     let world = World::new(store, plan.clone(), timing, paused);
     let caller = Caller {
         world: Arc::clone(&world),
@@ -79,10 +80,13 @@ pub(crate) async fn run(
             tokio::time::sleep(timing.hang + timing.store_timeout).await;
         }
         caller.clone().execute(Process::Check).await;
+        if scenario.expect() == Expect::Marked {
+            stored_compensation(&world, &caller.key).await;
+        }
     }
     world.end();
     let events = world.ledger.snapshot();
-    let verdict = check::check(scenario, &timing, &events, retries);
+    let verdict = check::check(scenario, &timing, &events, retries, plan.is_empty());
     RunOutcome {
         trace: events
             .iter()
@@ -93,6 +97,25 @@ pub(crate) async fn run(
             .collect(),
         verdict,
         story: story(&events, &plan),
+    }
+}
+
+/// Reads the compensation stored beside a failure marker from the record itself, into
+/// the ledger: the marker's answer (an `idem_core::Error`) does not carry it. Nothing is
+/// recorded when the record holds no such failure (the check finds the compensation
+/// missing then).
+async fn stored_compensation(world: &World, key: &Key) {
+    let Ok(Some(record)) = world.inner.get(key).await else {
+        return;
+    };
+    let compensation = record
+        .response
+        .as_deref()
+        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(bytes).ok())
+        .and_then(|mut failure| failure.get_mut("compensation").map(serde_json::Value::take))
+        .and_then(|compensation| serde_json::from_value(compensation).ok());
+    if let Some(compensation) = compensation {
+        world.ledger.push(Event::StoredCompensation(compensation));
     }
 }
 
@@ -174,9 +197,18 @@ impl Caller {
         };
         let work = self.scenario.work(probe);
         let (key, fingerprint) = (self.key, self.fingerprint);
+        let raw = self.scenario.raw();
         let started = Instant::now();
-        let mut task =
-            tokio::spawn(async move { idem.execute(&key, fingerprint, work).await.map(answer) });
+        let mut task = tokio::spawn(async move {
+            if raw {
+                let work = move |ctx| async move { raw_result(work(ctx).await) };
+                idem.execute_bytes(&key, fingerprint, work)
+                    .await
+                    .map(raw_answer)
+            } else {
+                idem.execute(&key, fingerprint, work).await.map(answer)
+            }
+        });
         let limit = watchdog(self.scenario, &timing);
         tokio::select! {
             biased;
@@ -260,9 +292,86 @@ fn answer(outcome: Outcome<String, String>) -> Answer {
     }
 }
 
+/// The leading bytes of every raw failure: not UTF-8, so that only a driver that keeps
+/// every byte replays them.
+const RAW_FAILURE: &[u8] = b"\xff\x00";
+
+/// The work's result as raw bytes, its failure behind [`RAW_FAILURE`].
+fn raw_result(result: Result<String, WorkError<String>>) -> Result<Vec<u8>, WorkError<Vec<u8>>> {
+    let raw = |error: String| [RAW_FAILURE, error.as_bytes()].concat();
+    match result {
+        Ok(value) => Ok(value.into_bytes()),
+        Err(WorkError::Permanent(error)) => Err(WorkError::Permanent(raw(error))),
+        Err(WorkError::Retryable(error)) => Err(WorkError::Retryable(raw(error))),
+        Err(WorkError::Unknown(error)) => Err(WorkError::Unknown(raw(error))),
+        Err(WorkError::Interrupted(interrupted)) => Err(WorkError::Interrupted(interrupted)),
+        Err(other) => Err(WorkError::Permanent(raw(format!("{other:?}")))),
+    }
+}
+
+/// A raw outcome as an answer, its bytes escaped: a failure that lost a byte reads
+/// differently from one that kept them all.
+fn raw_answer(outcome: Outcome<Vec<u8>, Vec<u8>>) -> Answer {
+    let text = |bytes: Vec<u8>| bytes.escape_ascii().to_string();
+    match outcome {
+        Outcome::Completed { value, replayed } => Answer::Completed {
+            value: text(value),
+            replayed,
+        },
+        Outcome::Failed { error, replayed } => Answer::Failed {
+            error: text(error),
+            replayed,
+        },
+        Outcome::Compensated {
+            error,
+            compensation,
+            replayed,
+        } => Answer::Compensated {
+            error: text(error),
+            compensation,
+            replayed,
+        },
+        Outcome::Retryable(error) => Answer::Retryable(text(error)),
+        Outcome::Unknown(error) => Answer::Unknown(text(error)),
+        other => Answer::Error {
+            name: "outcome",
+            text: format!("an outcome the explorer does not know: {other:?}"),
+            retry_after: None,
+            fine: false,
+        },
+    }
+}
+
 /// An error as an answer: which one, and whether a correct driver may answer it under
 /// faults (it promises nothing about the work's result, and a retry can do better).
 fn error_answer(err: Error) -> Answer {
+    // Stored failures: what every caller and every replay must agree on.
+    let marked = match &err {
+        Error::StepTooLarge {
+            step,
+            size,
+            limit,
+            replayed,
+        } => Some((
+            format!("step `{step}` is {size} bytes, over {limit}"),
+            *replayed,
+        )),
+        Error::ResultTooLarge {
+            size,
+            limit,
+            replayed,
+        } => Some((
+            format!("the result is {size} bytes, over {limit}"),
+            *replayed,
+        )),
+        Error::Unserializable { what, replayed, .. } => {
+            Some((format!("{what} does not serialise"), *replayed))
+        }
+        _ => None,
+    };
+    if let Some((text, replayed)) = marked {
+        return Answer::Marked { text, replayed };
+    }
     let (name, fine, retry_after) = match &err {
         Error::InFlight { retry_after } => ("in flight", true, Some(*retry_after)),
         Error::LeaseLost => ("lease lost", true, None),

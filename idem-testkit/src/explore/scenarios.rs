@@ -3,16 +3,17 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use idem_core::{
-    Aes256GcmCodec, ConfigError, Context, Heartbeat, Idempotency, InFlightPolicy, WorkError,
-    WriteOutcome,
+    Aes256GcmCodec, ConfigError, Context, Heartbeat, Idempotency, InFlightPolicy, InterruptedKind,
+    WorkError, WriteOutcome,
 };
 
-use super::Timing;
 use super::faults::{BoxFuture, Fault, Kill, Process, ProcessStore, World};
 use super::ledger::{Effect, Event};
+use super::{Timing, execute_bound};
 
 /// What the explored work does. Each scenario's work records its effects outside the
 /// store and waits at named await points, where faults strike too.
@@ -52,10 +53,36 @@ pub enum Scenario {
     /// A step, then the first run fails retryably (the lease is released); the retry
     /// finishes.
     RetryableThenDone,
+    /// As [`Scenario::SagaFailsAfterSteps`], but the undo of `debit` has its effect, then
+    /// answers `WorkError::Unknown`: it is reported interrupted, never run again, and the
+    /// other undos go on.
+    SagaUndoUnknown,
+    /// As [`Scenario::SagaFailsAfterSteps`], but the undo of `debit` answers
+    /// `WorkError::Retryable` the first time (nothing happened), then undoes: the first
+    /// caller gets `Error::CompensationPending`, and a takeover once the lease ended
+    /// finishes the compensation, every step undone once.
+    SagaUndoRetryable,
+    /// `reserve` with an undo, then `debit` whose value is over the driver's size cap
+    /// (`max_response_bytes`, which bounds every stored value): the work propagates the
+    /// interruption, the driver registers a placeholder for `debit`'s undo (it has no
+    /// value to give it), undoes `reserve` and stores the `StepTooLarge` marker with the
+    /// compensation: `reserve` undone, `debit` pending.
+    SagaStepTooLarge,
+    /// As [`Scenario::SagaStepTooLarge`], with a value of `debit` that does not read back
+    /// (a NaN), and work that turns the interruption into its permanent error, so that
+    /// the compensation (`reserve` undone, `debit` pending) is in the answer.
+    SagaStepUnserializable,
+    /// [`Scenario::SagaFailsAfterSteps`] through `execute_bytes`: the failure is raw
+    /// bytes (not UTF-8), stored in the raw encoding with the compensation.
+    BytesSaga,
 }
 
 /// The steps with undos of the saga scenarios, in order.
 const SAGA_STEPS: [&str; 3] = ["reserve", "debit", "notify"];
+
+/// The driver's size cap in the scenarios with a value too large to store: far above
+/// every other value they store, far below the large one.
+const SMALL_CAP: usize = 1024;
 
 /// The result kind a scenario must end with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +90,55 @@ pub(crate) enum Expect {
     Completed,
     Failed,
     Compensated,
+    /// A failure stored as a marker (`Error::StepTooLarge` and the like).
+    Marked,
+}
+
+/// What an undo does in a saga scenario.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Undo {
+    Done,
+    Permanent,
+    /// Has its effect, then answers `WorkError::Unknown`.
+    Unknown,
+    /// Answers `WorkError::Retryable` the first time, then undoes.
+    RetryableOnce,
+}
+
+/// The compensation a saga scenario's fault-free run must end with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExpectedCompensation {
+    pub(crate) undone: &'static [&'static str],
+    pub(crate) failed: Option<&'static str>,
+    pub(crate) pending: &'static [&'static str],
+    pub(crate) interrupted: &'static [&'static str],
+}
+
+impl ExpectedCompensation {
+    const fn undone(undone: &'static [&'static str]) -> Self {
+        Self {
+            undone,
+            failed: None,
+            pending: &[],
+            interrupted: &[],
+        }
+    }
+}
+
+impl fmt::Display for ExpectedCompensation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "undone {:?}", self.undone)?;
+        if let Some(failed) = self.failed {
+            write!(f, ", failed {failed:?}")?;
+        }
+        if !self.pending.is_empty() {
+            write!(f, ", pending {:?}", self.pending)?;
+        }
+        if !self.interrupted.is_empty() {
+            write!(f, ", interrupted {:?}", self.interrupted)?;
+        }
+        Ok(())
+    }
 }
 
 impl Scenario {
@@ -83,6 +159,11 @@ impl Scenario {
             Scenario::Encrypted,
             Scenario::EncryptedSaga,
             Scenario::RetryableThenDone,
+            Scenario::SagaUndoUnknown,
+            Scenario::SagaUndoRetryable,
+            Scenario::SagaStepTooLarge,
+            Scenario::SagaStepUnserializable,
+            Scenario::BytesSaga,
         ]
     }
 
@@ -101,31 +182,148 @@ impl Scenario {
             Scenario::Encrypted => "encrypted".into(),
             Scenario::EncryptedSaga => "encrypted-saga".into(),
             Scenario::RetryableThenDone => "retryable-then-done".into(),
+            Scenario::SagaUndoUnknown => "saga-undo-unknown".into(),
+            Scenario::SagaUndoRetryable => "saga-undo-retryable".into(),
+            Scenario::SagaStepTooLarge => "saga-step-too-large".into(),
+            Scenario::SagaStepUnserializable => "saga-step-unserializable".into(),
+            Scenario::BytesSaga => "bytes-saga".into(),
         }
+    }
+
+    fn is_saga(&self) -> bool {
+        matches!(
+            self,
+            Scenario::SagaFailsAtStep(_)
+                | Scenario::SagaFailsAfterSteps
+                | Scenario::SagaRerunStopsEarly
+                | Scenario::SagaUndoFails
+                | Scenario::EncryptedSaga
+                | Scenario::SagaUndoUnknown
+                | Scenario::SagaUndoRetryable
+                | Scenario::SagaStepTooLarge
+                | Scenario::SagaStepUnserializable
+                | Scenario::BytesSaga
+        )
     }
 
     pub(crate) fn expect(&self) -> Expect {
         match self {
             Scenario::SagaFailsAtStep(n) if *n <= 1 => Expect::Failed,
-            Scenario::SagaFailsAtStep(_)
-            | Scenario::SagaFailsAfterSteps
-            | Scenario::SagaRerunStopsEarly
-            | Scenario::SagaUndoFails
-            | Scenario::EncryptedSaga => Expect::Compensated,
+            Scenario::SagaStepTooLarge => Expect::Marked,
+            _ if self.is_saga() => Expect::Compensated,
             _ => Expect::Completed,
         }
     }
 
     /// The steps that register undos.
     pub(crate) fn undo_steps(&self) -> &'static [&'static str] {
-        match self {
-            Scenario::SagaFailsAtStep(_)
-            | Scenario::SagaFailsAfterSteps
-            | Scenario::SagaRerunStopsEarly
-            | Scenario::SagaUndoFails
-            | Scenario::EncryptedSaga => &SAGA_STEPS,
-            _ => &[],
+        if self.is_saga() { &SAGA_STEPS } else { &[] }
+    }
+
+    /// The step whose value cannot be stored: it registers an undo without a checkpoint,
+    /// once its effect happened.
+    pub(crate) fn unstorable_step(&self) -> Option<&'static str> {
+        matches!(
+            self,
+            Scenario::SagaStepTooLarge | Scenario::SagaStepUnserializable
+        )
+        .then_some("debit")
+    }
+
+    /// The work stores raw bytes (`execute_bytes`).
+    pub(crate) fn raw(&self) -> bool {
+        *self == Scenario::BytesSaga
+    }
+
+    fn undo(&self, step: &str) -> Undo {
+        match (self, step) {
+            (Scenario::SagaUndoFails, "debit") => Undo::Permanent,
+            (Scenario::SagaUndoUnknown, "debit") => Undo::Unknown,
+            (Scenario::SagaUndoRetryable, "debit") => Undo::RetryableOnce,
+            _ => Undo::Done,
         }
+    }
+
+    /// The compensation the fault-free run ends with: what the driver documents for
+    /// this scenario.
+    pub(crate) fn fault_free_compensation(&self) -> Option<ExpectedCompensation> {
+        const ALL: ExpectedCompensation =
+            ExpectedCompensation::undone(&["notify", "debit", "reserve"]);
+        const TWO: ExpectedCompensation = ExpectedCompensation::undone(&["debit", "reserve"]);
+        const FIRST_KEPT_PENDING: ExpectedCompensation = ExpectedCompensation {
+            undone: &["reserve"],
+            failed: None,
+            pending: &["debit"],
+            interrupted: &[],
+        };
+        Some(match self {
+            Scenario::SagaFailsAtStep(2) => ExpectedCompensation::undone(&["reserve"]),
+            Scenario::SagaFailsAtStep(3) | Scenario::SagaRerunStopsEarly => TWO,
+            Scenario::SagaFailsAfterSteps
+            | Scenario::EncryptedSaga
+            | Scenario::SagaUndoRetryable
+            | Scenario::BytesSaga => ALL,
+            Scenario::SagaUndoFails => ExpectedCompensation {
+                undone: &["notify"],
+                failed: Some("debit"),
+                pending: &["reserve"],
+                interrupted: &[],
+            },
+            Scenario::SagaUndoUnknown => ExpectedCompensation {
+                undone: &["notify", "reserve"],
+                failed: None,
+                pending: &[],
+                interrupted: &["debit"],
+            },
+            Scenario::SagaStepTooLarge | Scenario::SagaStepUnserializable => FIRST_KEPT_PENDING,
+            _ => return None,
+        })
+    }
+
+    /// The step every compensation of the scenario lists interrupted, whatever the
+    /// faults: the undo that answered `Unknown` may have taken effect, and never runs
+    /// again.
+    pub(crate) fn always_interrupted(&self) -> Option<&'static str> {
+        (*self == Scenario::SagaUndoUnknown).then_some("debit")
+    }
+
+    /// The work's own time at most, in one process, without stalls.
+    fn max_work(&self, timing: &Timing) -> Duration {
+        match self {
+            Scenario::LongWork => timing.lease * 7 / 8 * 4,
+            Scenario::WaitDuplicate => timing.lease / 2,
+            Scenario::PrepareCompletion => timing.lease / 2 + timing.store_timeout,
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// The store writes one process makes at most after its claim: each step's
+    /// checkpoint, for a saga its checkpoint and two marks per undo, the result or
+    /// failure and the marker written instead of it, a release.
+    fn max_writes(&self) -> u32 {
+        let steps: u32 = match self {
+            Scenario::Plain => 0,
+            Scenario::PrepareCompletion | Scenario::WaitDuplicate | Scenario::RetryableThenDone => {
+                1
+            }
+            Scenario::LongWork => 2,
+            _ => 3,
+        };
+        let undos = u32::try_from(self.undo_steps().len()).unwrap_or(u32::MAX);
+        let saga = if undos > 0 { 1 + 2 * undos } else { 0 };
+        steps + saga + 3
+    }
+
+    /// The largest [`execute_bound`] any process of this scenario can have, with
+    /// `stalls` stalls of its work: what a hanging store call must outlast to show.
+    pub(crate) fn max_bound(&self, timing: &Timing, stalls: u32) -> Duration {
+        execute_bound(
+            timing.lease,
+            timing.store_timeout,
+            self.wait(timing),
+            self.max_work(timing) + timing.stall * stalls,
+            self.max_writes(),
+        )
     }
 
     pub(crate) fn has_duplicate(&self) -> bool {
@@ -162,6 +360,9 @@ impl Scenario {
         if matches!(self, Scenario::Encrypted | Scenario::EncryptedSaga) {
             builder = builder.codec(Aes256GcmCodec::new(1, [42; 32]));
         }
+        if *self == Scenario::SagaStepTooLarge {
+            builder = builder.max_response_bytes(SMALL_CAP);
+        }
         builder.build()
     }
 
@@ -194,33 +395,6 @@ impl Scenario {
                 }
                 probe.effect(Effect::Work).await;
                 probe.point("after-effect").await;
-                Ok(format!("{} by {me}", done.join(" ")))
-            }
-            Scenario::SagaFailsAtStep(_)
-            | Scenario::SagaFailsAfterSteps
-            | Scenario::SagaRerunStopsEarly
-            | Scenario::SagaUndoFails
-            | Scenario::EncryptedSaga => {
-                let fails_at = match self {
-                    Scenario::SagaFailsAtStep(n) => usize::from(n),
-                    Scenario::SagaRerunStopsEarly => 3,
-                    _ => 0,
-                };
-                let compensating = ctx.completed_steps().iter().any(|s| s == "idem.saga");
-                if self == Scenario::SagaRerunStopsEarly && compensating {
-                    probe.point("stops-early").await;
-                    return Err(WorkError::Permanent("the order is gone".into()));
-                }
-                let mut done = Vec::new();
-                for (at, name) in SAGA_STEPS.iter().enumerate() {
-                    let undo_fails = self == Scenario::SagaUndoFails && *name == "debit";
-                    let fails = fails_at == at + 1;
-                    done.push(undo_step(ctx, probe, name, fails, undo_fails).await?);
-                }
-                if fails_at == 0 {
-                    probe.point("before-failing").await;
-                    return Err(WorkError::Permanent("the order was cancelled".into()));
-                }
                 Ok(format!("{} by {me}", done.join(" ")))
             }
             Scenario::PrepareCompletion => {
@@ -272,6 +446,40 @@ impl Scenario {
                 probe.point("after-effect").await;
                 Ok(format!("{reserved}, paid by {me} (token {token})"))
             }
+            Scenario::SagaFailsAtStep(_)
+            | Scenario::SagaFailsAfterSteps
+            | Scenario::SagaRerunStopsEarly
+            | Scenario::SagaUndoFails
+            | Scenario::EncryptedSaga
+            | Scenario::SagaUndoUnknown
+            | Scenario::SagaUndoRetryable
+            | Scenario::SagaStepTooLarge
+            | Scenario::SagaStepUnserializable
+            | Scenario::BytesSaga => {
+                let fails_at = match self {
+                    Scenario::SagaFailsAtStep(n) => usize::from(n),
+                    Scenario::SagaRerunStopsEarly => 3,
+                    _ => 0,
+                };
+                let compensating = ctx.completed_steps().iter().any(|s| s == "idem.saga");
+                if self == Scenario::SagaRerunStopsEarly && compensating {
+                    probe.point("stops-early").await;
+                    return Err(WorkError::Permanent("the order is gone".into()));
+                }
+                let mut done = Vec::new();
+                for (at, name) in SAGA_STEPS.iter().enumerate() {
+                    if self.unstorable_step() == Some(name) {
+                        unstorable_step(self, ctx, probe, name).await?;
+                    }
+                    let fails = fails_at == at + 1;
+                    done.push(undo_step(ctx, probe, name, fails, self.undo(name)).await?);
+                }
+                if fails_at == 0 {
+                    probe.point("before-failing").await;
+                    return Err(WorkError::Permanent("the order was cancelled".into()));
+                }
+                Ok(format!("{} by {me}", done.join(" ")))
+            }
         }
     }
 }
@@ -302,13 +510,13 @@ async fn effect_step(ctx: &Context, probe: &Probe, name: &'static str) -> WorkRe
 }
 
 /// [`effect_step`] with an undo (whose effect sits between two points), or a step whose
-/// run fails permanently; `undo_fails` makes the undo fail permanently instead.
+/// run fails permanently; `behaviour` says what the undo answers.
 async fn undo_step(
     ctx: &Context,
     probe: &Probe,
     name: &'static str,
     fails: bool,
-    undo_fails: bool,
+    behaviour: Undo,
 ) -> WorkResult {
     let (inner, undo) = (probe.clone(), probe.clone());
     let token = ctx.token();
@@ -325,17 +533,84 @@ async fn undo_step(
             },
             move |_value: String| async move {
                 undo.point(&format!("undo-{name}:start")).await;
-                if undo_fails {
-                    return Err(WorkError::Permanent(format!("{name} cannot be undone")));
+                match behaviour {
+                    Undo::Permanent => {
+                        return Err(WorkError::Permanent(format!("{name} cannot be undone")));
+                    }
+                    Undo::RetryableOnce if !undo.world.undo_retried.swap(true, SeqCst) => {
+                        return Err(WorkError::Retryable(format!("{name}'s provider is busy")));
+                    }
+                    _ => {}
                 }
                 undo.effect(Effect::Undo(name.into())).await;
                 undo.point(&format!("undo-{name}:effect-done")).await;
+                if behaviour == Undo::Unknown {
+                    return Err(WorkError::Unknown(format!("{name}'s refund timed out")));
+                }
                 Ok(())
             },
         )
         .await?;
     probe.point(&format!("after-{name}")).await;
     Ok(value)
+}
+
+/// The step of [`Scenario::unstorable_step`]: its effect happens, then its value cannot
+/// be stored (over the size cap, or not reading back), so it registers its undo without a
+/// value. Answers the interruption (propagated to the driver) or, where the scenario wants
+/// the compensation in the answer, the permanent error the work makes of it.
+async fn unstorable_step(
+    scenario: Scenario,
+    ctx: &Context,
+    probe: &Probe,
+    name: &'static str,
+) -> Result<(), WorkError<String>> {
+    let (inner, undo) = (probe.clone(), probe.clone());
+    let undone = move || async move {
+        // Never runs: the driver has no stored value to give it.
+        undo.effect(Effect::Undo(name.into())).await;
+        Ok(())
+    };
+    let stopped = if scenario == Scenario::SagaStepTooLarge {
+        ctx.step_with_undo(
+            name,
+            || async move {
+                inner.effect(Effect::Step(name.into())).await;
+                inner.point(&format!("{name}:effect-done")).await;
+                Ok::<_, WorkError<String>>("x".repeat(SMALL_CAP * 4))
+            },
+            move |_value: String| undone(),
+        )
+        .await
+        .map(drop)
+    } else {
+        ctx.step_with_undo(
+            name,
+            || async move {
+                inner.effect(Effect::Step(name.into())).await;
+                inner.point(&format!("{name}:effect-done")).await;
+                // Serialised as `null`, which does not read back as a number.
+                Ok::<_, WorkError<String>>(f64::NAN)
+            },
+            move |_value: f64| undone(),
+        )
+        .await
+        .map(drop)
+    };
+    match stopped {
+        Err(WorkError::Interrupted(interrupted))
+            if scenario == Scenario::SagaStepUnserializable
+                && interrupted.kind() == InterruptedKind::Unstorable =>
+        {
+            Err(WorkError::Permanent(format!(
+                "{name} left no receipt: {interrupted}"
+            )))
+        }
+        Ok(()) => Err(WorkError::Permanent(format!(
+            "{name} stored a value it cannot"
+        ))),
+        Err(other) => Err(other),
+    }
 }
 
 /// What the work of one process uses to record its effects and to wait at fault points.

@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+use super::faults::{Fault, PlacedFault};
+use super::scenarios::Scenario;
+
 /// The first pause between two tries of one store call, doubled after each try: the
 /// driver's `STORE_BACKOFF` (jittered down to half, never up).
 pub(crate) const STORE_BACKOFF: Duration = Duration::from_millis(25);
@@ -35,8 +38,10 @@ pub struct Timing {
     pub store_timeout: Duration,
     /// The `InFlightPolicy::Wait` timeout of the scenario with a waiting duplicate.
     pub wait_timeout: Duration,
-    /// How long a hanging store call hangs: far longer than the store timeout, so that a
-    /// call the driver does not bound shows as an `execute` over its bound.
+    /// How long a hanging store call hangs, at least: each run lengthens it past the
+    /// largest bound any `execute` of its scenario can have (with every stall of its
+    /// plan), so that a call the driver does not bound always shows as an `execute` over
+    /// its bound, whatever the scenario's writes.
     pub hang: Duration,
     /// How long the work stalls at an await point ([`Fault::StallAtPoint`](super::Fault::StallAtPoint)).
     pub stall: Duration,
@@ -75,6 +80,22 @@ impl Timing {
             stall: lease * 2,
             slack: Duration::from_millis(500),
         }
+    }
+}
+
+impl Timing {
+    /// This timing for one run of `scenario` with `plan`: its hang outlasts the largest
+    /// bound of any process of the run (the scenario's most work and writes, each stall of
+    /// the plan on one process) by a store timeout more than the slack.
+    pub(crate) fn striking(mut self, scenario: Scenario, plan: &[PlacedFault]) -> Self {
+        let stalls = plan
+            .iter()
+            .filter(|placed| placed.fault == Fault::StallAtPoint)
+            .count();
+        let stalls = u32::try_from(stalls).unwrap_or(u32::MAX);
+        let past = scenario.max_bound(&self, stalls) + self.slack + self.store_timeout;
+        self.hang = self.hang.max(past);
+        self
     }
 }
 
@@ -135,5 +156,57 @@ mod tests {
             1,
         );
         assert_eq!(bound, Duration::from_millis(4000 + 3075 + 3075));
+    }
+
+    /// A call hung for the whole hang, bounded by nothing, puts its `execute` over the
+    /// largest bound the check can give any process of the run: no scenario's writes or
+    /// stalls can hide it.
+    #[test]
+    fn a_hang_outlasts_every_bound_of_the_scenario_it_strikes() {
+        let stall = |process| PlacedFault {
+            point: crate::explore::FaultPoint {
+                process,
+                site: crate::explore::Site::Point {
+                    name: "anywhere".into(),
+                    occurrence: 0,
+                },
+            },
+            fault: Fault::StallAtPoint,
+        };
+        let plans = [
+            Vec::new(),
+            vec![stall(crate::explore::Process::First)],
+            vec![
+                stall(crate::explore::Process::First),
+                stall(crate::explore::Process::First),
+            ],
+        ];
+        for timing in [Timing::virtual_time(), Timing::real_time()] {
+            for scenario in Scenario::all() {
+                for plan in &plans {
+                    let stalls = u32::try_from(plan.len()).unwrap_or(u32::MAX);
+                    let largest = scenario.max_bound(&timing, stalls) + timing.slack;
+                    let hang = timing.striking(scenario, plan).hang;
+                    assert!(
+                        hang > largest,
+                        "{scenario}, {stalls} stalls: a hang of {hang:?} within a bound of {largest:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The hang used to be a fixed ten leases and store timeouts: shorter than the bound
+    /// of a saga's first caller, whose writes alone take longer.
+    #[test]
+    fn a_fixed_hang_was_shorter_than_a_sagas_bound() {
+        let timing = Timing::virtual_time();
+        let fixed = (timing.lease + timing.store_timeout) * 10;
+        // The first caller's distinct writes: three checkpoints, the saga's, three undo
+        // marks, the failure.
+        let first_caller =
+            execute_bound(timing.lease, timing.store_timeout, None, Duration::ZERO, 8);
+        assert!(first_caller > fixed);
+        assert!(timing.striking(Scenario::SagaFailsAfterSteps, &[]).hang > first_caller);
     }
 }

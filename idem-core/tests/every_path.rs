@@ -473,25 +473,7 @@ async fn an_undo_interrupted_while_it_runs_never_runs_again() {
     let idem = driver(&store);
     let ledger = Ledger::default();
     let k = key("undo-interrupted");
-    let work = |ledger: Ledger, hang: bool| {
-        move |ctx: idem_core::Context| async move {
-            let l = ledger.clone();
-            ctx.step_with_undo(
-                "charge",
-                || async { Ok::<_, WorkError<String>>(()) },
-                move |()| async move {
-                    l.add("refund");
-                    if hang {
-                        // The process dies here, after the refund went out.
-                        std::future::pending::<()>().await;
-                    }
-                    Ok(())
-                },
-            )
-            .await?;
-            Err::<(), _>(WorkError::Permanent("declined downstream".to_string()))
-        }
-    };
+    let work = charge_then_decline;
     let first = tokio::time::timeout(
         Duration::from_secs(5),
         idem.execute(&k, fp(), work(ledger.clone(), true)),
@@ -632,15 +614,7 @@ async fn the_lease_is_renewed_for_the_whole_compensation() {
         .build()
         .unwrap();
     // The store's clock follows the runtime's, so leases end as time passes.
-    let ticking = {
-        let clock = clock.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                clock.advance(Duration::from_millis(100));
-            }
-        })
-    };
+    let ticking = ticking(&clock);
     let ledger = Ledger::default();
     let k = key("renewed-saga");
     const FIVE: &[&str] = &["a", "b", "c", "d", "e"];
@@ -805,6 +779,28 @@ async fn a_result_refused_as_too_large_then_a_caller_gone_holds_no_key() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// A charge whose refund (logged `refund`) then hangs for ever when `hang` (the process
+/// dies after the refund went out), and a permanent failure after it.
+fn charge_then_decline(ledger: Ledger, hang: bool) -> impl FnOnce(idem_core::Context) -> SagaRun {
+    move |ctx: idem_core::Context| {
+        Box::pin(async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    ledger.add("refund");
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(())
+                },
+            )
+            .await?;
+            Err(WorkError::Permanent("declined".to_string()))
+        })
+    }
+}
+
 /// A clock that follows the runtime's (paused) time, moved by a background task.
 fn ticking(clock: &ManualClock) -> tokio::task::JoinHandle<()> {
     let clock = clock.clone();
@@ -830,24 +826,7 @@ async fn an_undo_that_never_returns_does_not_hold_the_key_for_ever() {
     let ticks = ticking(&clock);
     let ledger = Ledger::default();
     let k = key("undo-hangs");
-    let work = |ledger: Ledger, hang: bool| {
-        move |ctx: idem_core::Context| async move {
-            let l = ledger.clone();
-            ctx.step_with_undo(
-                "charge",
-                || async { Ok::<_, WorkError<String>>(()) },
-                move |()| async move {
-                    l.add("refund");
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    Ok(())
-                },
-            )
-            .await?;
-            Err::<(), _>(WorkError::Permanent("declined".to_string()))
-        }
-    };
+    let work = charge_then_decline;
     let gave_up = tokio::time::timeout(
         Duration::from_secs(1),
         idem.execute(&k, fp(), work(ledger.clone(), true)),
@@ -964,5 +943,48 @@ async fn a_record_with_no_room_to_compensate_reports_every_step_pending() {
         stored["compensation"]
             .get("undone")
             .is_none_or(|u| u == &serde_json::json!([]))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    // The store refuses failures over 200 bytes without saying so up front: the work's
+    // long error does not fit, the marker with what was undone does.
+    store.set(Operation::Fail, Fault::FailLimit(200));
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let outcome = idem
+        .execute(&key("refused-compensated"), fp(), move |ctx| async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("refund");
+                    Ok(())
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("x".repeat(300)))
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(Error::ResultTooLarge { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(ledger.count("refund"), 1);
+    let record = store
+        .get(&key("refused-compensated"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, State::Failed);
+    let stored: serde_json::Value = serde_json::from_slice(&record.response.unwrap()).unwrap();
+    assert_eq!(
+        stored["compensation"]["undone"],
+        serde_json::json!(["charge"]),
+        "what was undone stays with the marker: {stored}"
     );
 }

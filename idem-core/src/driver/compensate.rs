@@ -276,31 +276,35 @@ async fn store_compensated(
     let room = context.room_for_response();
     let size = encoded(context, plain.clone())?.len();
     if size <= room {
-        return store(context, plain, encoding).await;
+        return store(context, plain, compensation, encoding).await;
     }
     let marker = Marker::ResultTooLarge { size, limit: room };
-    store(
-        context,
-        (encoding.marker)(&marker, Some(compensation)),
-        encoding,
-    )
-    .await
+    let plain = (encoding.marker)(&marker, Some(compensation));
+    store(context, plain, compensation, encoding).await
 }
 
 /// Writes a failure's plain bytes; one the store refuses as too large is written again as
-/// the marker saying so.
-async fn store(context: &Context, plain: Vec<u8>, encoding: Encoding) -> Result<Vec<u8>, Error> {
+/// the marker saying so, with what compensating did, and only when the store refuses even
+/// that, as the bare marker.
+async fn store(
+    context: &Context,
+    plain: Vec<u8>,
+    compensation: &Compensation,
+    encoding: Encoding,
+) -> Result<Vec<u8>, Error> {
     let mut plain = plain;
-    let mut marked = false;
+    let mut fallbacks = [Some(compensation), None].into_iter();
     loop {
         let bytes = encoded(context, plain.clone())?;
         match context.durable(durable::Write::Fail(bytes)).await {
             Ok(WriteOutcome::Applied) => return Ok(plain),
             Ok(WriteOutcome::Fenced) => return Err(super::fenced_at_the_end(context)),
-            Err(StoreError::ResponseTooLarge { size, limit }) if !marked => {
-                marked = true;
-                plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, None);
-            }
+            Err(StoreError::ResponseTooLarge { size, limit }) => match fallbacks.next() {
+                Some(kept) => {
+                    plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, kept);
+                }
+                None => return Err(Error::Store(StoreError::ResponseTooLarge { size, limit })),
+            },
             Err(err) => return Err(Error::Store(err)),
         }
     }

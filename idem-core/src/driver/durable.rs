@@ -87,6 +87,7 @@ pub(crate) async fn finish(
     write: Write,
     marker: fn(&Marker, Option<&Compensation>) -> Vec<u8>,
 ) -> Result<Finished, Error> {
+    let operation = write.operation();
     let owner = context.clone();
     let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
         let mut write = write;
@@ -113,7 +114,7 @@ pub(crate) async fn finish(
         Ok(result) => result,
         Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
         Err(err) => Err(Error::Store(StoreError::Unavailable {
-            operation: Operation::Complete,
+            operation,
             source: Box::new(err),
         })),
     }

@@ -901,13 +901,6 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let key = context.key();
         let fingerprint = context.fingerprint();
         let limit = context.room_for_response();
-        // What compensating did stays with the failure even when the work's error
-        // cannot be stored.
-        let compensation = match &failure {
-            StoredFailure::Compensated(_, compensation)
-            | StoredFailure::CompensatedMarker(_, compensation) => Some(compensation.clone()),
-            _ => None,
-        };
         let encoded = W::encode_failure(&failure).and_then(|plain| {
             let decoded = W::decode_failure(&plain)?;
             Ok((plain, decoded))
@@ -926,14 +919,14 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     size: bytes.len(),
                     limit,
                 };
-                self.encode_marker::<W>(&key, &fingerprint, marker, compensation, source)?
+                self.encode_marker::<W>(&key, &fingerprint, marker, source)?
             }
             Err(err) => {
                 let marker = Marker::Unserializable {
                     step: None,
                     failure: true,
                 };
-                self.encode_marker::<W>(&key, &fingerprint, marker, compensation, Some(err))?
+                self.encode_marker::<W>(&key, &fingerprint, marker, Some(err))?
             }
         };
         match durable::finish(context, durable::Write::Fail(bytes), W::marker).await? {
@@ -950,14 +943,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         key: &Key,
         fingerprint: &Fingerprint,
         marker: Marker,
-        compensation: Option<Compensation>,
         source: Option<crate::BoxError>,
     ) -> Result<EncodedFailure<W::Failure>, Error> {
         // Markers hold only numbers and names: they always serialise.
-        let failure = match compensation {
-            Some(compensation) => StoredFailure::CompensatedMarker(marker, compensation),
-            None => StoredFailure::Marker(marker),
-        };
+        let failure = StoredFailure::Marker(marker);
         let plain = W::encode_failure(&failure).unwrap_or_default();
         let bytes = self.encode(key, fingerprint, StoredPart::Failure, plain)?;
         Ok((bytes, failure, source))

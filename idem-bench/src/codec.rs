@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    Aes256GcmCodec, Fingerprint, Idempotency, Key, MemoryStore, PlainCodec, Store, WorkError,
+    Aes256GcmCodec, Fingerprint, Idempotency, Key, MemoryStore, Store, WorkError, codec::PlainCodec,
 };
 use serde::Serialize;
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Key, Lease, Record, RenewOutcome, StepName, Store, StoreError,
-    WriteOutcome,
+    Key, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
 };
 
 /// A store that counts every call it forwards.
@@ -65,7 +65,7 @@ impl<S: Store> Store for CountingStore<S> {
         self.count();
         self.inner.purge_expired(limit).await
     }
-    fn expiry(&self) -> idem_core::Expiry {
+    fn expiry(&self) -> idem_core::store::Expiry {
         self.inner.expiry()
     }
     fn max_record_bytes(&self) -> Option<usize> {

@@ -4,7 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, MemoryStore, Store, WriteOutcome};
+use idem_core::{
+    Fingerprint, Key, MemoryStore, Store, store::ClaimOutcome, store::ClaimRequest,
+    store::WriteOutcome,
+};
 
 use crate::target::{BoxError, RESPONSE};
 

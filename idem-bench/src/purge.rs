@@ -8,7 +8,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_core::{Admin, ClaimOutcome, ClaimRequest, Fingerprint, Key, WriteOutcome};
+use idem_core::{
+    Admin, Fingerprint, Key, store::ClaimOutcome, store::ClaimRequest, store::WriteOutcome,
+};
 use idem_dynamodb::DynamoDbStore;
 use idem_postgres::PostgresStore;
 use idem_redis::RedisStore;

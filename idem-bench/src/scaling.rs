@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
-use idem_core::{Fingerprint, Key, Store, storage_name};
+use idem_core::{Fingerprint, Key, Store, raw::storage_name};
 use idem_dynamodb::DynamoDbStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use idem_chaos::backends::address;
 use idem_chaos::proxy::{Fault, FaultProxy};
-use idem_core::{ClaimRequest, Fingerprint, Key, Store};
+use idem_core::{Fingerprint, Key, Store, store::ClaimRequest};
 use idem_redis::RedisStore;
 use redis::aio::ConnectionManagerConfig;
 

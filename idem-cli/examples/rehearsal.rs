@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, StepName, Store, WriteOutcome,
+    Fingerprint, Key, Store, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::WriteOutcome,
 };
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::postgres::PgPoolOptions;

@@ -67,7 +67,7 @@ pub(crate) struct StoreArgs {
         hide_env_values = true
     )]
     pub(crate) prefix: Option<String>,
-    /// The secret the service passes to `idem_core::set_log_hash_secret`, so the short
+    /// The secret the service passes to `idem_core::key::set_log_hash_secret`, so the short
     /// key hashes shown here match its logs.
     #[arg(
         long,

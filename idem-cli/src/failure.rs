@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use idem_core::{KeyError, StoreError};
+use idem_core::{StoreError, key::KeyError};
 
 use crate::target::{Target, TargetError};
 
@@ -102,7 +102,7 @@ impl Failure {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::Operation;
+    use idem_core::store::Operation;
 
     use super::*;
 

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     // Usage errors exit with 2 here, with clap's message.
     let cli = cli::Cli::parse();
     if let Some(secret) = &cli.store.log_hash_secret
-        && let Err(err) = idem_core::set_log_hash_secret(secret.as_bytes())
+        && let Err(err) = idem_core::key::set_log_hash_secret(secret.as_bytes())
     {
         eprintln!("idem: --log-hash-secret: {err}");
         return ExitCode::from(failure::code::USAGE);

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Admin, ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, StepName, WriteOutcome,
+    Admin, Fingerprint, Key, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::WriteOutcome,
 };
 use idem_dynamodb::DynamoDbStore;
 use idem_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};

@@ -124,7 +124,7 @@ pub enum CodecError {
 /// - Size limits apply to what `encode` returns: the driver checks the stored size.
 ///
 /// ```
-/// use idem_core::{Aes256GcmCodec, Codec, Fingerprint, Key, StoredAt, StoredPart};
+/// use idem_core::{Aes256GcmCodec, Codec, Fingerprint, Key, codec::StoredAt, codec::StoredPart};
 ///
 /// let codec = Aes256GcmCodec::new(1, [7; 32]);
 /// let key = Key::new("acct_42/payments.create", "order-1")?;

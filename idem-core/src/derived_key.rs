@@ -16,13 +16,13 @@ use crate::{Fingerprint, Key, Record, Timestamp};
 /// execution did there (see [`Record::derive`] and `idem inspect --derive LABEL`).
 ///
 /// ```
-/// use idem_core::{derive_key, Fingerprint, Key, Timestamp};
+/// use idem_core::{key::derive_key, Fingerprint, Key, Timestamp};
 ///
 /// let key = Key::new("acct_42/charge", "order-7781")?;
 /// let derived = derive_key(&key, &Fingerprint::of_bytes("req"), Timestamp::from_unix_millis(1), "charge");
 /// assert!(derived.starts_with("idem-"));
 /// assert_eq!(derived.len(), 37);
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
 pub fn derive_key(
     key: &Key,
@@ -54,14 +54,14 @@ impl Record {
     /// for `label`; see [`derive_key`].
     ///
     /// ```
-    /// use idem_core::{machine, ClaimRequest, Fingerprint, Key, Timestamp};
+    /// use idem_core::{machine, store::ClaimRequest, Fingerprint, Key, Timestamp};
     /// use std::time::Duration;
     ///
     /// let key = Key::new("acct_42/charge", "order-7781")?;
     /// let request = ClaimRequest::new(key, Fingerprint::of_bytes("req"), Duration::from_secs(30), Duration::from_secs(60));
     /// let record = machine::claim(None, &request, Timestamp::from_unix_millis(5)).write.unwrap();
     /// assert!(record.derive("charge").starts_with("idem-"));
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem_core::key::KeyError>(())
     /// ```
     pub fn derive(&self, label: &str) -> String {
         derive_key(&self.key, &self.fingerprint, self.created_at, label)
@@ -70,7 +70,7 @@ impl Record {
 
 #[cfg(all(test, feature = "memory"))]
 mod tests {
-    use crate::{Fingerprint, Idempotency, Key, MemoryStore, Store, done};
+    use crate::{Fingerprint, Idempotency, Key, MemoryStore, Store, driver::done};
 
     #[tokio::test]
     async fn an_operator_derives_what_the_work_derived() {

@@ -1,5 +1,7 @@
 //! Idempotency keys: a validated scope plus key, and validated step names.
 
+pub use crate::derived_key::derive_key;
+
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
@@ -40,7 +42,7 @@ pub enum LogHashSecretError {
 /// the `idem` command's `IDEM_LOG_HASH_SECRET`).
 ///
 /// ```
-/// use idem_core::{set_log_hash_secret, Key};
+/// use idem_core::{key::set_log_hash_secret, Key};
 ///
 /// let before = Key::new("acct_42/payments.create", "order-1187")?.short_hash();
 /// set_log_hash_secret(b"a secret of 16 bytes or more")?;
@@ -172,7 +174,7 @@ fn validate(part: KeyPart, value: &str) -> Result<(), KeyError> {
 /// assert_eq!(key.scope(), "acct_42/payments.create");
 /// assert!(!format!("{key:?}").contains("order-1187"));
 /// assert!(Key::new("acct_42/payments.create", "").is_err());
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
@@ -215,7 +217,7 @@ impl Key {
     /// # use idem_core::Key;
     /// let key = Key::new("s", "k")?;
     /// assert_eq!(key.short_hash().to_string().len(), 8);
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem_core::key::KeyError>(())
     /// ```
     pub fn short_hash(&self) -> ShortHash {
         let scope_len = (self.scope.len() as u64).to_be_bytes();
@@ -261,12 +263,12 @@ impl fmt::Display for ShortHash {
 /// A validated step name, as used by checkpoints: same rules as a key part.
 ///
 /// ```
-/// use idem_core::StepName;
+/// use idem_core::key::StepName;
 ///
 /// let step = StepName::new("charge")?;
 /// assert_eq!(step.as_str(), "charge");
 /// assert!(StepName::new("bad\nname").is_err());
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct StepName(String);

@@ -24,63 +24,68 @@
 //!
 //! ## Layout
 //!
-//! - [`machine`]: the pure state machine, the specification every store implements.
-//! - [`Store`]: the trait backends implement, one atomic operation per transition.
-//! - [`Admin`]: the operator's side of a store (list, stats, release, delete).
-//! - [`Idempotency`]: the driver that claims, runs the work, and stores or replays results.
-//! - [`Key`], [`Fingerprint`]: what identifies a request and what makes two requests equal.
-//! - [`MemoryStore`] (feature `memory`, on by default): the store for tests and examples.
+//! The root holds what an application uses; everything else lives in the module named for
+//! its job.
+//!
+//! - [`machine`]: the pure state machine, the specification every store implements
+//!   (the design behind it: `docs/DESIGN.md` in the repository).
+//! - [`store`]: the [`Store`] trait, one atomic operation per transition, its errors and
+//!   the answers of each transition.
+//! - [`record`]: the stored [`Record`], its [`Timestamp`]s, its lease.
+//! - [`admin`]: the operator's side of a store ([`Admin`]: list, stats, release, delete).
+//! - [`key`], [`fingerprint`]: what identifies a request and what makes two requests equal.
+//! - [`clock`]: the clocks of stores that keep time in the process.
+//! - [`raw`]: helpers for store authors only.
+//! - [`driver`] (feature `driver`, on by default): [`Idempotency`], which claims, runs the
+//!   work, and stores or replays results; its policies, errors and metrics.
+//! - [`codec`] (feature `driver`): what every stored byte goes through (encryption at rest).
+//! - [`MemoryStore`] (feature `memory`, on by default): the store for tests and examples,
+//!   and the reference implementation of a store.
 //!
 //! Keys, fingerprints and stored responses are never logged whole: their `Debug` forms
 //! print a short hash or a length.
+//!
+//! ## Features
+//!
+//! - `driver` (default): the driver, the codecs, [`Purger`] and the metrics. A backend
+//!   crate turns it off to depend on the contract alone (no AES, UUID or metrics crates).
+//! - `memory` (default): [`MemoryStore`].
 
 #![warn(missing_docs)]
 
-mod admin;
-mod clock;
-mod codec;
+pub mod admin;
+pub mod clock;
+#[cfg(feature = "driver")]
+pub mod codec;
 mod derived_key;
-mod driver;
-mod error;
-mod fingerprint;
-mod key;
-mod limits;
+#[cfg(feature = "driver")]
+pub mod driver;
+pub mod fingerprint;
+pub mod key;
 pub mod machine;
 #[cfg(feature = "memory")]
 mod memory;
-mod outcome;
+#[cfg(feature = "driver")]
 mod purger;
-mod record;
-pub mod storage_name;
-mod store;
+pub mod raw;
+pub mod record;
+pub mod store;
 
-pub use admin::{
-    Admin, Cursor, ListQuery, Listed, MAX_PAGE, OperatorRelease, Page, RawRecord, Stats, raw_of,
-    raw_text, select_page,
-};
+// What an application uses (30 names); the rest is in the modules above.
+pub use admin::Admin;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use codec::{
-    Aes256GcmCodec, Codec, CodecError, KeyringError, PlainCodec, StoredAt, StoredPart,
-};
-pub use derived_key::derive_key;
+#[cfg(feature = "driver")]
+pub use codec::{Aes256GcmCodec, Codec};
+#[cfg(feature = "driver")]
 pub use driver::{
-    Compensation, Completion, ConfigError, Context, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES,
-    DEFAULT_MAX_SCOPES, DEFAULT_RETENTION, DEFAULT_STORE_TIMEOUT, Error, FailedUndo, Heartbeat,
-    Idempotency, IdempotencyBuilder, InFlightPolicy, Interrupted, InterruptedKind, KeyBudget,
-    KeyPolicy, KeyPolicyError, Outcome, Provider, SettingsWarning, TokenBucket, ValuePart,
-    WorkError, WorkResult, WorkResultExt, done, observe,
+    Compensation, Completion, ConfigError, Context, Error, Heartbeat, Idempotency,
+    IdempotencyBuilder, InFlightPolicy, KeyPolicy, Outcome, WorkError, WorkResult, WorkResultExt,
 };
-pub use error::{BoxError, Operation, StoreError};
-pub use fingerprint::{Fingerprint, FingerprintBuilder};
-pub use key::{
-    Key, KeyError, KeyPart, LogHashSecretError, MAX_PART_LEN, MIN_LOG_HASH_SECRET, ShortHash,
-    StepName, set_log_hash_secret,
-};
-pub use limits::{MAX_DURATION, MAX_TOKEN, clamp_duration, duration_millis};
+pub use fingerprint::Fingerprint;
+pub use key::Key;
 #[cfg(feature = "memory")]
 pub use memory::MemoryStore;
-pub use outcome::{ClaimOutcome, ClaimRequest, RenewOutcome, WriteOutcome};
+#[cfg(feature = "driver")]
 pub use purger::Purger;
-pub use record::{AttemptId, Lease, Record, RecordParts, State, Steps, Timestamp};
-pub use storage_name::StorageNameError;
-pub use store::{Expiry, Store};
+pub use record::{Record, State, Timestamp};
+pub use store::{BoxError, Store, StoreError};

@@ -12,7 +12,7 @@
 //! `now >= expires_at`, and it is *absent* when it is expired **and** no live lease holds
 //! it ([`Record::is_absent`]): a live owner's record is in flight, whatever its
 //! retention, so a fresh claim can never run the work beside a live owner. Durations
-//! longer than [`MAX_DURATION`](crate::MAX_DURATION) count as that.
+//! longer than [`MAX_DURATION`](crate::raw::MAX_DURATION) count as that.
 //!
 //! # Claim
 //!
@@ -56,8 +56,8 @@
 use std::time::Duration;
 
 use crate::{
-    AttemptId, ClaimOutcome, ClaimRequest, Lease, OperatorRelease, Record, RenewOutcome, State,
-    StepName, Timestamp, WriteOutcome, clamp_duration,
+    Record, State, Timestamp, key::StepName, raw::clamp_duration, record::AttemptId, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
 };
 
 /// An outcome and the record to write for it (`None`: write nothing).
@@ -228,15 +228,15 @@ pub fn checkpoint(
 /// | none, or absent | `NotFound` | none |
 /// | Completed or Failed | `Finished(state)` | none |
 /// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept |
-pub fn operator_release(
+pub fn release_key(
     existing: Option<&Record>,
     attempt: AttemptId,
     now: Timestamp,
-) -> Transition<OperatorRelease> {
+) -> Transition<crate::admin::ReleaseKeyOutcome> {
     match visible(existing, now) {
-        None => Transition::answer(OperatorRelease::NotFound),
+        None => Transition::answer(crate::admin::ReleaseKeyOutcome::NotFound),
         Some(record) if record.state != State::InProgress => {
-            Transition::answer(OperatorRelease::Finished(record.state))
+            Transition::answer(crate::admin::ReleaseKeyOutcome::Finished(record.state))
         }
         Some(record) => {
             let mut released = record.clone();
@@ -244,7 +244,7 @@ pub fn operator_release(
             released.attempt = attempt;
             released.lease_until = now;
             Transition::write(
-                OperatorRelease::Released {
+                crate::admin::ReleaseKeyOutcome::Released {
                     token: released.token,
                 },
                 released,
@@ -608,10 +608,10 @@ mod tests {
     fn an_operator_release_fences_the_owner_and_refuses_finished_records() {
         let (lease, _, record) = claimed(claim(None, &request("a"), T0));
         let operator = AttemptId::random();
-        let t = operator_release(Some(&record), operator, T0);
+        let t = release_key(Some(&record), operator, T0);
         assert_eq!(
             t.outcome,
-            OperatorRelease::Released {
+            crate::admin::ReleaseKeyOutcome::Released {
                 token: lease.token + 1
             }
         );
@@ -625,12 +625,12 @@ mod tests {
         assert!(resumed && next.token == lease.token + 2);
         let done = complete(Some(&record), &lease, b"ok", T0).write.unwrap();
         assert_eq!(
-            operator_release(Some(&done), operator, T0).outcome,
-            OperatorRelease::Finished(State::Completed)
+            release_key(Some(&done), operator, T0).outcome,
+            crate::admin::ReleaseKeyOutcome::Finished(State::Completed)
         );
         assert_eq!(
-            operator_release(None, operator, T0).outcome,
-            OperatorRelease::NotFound
+            release_key(None, operator, T0).outcome,
+            crate::admin::ReleaseKeyOutcome::NotFound
         );
     }
 
@@ -640,13 +640,22 @@ mod tests {
         req.lease = Duration::MAX;
         req.retention = Duration::MAX;
         let (lease, _, record) = claimed(claim(None, &req, T0));
-        assert_eq!(lease.lease_until, T0.saturating_add(crate::MAX_DURATION));
-        assert_eq!(record.expires_at, T0.saturating_add(crate::MAX_DURATION));
+        assert_eq!(
+            lease.lease_until,
+            T0.saturating_add(crate::raw::MAX_DURATION)
+        );
+        assert_eq!(
+            record.expires_at,
+            T0.saturating_add(crate::raw::MAX_DURATION)
+        );
         let RenewOutcome::Renewed(renewed) =
             renew(Some(&record), &lease, Duration::MAX, T0).outcome
         else {
             panic!("renew applies")
         };
-        assert_eq!(renewed.lease_until, T0.saturating_add(crate::MAX_DURATION));
+        assert_eq!(
+            renewed.lease_until,
+            T0.saturating_add(crate::raw::MAX_DURATION)
+        );
     }
 }

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 
 use crate::machine::{self, Transition};
 use crate::{
-    ClaimOutcome, ClaimRequest, Clock, Key, Lease, Record, RenewOutcome, StepName, Store,
-    StoreError, SystemClock, Timestamp, WriteOutcome,
+    Clock, Key, Record, Store, StoreError, SystemClock, Timestamp, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
 };
 
 /// Enough shards that 16 tasks on different keys rarely meet on one lock.
@@ -28,7 +28,7 @@ type Shard = Mutex<HashMap<Key, Record>>;
 /// different keys do not wait on one global lock. Cloning is cheap and clones share records.
 ///
 /// ```
-/// use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, ManualClock, MemoryStore, Store};
+/// use idem_core::{store::ClaimOutcome, store::ClaimRequest, Fingerprint, Key, ManualClock, MemoryStore, Store};
 /// use std::time::Duration;
 ///
 /// # tokio_test_block_on(async {
@@ -212,20 +212,27 @@ impl Store for MemoryStore {
 
 #[async_trait]
 impl crate::Admin for MemoryStore {
-    async fn list(&self, query: &crate::ListQuery) -> Result<crate::Page, StoreError> {
+    async fn list(
+        &self,
+        query: &crate::admin::ListQuery,
+    ) -> Result<crate::admin::Page, StoreError> {
         let now = self.clock.now();
-        crate::select_page(self.snapshot(), query, now)
+        crate::raw::select_page(self.snapshot(), query, now)
     }
 
-    async fn stats(&self, top_scopes: usize) -> Result<crate::Stats, StoreError> {
+    async fn stats(&self, top_scopes: usize) -> Result<crate::admin::Stats, StoreError> {
         let now = self.clock.now();
-        Ok(crate::Stats::tally(&self.snapshot(), now, top_scopes))
+        Ok(crate::admin::Stats::tally(
+            &self.snapshot(),
+            now,
+            top_scopes,
+        ))
     }
 
-    async fn release_key(&self, key: &Key) -> Result<crate::OperatorRelease, StoreError> {
-        let attempt = crate::AttemptId::random();
+    async fn release_key(&self, key: &Key) -> Result<crate::admin::ReleaseKeyOutcome, StoreError> {
+        let attempt = crate::record::AttemptId::random();
         Ok(self.apply(key, |record, now| {
-            machine::operator_release(record, attempt, now)
+            machine::release_key(record, attempt, now)
         }))
     }
 
@@ -233,7 +240,7 @@ impl crate::Admin for MemoryStore {
         Ok(lock(self.shard(key)).remove(key).is_some())
     }
 
-    async fn raw(&self, key: &Key) -> Result<Option<crate::RawRecord>, StoreError> {
-        Ok(lock(self.shard(key)).get(key).map(crate::raw_of))
+    async fn raw(&self, key: &Key) -> Result<Option<crate::admin::RawRecord>, StoreError> {
+        Ok(lock(self.shard(key)).get(key).map(crate::raw::raw_of))
     }
 }

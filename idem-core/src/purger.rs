@@ -7,7 +7,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::driver::observe;
-use crate::{Expiry, Operation, Store};
+use crate::{Store, store::Expiry, store::Operation};
 
 /// Deletes absent records continuously in the background: a batch at a time until none is
 /// left, then again after a pause. For stores whose [`Store::expiry`] is

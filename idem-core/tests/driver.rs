@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, ConfigError, Error, Fingerprint, Idempotency, Key, Lease,
-    ManualClock, MemoryStore, Operation, Outcome, Record, RenewOutcome, State, StepName, Store,
-    StoreError, ValuePart, WorkError, WriteOutcome,
+    ConfigError, Error, Fingerprint, Idempotency, Key, ManualClock, MemoryStore, Outcome, Record,
+    State, Store, StoreError, WorkError, driver::ValuePart, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;

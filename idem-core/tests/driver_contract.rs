@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, ConfigError, Error, Expiry, Fingerprint, Heartbeat, Idempotency,
-    InterruptedKind, Key, Lease, MAX_DURATION, ManualClock, MemoryStore, Operation, Outcome,
-    Purger, Record, RenewOutcome, StepName, Store, StoreError, ValuePart, WorkError, WorkResultExt,
-    WriteOutcome, done,
+    ConfigError, Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore,
+    Outcome, Purger, Record, Store, StoreError, WorkError, WorkResultExt, driver::InterruptedKind,
+    driver::ValuePart, driver::done, key::StepName, raw::MAX_DURATION, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;

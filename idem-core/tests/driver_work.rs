@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy,
-    InterruptedKind, Key, ManualClock, MemoryStore, Outcome, Store, WorkError, observe,
+    Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy, Key, ManualClock, MemoryStore,
+    Outcome, Store, WorkError, driver::InterruptedKind, driver::observe, store::ClaimOutcome,
+    store::ClaimRequest,
 };
 use tokio::sync::oneshot;
 
@@ -414,43 +415,43 @@ struct Failing;
 impl Store for Failing {
     async fn claim(&self, _: &ClaimRequest) -> Result<ClaimOutcome, idem_core::StoreError> {
         Err(idem_core::StoreError::Unavailable {
-            operation: idem_core::Operation::Claim,
+            operation: idem_core::store::Operation::Claim,
             source: "down".into(),
         })
     }
     async fn complete(
         &self,
-        _: &idem_core::Lease,
+        _: &idem_core::record::Lease,
         _: &[u8],
-    ) -> Result<idem_core::WriteOutcome, idem_core::StoreError> {
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
         unreachable!("never called without a claim")
     }
     async fn fail(
         &self,
-        _: &idem_core::Lease,
+        _: &idem_core::record::Lease,
         _: &[u8],
-    ) -> Result<idem_core::WriteOutcome, idem_core::StoreError> {
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
         unreachable!("never called without a claim")
     }
     async fn release(
         &self,
-        _: &idem_core::Lease,
-    ) -> Result<idem_core::WriteOutcome, idem_core::StoreError> {
+        _: &idem_core::record::Lease,
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
         unreachable!("never called without a claim")
     }
     async fn renew(
         &self,
-        _: &idem_core::Lease,
+        _: &idem_core::record::Lease,
         _: Duration,
-    ) -> Result<idem_core::RenewOutcome, idem_core::StoreError> {
+    ) -> Result<idem_core::store::RenewOutcome, idem_core::StoreError> {
         unreachable!("never called without a claim")
     }
     async fn checkpoint(
         &self,
-        _: &idem_core::Lease,
-        _: &idem_core::StepName,
+        _: &idem_core::record::Lease,
+        _: &idem_core::key::StepName,
         _: &[u8],
-    ) -> Result<idem_core::WriteOutcome, idem_core::StoreError> {
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
         unreachable!("never called without a claim")
     }
     async fn get(&self, _: &Key) -> Result<Option<idem_core::Record>, idem_core::StoreError> {

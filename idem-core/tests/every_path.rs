@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy, Key,
-    Lease, ManualClock, MemoryStore, Operation, Outcome, Record, RenewOutcome, State, StepName,
-    Store, StoreError, Timestamp, WorkError, WriteOutcome,
+    Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy, Key, ManualClock, MemoryStore,
+    Outcome, Record, State, Store, StoreError, Timestamp, WorkError, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 
 /// What a [`Faulty`] store does to one kind of call.

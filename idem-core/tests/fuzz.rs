@@ -6,8 +6,8 @@
 //! run in RELIABILITY.md uses 1 000 000.
 
 use idem_core::{
-    Aes256GcmCodec, Codec, Fingerprint, Key, KeyError, MAX_PART_LEN, MAX_TOKEN, Record, StepName,
-    StoreError, StoredAt, StoredPart,
+    Aes256GcmCodec, Codec, Fingerprint, Key, Record, StoreError, codec::StoredAt,
+    codec::StoredPart, key::KeyError, key::MAX_PART_LEN, key::StepName, raw::MAX_TOKEN,
 };
 use proptest::prelude::*;
 

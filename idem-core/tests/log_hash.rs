@@ -1,6 +1,6 @@
 //! The keyed log hash is process-wide, so it gets a test binary of its own.
 
-use idem_core::{Key, LogHashSecretError, MIN_LOG_HASH_SECRET, set_log_hash_secret};
+use idem_core::{Key, key::LogHashSecretError, key::MIN_LOG_HASH_SECRET, key::set_log_hash_secret};
 
 #[test]
 fn a_secret_keys_every_short_hash_once_and_for_all() {

@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Aes256GcmCodec, Error, Fingerprint, Heartbeat, Idempotency, InterruptedKind, Key, ManualClock,
-    MemoryStore, Outcome, Provider, SettingsWarning, Store, TokenBucket, WorkError, observe,
+    Aes256GcmCodec, Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore,
+    Outcome, Store, WorkError, driver::InterruptedKind, driver::Provider, driver::SettingsWarning,
+    driver::TokenBucket, driver::observe,
 };
 
 const LEASE: Duration = Duration::from_secs(10);

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Error, Fingerprint, Heartbeat, Idempotency, Key, Lease,
-    MemoryStore, Operation, Outcome, Record, RenewOutcome, StepName, Store, StoreError, WorkError,
-    WriteOutcome,
+    Error, Fingerprint, Heartbeat, Idempotency, Key, MemoryStore, Outcome, Record, Store,
+    StoreError, WorkError, key::StepName, record::Lease, store::ClaimOutcome, store::ClaimRequest,
+    store::Operation, store::RenewOutcome, store::WriteOutcome,
 };
 
 /// The memory store, with its writes after the claim failing `outage` times first

@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, WorkError, WriteOutcome};
+use idem_core::{
+    Context, Error, Fingerprint, Idempotency, Key, Outcome, WorkError, store::WriteOutcome,
+};
 
 use crate::checkout::{self, Answer, Audit, Checkout, Counters};
 use idem_sqlite::SqliteStore;

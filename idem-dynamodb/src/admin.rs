@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
-    Admin, AttemptId, Key, ListQuery, Operation, OperatorRelease, Page, Record, State, Stats,
-    StoreError, Timestamp, select_page, storage_name,
+    Admin, Key, Record, State, StoreError, Timestamp, admin::ListQuery, admin::Page,
+    admin::ReleaseKeyOutcome, admin::Stats, raw::select_page, raw::storage_name, record::AttemptId,
+    store::Operation,
 };
 
 use crate::errors::map;
@@ -72,7 +73,7 @@ impl Admin for DynamoDbStore {
         Ok(Stats::tally(&records, now, top_scopes))
     }
 
-    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+    async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
         // The fence's presence test, without the owner's token: any in-progress owner.
         let condition = "#st = :in_progress AND (#ea > :now OR #lu > :cutoff)";
@@ -105,7 +106,7 @@ impl Admin for DynamoDbStore {
                         _ => None,
                     };
                     return token
-                        .map(|token| OperatorRelease::Released { token })
+                        .map(|token| ReleaseKeyOutcome::Released { token })
                         .ok_or(StoreError::Corrupt {
                             key: None,
                             what: "a release that returned no token",
@@ -116,24 +117,24 @@ impl Admin for DynamoDbStore {
                     Some(UpdateItemError::ConditionalCheckFailedException(failure)) => {
                         failure.item().cloned()
                     }
-                    _ => return Err(map(Operation::OperatorRelease, err)),
+                    _ => return Err(map(Operation::ReleaseKey, err)),
                 },
             };
             let Some(old) = old else {
-                return Ok(OperatorRelease::NotFound);
+                return Ok(ReleaseKeyOutcome::NotFound);
             };
             let (mut record, _) = item::decode(key, &old)?;
             record.lease_until = record.lease_until.saturating_add(self.skew_margin_value());
             if record.is_absent(now) {
-                return Ok(OperatorRelease::NotFound);
+                return Ok(ReleaseKeyOutcome::NotFound);
             }
             if record.state != State::InProgress {
-                return Ok(OperatorRelease::Finished(record.state));
+                return Ok(ReleaseKeyOutcome::Finished(record.state));
             }
             // In progress and present after all: the item changed under the condition.
         }
         Err(StoreError::Busy {
-            operation: Operation::OperatorRelease,
+            operation: Operation::ReleaseKey,
             source: "the item kept changing under the release; retry".into(),
         })
     }
@@ -151,7 +152,7 @@ impl Admin for DynamoDbStore {
         Ok(output.attributes().is_some_and(|a| !a.is_empty()))
     }
 
-    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
         let output = self
             .client()
             .get_item()
@@ -164,7 +165,7 @@ impl Admin for DynamoDbStore {
         let Some(found) = output.item() else {
             return Ok(None);
         };
-        let mut fields: idem_core::RawRecord = found
+        let mut fields: idem_core::admin::RawRecord = found
             .iter()
             .filter(|(name, _)| name.as_str() != item::PK)
             .map(|(name, value)| {
@@ -172,7 +173,7 @@ impl Admin for DynamoDbStore {
                     AttributeValue::B(blob) if name.as_str() == item::RESPONSE => {
                         format!("{} bytes", blob.as_ref().len())
                     }
-                    AttributeValue::B(blob) => idem_core::raw_text(blob.as_ref()),
+                    AttributeValue::B(blob) => idem_core::raw::raw_text(blob.as_ref()),
                     AttributeValue::S(text) => format!("S {text:?}"),
                     AttributeValue::N(number) => format!("N {number}"),
                     AttributeValue::M(map) => format!("M with {} entries", map.len()),

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use idem_core::{BoxError, Operation, StoreError};
+use idem_core::{BoxError, StoreError, store::Operation};
 
 /// The service's answer in words: its error code and message, with the SDK's error as
 /// the source. The SDK's own `Display` says only "service error".

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use idem_core::{Key, Record, StoreError, Timestamp, storage_name};
+use idem_core::{Key, Record, StoreError, Timestamp, raw::storage_name};
 
 /// Partition key: `<prefix length>:<prefix><scope length>:<scope>:<key>` (string; see
-/// [`idem_core::storage_name`]).
+/// [`idem_core::raw::storage_name`]).
 pub const PK: &str = "pk";
 /// Fingerprint (binary, 32 bytes).
 pub const FINGERPRINT: &str = "fp";

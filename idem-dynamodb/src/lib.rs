@@ -28,7 +28,7 @@
 //!
 //! | attribute | type | holds |
 //! |---|---|---|
-//! | `pk` | S | `<prefix length>:<prefix><scope length>:<scope>:<key>` ([`idem_core::storage_name`]) |
+//! | `pk` | S | `<prefix length>:<prefix><scope length>:<scope>:<key>` ([`idem_core::raw::storage_name`]) |
 //! | `fp` | B | fingerprint (32 bytes) |
 //! | `st` | S | `in_progress`, `completed` or `failed` |
 //! | `tk` | N | fencing token |

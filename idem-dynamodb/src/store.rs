@@ -11,9 +11,9 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Clock, Expiry, Key, Lease, Operation, Record, RenewOutcome, State,
-    StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome, duration_millis, machine,
-    storage_name,
+    Clock, Key, Record, State, Store, StoreError, SystemClock, Timestamp, key::StepName, machine,
+    raw::duration_millis, raw::storage_name, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome, store::WriteOutcome,
 };
 
 use crate::errors::{is_item_too_large, map};
@@ -337,8 +337,8 @@ impl DynamoDbStore {
         request: &ClaimRequest,
         now: Timestamp,
     ) -> Result<Result<ClaimOutcome, ConditionFailure>, StoreError> {
-        let lease_until = now.saturating_add(idem_core::clamp_duration(request.lease));
-        let expires_at = now.saturating_add(idem_core::clamp_duration(request.retention));
+        let lease_until = now.saturating_add(idem_core::raw::clamp_duration(request.lease));
+        let expires_at = now.saturating_add(idem_core::raw::clamp_duration(request.retention));
         let result = self
             .update(&request.key, x::FRESH_UPDATE, x::FRESH_CONDITION)
             .expression_attribute_values(":now", n(now.as_unix_millis()))
@@ -380,7 +380,7 @@ impl DynamoDbStore {
         seen: &Record,
         now: Timestamp,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
-        let lease_until = now.saturating_add(idem_core::clamp_duration(request.lease));
+        let lease_until = now.saturating_add(idem_core::raw::clamp_duration(request.lease));
         let token = seen.token.saturating_add(1);
         let result = self
             .update(&request.key, x::TAKEOVER_UPDATE, x::TAKEOVER_CONDITION)
@@ -567,7 +567,7 @@ impl Store for DynamoDbStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         let now = self.now();
-        let lease_until = now.saturating_add(idem_core::clamp_duration(extend));
+        let lease_until = now.saturating_add(idem_core::raw::clamp_duration(extend));
         let renewed = RenewOutcome::Renewed(lease.clone().with_lease_until(lease_until));
         // The TTL this lease needs; the item's expiry can only push it later.
         let needed = self.ttl(Timestamp::from_unix_millis(0), lease_until);
@@ -715,7 +715,7 @@ impl Store for DynamoDbStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use idem_core::{AttemptId, Fingerprint};
+    use idem_core::{Fingerprint, record::AttemptId};
 
     const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
 

@@ -10,7 +10,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
     TimeToLiveSpecification,
 };
-use idem_core::{Operation, StoreError};
+use idem_core::{StoreError, store::Operation};
 
 use crate::errors::map;
 use crate::item;

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use idem_core::{Admin, Key, storage_name};
+use idem_core::{Admin, Key, raw::storage_name};
 use idem_dynamodb::aws_sdk_dynamodb::primitives::Blob;
 use idem_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use idem_testkit::assert_foreign_record_is_refused;

@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, State, Store, WriteOutcome};
+use idem_core::{
+    Fingerprint, Key, State, Store, store::ClaimOutcome, store::ClaimRequest, store::WriteOutcome,
+};
 use idem_dynamodb::DynamoDbStore;
 use idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeSerializationInterceptorContextMut;
 use idem_dynamodb::aws_sdk_dynamodb::config::{

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Idempotency, Key, ManualClock, RenewOutcome, StepName,
-    Store, StoreError, Timestamp, WriteOutcome,
+    Fingerprint, Idempotency, Key, ManualClock, Store, StoreError, Timestamp, key::StepName,
+    store::ClaimOutcome, store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
 };
 use idem_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamodb::{DynamoDbStore, MAX_RECORD_BYTES, TableNameError};
@@ -239,7 +239,9 @@ async fn a_renewal_past_retention_moves_the_ttl_in_the_same_write() {
             .table_name(common::table())
             .key(
                 "pk",
-                AttributeValue::S(idem_core::storage_name::namespaced_key_name(&prefix, &key)),
+                AttributeValue::S(idem_core::raw::storage_name::namespaced_key_name(
+                    &prefix, &key,
+                )),
             )
             .consistent_read(true)
             .send()
@@ -292,7 +294,7 @@ async fn a_result_stored_late_moves_the_expiry_and_the_ttl_in_the_same_write() {
         .build();
     let item = |key: Key| {
         let client = client.clone();
-        let pk = idem_core::storage_name::namespaced_key_name(&prefix, &key);
+        let pk = idem_core::raw::storage_name::namespaced_key_name(&prefix, &key);
         async move {
             let found = client
                 .get_item()

@@ -31,7 +31,7 @@ pub enum KeyHeaderError {
     BadToken,
     /// The key is empty, too long, or holds a control character ([`idem_core::Key`]'s rules).
     #[error(transparent)]
-    Key(#[from] idem_core::KeyError),
+    Key(#[from] idem_core::key::KeyError),
 }
 
 /// The key a header value carries.

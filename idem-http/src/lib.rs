@@ -33,7 +33,7 @@
 //! | same key, different request | 422, problem+json; never the original request, response or fingerprint |
 //! | same key while the first is still running | 409 with `Retry-After` (whole seconds, rounded up), or a wait under `InFlightPolicy::Wait` |
 //! | key refused by the driver's [`KeyPolicy`](idem_core::KeyPolicy) | 400, problem+json naming the rule |
-//! | a new key over the scope's [`KeyBudget`](idem_core::KeyBudget) | 429 with `Retry-After`; keys already stored still replay |
+//! | a new key over the scope's [`KeyBudget`](idem_core::driver::KeyBudget) | 429 with `Retry-After`; keys already stored still replay |
 //! | store unavailable | 503 with `Retry-After`; the handler does not run |
 //!
 //! Problem types are tag URIs under [`PROBLEM_TYPE_BASE`]: `missing-key`,

@@ -6,7 +6,7 @@
 //! | `idem_http_shadow_total` | counter | `would` | in shadow mode, the layer would have answered other than the handler (`replayed`, `mismatch`, `in_flight`, `missing_key`, ...) |
 //!
 //! The driver's own metrics (`idem_claims_total` and the rest, see
-//! [`idem_core::observe`]) move too.
+//! [`idem_core::driver::observe`]) move too.
 
 /// `idem_http_requests_total`
 pub const REQUESTS: &str = "idem_http_requests_total";

@@ -12,7 +12,7 @@ use http::response::Parts as ResponseParts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
 use idem_core::{
-    BoxError, Error, Fingerprint, Idempotency, Key, KeyError, KeyPart, Outcome, WorkError,
+    BoxError, Error, Fingerprint, Idempotency, Key, Outcome, WorkError, key::KeyError, key::KeyPart,
 };
 use tower::{Service, ServiceExt};
 

@@ -267,7 +267,10 @@ async fn key_policies_answer_400_and_key_floods_429_with_retry_after() {
     let idem = Idempotency::builder(MemoryStore::new())
         .lease(Duration::from_secs(30))
         .key_policy(idem_core::KeyPolicy::min_length(8))
-        .key_budget(idem_core::TokenBucket::new(1, Duration::from_secs(3600)))
+        .key_budget(idem_core::driver::TokenBucket::new(
+            1,
+            Duration::from_secs(3600),
+        ))
         .build()
         .unwrap()
         .into_dyn();

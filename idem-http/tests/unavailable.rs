@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{Effects, Proxy, Server, app, client, layer, post};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Idempotency, Key, Lease, Operation, Record, RenewOutcome, StepName,
-    Store, StoreError, WriteOutcome,
+    Idempotency, Key, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::Operation, store::RenewOutcome, store::WriteOutcome,
 };
 use idem_testkit::Namespace;
 

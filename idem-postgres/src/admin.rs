@@ -4,8 +4,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use idem_core::{
-    Admin, AttemptId, Cursor, Key, ListQuery, Listed, Operation, OperatorRelease, Page, State,
-    Stats, StoreError, Timestamp, duration_millis,
+    Admin, Key, State, StoreError, Timestamp, admin::Cursor, admin::ListQuery, admin::Listed,
+    admin::Page, admin::ReleaseKeyOutcome, admin::Stats, raw::duration_millis, record::AttemptId,
+    store::Operation,
 };
 use sqlx::{AssertSqlSafe, Row};
 
@@ -118,8 +119,8 @@ impl Admin for PostgresStore {
         Ok(stats)
     }
 
-    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
-        let failed = |err| map(Operation::OperatorRelease, err);
+    async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
+        let failed = |err| map(Operation::ReleaseKey, err);
         let attempt = AttemptId::random();
         let Some(row) = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_release)))
             .bind(key.scope())
@@ -129,14 +130,14 @@ impl Admin for PostgresStore {
             .await
             .map_err(failed)?
         else {
-            return Ok(OperatorRelease::NotFound);
+            return Ok(ReleaseKeyOutcome::NotFound);
         };
         let token: i64 = row.try_get("token").map_err(failed)?;
         let state: String = row.try_get("state").map_err(failed)?;
         let released: bool = row.try_get("released").map_err(failed)?;
         let present: bool = row.try_get("present").map_err(failed)?;
         if released {
-            return Ok(OperatorRelease::Released {
+            return Ok(ReleaseKeyOutcome::Released {
                 token: u64::try_from(token).unwrap_or_default(),
             });
         }
@@ -154,8 +155,8 @@ impl Admin for PostgresStore {
                     source: None,
                 });
             }
-            (true, state) => OperatorRelease::Finished(state),
-            (false, _) => OperatorRelease::NotFound,
+            (true, state) => ReleaseKeyOutcome::Finished(state),
+            (false, _) => ReleaseKeyOutcome::NotFound,
         })
     }
 
@@ -169,7 +170,7 @@ impl Admin for PostgresStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
         let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_raw)))
             .bind(key.scope())
             .bind(key.key())
@@ -184,7 +185,7 @@ impl Admin for PostgresStore {
         let response_len: Option<i32> = row.try_get("response_len").map_err(read)?;
         let fields: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(&fields).unwrap_or_default();
-        let mut raw: idem_core::RawRecord = fields
+        let mut raw: idem_core::admin::RawRecord = fields
             .into_iter()
             .map(|(name, value)| match value {
                 serde_json::Value::String(text) => (name, text),

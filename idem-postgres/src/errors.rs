@@ -1,6 +1,6 @@
 //! sqlx errors mapped to idem's error kinds, with the retryable flag set.
 
-use idem_core::{Operation, StoreError};
+use idem_core::{StoreError, store::Operation};
 
 /// SQLSTATE classes and codes a retry can get past.
 fn retryable_code(code: &str) -> bool {

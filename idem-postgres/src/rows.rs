@@ -1,6 +1,6 @@
 //! Decoding a row of `columns.sql` into a record, through core's validated builder.
 
-use idem_core::{Key, Operation, Record, StoreError, Timestamp};
+use idem_core::{Key, Record, StoreError, Timestamp, store::Operation};
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Completion, Key, Lease, Operation, Record, RenewOutcome, StepName,
-    Store, StoreError, WriteOutcome, duration_millis, machine,
+    Completion, Key, Record, Store, StoreError, key::StepName, machine, raw::duration_millis,
+    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
@@ -160,7 +161,7 @@ impl PostgresStore {
     ///   claimable again once the lease is released or expires.
     ///
     /// ```no_run
-    /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, WriteOutcome};
+    /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, store::WriteOutcome};
     /// use idem_postgres::PostgresStore;
     ///
     /// # async fn pay(idem: Idempotency<PostgresStore>) -> Result<(), Box<dyn std::error::Error>> {

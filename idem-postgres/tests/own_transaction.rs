@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimRequest, Context, Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store,
-    StoreError, WorkError, WriteOutcome,
+    Context, Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store, StoreError,
+    WorkError, store::ClaimRequest, store::WriteOutcome,
 };
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx;

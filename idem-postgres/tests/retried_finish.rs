@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store, WorkError};
-use idem_core::{StoreError, WriteOutcome};
+use idem_core::{StoreError, store::WriteOutcome};
 use idem_postgres::{PostgresStore, sqlx};
 use idem_testkit::Namespace;
 

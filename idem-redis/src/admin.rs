@@ -7,8 +7,9 @@
 
 use async_trait::async_trait;
 use idem_core::{
-    Admin, AttemptId, Key, ListQuery, Operation, OperatorRelease, Page, Record, State, Stats,
-    StoreError, Timestamp, select_page, storage_name,
+    Admin, Key, Record, State, StoreError, Timestamp, admin::ListQuery, admin::Page,
+    admin::ReleaseKeyOutcome, admin::Stats, raw::select_page, raw::storage_name, record::AttemptId,
+    store::Operation,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -235,7 +236,7 @@ impl Admin for RedisStore {
         Ok(Stats::tally(&records, now, top_scopes))
     }
 
-    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+    async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
         let mut invocation = self.scripts().admin_release.key(self.record_key(key));
         invocation.arg(&attempt.as_bytes()[..]);
@@ -243,13 +244,13 @@ impl Admin for RedisStore {
             .connection()
             .invoke(&invocation)
             .await
-            .map_err(|err| map(Operation::OperatorRelease, err))?;
+            .map_err(|err| map(Operation::ReleaseKey, err))?;
         let Value::Array(parts) = reply else {
             return Err(unexpected("a release reply that is not an array"));
         };
         match parts.as_slice() {
             [kind, Value::Int(token)] if bytes(kind) == Some(b"released") => {
-                Ok(OperatorRelease::Released {
+                Ok(ReleaseKeyOutcome::Released {
                     token: u64::try_from(*token).map_err(|_| unexpected("a negative token"))?,
                 })
             }
@@ -258,9 +259,9 @@ impl Admin for RedisStore {
                     .and_then(|s| std::str::from_utf8(s).ok())
                     .and_then(State::parse)
                     .ok_or_else(|| unexpected("an unknown state"))?;
-                Ok(OperatorRelease::Finished(state))
+                Ok(ReleaseKeyOutcome::Finished(state))
             }
-            [kind] if bytes(kind) == Some(b"not_found") => Ok(OperatorRelease::NotFound),
+            [kind] if bytes(kind) == Some(b"not_found") => Ok(ReleaseKeyOutcome::NotFound),
             _ => Err(unexpected("an unknown release answer")),
         }
     }
@@ -274,7 +275,7 @@ impl Admin for RedisStore {
         Ok(deleted == 1)
     }
 
-    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
         let fields: Vec<Vec<u8>> = self
             .connection()
             .query(redis::cmd("HGETALL").arg(self.record_key(key)))
@@ -287,13 +288,13 @@ impl Admin for RedisStore {
             fields
                 .chunks(2)
                 .map(|pair| {
-                    let name = idem_core::raw_text(&pair[0]);
+                    let name = idem_core::raw::raw_text(&pair[0]);
                     let value = pair.get(1).map_or(&[][..], Vec::as_slice);
                     // The response (field `r`) as its length, as every store shows it.
                     let shown = if pair[0] == b"r" || pair[0].starts_with(b"step:") {
                         format!("{} bytes", value.len())
                     } else {
-                        idem_core::raw_text(value)
+                        idem_core::raw::raw_text(value)
                     };
                     (name, shown)
                 })

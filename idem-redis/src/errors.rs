@@ -1,6 +1,6 @@
 //! redis-rs errors mapped to idem's error kinds, with the retryable flag set.
 
-use idem_core::{Operation, StoreError};
+use idem_core::{StoreError, store::Operation};
 use redis::{ErrorKind, RedisError, RetryMethod, ServerErrorKind};
 
 pub(crate) fn map(operation: Operation, err: RedisError) -> StoreError {

@@ -1,6 +1,6 @@
 //! Where a record lives: one hash per key, under the configured prefix, with a hash tag.
 
-use idem_core::{Key, storage_name};
+use idem_core::{Key, raw::storage_name};
 
 /// The prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "idem:";

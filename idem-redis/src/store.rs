@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Expiry, Key, Lease, Operation, Record, RenewOutcome, StepName,
-    Steps, Store, StoreError, Timestamp, WriteOutcome, duration_millis,
+    Key, Record, Store, StoreError, Timestamp, key::StepName, raw::duration_millis, record::Lease,
+    record::Steps, store::ClaimOutcome, store::ClaimRequest, store::Expiry, store::Operation,
+    store::RenewOutcome, store::WriteOutcome,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -121,7 +122,7 @@ impl Connection {
 ///   its [`Expiry`] is [`Expiry::Vanishes`]: `purge_expired` has nothing to do, and a key
 ///   claimed again after its record vanished starts a new lifetime at token 1 (the attempt
 ///   id still fences the old owner out).
-/// - Durations are clamped to [`MAX_DURATION`](idem_core::MAX_DURATION) before they reach
+/// - Durations are clamped to [`MAX_DURATION`](idem_core::raw::MAX_DURATION) before they reach
 ///   a script.
 /// - A key prefix (default `idem:`) lets several applications share one Redis.
 ///

@@ -5,7 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Store, WriteOutcome};
+use idem_core::{
+    Fingerprint, Key, Store, store::ClaimOutcome, store::ClaimRequest, store::WriteOutcome,
+};
 use idem_redis::redis;
 
 #[tokio::test]

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
-use idem_core::{Admin, AttemptId, ClaimOutcome, ClaimRequest, Key, Store, StoreError};
+use idem_core::{
+    Admin, Key, Store, StoreError, record::AttemptId, store::ClaimOutcome, store::ClaimRequest,
+};
 
 use idem_testkit::assert_foreign_record_is_refused;
 
@@ -94,7 +96,7 @@ async fn foreign_records_are_refused_not_absent() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let request = idem_core::ClaimRequest::new(
+    let request = idem_core::store::ClaimRequest::new(
         key.clone(),
         idem_core::Fingerprint::of_bytes("foreign"),
         std::time::Duration::from_secs(60),
@@ -106,7 +108,7 @@ async fn foreign_records_are_refused_not_absent() {
         "{claimed:?}"
     );
     let shown = store.get(&key).await.unwrap().expect("still readable");
-    assert_eq!(shown.token, idem_core::MAX_TOKEN);
+    assert_eq!(shown.token, idem_core::raw::MAX_TOKEN);
 }
 
 /// A hash's fields, as `HSET` takes them.

@@ -3,8 +3,8 @@
 use async_trait::async_trait;
 use idem_core::machine;
 use idem_core::{
-    Admin, AttemptId, Cursor, Key, ListQuery, Listed, Operation, OperatorRelease, Page, Stats,
-    StoreError, Timestamp,
+    Admin, Key, StoreError, Timestamp, admin::Cursor, admin::ListQuery, admin::Listed, admin::Page,
+    admin::ReleaseKeyOutcome, admin::Stats, record::AttemptId, store::Operation,
 };
 use rusqlite::{TransactionBehavior, params};
 
@@ -35,7 +35,7 @@ impl Admin for SqliteStore {
                 let size = query.page_size();
                 let stuck = query
                     .stuck_for
-                    .map(|d| i64::try_from(idem_core::duration_millis(d)).unwrap_or(i64::MAX));
+                    .map(|d| i64::try_from(idem_core::raw::duration_millis(d)).unwrap_or(i64::MAX));
                 let (after_at, after_scope, after_key) = match &after {
                     Some((at, key)) => (
                         Some(sql_millis(*at)),
@@ -120,10 +120,10 @@ impl Admin for SqliteStore {
         .await
     }
 
-    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+    async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
-        self.transition(Operation::OperatorRelease, key, move |record, now| {
-            machine::operator_release(record, attempt, now)
+        self.transition(Operation::ReleaseKey, key, move |record, now| {
+            machine::release_key(record, attempt, now)
         })
         .await
     }
@@ -146,10 +146,10 @@ impl Admin for SqliteStore {
         .await
     }
 
-    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
         let key = key.clone();
         self.run(Operation::Get, move |connection| {
-            let read = || -> Result<Option<idem_core::RawRecord>, rusqlite::Error> {
+            let read = || -> Result<Option<idem_core::admin::RawRecord>, rusqlite::Error> {
                 const COLUMNS: [&str; 7] = [
                     "fingerprint",
                     "state",

@@ -5,7 +5,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::sync::mpsc;
 use std::thread;
 
-use idem_core::{Operation, StoreError};
+use idem_core::{StoreError, store::Operation};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 

@@ -1,6 +1,6 @@
 //! rusqlite errors mapped to idem's error kinds, with the retryable flag set.
 
-use idem_core::{Operation, StoreError};
+use idem_core::{StoreError, store::Operation};
 use rusqlite::ErrorCode;
 
 pub(crate) fn map(operation: Operation, err: rusqlite::Error) -> StoreError {

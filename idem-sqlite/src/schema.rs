@@ -1,6 +1,6 @@
 //! Creating and versioning idem's tables.
 
-use idem_core::{Operation, StoreError};
+use idem_core::{StoreError, store::Operation};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use crate::errors::map;

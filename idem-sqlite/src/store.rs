@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Clock, Completion, Key, Lease, Operation, Record, RenewOutcome,
-    StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome,
+    Clock, Completion, Key, Record, Store, StoreError, SystemClock, Timestamp, key::StepName,
+    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 
@@ -194,7 +195,7 @@ impl SqliteStore {
     ///   is claimable again once the lease is released or expires.
     ///
     /// ```
-    /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, WriteOutcome};
+    /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, store::WriteOutcome};
     /// use idem_sqlite::SqliteStore;
     /// use rusqlite::{Connection, TransactionBehavior};
     ///

@@ -6,8 +6,8 @@ mod common;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Context, Fingerprint, Heartbeat, Idempotency, Key, Lease, Outcome,
-    State, Store, WorkError, WriteOutcome,
+    Context, Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store, WorkError,
+    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::WriteOutcome,
 };
 use idem_sqlite::SqliteStore;
 use rusqlite::{Connection, TransactionBehavior};

@@ -2,7 +2,7 @@
 //! and what a store declares about itself (`Store::expiry`, `Store::max_record_bytes`) the
 //! suite reads from the store.
 
-use idem_core::{DEFAULT_MAX_RESPONSE_BYTES, ManualClock};
+use idem_core::{ManualClock, driver::DEFAULT_MAX_RESPONSE_BYTES};
 
 /// What the suite should know about a store that the store cannot say itself.
 ///

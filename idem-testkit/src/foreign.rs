@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Admin, AttemptId, ClaimOutcome, ClaimRequest, Error, Fingerprint, Idempotency, Key, Lease,
-    StepName, Store, StoreError, Timestamp, WorkError, WriteOutcome,
+    Admin, Error, Fingerprint, Idempotency, Key, Store, StoreError, Timestamp, WorkError,
+    key::StepName, record::AttemptId, record::Lease, store::ClaimOutcome, store::ClaimRequest,
+    store::WriteOutcome,
 };
 
 /// Checks a store's answers for the record planted under `key`, which the store cannot
@@ -70,7 +71,7 @@ pub async fn assert_foreign_record_is_refused(store: Arc<dyn Admin>, key: &Key, 
     }
     let renewed = store.renew(&lease, Duration::from_secs(60)).await;
     assert!(
-        !matches!(renewed, Ok(idem_core::RenewOutcome::Renewed(_))),
+        !matches!(renewed, Ok(idem_core::store::RenewOutcome::Renewed(_))),
         "{what}: renew with a lease the record never gave out must change nothing"
     );
     let runs = AtomicUsize::new(0);

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    Admin, AttemptId, ClaimOutcome, ClaimRequest, Clock, Expiry, Fingerprint, Key, Lease,
-    ManualClock, Record, RenewOutcome, StepName, Store, Timestamp,
+    Admin, Clock, Fingerprint, Key, ManualClock, Record, Store, Timestamp, key::StepName,
+    record::AttemptId, record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Expiry,
+    store::RenewOutcome,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -98,7 +99,7 @@ enum Op {
     /// Moves the manual clock (only generated when there is one).
     Advance(Span),
     /// An operator's release (only generated for stores with `Admin`).
-    OperatorRelease {
+    ReleaseKeyOutcome {
         scope: usize,
         key: usize,
     },
@@ -151,7 +152,7 @@ fn op(timed: bool, admin: bool) -> BoxedStrategy<Op> {
         let target = (0..SCOPES.len(), 0..KEYS.len());
         prop_oneof![
             8 => ops,
-            1 => target.clone().prop_map(|(scope, key)| Op::OperatorRelease { scope, key }),
+            1 => target.clone().prop_map(|(scope, key)| Op::ReleaseKeyOutcome { scope, key }),
             1 => target.prop_map(|(scope, key)| Op::Delete { scope, key }),
         ]
         .boxed()
@@ -452,12 +453,11 @@ async fn check_sequence(
                 }
                 continue;
             }
-            Op::OperatorRelease { scope, key: k } => {
+            Op::ReleaseKeyOutcome { scope, key: k } => {
                 let Some(admin) = admin else { continue };
                 let k = key(scope, k);
                 let actual = admin.release_key(&k).await.map_err(|e| store_error(i, e))?;
-                let expected =
-                    model.apply(&k, |r, now| machine::operator_release(r, OPERATOR, now));
+                let expected = model.apply(&k, |r, now| machine::release_key(r, OPERATOR, now));
                 (format!("{actual:?}"), format!("{expected:?}"))
             }
             Op::Delete { scope, key: k } => {

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, Record, Steps, Store};
+use idem_core::{
+    Fingerprint, Key, Record, Store, record::Lease, record::Steps, store::ClaimOutcome,
+    store::ClaimRequest,
+};
 
 /// A lease or retention that outlives any test run on any server.
 pub(crate) const HOUR: Duration = Duration::from_secs(3600);

@@ -8,10 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    Admin, AttemptId, ClaimOutcome, ClaimRequest, Clock, Fingerprint, Key, Lease, ListQuery,
-    MAX_DURATION, MemoryStore, Operation, OperatorRelease, Page, Record, RenewOutcome, State,
-    Stats, StepName, Store, StoreError, SystemClock, Timestamp, WriteOutcome, select_page,
-    storage_name,
+    Admin, Clock, Fingerprint, Key, MemoryStore, Record, State, Store, StoreError, SystemClock,
+    Timestamp, admin::ListQuery, admin::Page, admin::ReleaseKeyOutcome, admin::Stats,
+    key::StepName, raw::MAX_DURATION, raw::select_page, raw::storage_name, record::AttemptId,
+    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use idem_testkit::{AdminCase, AdminSuite, Case, CaseName, Namespace, Report, Suite};
 
@@ -432,10 +433,10 @@ impl Admin for FlawedStore {
         Ok(Stats::tally(&self.records(), self.clock.now(), top_scopes))
     }
 
-    async fn release_key(&self, key: &Key) -> Result<OperatorRelease, StoreError> {
+    async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
         Ok(self.apply(key, |record, now| {
-            let mut step = machine::operator_release(record, attempt, now);
+            let mut step = machine::release_key(record, attempt, now);
             if let (true, Some(written), Some(before)) = (
                 self.has(Flaw::ReleaseKeepsTheOwner),
                 &mut step.write,
@@ -458,10 +459,10 @@ impl Admin for FlawedStore {
             .is_some())
     }
 
-    async fn raw(&self, key: &Key) -> Result<Option<idem_core::RawRecord>, StoreError> {
+    async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
         let name = self.name(key);
         let backend = self.backend.lock().expect("not poisoned");
-        Ok(backend.get(&name).map(idem_core::raw_of))
+        Ok(backend.get(&name).map(idem_core::raw::raw_of))
     }
 }
 

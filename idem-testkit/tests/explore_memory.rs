@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Admin, ClaimOutcome, ClaimRequest, Expiry, Key, Lease, MemoryStore, Operation, Record,
-    RenewOutcome, State, StepName, Store, StoreError, WriteOutcome,
+    Admin, Key, MemoryStore, Record, State, Store, StoreError, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use idem_testkit::explore::{
     Broken, DEFAULT_SEED, Explorer, Fault, FaultPoint, Mode, PlacedFault, Process, Report,

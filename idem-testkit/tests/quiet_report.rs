@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Key, Lease, MemoryStore, Record, RenewOutcome, StepName, Store,
-    StoreError, WriteOutcome,
+    Key, MemoryStore, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
 };
 use idem_testkit::Suite;
 

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use idem_core::{Key, OperatorRelease, State, Timestamp};
+use idem_core::{Key, State, Timestamp, admin::ReleaseKeyOutcome};
 
 use super::Store;
 use super::inspect::{details, not_found};
@@ -37,7 +37,7 @@ pub(super) async fn release(
         args.yes,
     )?;
     match store.release_key(key).await.map_err(Failure::store(target))? {
-        OperatorRelease::Released { token } => {
+        ReleaseKeyOutcome::Released { token } => {
             let resume = match record.steps.len() {
                 0 => "runs the work from the start (no checkpoints)".to_owned(),
                 _ => format!(
@@ -52,8 +52,8 @@ pub(super) async fn release(
             )?;
             Ok(())
         }
-        OperatorRelease::Finished(state) => Err(refused(state, record.token)),
-        OperatorRelease::NotFound => Err(not_found(target)),
+        ReleaseKeyOutcome::Finished(state) => Err(refused(state, record.token)),
+        ReleaseKeyOutcome::NotFound => Err(not_found(target)),
         _ => Err(Failure::Refused {
             what: "the store answered in a way this version of idem does not know; nothing was assumed".into(),
         }),

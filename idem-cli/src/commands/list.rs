@@ -4,7 +4,7 @@ use std::io::Write;
 
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
-use idem_core::{Cursor, ListQuery, State, StoreError};
+use idem_core::{State, StoreError, admin::Cursor, admin::ListQuery};
 use serde::Serialize;
 
 use super::Store;

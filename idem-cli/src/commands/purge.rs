@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use idem_core::Expiry;
+use idem_core::store::Expiry;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::Store;

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
-use idem_core::{Expiry, Stats};
+use idem_core::{admin::Stats, store::Expiry};
 use serde::Serialize;
 
 use super::Store;

@@ -44,7 +44,7 @@ pub trait KeyBudget: fmt::Debug + Send + Sync + 'static {
 ///   (and a warning logged) rather than refused: availability first.
 ///
 /// ```
-/// use idem_core::{KeyBudget, TokenBucket};
+/// use idem_core::{driver::KeyBudget, driver::TokenBucket};
 /// use std::time::Duration;
 ///
 /// let budget = TokenBucket::new(2, Duration::from_secs(60));
@@ -73,11 +73,11 @@ pub const DEFAULT_MAX_SCOPES: usize = 100_000;
 impl TokenBucket {
     /// `keys` new keys per scope at once, refilled at `keys` per `period`. A zero `keys`
     /// or `period` is raised to 1 key per millisecond's worth, never a division by zero;
-    /// a `period` over [`MAX_DURATION`](crate::MAX_DURATION) counts as that.
+    /// a `period` over [`MAX_DURATION`](crate::raw::MAX_DURATION) counts as that.
     pub fn new(keys: u32, period: Duration) -> Self {
         let capacity = f64::from(keys.max(1));
         let period = period
-            .clamp(Duration::from_millis(1), crate::MAX_DURATION)
+            .clamp(Duration::from_millis(1), crate::raw::MAX_DURATION)
             .as_secs_f64();
         Self {
             capacity,
@@ -129,8 +129,8 @@ impl KeyBudget for TokenBucket {
         *bucket = Bucket { tokens, at: now };
         // A very slow refill (a period of years) must not overflow the wait.
         let wait = Duration::try_from_secs_f64((1.0 - tokens) / self.per_second)
-            .unwrap_or(crate::MAX_DURATION);
-        Err(wait.min(crate::MAX_DURATION))
+            .unwrap_or(crate::raw::MAX_DURATION);
+        Err(wait.min(crate::raw::MAX_DURATION))
     }
 
     fn give_back(&self, scope: &str) {
@@ -159,13 +159,13 @@ mod tests {
     fn the_longest_periods_do_not_panic() {
         for period in [
             Duration::MAX,
-            crate::MAX_DURATION,
+            crate::raw::MAX_DURATION,
             Duration::from_secs(u64::MAX),
         ] {
             let bucket = TokenBucket::new(1, period);
             assert_eq!(bucket.take("s"), Ok(()));
             let wait = bucket.take("s").unwrap_err();
-            assert!(wait > Duration::ZERO && wait <= crate::MAX_DURATION);
+            assert!(wait > Duration::ZERO && wait <= crate::raw::MAX_DURATION);
         }
     }
 

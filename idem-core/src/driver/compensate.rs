@@ -15,7 +15,9 @@ use super::errors::{Error, Interrupted, Reason, Unstorable};
 use super::saga::{self, Undo, UndoMark, UndoResult};
 use super::wire::Marker;
 use super::{Context, FailedUndo, durable, heartbeat, interruption_error, step_name};
-use crate::{BoxError, Compensation, Operation, StoreError, StoredPart, WriteOutcome};
+use crate::{
+    BoxError, Compensation, StoreError, codec::StoredPart, store::Operation, store::WriteOutcome,
+};
 
 /// How the engine writes failures without knowing the error's type.
 #[derive(Clone, Copy)]

@@ -14,8 +14,8 @@ use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
 use super::saga::{self, Undo};
 use super::{Limits, observe};
 use crate::{
-    Codec, CodecError, Fingerprint, Key, Lease, StepName, Steps, Store, StoreError, StoredAt,
-    StoredPart, WriteOutcome,
+    Codec, Fingerprint, Key, Store, StoreError, codec::CodecError, codec::StoredAt,
+    codec::StoredPart, key::StepName, record::Lease, record::Steps, store::WriteOutcome,
 };
 
 /// Handed to the work by [`Idempotency::execute`](crate::Idempotency::execute).
@@ -132,7 +132,7 @@ impl Context {
     /// - Reveals neither the key nor the request.
     ///
     /// ```
-    /// # use idem_core::{done, Idempotency, Key, Fingerprint, MemoryStore};
+    /// # use idem_core::{driver::done, Idempotency, Key, Fingerprint, MemoryStore};
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// # let idem = Idempotency::new(MemoryStore::new());
     /// # let key = Key::new("acct_42/payments.create", "order-1187")?;
@@ -148,7 +148,7 @@ impl Context {
     /// ```
     pub fn derive(&self, label: &str) -> String {
         let lease = self.lease();
-        crate::derive_key(&lease.key, &self.inner.fingerprint, lease.created_at, label)
+        crate::key::derive_key(&lease.key, &self.inner.fingerprint, lease.created_at, label)
     }
 
     /// Runs the step `name` once across retries and takeovers, unless the process dies
@@ -204,8 +204,8 @@ impl Context {
         let step = StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))?;
         if name.starts_with(saga::RESERVED_PREFIX) {
             return Err(
-                Interrupted(Reason::InvalidStepName(crate::KeyError::Reserved {
-                    part: crate::KeyPart::Step,
+                Interrupted(Reason::InvalidStepName(crate::key::KeyError::Reserved {
+                    part: crate::key::KeyPart::Step,
                     prefix: saga::RESERVED_PREFIX,
                 }))
                 .into(),

@@ -14,7 +14,8 @@ use super::errors::Error;
 use super::wire::Marker;
 use super::{Context, interruption_error, retry_store};
 use crate::{
-    Compensation, Lease, Operation, StepName, Store, StoreError, StoredPart, WriteOutcome,
+    Compensation, Store, StoreError, codec::StoredPart, key::StepName, record::Lease,
+    store::Operation, store::WriteOutcome,
 };
 
 /// A fenced write of the driver's.

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{BoxError, CodecError, KeyError, ShortHash, StoreError};
+use crate::{BoxError, StoreError, codec::CodecError, key::KeyError, key::ShortHash};
 
 /// How the protected work failed; the kind decides what is stored.
 ///
@@ -100,7 +100,7 @@ pub type WorkResult<T, E = ()> = Result<T, WorkError<E>>;
 /// The result of work that cannot fail, typed so that no annotation is needed.
 ///
 /// ```
-/// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};
+/// use idem_core::{driver::done, Fingerprint, Idempotency, Key, MemoryStore};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let idem = Idempotency::new(MemoryStore::new());
@@ -187,11 +187,11 @@ pub enum ValuePart {
     Step(String),
 }
 
-impl From<crate::StoredPart<'_>> for ValuePart {
-    fn from(part: crate::StoredPart<'_>) -> Self {
+impl From<crate::codec::StoredPart<'_>> for ValuePart {
+    fn from(part: crate::codec::StoredPart<'_>) -> Self {
         match part {
-            crate::StoredPart::Step(step) => ValuePart::Step(step.to_owned()),
-            crate::StoredPart::Failure => ValuePart::Failure,
+            crate::codec::StoredPart::Step(step) => ValuePart::Step(step.to_owned()),
+            crate::codec::StoredPart::Failure => ValuePart::Failure,
             _ => ValuePart::Result,
         }
     }
@@ -318,8 +318,8 @@ pub enum Error {
     /// The key broke the driver's [`KeyPolicy`](crate::KeyPolicy). Nothing was stored;
     /// the client must send an acceptable key.
     #[error("the idempotency key was refused: {0}")]
-    KeyRefused(#[source] crate::KeyPolicyError),
-    /// The scope created as many new keys as its [`KeyBudget`](crate::KeyBudget) allows.
+    KeyRefused(#[source] crate::driver::KeyPolicyError),
+    /// The scope created as many new keys as its [`KeyBudget`](crate::driver::KeyBudget) allows.
     /// Nothing was stored; keys that already have a record still replay.
     #[error("this scope created too many new idempotency keys; retry in {retry_after:?}")]
     KeyBudgetExhausted {
@@ -472,7 +472,7 @@ pub enum ConfigError {
         /// The lease asked for.
         lease: Duration,
     },
-    /// A duration longer than [`MAX_DURATION`](crate::MAX_DURATION).
+    /// A duration longer than [`MAX_DURATION`](crate::raw::MAX_DURATION).
     #[error(
         "the {setting} ({value:?}) is longer than idem supports ({max:?}); use MAX_DURATION for \"as long as possible\""
     )]
@@ -481,7 +481,7 @@ pub enum ConfigError {
         setting: &'static str,
         /// The duration asked for.
         value: Duration,
-        /// [`MAX_DURATION`](crate::MAX_DURATION).
+        /// [`MAX_DURATION`](crate::raw::MAX_DURATION).
         max: Duration,
     },
     /// The response cap was zero.

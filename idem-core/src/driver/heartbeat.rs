@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Context, observe};
-use crate::{Operation, RenewOutcome, clamp_duration};
+use crate::{raw::clamp_duration, store::Operation, store::RenewOutcome};
 
 /// Polls `work` to completion, renewing the lease for `extend` every `every` beside it. A
 /// fenced renewal marks the lease lost on `context` (the work can watch

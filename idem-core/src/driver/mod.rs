@@ -40,8 +40,9 @@ use errors::{Reason, Unstorable};
 use wire::{Json, Marker, Raw, StoredFailure, Wire};
 
 use crate::{
-    ClaimOutcome, ClaimRequest, Codec, Fingerprint, Key, Lease, MAX_DURATION, Operation,
-    PlainCodec, Steps, Store, StoreError, StoredAt, StoredPart, clamp_duration,
+    Codec, Fingerprint, Key, Store, StoreError, codec::PlainCodec, codec::StoredAt,
+    codec::StoredPart, raw::MAX_DURATION, raw::clamp_duration, record::Lease, record::Steps,
+    store::ClaimOutcome, store::ClaimRequest, store::Operation,
 };
 
 /// The default lease: how long one attempt owns a key before others may take over.
@@ -294,7 +295,7 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// [`Error::KeyBudgetExhausted`]. See [`KeyBudget`] and [`TokenBucket`].
     ///
     /// ```
-    /// use idem_core::{Idempotency, MemoryStore, TokenBucket};
+    /// use idem_core::{Idempotency, MemoryStore, driver::TokenBucket};
     /// use std::time::Duration;
     ///
     /// // Each scope: 100 new keys at once, refilled at 100 a minute.
@@ -333,7 +334,7 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// [`Idempotency::warnings`]) when the retention is shorter than the provider's.
     ///
     /// ```
-    /// use idem_core::{Idempotency, MemoryStore, Provider, SettingsWarning};
+    /// use idem_core::{Idempotency, MemoryStore, driver::Provider, driver::SettingsWarning};
     ///
     /// let idem = Idempotency::builder(MemoryStore::new()).provider(Provider::ADYEN).build()?;
     /// assert!(matches!(
@@ -1130,7 +1131,7 @@ enum Claim {
     ReplayFailure(Vec<u8>),
 }
 
-fn codec_error(key: &Key, part: StoredPart<'_>, source: crate::CodecError) -> Error {
+fn codec_error(key: &Key, part: StoredPart<'_>, source: crate::codec::CodecError) -> Error {
     Error::Codec {
         key: key.short_hash(),
         what: part.into(),
@@ -1150,8 +1151,8 @@ fn cannot_write<T, E>(result: &Result<T, WorkError<E>>) -> bool {
 }
 
 /// One of idem's own checkpoint names, checked like any step name.
-fn step_name(name: &str) -> Result<crate::StepName, Interrupted> {
-    crate::StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))
+fn step_name(name: &str) -> Result<crate::key::StepName, Interrupted> {
+    crate::key::StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))
 }
 
 /// The caller's error for an interruption met by the driver itself.

@@ -17,7 +17,7 @@
 //! | `idem_work_duration_seconds` | histogram | the work finished, whatever its outcome |
 //! | `idem_purged_total` | counter | a [`Purger`](crate::Purger) deleted absent records |
 //! | `idem_new_keys_total` | counter | a claim created a record (a new key, or a new lifetime of one); label `scope` only with [`IdempotencyBuilder::scope_label`](crate::IdempotencyBuilder::scope_label) |
-//! | `idem_key_budget_rejections_total` | counter | a new key was refused by the [`KeyBudget`](crate::KeyBudget); label as above |
+//! | `idem_key_budget_rejections_total` | counter | a new key was refused by the [`KeyBudget`](crate::driver::KeyBudget); label as above |
 //!
 //! Scopes often hold account ids: a raw scope as a label would leak them and give every
 //! account a time series. The `scope` label appears only when the application supplies a
@@ -25,7 +25,7 @@
 
 use std::time::Duration;
 
-use crate::Operation;
+use crate::store::Operation;
 
 /// `idem_claims_total`
 pub const CLAIMS: &str = "idem_claims_total";

@@ -30,7 +30,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// the API; set what its reference states with [`Provider::with_retention`].
 ///
 /// ```
-/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Provider, WorkError};
+/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, driver::Provider, WorkError};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let idem = Idempotency::builder(MemoryStore::new()).provider(Provider::STRIPE).build()?;
@@ -119,7 +119,7 @@ impl Provider {
         format!("{}:{step}", self.name)
     }
 
-    /// The identifier for a derived key ([`crate::derive_key`]) in this provider's
+    /// The identifier for a derived key ([`crate::key::derive_key`]) in this provider's
     /// format.
     pub fn format(&self, derived: &str) -> String {
         match self.format {

@@ -196,7 +196,7 @@ pub(crate) fn decode_saga(stored: &[u8]) -> Result<(Option<Vec<String>>, &[u8]),
 /// The checkpoint an undo of `step` leaves: `idem.undo:STEP`, or for a step name too long
 /// to fit beside the prefix, `idem.undo#` and the name's SHA-256 (still one name per step).
 pub(crate) fn undo_checkpoint(step: &str) -> String {
-    if UNDO_PREFIX.len() + step.len() <= crate::MAX_PART_LEN {
+    if UNDO_PREFIX.len() + step.len() <= crate::key::MAX_PART_LEN {
         return format!("{UNDO_PREFIX}{step}");
     }
     use sha2::{Digest, Sha256};
@@ -220,14 +220,14 @@ impl Context {
     ///   the steps that registered undos, so a takeover during compensation goes on
     ///   compensating, for every one of them: it runs the work again, whose checkpointed
     ///   steps replay (registering their undos) and whose first step without a checkpoint
-    ///   stops it ([`InterruptedKind::Compensating`](crate::InterruptedKind::Compensating)),
+    ///   stops it ([`InterruptedKind::Compensating`](crate::driver::InterruptedKind::Compensating)),
     ///   then it runs the undos not yet run. A listed step whose undo that run did not
     ///   register is waited for (the key stays held) when the run stopped early
     ///   (Retryable, Unknown), and reported [`pending`](Compensation::pending) when it
     ///   went as far as it goes: never skipped silently. Keep the work's path through its
     ///   steps deterministic, and every effect inside a step.
     /// - A failure that does not serialise, does not fit, or a step value that cannot be
-    ///   stored ([`InterruptedKind::Unstorable`](crate::InterruptedKind::Unstorable)) still
+    ///   stored ([`InterruptedKind::Unstorable`](crate::driver::InterruptedKind::Unstorable)) still
     ///   compensates; what is stored is the marker saying why, with what was undone. A
     ///   `step_with_undo` whose own value cannot be stored has no value to give its undo:
     ///   it is reported [`pending`](Compensation::pending).
@@ -345,10 +345,10 @@ mod tests {
     #[test]
     fn undo_checkpoints_fit_every_step_name() {
         assert_eq!(undo_checkpoint("charge"), "idem.undo:charge");
-        let long = "s".repeat(crate::MAX_PART_LEN);
-        let other = format!("{}t", "s".repeat(crate::MAX_PART_LEN - 1));
+        let long = "s".repeat(crate::key::MAX_PART_LEN);
+        let other = format!("{}t", "s".repeat(crate::key::MAX_PART_LEN - 1));
         for name in [&long, &other] {
-            assert!(crate::StepName::new(undo_checkpoint(name)).is_ok());
+            assert!(crate::key::StepName::new(undo_checkpoint(name)).is_ok());
         }
         assert_ne!(undo_checkpoint(&long), undo_checkpoint(&other));
     }

@@ -4,8 +4,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use idem_core::{
-    Admin, ClaimOutcome, Cursor, Expiry, Key, ListQuery, OperatorRelease, RenewOutcome, State,
-    StepName, StoreError, WriteOutcome,
+    Admin, Key, State, StoreError, admin::Cursor, admin::ListQuery, admin::ReleaseKeyOutcome,
+    key::StepName, store::ClaimOutcome, store::Expiry, store::RenewOutcome, store::WriteOutcome,
 };
 use tokio::sync::Barrier;
 
@@ -154,7 +154,7 @@ pub(crate) async fn list_leaves_responses_out_unless_asked(store: &dyn Admin) {
     let (lease, _, _) = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
     let body = vec![7u8; 300];
     let _ = ok(store.complete(&lease, &body).await, "complete");
-    let find = |page: idem_core::Page| {
+    let find = |page: idem_core::admin::Page| {
         page.records
             .into_iter()
             .find(|l| l.record.key == k)
@@ -232,7 +232,7 @@ pub(crate) async fn operator_release_fences_the_owner(store: &dyn Admin) {
     let _ = ok(store.checkpoint(&owner, &step, b"1").await, "checkpoint");
     assert_eq!(
         ok(store.release_key(&k).await, "release_key"),
-        OperatorRelease::Released {
+        ReleaseKeyOutcome::Released {
             token: owner.token + 1
         }
     );
@@ -263,7 +263,7 @@ pub(crate) async fn operator_release_fences_the_owner(store: &dyn Admin) {
     let _ = ok(store.complete(&next, b"done").await, "complete");
     assert_eq!(
         ok(store.release_key(&k).await, "release_key"),
-        OperatorRelease::Finished(State::Completed),
+        ReleaseKeyOutcome::Finished(State::Completed),
         "a completed record is refused"
     );
     assert_eq!(
@@ -271,7 +271,7 @@ pub(crate) async fn operator_release_fences_the_owner(store: &dyn Admin) {
             store.release_key(&key("release", "never")).await,
             "release_key"
         ),
-        OperatorRelease::NotFound
+        ReleaseKeyOutcome::NotFound
     );
     assert_eq!(
         claim(store, &request(&k, "f", HOUR, HOUR)).await,
@@ -310,8 +310,8 @@ pub(crate) async fn operator_release_races_the_owners_complete(store: Arc<dyn Ad
         let completed = ok(completing.await.expect("no panic"), "complete");
         let released = ok(releasing.await.expect("no panic"), "release_key");
         let winner: &[u8] = match (completed, released) {
-            (WriteOutcome::Applied, OperatorRelease::Finished(State::Completed)) => b"owner",
-            (WriteOutcome::Fenced, OperatorRelease::Released { .. }) => {
+            (WriteOutcome::Applied, ReleaseKeyOutcome::Finished(State::Completed)) => b"owner",
+            (WriteOutcome::Fenced, ReleaseKeyOutcome::Released { .. }) => {
                 let (next, resumed, _) =
                     claimed(store.as_ref(), &request(&k, "f", HOUR, HOUR)).await;
                 assert!(resumed);
@@ -356,7 +356,7 @@ pub(crate) async fn delete_removes_one_record(store: &dyn Admin) {
 pub(crate) async fn raw_shows_what_is_stored(store: &dyn Admin) {
     let done = key("raw", "done");
     let (lease, _, _) = claimed(store, &request(&done, "f", HOUR, HOUR)).await;
-    let step = idem_core::StepName::new("charge").expect("a valid step name");
+    let step = idem_core::key::StepName::new("charge").expect("a valid step name");
     let _ = ok(store.checkpoint(&lease, &step, b"ch_1").await, "checkpoint");
     let _ = ok(store.complete(&lease, b"secret receipt").await, "complete");
     let fields = ok(store.raw(&done).await, "raw").expect("a stored record shows");
@@ -386,7 +386,7 @@ pub(crate) async fn admin_reaches_only_its_namespace(short: &dyn Admin, long: &d
     assert_eq!(ok(long.stats(10).await, "stats").total, 2);
     assert_eq!(
         ok(short.release_key(&only_long).await, "release_key"),
-        OperatorRelease::NotFound
+        ReleaseKeyOutcome::NotFound
     );
     assert!(!ok(short.delete(&only_long).await, "delete"));
     assert!(ok(short.delete(&shared).await, "delete"));

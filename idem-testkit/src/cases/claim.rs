@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, Expiry, State, StepName, Store, WriteOutcome};
+use idem_core::{
+    State, Store, key::StepName, store::ClaimOutcome, store::Expiry, store::WriteOutcome,
+};
 
 use crate::Capabilities;
 use crate::support::{HOUR, ZERO, claim, claimed, fp, get, get_some, key, ok, request};

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use idem_core::{ClaimOutcome, ClaimRequest, State, Store, WriteOutcome};
+use idem_core::{State, Store, store::ClaimOutcome, store::ClaimRequest, store::WriteOutcome};
 use tokio::sync::Barrier;
 
 use crate::quiet;

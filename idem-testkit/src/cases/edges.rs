@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    ClaimOutcome, Clock, Expiry, Lease, ManualClock, RenewOutcome, Store, WriteOutcome,
+    Clock, ManualClock, Store, record::Lease, store::ClaimOutcome, store::Expiry,
+    store::RenewOutcome, store::WriteOutcome,
 };
 
 use crate::Capabilities;

@@ -1,6 +1,9 @@
 //! The fenced-write table of DESIGN.md section 2, stale owners and retried writes.
 
-use idem_core::{ClaimOutcome, Key, Lease, RenewOutcome, State, StepName, Store, WriteOutcome};
+use idem_core::{
+    Key, State, Store, key::StepName, record::Lease, store::ClaimOutcome, store::RenewOutcome,
+    store::WriteOutcome,
+};
 
 use crate::support::{HOUR, ZERO, claim, claimed, get_some, key, ok, request};
 
@@ -231,7 +234,7 @@ pub(crate) async fn writes_after_the_end_are_fenced(store: &dyn Store) {
     let k = key("orders", "k3");
     let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
     let mut forged = lease.clone();
-    forged.attempt = idem_core::AttemptId::random();
+    forged.attempt = idem_core::record::AttemptId::random();
     assert_all_fenced(store, &forged, "a lease with another attempt id").await;
     assert_eq!(get_some(store, &k).await.state, State::InProgress);
 }

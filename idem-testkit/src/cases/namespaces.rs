@@ -1,6 +1,6 @@
 //! Two stores whose namespaces are prefixes of each other, on one backend: nothing crosses.
 
-use idem_core::{ClaimOutcome, Expiry, Key, State, Store, WriteOutcome};
+use idem_core::{Key, State, Store, store::ClaimOutcome, store::Expiry, store::WriteOutcome};
 
 use crate::support::{HOUR, ZERO, claim, claimed, get, get_some, ok, request};
 

@@ -2,7 +2,8 @@
 //! of the rules.
 
 use idem_core::{
-    ClaimOutcome, Key, MAX_PART_LEN, State, StepName, Store, StoreError, WriteOutcome,
+    Key, State, Store, StoreError, key::MAX_PART_LEN, key::StepName, store::ClaimOutcome,
+    store::WriteOutcome,
 };
 
 use crate::Capabilities;

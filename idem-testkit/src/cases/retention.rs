@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, Expiry, Heartbeat, Idempotency, MAX_DURATION, Outcome, RenewOutcome, State,
-    StepName, Store, WorkError, WriteOutcome, duration_millis,
+    Heartbeat, Idempotency, Outcome, State, Store, WorkError, key::StepName, raw::MAX_DURATION,
+    raw::duration_millis, store::ClaimOutcome, store::Expiry, store::RenewOutcome,
+    store::WriteOutcome,
 };
 
 use crate::Capabilities;

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Aes256GcmCodec, Codec, CodecError, Error, Fingerprint, Idempotency, KeyPolicy, Outcome,
-    Provider, StepName, Store, StoredAt, StoredPart, TokenBucket, WorkError, WriteOutcome,
+    Aes256GcmCodec, Codec, Error, Fingerprint, Idempotency, KeyPolicy, Outcome, Store, WorkError,
+    codec::CodecError, codec::StoredAt, codec::StoredPart, driver::Provider, driver::TokenBucket,
+    key::StepName, store::WriteOutcome,
 };
 
 use crate::Capabilities;
@@ -145,7 +146,7 @@ pub(crate) async fn encrypted_values_are_not_plaintext_at_rest(store: Arc<dyn St
 
 /// Writes `bytes` as the completed result of a fresh record under `k`.
 async fn plant(store: &dyn Store, k: &idem_core::Key, fingerprint: Fingerprint, bytes: &[u8]) {
-    let request = idem_core::ClaimRequest::new(k.clone(), fingerprint, HOUR, HOUR);
+    let request = idem_core::store::ClaimRequest::new(k.clone(), fingerprint, HOUR, HOUR);
     let (lease, _, _) = claimed(store, &request).await;
     let written = ok(store.complete(&lease, bytes).await, "complete");
     assert_eq!(written, WriteOutcome::Applied);
@@ -259,7 +260,8 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
 
     // A tampered checkpoint met by a takeover: an error, and the step does not run again.
     let resumed = key("payments", "tampered-step");
-    let request = idem_core::ClaimRequest::new(resumed.clone(), fingerprint, SHORT_LEASE, HOUR);
+    let request =
+        idem_core::store::ClaimRequest::new(resumed.clone(), fingerprint, SHORT_LEASE, HOUR);
     let (lease, _, _) = claimed(store.as_ref(), &request).await;
     let step = StepName::new("charge").expect("valid step name");
     let mut bad = codec

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idem_core::{Operation, Timestamp};
+use idem_core::{Timestamp, store::Operation};
 
 use super::faults::Process;
 use super::ledger::{Answer, Effect, End, Event, compensation_text};

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Completion, Expiry, Key, Lease, Operation, Record, RenewOutcome,
-    StepName, Store, StoreError, WriteOutcome,
+    Completion, Key, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome, store::WriteOutcome,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use idem_core::{Compensation, Operation, Timestamp};
+use idem_core::{Compensation, Timestamp, store::Operation};
 
 use super::faults::{FaultPoint, PlacedFault, Process};
 

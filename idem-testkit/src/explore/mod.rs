@@ -95,7 +95,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::{BoxError, Key, KeyError, Store};
+use idem_core::{BoxError, Key, Store, key::KeyError};
 
 pub use clock::VirtualClock;
 pub use faults::{Fault, FaultPoint, PlacedFault, Process, Site};
@@ -410,7 +410,7 @@ impl Explorer {
     /// again), on a thread of its own as [`Explorer::run`] does.
     ///
     /// ```
-    /// use idem_core::{MemoryStore, Operation};
+    /// use idem_core::{MemoryStore, store::Operation};
     /// use idem_testkit::explore::{Explorer, Fault, FaultPoint, PlacedFault, Process, Scenario, Site, Target};
     ///
     /// let target = Target::virtual_time("memory", |clock| async move {

@@ -5,7 +5,7 @@ use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::{Error, Fingerprint, InterruptedKind, Key, Outcome, Store, WorkError};
+use idem_core::{Error, Fingerprint, Key, Outcome, Store, WorkError, driver::InterruptedKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinError;
 use tokio::time::Instant;

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use idem_core::{
-    Aes256GcmCodec, ConfigError, Context, Heartbeat, Idempotency, InFlightPolicy, InterruptedKind,
-    WorkError, WriteOutcome,
+    Aes256GcmCodec, ConfigError, Context, Heartbeat, Idempotency, InFlightPolicy, WorkError,
+    driver::InterruptedKind, store::WriteOutcome,
 };
 
 use super::faults::{BoxFuture, Fault, Kill, Process, ProcessStore, World};

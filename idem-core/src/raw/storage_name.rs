@@ -11,7 +11,7 @@
 //! `tenant1`) shares no name with it, and a scan by prefix reaches only its own records.
 //!
 //! ```
-//! use idem_core::{Key, storage_name};
+//! use idem_core::{Key, raw::storage_name};
 //!
 //! let key = Key::new("acct_42/payments.create", "order-1187")?;
 //! assert_eq!(storage_name::key_name(&key), "23:acct_42/payments.create:order-1187");
@@ -25,7 +25,7 @@
 
 use std::fmt::Write as _;
 
-use crate::{Key, KeyError};
+use crate::{Key, key::KeyError};
 
 /// Why a stored name could not be read back as a key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

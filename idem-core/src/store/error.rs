@@ -33,7 +33,7 @@ pub enum Operation {
     /// [`Admin::stats`](crate::Admin::stats)
     Stats,
     /// [`Admin::release_key`](crate::Admin::release_key)
-    OperatorRelease,
+    ReleaseKey,
     /// [`Admin::delete`](crate::Admin::delete)
     Delete,
 }
@@ -52,7 +52,7 @@ impl fmt::Display for Operation {
             Operation::Setup => "setup",
             Operation::List => "list",
             Operation::Stats => "stats",
-            Operation::OperatorRelease => "operator_release",
+            Operation::ReleaseKey => "release_key",
             Operation::Delete => "delete",
         })
     }
@@ -116,7 +116,7 @@ pub enum StoreError {
         /// Which field was unreadable.
         what: &'static str,
         /// The record's key, as the short hash logs carry, when the store knows it.
-        key: Option<crate::ShortHash>,
+        key: Option<crate::key::ShortHash>,
         /// The decoding error, when there is one.
         #[source]
         source: Option<BoxError>,
@@ -158,7 +158,7 @@ impl StoreError {
     /// let key = Key::new("s", "k")?;
     /// let err = StoreError::Corrupt { what: "a state", key: None, source: None }.for_key(&key);
     /// assert!(err.to_string().contains(&key.short_hash().to_string()));
-    /// # Ok::<(), idem_core::KeyError>(())
+    /// # Ok::<(), idem_core::key::KeyError>(())
     /// ```
     #[must_use]
     pub fn for_key(self, key: &crate::Key) -> Self {
@@ -179,7 +179,7 @@ impl StoreError {
     /// Whether trying the same operation again may succeed.
     ///
     /// ```
-    /// use idem_core::{Operation, StoreError};
+    /// use idem_core::{store::Operation, StoreError};
     ///
     /// let err = StoreError::Unavailable {
     ///     operation: Operation::Claim,

@@ -1,21 +1,30 @@
 //! The `Store` trait: one method per transition, each one atomic native operation.
+//!
+//! - [`Store`], [`Expiry`]: here.
+//! - [`StoreError`], [`Operation`], [`BoxError`]: `error.rs`.
+//! - [`ClaimRequest`] and the answers of each transition ([`ClaimOutcome`],
+//!   [`WriteOutcome`], [`RenewOutcome`]): `outcomes.rs`.
+//! - `Store` and [`Admin`](crate::Admin) for `Arc`, `Box` and `&`: `forward.rs`.
 
-use std::sync::Arc;
+mod error;
+mod forward;
+mod outcomes;
+
+pub use error::{BoxError, Operation, StoreError};
+pub use outcomes::{ClaimOutcome, ClaimRequest, RenewOutcome, WriteOutcome};
+
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{
-    ClaimOutcome, ClaimRequest, Key, Lease, Record, RenewOutcome, StepName, StoreError,
-    WriteOutcome,
-};
+use crate::{Key, Record, key::StepName, record::Lease};
 
 /// How a store gets rid of records once they are absent (expired, no live lease):
 /// [`Store::expiry`] declares it, so that callers and the conformance suite know whether
 /// [`Store::purge_expired`] must run.
 ///
 /// ```
-/// use idem_core::{Expiry, MemoryStore, Store};
+/// use idem_core::{store::Expiry, MemoryStore, Store};
 ///
 /// assert_eq!(MemoryStore::new().expiry(), Expiry::Purge);
 /// ```
@@ -51,11 +60,11 @@ pub enum Expiry {
 /// and it counts as absent (everywhere: claim, writes, `get`, purge) only when it is
 /// expired **and** no live lease holds it. A live owner's record is never claimed
 /// afresh, whatever its retention. Durations longer than
-/// [`MAX_DURATION`](crate::MAX_DURATION) count as that ([`clamp_duration`](crate::clamp_duration)).
+/// [`MAX_DURATION`](crate::raw::MAX_DURATION) count as that ([`clamp_duration`](crate::raw::clamp_duration)).
 ///
 /// **Names.** A store that keeps records in a flat key space under a namespace (a key
 /// prefix) must map (namespace, scope, key) to its storage key injectively and never
-/// reach past its own namespace; [`crate::storage_name`] does exactly that.
+/// reach past its own namespace; [`crate::raw::storage_name`] does exactly that.
 ///
 /// Usable as `Arc<dyn Store>`:
 ///
@@ -162,68 +171,3 @@ pub trait Store: Send + Sync {
         None
     }
 }
-
-macro_rules! forward_store {
-    ($($pointer:ty),*) => {$(
-        #[async_trait]
-        impl<S: Store + ?Sized> Store for $pointer {
-            async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-                (**self).claim(request).await
-            }
-            async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-                (**self).complete(lease, response).await
-            }
-            async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-                (**self).fail(lease, response).await
-            }
-            async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
-                (**self).release(lease).await
-            }
-            async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
-                (**self).renew(lease, extend).await
-            }
-            async fn checkpoint(&self, lease: &Lease, step: &StepName, value: &[u8]) -> Result<WriteOutcome, StoreError> {
-                (**self).checkpoint(lease, step, value).await
-            }
-            async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-                (**self).get(key).await
-            }
-            async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-                (**self).purge_expired(limit).await
-            }
-            fn expiry(&self) -> Expiry {
-                (**self).expiry()
-            }
-            fn max_record_bytes(&self) -> Option<usize> {
-                (**self).max_record_bytes()
-            }
-        }
-    )*};
-}
-
-forward_store!(Arc<S>, Box<S>, &S);
-
-macro_rules! forward_admin {
-    ($($pointer:ty),*) => {$(
-        #[async_trait]
-        impl<S: crate::Admin + ?Sized> crate::Admin for $pointer {
-            async fn list(&self, query: &crate::ListQuery) -> Result<crate::Page, StoreError> {
-                (**self).list(query).await
-            }
-            async fn stats(&self, top_scopes: usize) -> Result<crate::Stats, StoreError> {
-                (**self).stats(top_scopes).await
-            }
-            async fn release_key(&self, key: &Key) -> Result<crate::OperatorRelease, StoreError> {
-                (**self).release_key(key).await
-            }
-            async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-                (**self).delete(key).await
-            }
-            async fn raw(&self, key: &Key) -> Result<Option<crate::RawRecord>, StoreError> {
-                (**self).raw(key).await
-            }
-        }
-    )*};
-}
-
-forward_admin!(Arc<S>, Box<S>, &S);

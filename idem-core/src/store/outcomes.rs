@@ -6,12 +6,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::{AttemptId, Fingerprint, Key, Lease, Steps};
+use crate::{Fingerprint, Key, record::AttemptId, record::Lease, record::Steps};
 
 /// A request to claim a key (see [`Store::claim`](crate::Store::claim)).
 ///
 /// ```
-/// use idem_core::{ClaimRequest, Fingerprint, Key};
+/// use idem_core::{store::ClaimRequest, Fingerprint, Key};
 /// use std::time::Duration;
 ///
 /// let request = ClaimRequest::new(
@@ -21,7 +21,7 @@ use crate::{AttemptId, Fingerprint, Key, Lease, Steps};
 ///     Duration::from_secs(24 * 3600),
 /// );
 /// assert_eq!(request.lease, Duration::from_secs(30));
-/// # Ok::<(), idem_core::KeyError>(())
+/// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Debug)]
 #[non_exhaustive]
@@ -33,10 +33,10 @@ pub struct ClaimRequest {
     /// Identifies this attempt; send the same request again to retry an ambiguous claim.
     pub attempt: AttemptId,
     /// How long the lease lasts from the store's `now`. Longer than
-    /// [`MAX_DURATION`](crate::MAX_DURATION) counts as that.
+    /// [`MAX_DURATION`](crate::raw::MAX_DURATION) counts as that.
     pub lease: Duration,
     /// How long a new record is kept from its creation. Longer than
-    /// [`MAX_DURATION`](crate::MAX_DURATION) counts as that.
+    /// [`MAX_DURATION`](crate::raw::MAX_DURATION) counts as that.
     pub retention: Duration,
 }
 
@@ -66,7 +66,7 @@ impl ClaimRequest {
 /// that a field added later breaks no store; callers match on the variants.
 ///
 /// ```
-/// use idem_core::ClaimOutcome;
+/// use idem_core::store::ClaimOutcome;
 ///
 /// let outcome = ClaimOutcome::replay(b"receipt".to_vec());
 /// match outcome {

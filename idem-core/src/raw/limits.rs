@@ -14,11 +14,11 @@ pub const MAX_TOKEN: u64 = (1 << 53) - 1;
 /// well inside PostgreSQL's `timestamptz`, Redis's `PEXPIREAT`, the 53-bit integers of
 /// Redis's Lua, SQLite's and DynamoDB's numbers. The driver's builder refuses anything
 /// longer ([`ConfigError::DurationTooLong`](crate::ConfigError::DurationTooLong)); a store
-/// handed a longer duration directly (a [`ClaimRequest`](crate::ClaimRequest) built by
+/// handed a longer duration directly (a [`ClaimRequest`](crate::store::ClaimRequest) built by
 /// hand, a renewal) treats it as this one, so no backend ever sees an out-of-range value.
 ///
 /// ```
-/// use idem_core::{Idempotency, MemoryStore, MAX_DURATION};
+/// use idem_core::{Idempotency, MemoryStore, raw::MAX_DURATION};
 ///
 /// // "As long as idem can": a century.
 /// let idem = Idempotency::builder(MemoryStore::new()).retention(MAX_DURATION).build()?;
@@ -32,7 +32,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 /// durations it is handed.
 ///
 /// ```
-/// use idem_core::{clamp_duration, MAX_DURATION};
+/// use idem_core::{raw::clamp_duration, raw::MAX_DURATION};
 /// use std::time::Duration;
 ///
 /// assert_eq!(clamp_duration(Duration::MAX), MAX_DURATION);
@@ -46,7 +46,7 @@ pub fn clamp_duration(duration: Duration) -> Duration {
 /// `u64` and a Lua number.
 ///
 /// ```
-/// use idem_core::duration_millis;
+/// use idem_core::raw::duration_millis;
 /// use std::time::Duration;
 ///
 /// assert_eq!(duration_millis(Duration::from_micros(1_999)), 1);

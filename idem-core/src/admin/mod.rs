@@ -5,9 +5,9 @@
 //! the invariants of [`Store`]: an operator's release is a fenced takeover (the attempt
 //! that held the key can no longer write), and a deleted record is simply absent.
 //!
-//! - [`Admin`], [`ReleaseKeyOutcome`], [`RawRecord`]: here.
-//! - [`ListQuery`], [`Cursor`], [`Page`], [`Listed`], [`MAX_PAGE`]: `query.rs`.
-//! - [`Stats`]: `stats.rs`.
+//! - this file: [`Admin`], [`ReleaseKeyOutcome`], [`RawRecord`].
+//! - `query.rs`: [`ListQuery`], [`Cursor`], [`Page`], [`Listed`], [`MAX_PAGE`].
+//! - `stats.rs`: [`Stats`].
 //! - Helpers for store authors (`select_page`, `raw_text`, `raw_of`): [`crate::raw`].
 
 mod query;

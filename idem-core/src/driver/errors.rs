@@ -515,3 +515,22 @@ pub enum ConfigError {
 #[derive(Debug, thiserror::Error)]
 #[error("the store did not answer within {0:?}")]
 pub(crate) struct NoAnswer(pub(crate) Duration);
+
+/// One of idem's own checkpoint names, checked like any step name.
+pub(crate) fn step_name(name: &str) -> Result<crate::key::StepName, Interrupted> {
+    crate::key::StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))
+}
+
+/// The caller's error for an interruption met by the driver itself.
+pub(crate) fn interruption_error(key: &crate::Key, interrupted: Interrupted) -> Error {
+    match interrupted.0 {
+        Reason::LeaseLost => Error::LeaseLost,
+        Reason::Store(err) => Error::Store(err),
+        Reason::Codec { what, source } => Error::Codec {
+            key: key.short_hash(),
+            what,
+            source,
+        },
+        other => Error::Interrupted(Interrupted(other)),
+    }
+}

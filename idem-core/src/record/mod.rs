@@ -1,9 +1,9 @@
 //! The stored record and the values that describe it.
 //!
-//! - [`Record`], [`State`], [`Steps`]: here.
-//! - [`Timestamp`]: `timestamp.rs`.
-//! - [`Lease`], [`AttemptId`]: `lease.rs`.
-//! - [`RecordParts`], the decoder stores share: `parts.rs`.
+//! - this file: [`Record`], [`State`], [`Steps`].
+//! - `timestamp.rs`: [`Timestamp`].
+//! - `lease.rs`: [`Lease`], [`AttemptId`].
+//! - `parts.rs`: [`RecordParts`], the decoder stores share.
 
 mod lease;
 mod parts;

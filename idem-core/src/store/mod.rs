@@ -1,7 +1,7 @@
 //! The `Store` trait: one method per transition, each one atomic native operation.
 //!
-//! - [`Store`], [`Expiry`]: here.
-//! - [`StoreError`], [`Operation`], [`BoxError`]: `error.rs`.
+//! - this file: [`Store`], [`Expiry`].
+//! - `error.rs`: [`StoreError`], [`Operation`], [`BoxError`].
 //! - [`ClaimRequest`] and the answers of each transition ([`ClaimOutcome`],
 //!   [`WriteOutcome`], [`RenewOutcome`]): `outcomes.rs`.
 //! - `Store` and [`Admin`](crate::Admin) for `Arc`, `Box` and `&`: `forward.rs`.

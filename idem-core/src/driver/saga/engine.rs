@@ -11,12 +11,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::errors::{Error, Interrupted, Reason, Unstorable};
-use super::saga::{self, Undo, UndoMark, UndoResult};
-use super::wire::Marker;
-use super::{Context, FailedUndo, durable, heartbeat, interruption_error, step_name};
+use crate::driver::errors::{Error, Interrupted, Reason, Unstorable};
+use crate::driver::finish::answer_failure;
+use crate::driver::saga::{self, Undo, UndoMark, UndoResult};
+use crate::driver::wire::{Marker, StoredFailure, Wire};
+use crate::driver::{Context, FailedUndo, durable, heartbeat, interruption_error, step_name};
+use crate::driver::{Idempotency, Outcome};
 use crate::{
-    BoxError, Compensation, StoreError, codec::StoredPart, store::Operation, store::WriteOutcome,
+    BoxError, Compensation, Store, StoreError, codec::StoredPart, store::Operation,
+    store::WriteOutcome,
 };
 
 /// How the engine writes failures without knowing the error's type.
@@ -300,7 +303,9 @@ async fn store(
         let bytes = encoded(context, plain.clone())?;
         match context.durable(durable::Write::Fail(bytes)).await {
             Ok(WriteOutcome::Applied) => return Ok(plain),
-            Ok(WriteOutcome::Fenced) => return Err(super::fenced_at_the_end(context)),
+            Ok(WriteOutcome::Fenced) => {
+                return Err(crate::driver::finish::fenced_at_the_end(context));
+            }
             Err(StoreError::ResponseTooLarge { size, limit }) => match fallbacks.next() {
                 Some(kept) => {
                     plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, kept);
@@ -316,4 +321,56 @@ fn encoded(context: &Context, plain: Vec<u8>) -> Result<Vec<u8>, Error> {
     context
         .encode(StoredPart::Failure, plain)
         .map_err(|err| interruption_error(&context.key(), err))
+}
+
+impl<S: Store + ?Sized + 'static> Idempotency<S> {
+    /// Runs the undos in reverse order, each at most once across takeovers, then stores
+    /// the failure with what was undone, all in a task of its own (see `compensate.rs`).
+    /// `failure` is the work's failure on the run that failed; a takeover reads it from
+    /// the saga checkpoint. `whole` says this run of the work went as far as it can, so an
+    /// undo it did not register never will be.
+    pub(in crate::driver) async fn compensate<W: Wire>(
+        &self,
+        context: &Context,
+        failure: Option<StoredFailure<W::Failure>>,
+        whole: bool,
+        every: Option<Duration>,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error> {
+        // A work error that does not serialise, or does not read back, compensates all the
+        // same: the marker saying so stands in for it.
+        let failure = failure.map(|failure| {
+            W::encode_failure(&failure)
+                .and_then(|plain| W::decode_failure(&plain).map(|_| plain))
+                .unwrap_or_else(|_| {
+                    let marker = Marker::Unserializable {
+                        step: None,
+                        failure: true,
+                    };
+                    W::marker(&marker, None)
+                })
+        });
+        let saga = Saga {
+            context: context.clone(),
+            undos: context.take_undos(),
+            failure,
+            whole,
+            every,
+            lease: self.settings.lease,
+            encoding: Encoding {
+                with_compensation: W::with_compensation,
+                marker: W::marker,
+            },
+        };
+        let plain = run(saga).await?;
+        let stored = W::decode_failure(&plain).map_err(Error::Decode)?;
+        if let StoredFailure::CompensatedMarker(_, compensation) = &stored {
+            tracing::warn!(
+                undone = ?compensation.undone,
+                pending = ?compensation.pending,
+                interrupted = ?compensation.interrupted,
+                "compensated a work error that could not be stored"
+            );
+        }
+        answer_failure(stored, false, None)
+    }
 }

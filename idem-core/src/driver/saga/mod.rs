@@ -1,6 +1,8 @@
 //! Compensation: steps that register how to undo them, undone in reverse order, once
 //! each, when a later step fails for good. The states are drawn on [`Compensation`].
 
+mod engine;
+
 use std::future::Future;
 use std::pin::Pin;
 

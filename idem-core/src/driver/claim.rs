@@ -1,0 +1,118 @@
+//! The claim, and the wait for another attempt under `InFlightPolicy::Wait`.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::builder::Settings;
+use super::{Error, Idempotency, InFlightPolicy, observe, policy, retry_store};
+use crate::raw::clamp_duration;
+use crate::record::{Lease, Steps};
+use crate::store::{ClaimOutcome, ClaimRequest, Operation};
+use crate::{Fingerprint, Key, Store};
+
+impl<S: Store + ?Sized + 'static> Idempotency<S> {
+    /// Claims the key, waiting for another attempt under [`InFlightPolicy::Wait`].
+    pub(super) async fn claim(&self, key: &Key, fingerprint: Fingerprint) -> Result<Claim, Error> {
+        let Settings {
+            lease,
+            retention,
+            in_flight,
+            ..
+        } = self.settings;
+        // The same request (same attempt id) on every try: a claim that landed but whose
+        // answer was lost returns the same lease instead of in-flight.
+        let request = ClaimRequest::new(key.clone(), fingerprint, lease, retention);
+        let waiting = match in_flight {
+            // A wait too long for the clock to count is a wait without end.
+            InFlightPolicy::Wait { timeout } => Some(Instant::now().checked_add(timeout)),
+            InFlightPolicy::Reject => None,
+        };
+        let mut backoff = policy::WAIT_FIRST_BACKOFF;
+        let mut waited = false;
+        loop {
+            let timeout = self.settings.store_timeout;
+            let sent = Instant::now();
+            let mut tries = 0u32;
+            let outcome = retry_store(Operation::Claim, timeout, None, || {
+                tries += 1;
+                self.store.claim(&request)
+            })
+            .await?;
+            return Ok(match outcome {
+                ClaimOutcome::Claimed {
+                    lease: granted,
+                    resumed,
+                    steps,
+                    ..
+                } => {
+                    // A retried claim whose first try landed gets its own lease back as
+                    // `resumed: false`, whether that try created the record or took it
+                    // over. A takeover shows in a lease that did not start with the
+                    // record, or in a token past the first; the second also counts a
+                    // fresh record that replaced an absent one (token + 1) as resumed,
+                    // the safe side: the work then finds no steps done.
+                    let resumed = resumed
+                        || tries > 1
+                            && (granted.token > 1
+                                || granted.lease_until
+                                    != granted.created_at.saturating_add(clamp_duration(lease)));
+                    observe::count(observe::CLAIMS);
+                    if resumed {
+                        observe::count(observe::TAKEOVERS);
+                        tracing::info!(token = granted.token, "took over an expired lease");
+                    }
+                    Claim::Won {
+                        lease: granted,
+                        deadline: sent + clamp_duration(lease),
+                        resumed,
+                        steps,
+                    }
+                }
+                ClaimOutcome::Replay { response, .. } => Claim::Replay(response),
+                ClaimOutcome::ReplayFailure { response, .. } => Claim::ReplayFailure(response),
+                ClaimOutcome::InFlight { retry_after, .. } => {
+                    let now = Instant::now();
+                    let left = match waiting {
+                        Some(Some(deadline)) if now < deadline => Some(deadline - now),
+                        Some(None) => Some(Duration::MAX),
+                        _ => None,
+                    };
+                    match left {
+                        Some(left) => {
+                            if !waited {
+                                waited = true;
+                                observe::count(observe::WAITS);
+                            }
+                            let pause = policy::jittered(backoff).min(left);
+                            tokio::time::sleep(pause).await;
+                            backoff = (backoff * 2).min(policy::WAIT_MAX_BACKOFF);
+                            continue;
+                        }
+                        None => {
+                            observe::count(observe::IN_FLIGHT_REJECTIONS);
+                            return Err(Error::InFlight { retry_after });
+                        }
+                    }
+                }
+                ClaimOutcome::Mismatch => {
+                    observe::count(observe::MISMATCHES);
+                    return Err(Error::Mismatch);
+                }
+            });
+        }
+    }
+}
+
+/// What the claim left the driver to do.
+pub(super) enum Claim {
+    Won {
+        lease: Lease,
+        /// When the lease ends on this process's clock.
+        deadline: Instant,
+        resumed: bool,
+        steps: Steps,
+    },
+    Replay(Vec<u8>),
+    ReplayFailure(Vec<u8>),
+}

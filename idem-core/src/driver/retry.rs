@@ -1,0 +1,76 @@
+//! Store calls bounded in time and tried again while they fail with a retryable error.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{errors, observe, policy};
+use crate::StoreError;
+use crate::store::Operation;
+
+/// How often the driver retries a store call that failed with a retryable error. Every
+/// store operation is safe to repeat (same attempt id, same lease), so a retry resolves an
+/// ambiguous failure instead of leaving the key held.
+const STORE_ATTEMPTS: u32 = 3;
+const STORE_BACKOFF: Duration = Duration::from_millis(25);
+
+/// One store call, failed as unavailable (retryable) when it takes longer than `timeout`.
+async fn bounded<O>(
+    operation: Operation,
+    timeout: Duration,
+    call: impl Future<Output = Result<O, StoreError>>,
+) -> Result<O, StoreError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable {
+                operation,
+                source: Box::new(errors::NoAnswer(timeout)),
+            })
+        })
+}
+
+/// The most tries of one write within a lease, whatever the lease's length.
+const MAX_WRITE_ATTEMPTS: u32 = 64;
+const MAX_WRITE_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Runs a store call, trying again with backoff while it fails with a retryable error:
+/// at least [`STORE_ATTEMPTS`] tries, and for a write that follows the work (made before
+/// `deadline`, the end of its lease on this process's clock: a checkpoint, the result,
+/// the failure) as long as the lease has time left, at most [`MAX_WRITE_ATTEMPTS`].
+/// Giving such a write up early would leave the key held until the lease ends and then
+/// run the work again. Every store operation is safe to repeat (the same attempt id, the
+/// same lease). Each try is bounded by `timeout`, so the whole call ends within
+/// `max(deadline, 3 tries) + timeout` and the backoff between tries.
+pub(crate) async fn retry_store<O, Fut>(
+    operation: Operation,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    mut call: impl FnMut() -> Fut,
+) -> Result<O, StoreError>
+where
+    Fut: Future<Output = Result<O, StoreError>>,
+{
+    let mut tries = 1;
+    let mut backoff = STORE_BACKOFF;
+    loop {
+        let result = bounded(operation, timeout, call()).await;
+        if result.is_err() {
+            observe::store_error(operation);
+        }
+        let lease_left = deadline.is_some_and(|deadline| Instant::now() < deadline);
+        match result {
+            Err(err)
+                if err.is_retryable()
+                    && (tries < STORE_ATTEMPTS || lease_left && tries < MAX_WRITE_ATTEMPTS) =>
+            {
+                tracing::debug!(error = %err, tries, "retrying a store call");
+                tokio::time::sleep(policy::jittered(backoff)).await;
+                backoff = (backoff * 2).min(MAX_WRITE_BACKOFF);
+                tries += 1;
+            }
+            result => return result,
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! One execution: check the key, charge the budget, claim, run the work beside its
+//! heartbeat, and hand its result to what stores it.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::claim::Claim;
+use super::errors::{Interrupted, Reason};
+use super::finish::{answer_failure, cannot_write};
+use super::wire::{Marker, StoredFailure, Wire};
+use super::{
+    Context, Error, Idempotency, KeyBudget, Limits, Outcome, WorkError, durable, heartbeat,
+    observe, retry_store,
+};
+use crate::codec::StoredPart;
+use crate::store::Operation;
+use crate::{Fingerprint, Key, Store};
+
+impl<S: Store + ?Sized + 'static> Idempotency<S> {
+    pub(super) async fn run<W, F, Fut>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        work: F,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error>
+    where
+        W: Wire,
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<W::Value, WorkError<W::Failure>>>,
+    {
+        self.settings
+            .key_policy
+            .check(key.key())
+            .map_err(Error::KeyRefused)?;
+        let charged = self.charge_budget(key).await?;
+        let claim = self.claim(key, fingerprint).await;
+        let new_key = matches!(claim, Ok(Claim::Won { resumed: false, .. }));
+        if new_key {
+            observe::count_scoped(observe::NEW_KEYS, self.scope_label(key));
+        } else if let Some(budget) = charged {
+            budget.give_back(key.scope());
+        }
+        let (lease, deadline, resumed, steps) = match claim? {
+            Claim::Won {
+                lease,
+                deadline,
+                resumed,
+                steps,
+            } => (lease, deadline, resumed, steps),
+            Claim::Replay(response) => {
+                observe::count(observe::REPLAYS);
+                let plain = self.decode(key, &fingerprint, StoredPart::Result, &response)?;
+                let value = W::decode_value(&plain).map_err(Error::Decode)?;
+                return Ok(Outcome::Completed {
+                    value,
+                    replayed: true,
+                });
+            }
+            Claim::ReplayFailure(response) => {
+                observe::count(observe::REPLAYS);
+                let plain = self.decode(key, &fingerprint, StoredPart::Failure, &response)?;
+                let stored = W::decode_failure(&plain).map_err(Error::Decode)?;
+                return answer_failure(stored, true, None);
+            }
+        };
+
+        let store = Arc::clone(&self.shared);
+        let limits = self.limits();
+        let codec = Arc::clone(&self.settings.codec);
+        let context = Context::new(
+            store,
+            lease,
+            deadline,
+            fingerprint,
+            resumed,
+            steps,
+            limits,
+            codec,
+            self.settings.store_timeout,
+            W::SERDE,
+        );
+        let started = Instant::now();
+        let every = self.settings.heartbeat.interval(self.settings.lease);
+        let result =
+            heartbeat::run(work(context.clone()), &context, every, self.settings.lease).await;
+        observe::work_duration(started.elapsed());
+        // An earlier owner started compensating: the failure is decided; finish undoing,
+        // unless this run cannot write any more.
+        if context.is_compensating() && !cannot_write(&result) {
+            // The run went through the work as far as it goes (to the first step without
+            // a checkpoint, or its end): every undo it did not register, it never will.
+            let whole = matches!(
+                result,
+                Ok(_)
+                    | Err(WorkError::Permanent(_))
+                    | Err(WorkError::Interrupted(Interrupted(Reason::Compensating)))
+            );
+            drop(result);
+            return self.compensate::<W>(&context, None, whole, every).await;
+        }
+        match result {
+            Err(WorkError::Permanent(error)) if context.has_undos() => {
+                let failure = StoredFailure::Work(error);
+                self.compensate::<W>(&context, Some(failure), true, every)
+                    .await
+            }
+            Ok(value) => self.complete::<W>(&context, value).await,
+            Err(WorkError::Permanent(error)) => {
+                self.fail::<W>(&context, StoredFailure::Work(error), None)
+                    .await
+            }
+            Err(WorkError::Retryable(error)) => {
+                // Best effort, bounded like every store call (no lease deadline: a
+                // release that fails just lets the lease run out).
+                let release = durable::write(
+                    Arc::clone(&self.shared),
+                    context.lease(),
+                    durable::Write::Release,
+                    self.settings.store_timeout,
+                    None,
+                );
+                if let Err(err) = release.await {
+                    tracing::warn!(error = %err, "could not release the lease; it will expire");
+                }
+                Ok(Outcome::Retryable(error))
+            }
+            Err(WorkError::Unknown(error)) => Ok(Outcome::Unknown(error)),
+            Err(WorkError::Interrupted(Interrupted(reason))) => match reason {
+                Reason::LeaseLost => Err(Error::LeaseLost),
+                Reason::Store(err) => Err(Error::Store(err)),
+                Reason::Codec { what, source } => Err(Error::Codec {
+                    key: key.short_hash(),
+                    what,
+                    source,
+                }),
+                Reason::Unstorable(unstorable) => {
+                    // A permanent failure of the execution like any other: steps done
+                    // before it are undone.
+                    let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
+                    if context.has_undos() {
+                        self.compensate::<W>(&context, Some(marker), true, every)
+                            .await
+                    } else {
+                        self.fail::<W>(&context, marker, None).await
+                    }
+                }
+                other => Err(Error::Interrupted(Interrupted(other))),
+            },
+        }
+    }
+
+    /// Takes a new key from the scope's budget. Out of budget, a key that already has a
+    /// record goes ahead uncharged; a new one is refused.
+    async fn charge_budget(&self, key: &Key) -> Result<Option<&Arc<dyn KeyBudget>>, Error> {
+        let Some(budget) = &self.settings.budget else {
+            return Ok(None);
+        };
+        match budget.take(key.scope()) {
+            Ok(()) => Ok(Some(budget)),
+            Err(retry_after) => {
+                let timeout = self.settings.store_timeout;
+                if retry_store(Operation::Get, timeout, None, || self.store.get(key))
+                    .await?
+                    .is_some()
+                {
+                    return Ok(None);
+                }
+                observe::count_scoped(observe::KEY_BUDGET_REJECTIONS, self.scope_label(key));
+                Err(Error::KeyBudgetExhausted { retry_after })
+            }
+        }
+    }
+
+    fn scope_label(&self, key: &Key) -> Option<String> {
+        let label = self.settings.scope_label.as_ref()?;
+        Some((label.0)(key.scope()))
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            response_cap: self.settings.max_response_bytes,
+            record: self.store.max_record_bytes(),
+        }
+    }
+}

@@ -82,7 +82,7 @@ fn local(backend: &str) -> Target {
         Target::virtual_time("sqlite", |clock| async move {
             idem_sqlite::SqliteStore::builder_in_memory()
                 .clock(clock)
-                .open()
+                .build()
         })
     } else {
         Target::virtual_time("memory", |clock| async move {

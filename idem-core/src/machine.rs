@@ -503,7 +503,7 @@ mod tests {
         assert!(is_purgeable(&record, record.lease_until));
     }
 
-    /// Issue 12, item 1: a takeover or heartbeat can push the lease past `expires_at`;
+    /// A takeover or heartbeat can push the lease past `expires_at`;
     /// the record must stay in flight until that lease ends, never be claimed afresh.
     #[test]
     fn a_live_lease_keeps_an_expired_record_present() {

@@ -284,7 +284,7 @@ async fn storm<C: Checkout>(
 mod tests {
     use super::*;
 
-    /// Issue 11: the summary printed "payments executed 491" beside "orders debited 500",
+    /// The summary once printed "payments executed 491" beside "orders debited 500",
     /// and 65 "worker crashes" for a storm of 40. Every figure must mean one thing.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_figure_of_the_summary_means_one_thing() {

@@ -153,7 +153,7 @@ mod tests {
         let b = partition_key("p#", &Key::new("a", "bc").unwrap());
         assert_ne!(a, b);
         assert_eq!(a, "2:p#2:ab:c");
-        // Issue 11: prefixes `tenantX1` and `tenantX` met in `tenantX11:x:y:zzzzzzz:w`.
+        // Prefixes `tenantX1` and `tenantX` met in `tenantX11:x:y:zzzzzzz:w`.
         let long = partition_key("tenantX1", &Key::new("x", "y:zzzzzzz:w").unwrap());
         let short = partition_key("tenantX", &Key::new("x:y:zzzzzzz", "w").unwrap());
         assert_ne!(long, short);

@@ -109,7 +109,7 @@ async fn an_unreachable_endpoint_is_a_retryable_error() {
     assert!(err.is_retryable(), "{err:?}");
 }
 
-/// Issue 11: a table name DynamoDB refuses is refused when the store is built, with a
+/// A table name DynamoDB refuses is refused when the store is built, with a
 /// clear error; before, the first claim failed with "the store failed during claim".
 #[test]
 fn an_invalid_table_name_is_refused_when_the_store_is_built() {
@@ -129,7 +129,7 @@ fn an_invalid_table_name_is_refused_when_the_store_is_built() {
     ));
 }
 
-/// Issue 11: with prefixes `tenantX1` and `tenantX`, a key of one met a key of the other
+/// With prefixes `tenantX1` and `tenantX`, a key of one met a key of the other
 /// (both `tenantX11:x:y:zzzzzzz:w`): the second store replayed the first one's secret, and
 /// its purge deleted the first one's records.
 #[tokio::test]

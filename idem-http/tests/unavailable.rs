@@ -88,7 +88,7 @@ async fn sqlite_with_its_write_lock_held_elsewhere() {
     let _ = std::fs::remove_file(&path);
     let store = idem_sqlite::SqliteStore::builder(&path)
         .busy_timeout(Duration::from_millis(50))
-        .open()
+        .build()
         .unwrap();
     // Another process holds the write lock for the whole test.
     let holder = idem_sqlite::rusqlite::Connection::open(&path).unwrap();

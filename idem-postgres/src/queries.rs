@@ -20,7 +20,7 @@ const ADMIN_RELEASE: &str = include_str!("../sql/admin_release.sql");
 const ADMIN_DELETE: &str = include_str!("../sql/admin_delete.sql");
 const ADMIN_RAW: &str = include_str!("../sql/admin_raw.sql");
 
-/// When a row counts as present (DESIGN.md section 2): unexpired, or held by a live lease.
+/// When a row counts as present (docs/DESIGN.md §4): unexpired, or held by a live lease.
 /// Every statement that decides between "there is a record" and "there is none" uses it,
 /// as `{present}`, or `{r.present}` for the row aliased `r`.
 fn present(row: &str) -> String {

@@ -226,7 +226,7 @@ async fn a_stale_owner_cannot_complete_in_its_transaction() {
     );
 }
 
-/// Issue 12: a heartbeat that ticks between `complete_in` and `COMMIT` waits for the row
+/// A heartbeat that ticks between `complete_in` and `COMMIT` waits for the row
 /// lock the work's transaction holds. It must neither stall the work (a deadlock: before,
 /// the work was not polled while the renewal waited) nor turn the committed result into a
 /// lost lease.
@@ -265,7 +265,7 @@ async fn a_heartbeat_inside_the_transaction_neither_deadlocks_nor_loses_the_resu
     assert_eq!(debits(&store, &ledger, "order-5").await, 1);
 }
 
-/// Issue 11: reserved words are valid table names; they used to pass validation and then
+/// Reserved words are valid table names; they used to pass validation and then
 /// break `migrate()` with a syntax error.
 #[tokio::test]
 async fn reserved_words_work_as_table_names() {

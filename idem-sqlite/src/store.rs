@@ -93,7 +93,7 @@ impl SqliteStoreBuilder {
     /// # Errors
     /// [`StoreError::Misconfigured`] when the file cannot be opened or was written by a
     /// newer idem; [`StoreError::Busy`] when another process holds the lock too long.
-    pub fn open(self) -> Result<SqliteStore, StoreError> {
+    pub fn build(self) -> Result<SqliteStore, StoreError> {
         let setup = |err| map(Operation::Setup, err);
         let (connection, location) = match &self.path {
             Some(path) => {
@@ -150,7 +150,7 @@ impl SqliteStore {
     /// # Errors
     /// See [`SqliteStoreBuilder::open`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        Self::builder(path).open()
+        Self::builder(path).build()
     }
 
     /// A private in-memory database: gone when the last clone of the store is dropped.
@@ -158,7 +158,7 @@ impl SqliteStore {
     /// # Errors
     /// See [`SqliteStoreBuilder::open`].
     pub fn open_in_memory() -> Result<Self, StoreError> {
-        Self::builder_in_memory().open()
+        Self::builder_in_memory().build()
     }
 
     /// Settings for a database file.

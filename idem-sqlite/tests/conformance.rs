@@ -8,7 +8,7 @@ mod in_memory {
     idem_testkit::conformance_tests!(manual_clock: |clock, _| async move {
         SqliteStore::builder_in_memory()
             .clock(clock)
-            .open()
+            .build()
             .expect("an in-memory database")
     });
 }
@@ -27,7 +27,7 @@ mod file_on_a_manual_clock {
     idem_testkit::conformance_tests!(manual_clock: |clock, _| async move {
         SqliteStore::builder(super::common::fresh_db_path())
             .clock(clock)
-            .open()
+            .build()
             .expect("a database file")
     });
 }
@@ -38,7 +38,7 @@ mod admin_in_memory {
     idem_testkit::admin_conformance_tests!(manual_clock: |clock, _| async move {
         SqliteStore::builder_in_memory()
             .clock(clock)
-            .open()
+            .build()
             .expect("an in-memory database")
     });
 }

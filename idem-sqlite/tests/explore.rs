@@ -12,7 +12,7 @@ use idem_testkit::explore::{Target, assert_sample_passes};
 fn sampled_faults_in_memory_break_nothing() {
     assert_sample_passes(
         Target::virtual_time("sqlite in memory", |clock| async move {
-            SqliteStore::builder_in_memory().clock(clock).open()
+            SqliteStore::builder_in_memory().clock(clock).build()
         }),
         400,
     );
@@ -24,7 +24,7 @@ fn sampled_faults_on_a_file_break_nothing() {
         Target::virtual_time("sqlite file", |clock| async move {
             SqliteStore::builder(common::fresh_db_path())
                 .clock(clock)
-                .open()
+                .build()
         }),
         100,
     );

@@ -205,7 +205,7 @@ async fn a_stale_owner_cannot_complete_in_its_transaction() {
     assert_eq!(debits(&ledger(&path)), 0);
 }
 
-/// Issue 12: a heartbeat that ticks between `complete_in` and `COMMIT` must neither stall
+/// A heartbeat that ticks between `complete_in` and `COMMIT` must neither stall
 /// the work (its renewal waits for the write lock the work holds) nor turn the committed
 /// result into a lost lease.
 #[tokio::test]
@@ -215,7 +215,7 @@ async fn a_heartbeat_inside_the_transaction_neither_stalls_nor_loses_the_result(
     // would show as a hang, not as a slow pass.
     let store = SqliteStore::builder(&path)
         .busy_timeout(Duration::from_secs(30))
-        .open()
+        .build()
         .unwrap();
     let idem = Idempotency::builder(store.clone())
         .lease(Duration::from_secs(5))

@@ -184,7 +184,7 @@ async fn a_worker_killed_mid_work_is_taken_over_once() {
     let idem = driver(
         SqliteStore::builder(&path)
             .clock(later)
-            .open()
+            .build()
             .expect("open"),
     );
     let done = idem

@@ -1,7 +1,7 @@
 //! # idem-testkit
 //!
 //! The conformance suite every [`idem_core::Store`] runs: ours and yours. One line in a test
-//! file gives one named test per behaviour of the contract (DESIGN.md section 2), so a
+//! file gives one named test per behaviour of the contract (docs/DESIGN.md §2), so a
 //! failure names the broken behaviour. A model-based test then drives random operation
 //! sequences and compares every answer with the pure state machine
 //! ([`idem_core::machine`]).

@@ -26,17 +26,17 @@ enum Flaw {
     NonAtomicClaim,
     /// `purge_expired` also removes expired records whose lease is live.
     PurgesLiveLeases,
-    /// An expired record counts as absent even while a live lease holds it (the contract
-    /// before issue 12).
+    /// An expired record counts as absent even while a live lease holds it (an earlier
+    /// contract).
     ExpiredIsAbsentDespiteLease,
     /// Storage names are `<namespace><scope length>:<scope>:<key>`, with nothing ending the
-    /// namespace, and purge matches names by the raw namespace prefix (DynamoDB before
-    /// issue 11).
+    /// namespace, and purge matches names by the raw namespace prefix (DynamoDB's
+    /// early layout).
     UnterminatedNamespace,
     /// Names are right, but purge deletes absent records of every namespace on the backend.
     PurgeReachesOtherNamespaces,
     /// Durations reach the backend unclamped, and it refuses those past a century
-    /// (PostgreSQL's and Redis's failures before issue 11).
+    /// (PostgreSQL's and Redis's early failures).
     RefusesLongDurations,
     /// An operator's release ends the lease but keeps the token and the attempt: the owner
     /// is not fenced.

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::durable::{self, Write};
-use super::errors::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
+use super::error::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
 use super::saga::{self, Undo};
 use super::{Limits, observe};
 use crate::{

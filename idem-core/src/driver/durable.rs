@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::errors::Error;
+use super::error::Error;
 use super::wire::Marker;
 use super::{Context, interruption_error, retry_store};
 use crate::{

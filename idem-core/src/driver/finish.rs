@@ -1,7 +1,7 @@
 //! Storing what the work answered: its result, its permanent failure, or the marker that
 //! stands in for a value that cannot be stored; and answering it as stored.
 
-use super::errors::{Interrupted, Reason, Unstorable};
+use super::error::{Interrupted, Reason, Unstorable};
 use super::wire::{Marker, StoredFailure, Wire};
 use super::{Context, Error, Idempotency, Outcome, ValuePart, WorkError, durable, observe};
 use crate::codec::{StoredAt, StoredPart};

@@ -9,7 +9,7 @@
 //! - Sagas: their types and checkpoints in `saga/mod.rs`, the compensation engine in
 //!   `saga/engine.rs`.
 //! - Store calls bounded and retried: `retry.rs`.
-//! - What the work sees ([`Context`]): `context.rs`; errors: `errors.rs`; the stored
+//! - What the work sees ([`Context`]): `context.rs`; errors: `error.rs`; the stored
 //!   forms of values: `wire.rs`; metrics: [`observe`].
 
 mod budget;
@@ -17,7 +17,7 @@ mod builder;
 mod claim;
 mod context;
 mod durable;
-mod errors;
+mod error;
 mod finish;
 mod heartbeat;
 mod key_policy;
@@ -42,7 +42,7 @@ use tracing::Instrument;
 pub use budget::{DEFAULT_MAX_SCOPES, KeyBudget, TokenBucket};
 pub use builder::IdempotencyBuilder;
 pub use context::{Completion, Context};
-pub use errors::{
+pub use error::{
     ConfigError, Error, Interrupted, InterruptedKind, ValuePart, WorkError, WorkResult,
     WorkResultExt, done,
 };
@@ -53,7 +53,7 @@ pub use provider::{Provider, SettingsWarning};
 pub use saga::{Compensation, FailedUndo};
 
 pub(crate) use builder::Limits;
-pub(crate) use errors::{interruption_error, step_name};
+pub(crate) use error::{interruption_error, step_name};
 pub(crate) use retry::retry_store;
 
 use builder::Settings;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::claim::Claim;
-use super::errors::{Interrupted, Reason};
+use super::error::{Interrupted, Reason};
 use super::finish::{answer_failure, cannot_write};
 use super::wire::{Marker, StoredFailure, Wire};
 use super::{

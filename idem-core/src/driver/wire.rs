@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::errors::{Error, Unstorable, ValuePart};
+use super::error::{Error, Unstorable, ValuePart};
 use crate::{BoxError, Compensation};
 
 /// A permanent failure as stored: the work's own error, or a marker for a value the

@@ -1,4 +1,4 @@
-//! The claim table of DESIGN.md section 2, row by row.
+//! The claim table of docs/DESIGN.md §2.1, row by row.
 
 use std::time::Duration;
 

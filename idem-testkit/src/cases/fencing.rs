@@ -1,4 +1,4 @@
-//! The fenced-write table of DESIGN.md section 2, stale owners and retried writes.
+//! The fenced-write table of docs/DESIGN.md §2.2, stale owners and retried writes.
 
 use idem_core::{
     Key, State, Store, key::StepName, record::Lease, store::ClaimOutcome, store::RenewOutcome,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::driver::errors::{Error, Interrupted, Reason, Unstorable};
+use crate::driver::error::{Error, Interrupted, Reason, Unstorable};
 use crate::driver::finish::answer_failure;
 use crate::driver::saga::{self, Undo, UndoMark, UndoResult};
 use crate::driver::wire::{Marker, StoredFailure, Wire};

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::Context;
-use super::errors::{Interrupted, Reason, WorkError};
+use super::error::{Interrupted, Reason, WorkError};
 
 /// The checkpoint holding the failure a saga is compensating for.
 pub(crate) const SAGA_STEP: &str = "idem.saga";

@@ -1,4 +1,4 @@
-//! The driver's promises of issue 12: heartbeats never stall the work, the first answer
+//! The driver's promises: heartbeats never stall the work, the first answer
 //! equals every replay, poison steps name themselves, values that cannot be stored are
 //! stored as failures (never run twice), and the 1.0 API shapes.
 

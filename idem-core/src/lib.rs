@@ -36,6 +36,7 @@
 //! - [`key`], [`fingerprint`]: what identifies a request and what makes two requests equal.
 //! - [`clock`]: the clocks of stores that keep time in the process.
 //! - [`raw`]: helpers for store authors only.
+//! - [`connect`]: opening a store from a URL; each backend crate parses its own schemes.
 //! - [`driver`] (feature `driver`, on by default): [`Idempotency`], which claims, runs the
 //!   work, and stores or replays results; its policies, errors and metrics.
 //! - [`codec`] (feature `driver`): what every stored byte goes through (encryption at rest).
@@ -57,6 +58,7 @@ pub mod admin;
 pub mod clock;
 #[cfg(feature = "driver")]
 pub mod codec;
+pub mod connect;
 mod derived_key;
 #[cfg(feature = "driver")]
 pub mod driver;

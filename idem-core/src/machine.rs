@@ -16,15 +16,15 @@
 //!
 //! # Claim
 //!
-//! | existing record | outcome | write |
-//! |---|---|---|
-//! | none, or absent (expired, no live lease) | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1); steps cleared |
-//! | fingerprint differs | `Mismatch` | none (checked first for any record that is not absent) |
-//! | Completed | `Replay(response)` | none |
-//! | Failed | `ReplayFailure(response)` | none |
-//! | InProgress, same attempt id, lease live | `Claimed` with the same lease (`resumed: false`) | none |
-//! | InProgress, lease live | `InFlight { retry_after }` | none |
-//! | InProgress, lease expired | `Claimed { resumed: true }` (takeover; steps kept) | token + 1, new attempt, new lease |
+//! | existing record | outcome | write | checked by (`idem-testkit`) |
+//! |---|---|---|---|
+//! | none, or absent (expired, no live lease) | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1); steps cleared | `cases::claim::absent_key_is_claimed_fresh`, `cases::claim::absent_record_is_claimed_fresh`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::lifetimes_are_told_apart` |
+//! | fingerprint differs | `Mismatch` | none (checked first for any record that is not absent) | `cases::claim::different_fingerprint_is_a_mismatch`, `cases::fencing::fingerprint_survives_completion`, `cases::retention::a_live_lease_is_never_absent` |
+//! | Completed | `Replay(response)` | none | `cases::claim::completed_record_replays`, `cases::payloads::replays_are_byte_exact`, `cases::fencing::fingerprint_survives_completion` |
+//! | Failed | `ReplayFailure(response)` | none | `cases::claim::failed_record_replays_failure`, `cases::payloads::replays_are_byte_exact` |
+//! | InProgress, same attempt id, lease live | `Claimed` with the same lease (`resumed: false`) | none | `cases::claim::same_attempt_gets_its_lease_back` |
+//! | InProgress, lease live | `InFlight { retry_after }` | none | `cases::claim::live_lease_is_in_flight`, `cases::retention::a_live_lease_is_never_absent`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_claims_have_one_winner` |
+//! | InProgress, lease expired | `Claimed { resumed: true }` (takeover; steps kept) | token + 1, new attempt, new lease | `cases::claim::expired_lease_is_taken_over`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_takeovers_have_one_winner` |
 //!
 //! # Fenced writes
 //!
@@ -33,13 +33,13 @@
 //! (or `fail`) retried by the same owner after the first try landed answers `Applied`
 //! without writing again.
 //!
-//! | op | effect when the fence holds |
-//! |---|---|
-//! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + retention)` |
-//! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + retention)` |
-//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over |
-//! | `renew(lease, extend)` | `lease_until = now + extend` |
-//! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` |
+//! | op | effect when the fence holds | checked by (`idem-testkit`) |
+//! |---|---|---|
+//! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::complete_stores_the_response`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent`, `cases::payloads::large_responses_replay_or_are_refused` |
+//! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::fail_stores_the_failure`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent` |
+//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::claim::tokens_strictly_increase` |
+//! | `renew(lease, extend)` | `lease_until = now + extend` | `cases::fencing::renew_extends_the_lease`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::a_live_lease_is_never_absent`, `cases::retention::extreme_durations_work` |
+//! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` | `cases::fencing::checkpoint_records_steps`, `cases::payloads::steps_count_toward_the_record_limit` |
 //!
 //! `get` hides absent records; `purge_expired` removes absent records ([`is_purgeable`]).
 //!
@@ -223,11 +223,11 @@ pub fn checkpoint(
 /// An operator's release (see [`Admin::release_key`](crate::Admin::release_key)): a fenced
 /// takeover on the operator's behalf. `attempt` is a fresh id no worker holds.
 ///
-/// | existing record | outcome | write |
-/// |---|---|---|
-/// | none, or absent | `NotFound` | none |
-/// | Completed or Failed | `Finished(state)` | none |
-/// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept |
+/// | existing record | outcome | write | checked by (`idem-testkit`) |
+/// |---|---|---|---|
+/// | none, or absent | `NotFound` | none | `cases::admin::operator_release_fences_the_owner` |
+/// | Completed or Failed | `Finished(state)` | none | `cases::admin::operator_release_fences_the_owner`, `cases::admin::operator_release_races_the_owners_complete` |
+/// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept | `cases::admin::operator_release_fences_the_owner`, `cases::admin::operator_release_races_the_owners_complete` |
 pub fn release_key(
     existing: Option<&Record>,
     attempt: AttemptId,

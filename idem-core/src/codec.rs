@@ -8,35 +8,13 @@ use std::fmt;
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 
+use crate::record::ValuePart;
 use crate::{Fingerprint, Key};
-
-/// Which value of a record a stored byte string is. Bound into every ciphertext, so a
-/// stored failure cannot be replayed as a result, nor one step's value as another's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoredPart<'a> {
-    /// The work's result.
-    Result,
-    /// The stored permanent failure.
-    Failure,
-    /// The checkpoint of the named step.
-    Step(&'a str),
-}
-
-impl fmt::Display for StoredPart<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoredPart::Result => f.write_str("the stored result"),
-            StoredPart::Failure => f.write_str("the stored failure"),
-            StoredPart::Step(step) => write!(f, "the checkpoint of step `{step}`"),
-        }
-    }
-}
 
 /// Where a value is stored: the record (scope and key), the request it answers (its
 /// fingerprint) and which of the record's values it is. A [`Codec`] binds its output to
 /// it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct StoredAt<'a> {
     /// The record's key.
     pub key: &'a Key,
@@ -44,18 +22,19 @@ pub struct StoredAt<'a> {
     /// must not decode as the answer to another request under the same key (an earlier
     /// lifetime of the key, copied into a later record).
     pub fingerprint: &'a Fingerprint,
-    /// Which value of the record.
-    pub part: StoredPart<'a>,
+    /// Which value of the record. Bound into every ciphertext, so a stored failure
+    /// cannot be replayed as a result, nor one step's value as another's.
+    pub part: ValuePart,
 }
 
 impl StoredAt<'_> {
     /// The bytes a codec authenticates for this place: an unambiguous encoding of scope,
     /// key, part (each length-prefixed) and fingerprint, under a version tag.
     pub fn associated_data(&self) -> Vec<u8> {
-        let (tag, step) = match self.part {
-            StoredPart::Result => (b'r', ""),
-            StoredPart::Failure => (b'f', ""),
-            StoredPart::Step(step) => (b's', step),
+        let (tag, step) = match &self.part {
+            ValuePart::Result => (b'r', ""),
+            ValuePart::Failure => (b'f', ""),
+            ValuePart::Step(step) => (b's', step.as_str()),
         };
         let mut out = Vec::with_capacity(64 + self.key.scope().len() + self.key.key().len());
         out.extend_from_slice(b"idem/aad/2");
@@ -124,12 +103,12 @@ pub enum CodecError {
 /// - Size limits apply to what `encode` returns: the driver checks the stored size.
 ///
 /// ```
-/// use idem_core::{Aes256GcmCodec, Codec, Fingerprint, Key, codec::StoredAt, codec::StoredPart};
+/// use idem_core::{Aes256GcmCodec, Codec, Fingerprint, Key, codec::StoredAt, record::ValuePart};
 ///
 /// let codec = Aes256GcmCodec::new(1, [7; 32]);
 /// let key = Key::new("acct_42/payments.create", "order-1")?;
 /// let fingerprint = Fingerprint::of_bytes("amount=500");
-/// let at = StoredAt { key: &key, fingerprint: &fingerprint, part: StoredPart::Result };
+/// let at = StoredAt { key: &key, fingerprint: &fingerprint, part: ValuePart::Result };
 /// let stored = codec.encode(&at, b"ch_1".to_vec())?;
 /// assert_eq!(&*codec.decode(&at, &stored)?, b"ch_1");
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -345,7 +324,7 @@ mod tests {
 
     const FINGERPRINT: Fingerprint = Fingerprint::from_bytes([5; 32]);
 
-    fn at<'a>(key: &'a Key, part: StoredPart<'a>) -> StoredAt<'a> {
+    fn at(key: &Key, part: ValuePart) -> StoredAt<'_> {
         StoredAt {
             key,
             fingerprint: &FINGERPRINT,
@@ -359,18 +338,16 @@ mod tests {
         let key = Key::new("s", "k").unwrap();
         let plain = b"Ada Lovelace, 4242";
         let stored = codec
-            .encode(&at(&key, StoredPart::Result), plain.to_vec())
+            .encode(&at(&key, ValuePart::Result), plain.to_vec())
             .unwrap();
         assert_eq!(stored.len(), plain.len() + Aes256GcmCodec::OVERHEAD);
         assert!(!stored.windows(plain.len()).any(|w| w == plain));
         let again = codec
-            .encode(&at(&key, StoredPart::Result), plain.to_vec())
+            .encode(&at(&key, ValuePart::Result), plain.to_vec())
             .unwrap();
         assert_ne!(stored, again, "a fresh nonce every time");
         assert_eq!(
-            &*codec
-                .decode(&at(&key, StoredPart::Result), &stored)
-                .unwrap(),
+            &*codec.decode(&at(&key, ValuePart::Result), &stored).unwrap(),
             plain
         );
     }
@@ -381,18 +358,18 @@ mod tests {
         let key = Key::new("s", "k").unwrap();
         let other = Key::new("s", "k2").unwrap();
         let stored = codec
-            .encode(&at(&key, StoredPart::Result), b"v".to_vec())
+            .encode(&at(&key, ValuePart::Result), b"v".to_vec())
             .unwrap();
         // The same key for another request: a later lifetime of the key.
         let another_request = Fingerprint::from_bytes([6; 32]);
         for wrong in [
-            at(&other, StoredPart::Result),
-            at(&key, StoredPart::Failure),
-            at(&key, StoredPart::Step("charge")),
+            at(&other, ValuePart::Result),
+            at(&key, ValuePart::Failure),
+            at(&key, ValuePart::Step("charge".into())),
             StoredAt {
                 key: &key,
                 fingerprint: &another_request,
-                part: StoredPart::Result,
+                part: ValuePart::Result,
             },
         ] {
             assert_eq!(
@@ -403,12 +380,12 @@ mod tests {
         let mut flipped = stored.clone();
         *flipped.last_mut().unwrap() ^= 1;
         assert_eq!(
-            codec.decode(&at(&key, StoredPart::Result), &flipped),
+            codec.decode(&at(&key, ValuePart::Result), &flipped),
             Err(CodecError::Unauthentic { id: 1 })
         );
         let rotated_away = Aes256GcmCodec::new(2, [4; 32]);
         assert_eq!(
-            rotated_away.decode(&at(&key, StoredPart::Result), &stored),
+            rotated_away.decode(&at(&key, ValuePart::Result), &stored),
             Err(CodecError::UnknownKeyId { id: 1 })
         );
         let rotated = Aes256GcmCodec::new(2, [4; 32])
@@ -416,22 +393,22 @@ mod tests {
             .unwrap();
         assert_eq!(
             &*rotated
-                .decode(&at(&key, StoredPart::Result), &stored)
+                .decode(&at(&key, ValuePart::Result), &stored)
                 .unwrap(),
             b"v"
         );
         assert_eq!(
             rotated
-                .encode(&at(&key, StoredPart::Result), b"v".to_vec())
+                .encode(&at(&key, ValuePart::Result), b"v".to_vec())
                 .unwrap()[1..5],
             2u32.to_be_bytes()
         );
         assert!(matches!(
-            codec.decode(&at(&key, StoredPart::Result), b"{\"plain\":1}"),
+            codec.decode(&at(&key, ValuePart::Result), b"{\"plain\":1}"),
             Err(CodecError::Malformed { .. })
         ));
         assert!(matches!(
-            codec.decode(&at(&key, StoredPart::Result), &stored[..20]),
+            codec.decode(&at(&key, ValuePart::Result), &stored[..20]),
             Err(CodecError::Malformed { .. })
         ));
         assert_eq!(
@@ -443,7 +420,7 @@ mod tests {
         let lenient = Aes256GcmCodec::new(1, [3; 32]).allow_plaintext_reads();
         assert_eq!(
             &*lenient
-                .decode(&at(&key, StoredPart::Result), b"{\"plain\":1}")
+                .decode(&at(&key, ValuePart::Result), b"{\"plain\":1}")
                 .unwrap(),
             b"{\"plain\":1}"
         );
@@ -455,8 +432,8 @@ mod tests {
         let a = Key::new("ab", "c").unwrap();
         let b = Key::new("a", "bc").unwrap();
         assert_ne!(
-            at(&a, StoredPart::Result).associated_data(),
-            at(&b, StoredPart::Result).associated_data()
+            at(&a, ValuePart::Result).associated_data(),
+            at(&b, ValuePart::Result).associated_data()
         );
     }
 }

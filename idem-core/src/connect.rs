@@ -199,7 +199,9 @@ pub enum OpenError {
     },
     /// The server answered and said no: credentials, a database that does not exist,
     /// permissions.
-    #[error("the {location} refused the connection: {source}; check the credentials, the database name and the permissions")]
+    #[error(
+        "the {location} refused the connection: {source}; check the credentials, the database name and the permissions"
+    )]
     Rejected {
         /// Where the store is, as [`Location`] shows it.
         location: String,

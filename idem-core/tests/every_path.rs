@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::driver::Unstorable;
+use idem_core::record::ValuePart;
 use idem_core::{
     Error, Fingerprint, Heartbeat, Idempotency, InFlightPolicy, Key, ManualClock, MemoryStore,
     Outcome, Record, State, Store, StoreError, Timestamp, WorkError, key::StepName, record::Lease,
@@ -28,7 +30,7 @@ enum Fault {
     Hang,
     /// Answers after this long (then applies).
     Slow(Duration),
-    /// A `complete` or `fail` with more than this many bytes is `ResponseTooLarge`.
+    /// A `complete` or `fail` with more than this many bytes is `TooLarge`.
     FailLimit(usize),
     /// As `FailLimit`, after this long.
     SlowLimit(Duration, usize),
@@ -81,6 +83,11 @@ impl Faulty {
             operation,
             source: "connection reset".into(),
         };
+        let part = if operation == Operation::Fail {
+            ValuePart::Failure
+        } else {
+            ValuePart::Result
+        };
         match self.fault(operation) {
             Fault::None => apply.await,
             Fault::Refuse(_) => Err(broken()),
@@ -94,13 +101,13 @@ impl Faulty {
                 apply.await
             }
             Fault::FailLimit(limit) if size > limit => {
-                Err(StoreError::ResponseTooLarge { size, limit })
+                Err(StoreError::TooLarge { part, size, limit })
             }
             Fault::FailLimit(_) => apply.await,
             Fault::SlowLimit(pause, limit) => {
                 tokio::time::sleep(pause).await;
                 if size > limit {
-                    return Err(StoreError::ResponseTooLarge { size, limit });
+                    return Err(StoreError::TooLarge { part, size, limit });
                 }
                 apply.await
             }
@@ -303,7 +310,14 @@ async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
     };
     let first = idem.execute(&key("too-large"), fp(), work).await;
     assert!(
-        matches!(first, Err(Error::ResultTooLarge { limit: 100, .. })),
+        matches!(
+            first,
+            Err(Error::Unstorable {
+                part: ValuePart::Result,
+                reason: Unstorable::TooLarge { limit: 100, .. },
+                ..
+            })
+        ),
         "{first:?}"
     );
     let record = store.get(&key("too-large")).await.unwrap().unwrap();
@@ -312,7 +326,12 @@ async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
     let again = idem.execute(&key("too-large"), fp(), work).await;
     assert!(matches!(
         again,
-        Err(Error::ResultTooLarge { replayed: true, .. })
+        Err(Error::Unstorable {
+            part: ValuePart::Result,
+            reason: Unstorable::TooLarge { .. },
+            replayed: true,
+            ..
+        })
     ));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -527,7 +546,13 @@ async fn a_failure_that_cannot_be_stored_still_undoes_the_steps() {
         })
         .await;
     assert!(
-        matches!(outcome, Err(Error::Unserializable { .. })),
+        matches!(
+            outcome,
+            Err(Error::Unstorable {
+                reason: Unstorable::Unserializable,
+                ..
+            })
+        ),
         "{outcome:?}"
     );
     assert_eq!(ledger.count("refund"), 1, "the charge was refunded");
@@ -738,7 +763,14 @@ async fn a_step_whose_value_cannot_be_stored_is_reported_pending() {
         })
         .await;
     assert!(
-        matches!(outcome, Err(Error::StepTooLarge { .. })),
+        matches!(
+            outcome,
+            Err(Error::Unstorable {
+                part: ValuePart::Step(_),
+                reason: Unstorable::TooLarge { .. },
+                ..
+            })
+        ),
         "{outcome:?}"
     );
     let record = store.get(&key("unstorable-step")).await.unwrap().unwrap();
@@ -972,7 +1004,14 @@ async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
         })
         .await;
     assert!(
-        matches!(outcome, Err(Error::ResultTooLarge { .. })),
+        matches!(
+            outcome,
+            Err(Error::Unstorable {
+                part: ValuePart::Result,
+                reason: Unstorable::TooLarge { .. },
+                ..
+            })
+        ),
         "{outcome:?}"
     );
     assert_eq!(ledger.count("refund"), 1);

@@ -5,9 +5,10 @@
 //! `IDEM_FUZZ_CASES` sets the inputs per target (default 2 000, as CI runs it); the long
 //! run in RELIABILITY.md uses 1 000 000.
 
+use idem_core::record::ValuePart;
 use idem_core::{
-    Aes256GcmCodec, Codec, Fingerprint, Key, Record, StoreError, codec::StoredAt,
-    codec::StoredPart, key::KeyError, key::MAX_PART_LEN, key::StepName, raw::MAX_TOKEN,
+    Aes256GcmCodec, Codec, Fingerprint, Key, Record, StoreError, codec::StoredAt, key::KeyError,
+    key::MAX_PART_LEN, key::StepName, raw::MAX_TOKEN,
 };
 use proptest::prelude::*;
 
@@ -142,7 +143,7 @@ proptest! {
         let codec = Aes256GcmCodec::new(1, [7; 32]);
         let key = Key::new("fuzz", "cipher").unwrap();
         let fingerprint = idem_core::Fingerprint::of_bytes("request");
-        let at = StoredAt { key: &key, fingerprint: &fingerprint, part: StoredPart::Result };
+        let at = StoredAt { key: &key, fingerprint: &fingerprint, part: ValuePart::Result };
         let mut forged = header.to_vec();
         forged[0] = 0xA1;
         forged.extend(&bytes);

@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::driver::Unstorable;
 use idem_core::{
     ConfigError, Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore,
     Outcome, Purger, Record, Store, StoreError, WorkError, WorkResultExt, driver::InterruptedKind,
-    driver::ValuePart, driver::done, key::StepName, raw::MAX_DURATION, record::Lease,
+    driver::done, key::StepName, raw::MAX_DURATION, record::Lease, record::ValuePart,
     store::ClaimOutcome, store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome,
     store::WriteOutcome,
 };
@@ -259,8 +260,9 @@ async fn a_value_that_does_not_round_trip_is_a_stored_failure_from_the_start() {
             .await
             .unwrap_err();
         match err {
-            Error::Unserializable {
-                what: ValuePart::Result,
+            Error::Unstorable {
+                part: ValuePart::Result,
+                reason: Unstorable::Unserializable,
                 replayed,
                 ..
             } => assert_eq!(replayed, attempt > 0),
@@ -279,8 +281,9 @@ async fn a_value_that_does_not_round_trip_is_a_stored_failure_from_the_start() {
     assert!(
         matches!(
             err,
-            Error::Unserializable {
-                what: ValuePart::Failure,
+            Error::Unstorable {
+                part: ValuePart::Failure,
+                reason: Unstorable::Unserializable,
                 ..
             }
         ),
@@ -394,11 +397,11 @@ async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
             .await
             .unwrap_err();
         match err {
-            Error::StepTooLarge {
-                step,
-                size,
-                limit,
+            Error::Unstorable {
+                part: ValuePart::Step(step),
+                reason: Unstorable::TooLarge { size, limit },
                 replayed,
+                ..
             } => {
                 assert_eq!(step, "receipt");
                 assert!(size > limit, "{size} > {limit}");
@@ -420,7 +423,9 @@ async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
     assert!(
         matches!(
             err,
-            Error::ResultTooLarge {
+            Error::Unstorable {
+                part: ValuePart::Result,
+                reason: Unstorable::TooLarge { .. },
                 replayed: false,
                 ..
             }

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::driver::Unstorable;
 use idem_core::{
     ConfigError, Error, Fingerprint, Idempotency, Key, ManualClock, MemoryStore, Outcome, Record,
-    State, Store, StoreError, WorkError, driver::ValuePart, key::StepName, record::Lease,
+    State, Store, StoreError, WorkError, key::StepName, record::Lease, record::ValuePart,
     store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
     store::WriteOutcome,
 };
@@ -343,14 +344,15 @@ async fn a_result_over_the_cap_is_a_stored_failure_not_a_second_run() {
             .await
             .unwrap_err();
         match err {
-            Error::ResultTooLarge {
-                size,
-                limit,
+            Error::Unstorable {
+                part: ValuePart::Result,
+                reason: Unstorable::TooLarge { size, limit },
                 replayed,
+                ..
             } => {
                 assert_eq!((size, limit, replayed), (102, 64, attempt > 0));
             }
-            other => panic!("expected ResultTooLarge, got {other:?}"),
+            other => panic!("expected Unstorable (too large), got {other:?}"),
         }
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -378,16 +380,18 @@ async fn an_unserializable_result_is_a_stored_failure() {
             .await
             .unwrap_err();
         match err {
-            Error::Unserializable {
-                what,
+            Error::Unstorable {
+                part: what,
+                reason: Unstorable::Unserializable,
                 source,
                 replayed,
+                ..
             } => {
                 assert_eq!(what, ValuePart::Result);
                 assert_eq!(replayed, attempt > 0);
                 assert_eq!(source.is_some(), attempt == 0);
             }
-            other => panic!("expected Unserializable, got {other:?}"),
+            other => panic!("expected Unstorable (unserializable), got {other:?}"),
         }
     }
 }

@@ -45,7 +45,7 @@
 //! capped at [`MAX_RECORD_BYTES`]: the driver keeps below it, checking the whole record
 //! before it writes a result or a checkpoint (and stores a too-large value as the
 //! execution's permanent failure, so the work never runs twice for it); the store refuses
-//! a larger write with `StoreError::ResponseTooLarge` or `StoreError::StepTooLarge`
+//! a larger write with `StoreError::TooLarge`
 //! before anything is written. Throttling and transient server errors are retryable
 //! errors; failed conditions are outcomes (replay, in flight, fenced), never errors. A
 //! table DynamoDB refuses (a bad name, a missing table, no access) is

@@ -10,6 +10,7 @@ use aws_sdk_dynamodb::Client;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
+use idem_core::record::ValuePart;
 use idem_core::{
     Clock, Key, Record, State, Store, StoreError, SystemClock, Timestamp, key::StepName, machine,
     raw::duration_millis, raw::storage_name, record::Lease, store::ClaimOutcome,
@@ -424,7 +425,13 @@ impl DynamoDbStore {
         response: &[u8],
         terminal: State,
     ) -> Result<WriteOutcome, StoreError> {
-        let too_large = || StoreError::ResponseTooLarge {
+        let part = if terminal == State::Failed {
+            ValuePart::Failure
+        } else {
+            ValuePart::Result
+        };
+        let too_large = || StoreError::TooLarge {
+            part: part.clone(),
             size: response.len(),
             limit: MAX_RECORD_BYTES,
         };
@@ -612,8 +619,8 @@ impl Store for DynamoDbStore {
         value: &[u8],
     ) -> Result<WriteOutcome, StoreError> {
         let size = step.as_str().len() + value.len();
-        let too_large = || StoreError::StepTooLarge {
-            step: step.as_str().to_owned(),
+        let too_large = || StoreError::TooLarge {
+            part: ValuePart::Step(step.as_str().to_owned()),
             size,
             limit: MAX_RECORD_BYTES,
         };

@@ -5,6 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::record::ValuePart;
 use idem_core::{
     Fingerprint, Idempotency, Key, ManualClock, Store, StoreError, Timestamp, key::StepName,
     store::ClaimOutcome, store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
@@ -191,7 +192,7 @@ async fn values_that_do_not_fit_in_the_item_are_refused_and_change_nothing() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, StoreError::StepTooLarge { step, .. } if step == "receipt"),
+        matches!(&err, StoreError::TooLarge { part: ValuePart::Step(step), .. } if step == "receipt"),
         "{err:?}"
     );
     // Fits alone, but not beside the checkpoint already in the item: DynamoDB refuses the
@@ -205,7 +206,14 @@ async fn values_that_do_not_fit_in_the_item_are_refused_and_change_nothing() {
     );
     let err = store.complete(&lease, &vec![2; 200_000]).await.unwrap_err();
     assert!(
-        matches!(err, StoreError::ResponseTooLarge { size: 200_000, .. }),
+        matches!(
+            err,
+            StoreError::TooLarge {
+                part: ValuePart::Result,
+                size: 200_000,
+                ..
+            }
+        ),
         "{err:?}"
     );
     let record = store.get(&request.key).await.unwrap().unwrap();

@@ -11,6 +11,8 @@ use bytes::Bytes;
 use http::response::Parts as ResponseParts;
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Limited};
+use idem_core::driver::Unstorable;
+use idem_core::record::ValuePart;
 use idem_core::{
     BoxError, Error, Fingerprint, Idempotency, Key, Outcome, WorkError, key::KeyError, key::KeyPart,
 };
@@ -472,13 +474,11 @@ fn answer(
                 .retry_after(1)
                 .into_response(),
         ),
-        Err(Error::ResultTooLarge {
-            replayed: false, ..
-        }) => match first() {
+        Err(Error::Unstorable { part: ValuePart::Result, reason: Unstorable::TooLarge { .. }, replayed: false, .. }) => match first() {
             Some(response) => respond(Answer::Executed, response),
             None => internal(Answer::Error, "The response was too large to store"),
         },
-        Err(Error::ResultTooLarge { replayed: true, .. }) => {
+        Err(Error::Unstorable { part: ValuePart::Result, reason: Unstorable::TooLarge { .. }, replayed: true, .. }) => {
             respond(Answer::Replayed, not_stored(StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new()))
         }
         // The handler ran, but its response could not be stored: it still goes to this

@@ -169,7 +169,7 @@ macro_rules! __with_cases {
             large_responses_replay_or_are_refused => LargeResponsesReplayOrAreRefused:
                 "A response of the largest size replays exactly; a result or failure one byte over a store's own limit is refused and writes nothing.";
             steps_count_toward_the_record_limit => StepsCountTowardTheRecordLimit:
-                "With a record limit: a checkpoint that does not fit is StepTooLarge, a result or failure that fits alone but not beside the steps is ResponseTooLarge; nothing is written and a smaller result completes. Without a declared limit, 1 MiB checkpoints and a 1 MiB result beside them all land.";
+                "With a record limit: a checkpoint that does not fit is TooLarge naming the step, a result or failure that fits alone but not beside the steps is TooLarge naming it; nothing is written and a smaller result completes. Without a declared limit, 1 MiB checkpoints and a 1 MiB result beside them all land.";
             keys_at_the_limits => KeysAtTheLimits:
                 "Keys of exactly 255 bytes, non-ASCII keys and keys with quotes work.";
             extreme_durations_work => ExtremeDurationsWork:

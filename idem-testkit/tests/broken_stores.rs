@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
+use idem_core::record::ValuePart;
 use idem_core::{
     Admin, Clock, Fingerprint, Key, MemoryStore, Record, State, Store, StoreError, SystemClock,
     Timestamp, admin::ListQuery, admin::Page, admin::ReleaseKeyOutcome, admin::Stats,
@@ -138,9 +139,10 @@ impl FlawedStore {
     }
 
     /// A response over the limit on its own, refused before anything is read.
-    fn refuse_response(&self, response: &[u8]) -> Result<(), StoreError> {
+    fn refuse_response(&self, response: &[u8], terminal: State) -> Result<(), StoreError> {
         match self.limit {
-            Some(limit) if response.len() > limit => Err(StoreError::ResponseTooLarge {
+            Some(limit) if response.len() > limit => Err(StoreError::TooLarge {
+                part: part_of(terminal),
                 size: response.len(),
                 limit,
             }),
@@ -167,7 +169,8 @@ impl FlawedStore {
             steps_size(record, None)
         };
         if beside + response.len() > limit {
-            return Err(StoreError::ResponseTooLarge {
+            return Err(StoreError::TooLarge {
+                part: part_of(terminal),
                 size: response.len(),
                 limit,
             });
@@ -284,7 +287,7 @@ impl Store for FlawedStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-        self.refuse_response(response)?;
+        self.refuse_response(response, State::Completed)?;
         if self.has(Flaw::NonAtomicComplete) {
             let name = self.name(&lease.key);
             let existing = self
@@ -337,7 +340,7 @@ impl Store for FlawedStore {
 
     async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
         if !self.has(Flaw::LimitSparesFailures) {
-            self.refuse_response(response)?;
+            self.refuse_response(response, State::Failed)?;
         }
         self.finish(lease, response, State::Failed)
     }
@@ -358,8 +361,8 @@ impl Store for FlawedStore {
         value: &[u8],
     ) -> Result<WriteOutcome, StoreError> {
         let size = step.as_str().len() + value.len();
-        let too_large = |limit| StoreError::StepTooLarge {
-            step: step.as_str().to_owned(),
+        let too_large = |limit| StoreError::TooLarge {
+            part: ValuePart::Step(step.as_str().to_owned()),
             size,
             limit,
         };
@@ -944,5 +947,14 @@ async fn a_store_that_keeps_the_expiry_of_a_late_result_is_reported() {
                 Case::ALiveLeaseIsNeverAbsent,
             ],
         );
+    }
+}
+
+/// Which value a `complete` (the result) or a `fail` (the failure) writes.
+fn part_of(terminal: State) -> ValuePart {
+    if terminal == State::Failed {
+        ValuePart::Failure
+    } else {
+        ValuePart::Result
     }
 }

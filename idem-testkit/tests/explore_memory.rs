@@ -7,6 +7,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use idem_core::record::ValuePart;
 use idem_core::{
     Admin, Key, MemoryStore, Record, State, Store, StoreError, key::StepName, record::Lease,
     store::ClaimOutcome, store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome,
@@ -127,8 +128,8 @@ impl Store for Flawed {
                 });
             }
             Flaw::RefusesUndoMarks if step.as_str().starts_with("idem.undo") => {
-                return Err(StoreError::StepTooLarge {
-                    step: step.as_str().to_owned(),
+                return Err(StoreError::TooLarge {
+                    part: ValuePart::Step(step.as_str().to_owned()),
                     size: value.len() + step.as_str().len(),
                     limit: 0,
                 });

@@ -10,12 +10,13 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
 use super::durable::{self, Write};
-use super::error::{Interrupted, Reason, Unstorable, ValuePart, WorkError};
+use super::error::{CannotStore, Interrupted, Reason, WorkError};
 use super::saga::{self, Undo};
 use super::{Limits, observe};
+use crate::record::ValuePart;
 use crate::{
-    Codec, Fingerprint, Key, Store, StoreError, codec::CodecError, codec::StoredAt,
-    codec::StoredPart, key::StepName, record::Lease, record::Steps, store::WriteOutcome,
+    Codec, Fingerprint, Key, Store, StoreError, codec::CodecError, codec::StoredAt, key::StepName,
+    record::Lease, record::Steps, store::WriteOutcome,
 };
 
 /// Handed to the work by [`Idempotency::execute`](crate::Idempotency::execute).
@@ -170,8 +171,8 @@ impl Context {
     ///   make the step's own effect idempotent downstream (see [`Context::derive`]).
     /// - The value does not serialise, does not read back as `T`, or does not fit in the
     ///   record: interrupted, and the driver stores that as the execution's permanent
-    ///   failure ([`Error::Unserializable`](crate::Error::Unserializable),
-    ///   [`Error::StepTooLarge`](crate::Error::StepTooLarge)), since the step's effect
+    ///   failure ([`Error::Unstorable`](crate::Error::Unstorable) naming the step), since
+    ///   the step's effect
     ///   happened and must not happen again.
     /// - A stored value that no longer decodes as `T` (its type changed): interrupted, with
     ///   an error naming the step. Give a step whose type changes a new name
@@ -228,7 +229,7 @@ impl Context {
         }
         let value = run().await?;
         let unserializable = || {
-            Interrupted(Reason::Unstorable(Unstorable::Unserializable {
+            Interrupted(Reason::Unstorable(CannotStore::Unserializable {
                 what: ValuePart::Step(name.to_owned()),
             }))
         };
@@ -244,7 +245,7 @@ impl Context {
         steps
             .get(name)
             .map(|stored| {
-                self.decode(StoredPart::Step(name), stored)
+                self.decode(ValuePart::Step(name.to_owned()), stored)
                     .map(std::borrow::Cow::into_owned)
             })
             .transpose()
@@ -280,7 +281,7 @@ impl Context {
         reserve: usize,
     ) -> Result<(), Interrupted> {
         let name = step.as_str();
-        let bytes = self.encode(StoredPart::Step(name), plain.to_vec())?;
+        let bytes = self.encode(ValuePart::Step(name.to_owned()), plain.to_vec())?;
         let size = name.len() + bytes.len();
         let room = self.inner.limits.room(self.steps_size(), reserve);
         if size > room {
@@ -297,7 +298,7 @@ impl Context {
                 self.mark_lost();
                 Err(Interrupted::lease_lost())
             }
-            Err(StoreError::StepTooLarge { size, limit, .. }) => Err(too_large(name, size, limit)),
+            Err(StoreError::TooLarge { size, limit, .. }) => Err(too_large(name, size, limit)),
             Err(err) => Err(Interrupted(Reason::Store(err))),
         }
     }
@@ -343,17 +344,17 @@ impl Context {
             return Err(Interrupted(Reason::WrongEncoding));
         }
         let unserializable = || {
-            Interrupted(Reason::Unstorable(Unstorable::Unserializable {
+            Interrupted(Reason::Unstorable(CannotStore::Unserializable {
                 what: ValuePart::Result,
             }))
         };
         let plain = serde_json::to_vec(value).map_err(|_| unserializable())?;
         serde_json::from_slice::<T>(&plain).map_err(|_| unserializable())?;
-        let bytes = self.encode(StoredPart::Result, plain)?;
+        let bytes = self.encode(ValuePart::Result, plain)?;
         let limit = self.room_for_response();
         if bytes.len() > limit {
             return Err(Interrupted(Reason::Unstorable(
-                Unstorable::ResultTooLarge {
+                CannotStore::ResultTooLarge {
                     size: bytes.len(),
                     limit,
                 },
@@ -427,7 +428,7 @@ impl Context {
     /// The plain bytes of a stored value of this record.
     fn decode<'a>(
         &self,
-        part: StoredPart<'_>,
+        part: ValuePart,
         stored: &'a [u8],
     ) -> Result<std::borrow::Cow<'a, [u8]>, Interrupted> {
         let key = self.key();
@@ -439,15 +440,11 @@ impl Context {
         self.inner
             .codec
             .decode(&at, stored)
-            .map_err(|source| codec_interruption(part, source))
+            .map_err(|source| codec_interruption(at.part, source))
     }
 
     /// The stored form of a value of this record.
-    pub(crate) fn encode(
-        &self,
-        part: StoredPart<'_>,
-        plain: Vec<u8>,
-    ) -> Result<Vec<u8>, Interrupted> {
+    pub(crate) fn encode(&self, part: ValuePart, plain: Vec<u8>) -> Result<Vec<u8>, Interrupted> {
         let key = self.key();
         let at = StoredAt {
             key: &key,
@@ -457,7 +454,7 @@ impl Context {
         self.inner
             .codec
             .encode(&at, plain)
-            .map_err(|source| codec_interruption(part, source))
+            .map_err(|source| codec_interruption(at.part, source))
     }
 
     /// Bytes the record's checkpoints take (names and values).
@@ -475,15 +472,12 @@ impl Context {
     }
 }
 
-fn codec_interruption(part: StoredPart<'_>, source: CodecError) -> Interrupted {
-    Interrupted(Reason::Codec {
-        what: part.into(),
-        source,
-    })
+fn codec_interruption(part: ValuePart, source: CodecError) -> Interrupted {
+    Interrupted(Reason::Codec { what: part, source })
 }
 
 fn too_large(step: &str, size: usize, limit: usize) -> Interrupted {
-    Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
+    Interrupted(Reason::Unstorable(CannotStore::StepTooLarge {
         step: step.to_owned(),
         size,
         limit,

@@ -13,9 +13,10 @@ use tokio::time::Instant;
 use super::error::Error;
 use super::wire::Marker;
 use super::{Context, interruption_error, retry_store};
+use crate::record::ValuePart;
 use crate::{
-    Compensation, Store, StoreError, codec::StoredPart, key::StepName, record::Lease,
-    store::Operation, store::WriteOutcome,
+    Compensation, Store, StoreError, key::StepName, record::Lease, store::Operation,
+    store::WriteOutcome,
 };
 
 /// A fenced write of the driver's.
@@ -99,10 +100,14 @@ pub(crate) async fn finish(
                     return Ok(marked.map_or(Finished::Applied, Finished::Marked));
                 }
                 Ok(WriteOutcome::Fenced) => return Ok(Finished::Fenced),
-                Err(StoreError::ResponseTooLarge { size, limit }) if marked.is_none() => {
+                Err(StoreError::TooLarge {
+                    part: ValuePart::Result | ValuePart::Failure,
+                    size,
+                    limit,
+                }) if marked.is_none() => {
                     let stored = Marker::ResultTooLarge { size, limit };
                     let bytes = owner
-                        .encode(StoredPart::Failure, marker(&stored, None))
+                        .encode(ValuePart::Failure, marker(&stored, None))
                         .map_err(|err| interruption_error(&owner.key(), err))?;
                     write = Write::Fail(bytes);
                     marked = Some(stored);

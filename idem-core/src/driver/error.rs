@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::record::ValuePart;
 use crate::{BoxError, StoreError, codec::CodecError, key::KeyError, key::ShortHash};
 
 /// How the protected work failed; the kind decides what is stored.
@@ -153,14 +154,14 @@ pub(crate) enum Reason {
     InvalidStepName(KeyError),
     StepUndecodable { step: String, source: BoxError },
     Codec { what: ValuePart, source: CodecError },
-    Unstorable(Unstorable),
+    Unstorable(CannotStore),
     WrongEncoding,
     Compensating,
 }
 
 /// A value the work produced that the driver cannot store; stored as a marker instead.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Unstorable {
+pub(crate) enum CannotStore {
     ResultTooLarge {
         size: usize,
         limit: usize,
@@ -175,34 +176,32 @@ pub(crate) enum Unstorable {
     },
 }
 
-/// Which value could not be stored.
+/// Why a value the work produced cannot be stored (see [`Error::Unstorable`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum ValuePart {
-    /// The work's result.
-    Result,
-    /// The work's permanent error.
-    Failure,
-    /// The value of a step, by name.
-    Step(String),
+pub enum Unstorable {
+    /// Its encoded form is larger than the room it has: the size cap, or what the
+    /// store holds beside the record's checkpoints.
+    TooLarge {
+        /// The encoded size in bytes.
+        size: usize,
+        /// The room it had.
+        limit: usize,
+    },
+    /// It does not serialise, or does not read back as its own type (`f64::NAN`, a
+    /// `#[serde(skip)]` field without a default, a lossy serializer).
+    Unserializable,
 }
 
-impl From<crate::codec::StoredPart<'_>> for ValuePart {
-    fn from(part: crate::codec::StoredPart<'_>) -> Self {
-        match part {
-            crate::codec::StoredPart::Step(step) => ValuePart::Step(step.to_owned()),
-            crate::codec::StoredPart::Failure => ValuePart::Failure,
-            _ => ValuePart::Result,
-        }
-    }
-}
-
-impl fmt::Display for ValuePart {
+impl fmt::Display for Unstorable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ValuePart::Result => f.write_str("the result"),
-            ValuePart::Failure => f.write_str("the permanent error"),
-            ValuePart::Step(step) => write!(f, "the value of step `{step}`"),
+            Unstorable::TooLarge { size, limit } => {
+                write!(f, "is {size} bytes, over the {limit} bytes it may take")
+            }
+            Unstorable::Unserializable => {
+                f.write_str("does not serialise, or does not read back as its type")
+            }
         }
     }
 }
@@ -234,8 +233,8 @@ impl Interrupted {
                 what: ValuePart::Step(step),
                 ..
             } => Some(step),
-            Reason::Unstorable(Unstorable::StepTooLarge { step, .. })
-            | Reason::Unstorable(Unstorable::Unserializable {
+            Reason::Unstorable(CannotStore::StepTooLarge { step, .. })
+            | Reason::Unstorable(CannotStore::Unserializable {
                 what: ValuePart::Step(step),
             }) => Some(step),
             _ => None,
@@ -268,19 +267,19 @@ impl fmt::Display for Interrupted {
     }
 }
 
-impl fmt::Display for Unstorable {
+impl fmt::Display for CannotStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Unstorable::ResultTooLarge { size, limit } => {
+            CannotStore::ResultTooLarge { size, limit } => {
                 write!(f, "the result is {size} bytes, over the {limit} byte limit")
             }
-            Unstorable::Unserializable { what } => {
+            CannotStore::Unserializable { what } => {
                 write!(
                     f,
                     "{what} could not be serialised, or did not read back as its type"
                 )
             }
-            Unstorable::StepTooLarge { step, size, limit } => write!(
+            CannotStore::StepTooLarge { step, size, limit } => write!(
                 f,
                 "the value of step `{step}` is {size} bytes, over the {limit} bytes left for it"
             ),
@@ -333,41 +332,18 @@ pub enum Error {
     /// other attempt's result is what retries get.
     #[error("the lease was lost to another attempt; retry to get that attempt's result")]
     LeaseLost,
-    /// The result was larger than the size cap, or than the store holds beside the
-    /// work's checkpoints. The work ran once; this failure is stored so retries get it
-    /// back instead of running the work again.
-    #[error("the result is {size} bytes, over the {limit} byte limit{}; raise the cap or return less", replay_note(*replayed))]
-    ResultTooLarge {
-        /// The encoded result's size.
-        size: usize,
-        /// The limit in force.
-        limit: usize,
-        /// True when this is a replay of an earlier attempt's failure.
-        replayed: bool,
-    },
-    /// A step's value was larger than the store holds beside the other checkpoints. The
-    /// step ran; this failure is stored so retries get it back instead of running it
-    /// again.
-    #[error("the value of step `{step}` is {size} bytes, over the {limit} bytes left for it{}; checkpoint less", replay_note(*replayed))]
-    StepTooLarge {
-        /// The step.
-        step: String,
-        /// The encoded value's size.
-        size: usize,
-        /// The room the record had left.
-        limit: usize,
-        /// True when this is a replay of an earlier attempt's failure.
-        replayed: bool,
-    },
-    /// A value the work produced (its result, its permanent error or a step's value) could
-    /// not be serialised, or did not read back as its own type (`f64::NAN`, a
-    /// `#[serde(skip)]` field without a default, a lossy serializer). The work ran; this
-    /// failure is stored so retries get it back instead of running the work again.
-    #[error("{what} could not be stored: it does not serialise, or does not read back as its type{}", replay_note(*replayed))]
-    Unserializable {
+    /// A value the work produced (its result, its permanent error or a step's value)
+    /// cannot be stored: it is too large ([`Unstorable::TooLarge`]: over the size cap, or
+    /// over what the store holds beside the work's checkpoints), or it does not serialise
+    /// or read back as its own type ([`Unstorable::Unserializable`]). The work ran once;
+    /// this failure is stored so retries get it back instead of running the work again.
+    #[error("{part} cannot be stored: it {reason}{}{}", advice(reason), replay_note(*replayed))]
+    Unstorable {
         /// Which value.
-        what: ValuePart,
-        /// The serialiser's error (absent on a replay).
+        part: ValuePart,
+        /// Why.
+        reason: Unstorable,
+        /// The serialiser's error (on the run that stored the failure only).
         #[source]
         source: Option<BoxError>,
         /// True when this is a replay of an earlier attempt's failure.
@@ -413,6 +389,13 @@ pub enum Error {
     Store(#[from] StoreError),
 }
 
+fn advice(reason: &Unstorable) -> &'static str {
+    match reason {
+        Unstorable::TooLarge { .. } => "; raise the cap or store less",
+        Unstorable::Unserializable => "",
+    }
+}
+
 fn replay_note(replayed: bool) -> &'static str {
     if replayed { " (replayed)" } else { "" }
 }
@@ -436,9 +419,7 @@ impl Error {
             Error::Store(err) => err.is_retryable(),
             Error::Mismatch
             | Error::KeyRefused(_)
-            | Error::ResultTooLarge { .. }
-            | Error::StepTooLarge { .. }
-            | Error::Unserializable { .. }
+            | Error::Unstorable { .. }
             | Error::Decode(_)
             | Error::Codec { .. }
             | Error::Interrupted(_) => false,
@@ -447,12 +428,7 @@ impl Error {
 
     /// True when this answer is a replay of an earlier attempt's stored failure.
     pub fn is_replay(&self) -> bool {
-        matches!(
-            self,
-            Error::ResultTooLarge { replayed: true, .. }
-                | Error::StepTooLarge { replayed: true, .. }
-                | Error::Unserializable { replayed: true, .. }
-        )
+        matches!(self, Error::Unstorable { replayed: true, .. })
     }
 }
 

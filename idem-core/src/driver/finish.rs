@@ -1,10 +1,11 @@
 //! Storing what the work answered: its result, its permanent failure, or the marker that
 //! stands in for a value that cannot be stored; and answering it as stored.
 
-use super::error::{Interrupted, Reason, Unstorable};
+use super::error::{CannotStore, Interrupted, Reason};
 use super::wire::{Marker, StoredFailure, Wire};
-use super::{Context, Error, Idempotency, Outcome, ValuePart, WorkError, durable, observe};
-use crate::codec::{StoredAt, StoredPart};
+use super::{Context, Error, Idempotency, Outcome, WorkError, durable, observe};
+use crate::codec::StoredAt;
+use crate::record::ValuePart;
 use crate::{Fingerprint, Key, Store};
 
 impl<S: Store + ?Sized + 'static> Idempotency<S> {
@@ -13,7 +14,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
-        part: StoredPart<'_>,
+        part: ValuePart,
         stored: &'a [u8],
     ) -> Result<std::borrow::Cow<'a, [u8]>, Error> {
         let at = StoredAt {
@@ -24,7 +25,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         self.settings
             .codec
             .decode(&at, stored)
-            .map_err(|source| codec_error(key, part, source))
+            .map_err(|source| codec_error(key, at.part, source))
     }
 
     /// The stored form of a value's plain bytes.
@@ -32,7 +33,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
-        part: StoredPart<'_>,
+        part: ValuePart,
         plain: Vec<u8>,
     ) -> Result<Vec<u8>, Error> {
         let at = StoredAt {
@@ -43,7 +44,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         self.settings
             .codec
             .encode(&at, plain)
-            .map_err(|source| codec_error(key, part, source))
+            .map_err(|source| codec_error(key, at.part, source))
     }
 
     /// Stores the work's value and answers it as stored.
@@ -59,19 +60,15 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let (bytes, stored) = match context.take_completion() {
             // Completed inside the work's own transaction: those bytes are the result.
             Some(bytes) => {
-                let decoded = W::decode_value(&self.decode(
-                    &key,
-                    &fingerprint,
-                    StoredPart::Result,
-                    &bytes,
-                )?);
+                let decoded =
+                    W::decode_value(&self.decode(&key, &fingerprint, ValuePart::Result, &bytes)?);
                 (bytes, decoded)
             }
             None => match W::encode_value(&value) {
                 Ok(plain) => {
                     let decoded = W::decode_value(&plain);
                     (
-                        self.encode(&key, &fingerprint, StoredPart::Result, plain)?,
+                        self.encode(&key, &fingerprint, ValuePart::Result, plain)?,
                         decoded,
                     )
                 }
@@ -117,7 +114,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         what: ValuePart,
         source: crate::BoxError,
     ) -> Result<Outcome<W::Value, W::Failure>, Error> {
-        let marker = Marker::from_unstorable(Unstorable::Unserializable { what });
+        let marker = Marker::from_unstorable(CannotStore::Unserializable { what });
         self.fail::<W>(context, StoredFailure::Marker(marker), Some(source))
             .await
     }
@@ -140,7 +137,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         });
         let encoded = match encoded {
             Ok((plain, decoded)) => Ok((
-                self.encode(&key, &fingerprint, StoredPart::Failure, plain)?,
+                self.encode(&key, &fingerprint, ValuePart::Failure, plain)?,
                 decoded,
             )),
             Err(err) => Err(err),
@@ -181,7 +178,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         // Markers hold only numbers and names: they always serialise.
         let failure = StoredFailure::Marker(marker);
         let plain = W::encode_failure(&failure).unwrap_or_default();
-        let bytes = self.encode(key, fingerprint, StoredPart::Failure, plain)?;
+        let bytes = self.encode(key, fingerprint, ValuePart::Failure, plain)?;
         Ok((bytes, failure, source))
     }
 }
@@ -209,14 +206,10 @@ pub(super) fn answer_failure<T, E>(
 /// A failure's stored bytes, the failure they decode to, and the serialiser's error if any.
 type EncodedFailure<F> = (Vec<u8>, StoredFailure<F>, Option<crate::BoxError>);
 
-pub(super) fn codec_error(
-    key: &Key,
-    part: StoredPart<'_>,
-    source: crate::codec::CodecError,
-) -> Error {
+pub(super) fn codec_error(key: &Key, part: ValuePart, source: crate::codec::CodecError) -> Error {
     Error::Codec {
         key: key.short_hash(),
-        what: part.into(),
+        what: part,
         source,
     }
 }

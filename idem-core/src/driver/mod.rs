@@ -43,7 +43,7 @@ pub use budget::{DEFAULT_MAX_SCOPES, KeyBudget, TokenBucket};
 pub use builder::IdempotencyBuilder;
 pub use context::{Completion, Context};
 pub use error::{
-    ConfigError, Error, Interrupted, InterruptedKind, ValuePart, WorkError, WorkResult,
+    ConfigError, Error, Interrupted, InterruptedKind, Unstorable, WorkError, WorkResult,
     WorkResultExt, done,
 };
 pub use key_policy::{KeyPolicy, KeyPolicyError};
@@ -218,8 +218,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     ///   [`Outcome::Retryable`].
     /// - [`WorkError::Unknown`]: the lease is kept until it expires, [`Outcome::Unknown`].
     /// - A result or error that does not serialise, does not read back as its type, or
-    ///   does not fit: stored as a permanent failure ([`Error::Unserializable`],
-    ///   [`Error::ResultTooLarge`]) and answered so to every retry; the work never runs
+    ///   does not fit: stored as a permanent failure ([`Error::Unstorable`]) and
+    ///   answered so to every retry; the work never runs
     ///   twice for it.
     /// - While `work` runs, the lease is renewed on the [`Heartbeat`] schedule, beside the
     ///   work (a slow renewal never stalls it). A fenced renewal marks the lease lost

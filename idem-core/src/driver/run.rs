@@ -14,7 +14,7 @@ use super::{
     Context, Error, Idempotency, KeyBudget, Limits, Outcome, WorkError, durable, heartbeat,
     observe, retry_store,
 };
-use crate::codec::StoredPart;
+use crate::record::ValuePart;
 use crate::store::Operation;
 use crate::{Fingerprint, Key, Store};
 
@@ -51,7 +51,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             } => (lease, deadline, resumed, steps),
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
-                let plain = self.decode(key, &fingerprint, StoredPart::Result, &response)?;
+                let plain = self.decode(key, &fingerprint, ValuePart::Result, &response)?;
                 let value = W::decode_value(&plain).map_err(Error::Decode)?;
                 return Ok(Outcome::Completed {
                     value,
@@ -60,7 +60,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             }
             Claim::ReplayFailure(response) => {
                 observe::count(observe::REPLAYS);
-                let plain = self.decode(key, &fingerprint, StoredPart::Failure, &response)?;
+                let plain = self.decode(key, &fingerprint, ValuePart::Failure, &response)?;
                 let stored = W::decode_failure(&plain).map_err(Error::Decode)?;
                 return answer_failure(stored, true, None);
             }

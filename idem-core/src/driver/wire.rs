@@ -7,7 +7,8 @@ use std::marker::PhantomData;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::error::{Error, Unstorable, ValuePart};
+use super::error::{CannotStore, Error, Unstorable};
+use crate::record::ValuePart;
 use crate::{BoxError, Compensation};
 
 /// A permanent failure as stored: the work's own error, or a marker for a value the
@@ -70,17 +71,17 @@ pub(crate) enum Marker {
 }
 
 impl Marker {
-    pub(crate) fn from_unstorable(unstorable: Unstorable) -> Self {
+    pub(crate) fn from_unstorable(unstorable: CannotStore) -> Self {
         match unstorable {
-            Unstorable::ResultTooLarge { size, limit } => Marker::ResultTooLarge { size, limit },
-            Unstorable::Unserializable { what } => Marker::Unserializable {
+            CannotStore::ResultTooLarge { size, limit } => Marker::ResultTooLarge { size, limit },
+            CannotStore::Unserializable { what } => Marker::Unserializable {
                 failure: what == ValuePart::Failure,
                 step: match what {
                     ValuePart::Step(step) => Some(step),
                     _ => None,
                 },
             },
-            Unstorable::StepTooLarge { step, size, limit } => {
+            CannotStore::StepTooLarge { step, size, limit } => {
                 Marker::StepTooLarge { step, size, limit }
             }
         }
@@ -88,27 +89,27 @@ impl Marker {
 
     /// The error a marker stands for; `source` is the serialiser's error on the first run.
     pub(crate) fn into_error(self, replayed: bool, source: Option<BoxError>) -> Error {
-        match self {
-            Marker::ResultTooLarge { size, limit } => Error::ResultTooLarge {
-                size,
-                limit,
-                replayed,
-            },
-            Marker::StepTooLarge { step, size, limit } => Error::StepTooLarge {
-                step,
-                size,
-                limit,
-                replayed,
-            },
-            Marker::Unserializable { step, failure } => Error::Unserializable {
-                what: match (step, failure) {
+        let (part, reason) = match self {
+            Marker::ResultTooLarge { size, limit } => {
+                (ValuePart::Result, Unstorable::TooLarge { size, limit })
+            }
+            Marker::StepTooLarge { step, size, limit } => {
+                (ValuePart::Step(step), Unstorable::TooLarge { size, limit })
+            }
+            Marker::Unserializable { step, failure } => (
+                match (step, failure) {
                     (Some(step), _) => ValuePart::Step(step),
                     (None, true) => ValuePart::Failure,
                     (None, false) => ValuePart::Result,
                 },
-                source,
-                replayed,
-            },
+                Unstorable::Unserializable,
+            ),
+        };
+        Error::Unstorable {
+            part,
+            reason,
+            source,
+            replayed,
         }
     }
 }

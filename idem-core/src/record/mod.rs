@@ -1,6 +1,6 @@
 //! The stored record and the values that describe it.
 //!
-//! - this file: [`Record`], [`State`], [`Steps`].
+//! - this file: [`Record`], [`State`], [`Steps`], [`ValuePart`].
 //! - `timestamp.rs`: [`Timestamp`].
 //! - `lease.rs`: [`Lease`], [`AttemptId`].
 //! - `parts.rs`: [`RecordParts`], the decoder stores share.
@@ -47,6 +47,35 @@ impl State {
             "completed" => Some(State::Completed),
             "failed" => Some(State::Failed),
             _ => None,
+        }
+    }
+}
+
+/// Which of a record's values something is about: a value the store or the driver could
+/// not keep, a codec's error, where a ciphertext is bound.
+///
+/// ```
+/// use idem_core::record::ValuePart;
+///
+/// assert_eq!(ValuePart::Step("charge".into()).to_string(), "the value of step `charge`");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ValuePart {
+    /// The work's result.
+    Result,
+    /// The work's permanent error (a stored failure).
+    Failure,
+    /// The value of a step, by name.
+    Step(String),
+}
+
+impl fmt::Display for ValuePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ValuePart::Result => f.write_str("the result"),
+            ValuePart::Failure => f.write_str("the permanent error"),
+            ValuePart::Step(step) => write!(f, "the value of step `{step}`"),
         }
     }
 }

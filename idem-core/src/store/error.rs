@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use crate::record::ValuePart;
+
 /// A boxed error from a backend's client library, kept as the source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -85,26 +87,20 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
-    /// The response does not fit in the record: alone, or beside the checkpoints already
+    /// A value does not fit in the record: alone, or beside the checkpoints already
     /// stored in it. Not retryable; nothing was written.
+    ///
+    /// `part` says which: [`ValuePart::Result`] for [`Store::complete`](crate::Store::complete),
+    /// [`ValuePart::Failure`] for [`Store::fail`](crate::Store::fail), the step for
+    /// [`Store::checkpoint`](crate::Store::checkpoint). `size` counts the bytes the value
+    /// takes in the record (a step's name and value).
     #[error(
-        "a response of {size} bytes does not fit: this store holds at most {limit} bytes per record, checkpoints included"
+        "{part} ({size} bytes) does not fit: this store holds at most {limit} bytes per record, checkpoints included"
     )]
-    ResponseTooLarge {
-        /// The response's size in bytes.
-        size: usize,
-        /// The most the store holds per record.
-        limit: usize,
-    },
-    /// A checkpoint does not fit in the record: alone, or beside what it already holds.
-    /// Not retryable; nothing was written.
-    #[error(
-        "the checkpoint of step `{step}` ({size} bytes) does not fit: this store holds at most {limit} bytes per record, checkpoints included"
-    )]
-    StepTooLarge {
-        /// The step's name.
-        step: String,
-        /// The checkpoint's size in bytes (name and value).
+    TooLarge {
+        /// Which value.
+        part: ValuePart,
+        /// Its size in bytes.
         size: usize,
         /// The most the store holds per record.
         limit: usize,
@@ -179,21 +175,20 @@ impl StoreError {
     /// Whether trying the same operation again may succeed.
     ///
     /// ```
-    /// use idem_core::{store::Operation, StoreError};
+    /// use idem_core::{record::ValuePart, store::Operation, StoreError};
     ///
     /// let err = StoreError::Unavailable {
     ///     operation: Operation::Claim,
     ///     source: "connection reset".into(),
     /// };
     /// assert!(err.is_retryable());
-    /// assert!(!StoreError::ResponseTooLarge { size: 2, limit: 1 }.is_retryable());
+    /// assert!(!StoreError::TooLarge { part: ValuePart::Result, size: 2, limit: 1 }.is_retryable());
     /// ```
     pub fn is_retryable(&self) -> bool {
         match self {
             StoreError::Unavailable { .. } | StoreError::Busy { .. } => true,
             StoreError::Backend { retryable, .. } => *retryable,
-            StoreError::ResponseTooLarge { .. }
-            | StoreError::StepTooLarge { .. }
+            StoreError::TooLarge { .. }
             | StoreError::Corrupt { .. }
             | StoreError::InvalidCursor
             | StoreError::Misconfigured { .. } => false,

@@ -109,7 +109,8 @@ pub trait Store: Send + Sync {
     /// - Retried by the same owner after the first call landed (record Completed with the
     ///   lease's token and attempt): `Applied`, writing nothing.
     /// - A response the store cannot hold (see [`Store::max_record_bytes`]) is
-    ///   [`StoreError::ResponseTooLarge`] and writes nothing.
+    ///   [`StoreError::TooLarge`] naming [`ValuePart::Result`](crate::record::ValuePart::Result)
+    ///   and writes nothing.
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError>;
 
     /// Stores `response` as a permanent failure and marks the record Failed.
@@ -135,7 +136,8 @@ pub trait Store: Send + Sync {
     /// - Applies only while the fence holds; otherwise `Fenced`.
     /// - Sets `steps[step] = value`, replacing an earlier value of the same step.
     /// - Steps survive takeovers and are cleared when an absent record is claimed afresh.
-    /// - A value the store cannot hold is [`StoreError::StepTooLarge`] and writes nothing.
+    /// - A value the store cannot hold is [`StoreError::TooLarge`] naming the step and
+    ///   writes nothing.
     async fn checkpoint(
         &self,
         lease: &Lease,

@@ -1,6 +1,7 @@
 //! Responses replayed byte for byte, records at their size limit, and keys at the edges
 //! of the rules.
 
+use idem_core::record::ValuePart;
 use idem_core::{
     Key, State, Store, StoreError, key::MAX_PART_LEN, key::StepName, store::ClaimOutcome,
     store::WriteOutcome,
@@ -84,11 +85,17 @@ pub(crate) async fn large_responses_replay_or_are_refused(store: &dyn Store, cap
         let mut over = large;
         over.push(7);
         match store.complete(&lease, &over).await {
-            Err(StoreError::ResponseTooLarge { size, limit: said }) => {
+            Err(StoreError::TooLarge {
+                part: ValuePart::Result,
+                size,
+                limit: said,
+            }) => {
                 assert_eq!((size, said), (over.len(), limit));
             }
             other => {
-                panic!("one byte over the declared limit must be ResponseTooLarge, got {other:?}")
+                panic!(
+                    "one byte over the declared limit must be TooLarge (the result), got {other:?}"
+                )
             }
         }
         let record = get_some(store, &k).await;
@@ -107,11 +114,15 @@ pub(crate) async fn large_responses_replay_or_are_refused(store: &dyn Store, cap
         let k = key("payloads", "one-byte-over-failed");
         let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
         match store.fail(&lease, &over).await {
-            Err(StoreError::ResponseTooLarge { size, limit: said }) => {
+            Err(StoreError::TooLarge {
+                part: ValuePart::Failure,
+                size,
+                limit: said,
+            }) => {
                 assert_eq!((size, said), (over.len(), limit));
             }
             other => panic!(
-                "a failure one byte over the declared limit must be ResponseTooLarge, got {other:?}"
+                "a failure one byte over the declared limit must be TooLarge (the failure), got {other:?}"
             ),
         }
         let record = get_some(store, &k).await;
@@ -140,16 +151,16 @@ fn expect_step_too_large(
     what: &str,
 ) {
     match answer {
-        Err(StoreError::StepTooLarge {
-            step: named,
+        Err(StoreError::TooLarge {
+            part: ValuePart::Step(named),
             size: said,
             limit: declared,
         }) => assert_eq!(
             (named.as_str(), said, declared),
             (step, size, limit),
-            "{what}: StepTooLarge names the step, its size (name and value) and the limit"
+            "{what}: TooLarge names the step, its size (name and value) and the limit"
         ),
-        other => panic!("{what} must be StepTooLarge, the store answered {other:?}"),
+        other => panic!("{what} must be TooLarge (the step), the store answered {other:?}"),
     }
 }
 
@@ -157,20 +168,22 @@ fn expect_step_too_large(
 /// did.
 fn expect_response_too_large(
     answer: Result<WriteOutcome, StoreError>,
+    part: ValuePart,
     size: usize,
     limit: usize,
     what: &str,
 ) {
     match answer {
-        Err(StoreError::ResponseTooLarge {
+        Err(StoreError::TooLarge {
+            part: named,
             size: said,
             limit: declared,
         }) => assert_eq!(
-            (said, declared),
-            (size, limit),
-            "{what}: ResponseTooLarge names the response's size and the limit"
+            (named, said, declared),
+            (part, size, limit),
+            "{what}: TooLarge names the value (result or failure), its size and the limit"
         ),
-        other => panic!("{what} must be ResponseTooLarge, the store answered {other:?}"),
+        other => panic!("{what} must be TooLarge, the store answered {other:?}"),
     }
 }
 
@@ -260,12 +273,14 @@ pub(crate) async fn steps_count_toward_the_record_limit(store: &dyn Store) {
     // A result, then a failure, that fit alone but not beside that step.
     expect_response_too_large(
         store.complete(&lease, &big(4)).await,
+        ValuePart::Result,
         part,
         limit,
         "a result that fits alone but not beside the record's steps",
     );
     expect_response_too_large(
         store.fail(&lease, &big(5)).await,
+        ValuePart::Failure,
         part,
         limit,
         "a failure that fits alone but not beside the record's steps",

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idem_core::record::ValuePart;
 use idem_core::{
     Aes256GcmCodec, Codec, Error, Fingerprint, Idempotency, KeyPolicy, Outcome, Store, WorkError,
-    codec::CodecError, codec::StoredAt, codec::StoredPart, driver::Provider, driver::TokenBucket,
-    key::StepName, store::WriteOutcome,
+    codec::CodecError, codec::StoredAt, driver::Provider, driver::TokenBucket, key::StepName,
+    store::WriteOutcome,
 };
 
 use crate::Capabilities;
@@ -186,13 +187,13 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
     let plain = key("payments", "plaintext");
     plant(store.as_ref(), &copied, fingerprint, &sealed).await;
     let mut tampered = codec
-        .encode(&at(&flipped, StoredPart::Result), b"\"ok\"".to_vec())
+        .encode(&at(&flipped, ValuePart::Result), b"\"ok\"".to_vec())
         .expect("encodes");
     let last = tampered.len() - 1;
     tampered[last] ^= 0x01;
     plant(store.as_ref(), &flipped, fingerprint, &tampered).await;
     let failure_bytes = codec
-        .encode(&at(&swapped, StoredPart::Failure), b"\"ok\"".to_vec())
+        .encode(&at(&swapped, ValuePart::Failure), b"\"ok\"".to_vec())
         .expect("encodes");
     plant(store.as_ref(), &swapped, fingerprint, &failure_bytes).await;
     plant(store.as_ref(), &plain, fingerprint, b"\"written in clear\"").await;
@@ -201,7 +202,7 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
     let relived = key("payments", "another-lifetime");
     let later_request = Fingerprint::of_bytes("another request");
     let earlier = codec
-        .encode(&at(&relived, StoredPart::Result), b"\"ok\"".to_vec())
+        .encode(&at(&relived, ValuePart::Result), b"\"ok\"".to_vec())
         .expect("encodes");
     plant(store.as_ref(), &relived, later_request, &earlier).await;
     let answer = idem.execute(&relived, later_request, work).await;
@@ -266,7 +267,7 @@ pub(crate) async fn encrypted_records_refuse_copies_and_tampering(
     let step = StepName::new("charge").expect("valid step name");
     let mut bad = codec
         .encode(
-            &at(&resumed, StoredPart::Step("charge")),
+            &at(&resumed, ValuePart::Step("charge".into())),
             b"\"ch_1\"".to_vec(),
         )
         .expect("encodes");

@@ -5,6 +5,8 @@ use std::error::Error as _;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::driver::Unstorable;
+use idem_core::record::ValuePart;
 use idem_core::{Error, Fingerprint, Key, Outcome, Store, WorkError, driver::InterruptedKind};
 use tokio::sync::mpsc;
 use tokio::task::JoinError;
@@ -347,26 +349,30 @@ fn raw_answer(outcome: Outcome<Vec<u8>, Vec<u8>>) -> Answer {
 fn error_answer(err: Error) -> Answer {
     // Stored failures: what every caller and every replay must agree on.
     let marked = match &err {
-        Error::StepTooLarge {
-            step,
-            size,
-            limit,
+        Error::Unstorable {
+            part: ValuePart::Step(step),
+            reason: Unstorable::TooLarge { size, limit },
             replayed,
+            ..
         } => Some((
             format!("step `{step}` is {size} bytes, over {limit}"),
             *replayed,
         )),
-        Error::ResultTooLarge {
-            size,
-            limit,
+        Error::Unstorable {
+            part: ValuePart::Result,
+            reason: Unstorable::TooLarge { size, limit },
             replayed,
+            ..
         } => Some((
             format!("the result is {size} bytes, over {limit}"),
             *replayed,
         )),
-        Error::Unserializable { what, replayed, .. } => {
-            Some((format!("{what} does not serialise"), *replayed))
-        }
+        Error::Unstorable {
+            part: what,
+            reason: Unstorable::Unserializable,
+            replayed,
+            ..
+        } => Some((format!("{what} does not serialise"), *replayed)),
         _ => None,
     };
     if let Some((text, replayed)) = marked {

@@ -90,7 +90,7 @@ pub(crate) enum Expect {
     Completed,
     Failed,
     Compensated,
-    /// A failure stored as a marker (`Error::StepTooLarge` and the like).
+    /// A failure stored as a marker (`Error::Unstorable`).
     Marked,
 }
 

@@ -11,16 +11,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::driver::error::{Error, Interrupted, Reason, Unstorable};
+use crate::driver::error::{CannotStore, Error, Interrupted, Reason};
 use crate::driver::finish::answer_failure;
 use crate::driver::saga::{self, Undo, UndoMark, UndoResult};
 use crate::driver::wire::{Marker, StoredFailure, Wire};
 use crate::driver::{Context, FailedUndo, durable, heartbeat, interruption_error, step_name};
 use crate::driver::{Idempotency, Outcome};
-use crate::{
-    BoxError, Compensation, Store, StoreError, codec::StoredPart, store::Operation,
-    store::WriteOutcome,
-};
+use crate::record::ValuePart;
+use crate::{BoxError, Compensation, Store, StoreError, store::Operation, store::WriteOutcome};
 
 /// How the engine writes failures without knowing the error's type.
 #[derive(Clone, Copy)]
@@ -213,7 +211,7 @@ async fn checkpoint_saga(
             .await
         {
             Ok(()) => return Ok(Ok(plain)),
-            Err(Interrupted(Reason::Unstorable(Unstorable::StepTooLarge {
+            Err(Interrupted(Reason::Unstorable(CannotStore::StepTooLarge {
                 size, limit, ..
             }))) if !marked => {
                 marked = true;
@@ -306,11 +304,11 @@ async fn store(
             Ok(WriteOutcome::Fenced) => {
                 return Err(crate::driver::finish::fenced_at_the_end(context));
             }
-            Err(StoreError::ResponseTooLarge { size, limit }) => match fallbacks.next() {
+            Err(StoreError::TooLarge { part, size, limit }) => match fallbacks.next() {
                 Some(kept) => {
                     plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, kept);
                 }
-                None => return Err(Error::Store(StoreError::ResponseTooLarge { size, limit })),
+                None => return Err(Error::Store(StoreError::TooLarge { part, size, limit })),
             },
             Err(err) => return Err(Error::Store(err)),
         }
@@ -319,7 +317,7 @@ async fn store(
 
 fn encoded(context: &Context, plain: Vec<u8>) -> Result<Vec<u8>, Error> {
     context
-        .encode(StoredPart::Failure, plain)
+        .encode(ValuePart::Failure, plain)
         .map_err(|err| interruption_error(&context.key(), err))
 }
 

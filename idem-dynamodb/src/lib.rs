@@ -74,9 +74,11 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod builder;
 mod errors;
 mod expressions;
 mod item;
+mod refused;
 mod store;
 mod table;
 
@@ -89,7 +91,6 @@ pub mod attributes {
 }
 
 pub use aws_sdk_dynamodb;
-pub use store::{
-    DEFAULT_SKEW_MARGIN, DynamoDbStore, DynamoDbStoreBuilder, MAX_RECORD_BYTES, PrefixError,
-};
+pub use builder::{DynamoDbStoreBuilder, PrefixError};
+pub use store::{DEFAULT_SKEW_MARGIN, DynamoDbStore, MAX_RECORD_BYTES};
 pub use table::{TableNameError, create_table};

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::Client;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::record::ValuePart;
@@ -17,9 +16,11 @@ use idem_core::{
     store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome, store::WriteOutcome,
 };
 
+use crate::builder::DynamoDbStoreBuilder;
 use crate::errors::{is_item_too_large, map};
 use crate::expressions::{self as x, names};
 use crate::item::{self, b, n, s};
+use crate::refused::{ConditionFailure, Refused, condition_failed, refused_finish};
 use crate::table::{TableName, TableNameError};
 
 /// The most a record's response and checkpoints (names and values together) may hold:
@@ -80,138 +81,17 @@ const CLAIM_ATTEMPTS: usize = 8;
 pub struct DynamoDbStore {
     client: Client,
     table: TableName,
-    prefix: Arc<str>,
+    pub(crate) prefix: Arc<str>,
     /// `storage_name::namespace_prefix(prefix)`: what every partition key of this store
     /// begins with, and no other prefix's does.
-    namespace: Arc<str>,
-    skew_margin: Duration,
-    clock: Arc<dyn Clock>,
-}
-
-/// Settings for a [`DynamoDbStore`]; see [`DynamoDbStore::builder`].
-#[must_use = "call build() to get the store"]
-pub struct DynamoDbStoreBuilder {
-    store: DynamoDbStore,
-}
-
-/// Why a key prefix was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PrefixError {
-    /// The prefix was longer than 512 bytes (partition keys hold at most 2048).
-    #[error("the key prefix is {len} bytes long, over the limit of 512")]
-    TooLong {
-        /// Its length.
-        len: usize,
-    },
-}
-
-impl DynamoDbStoreBuilder {
-    /// Puts every record of this store under `prefix`, so several applications (or
-    /// tests) can share one table; `purge_expired` only touches its own prefix. Any bytes
-    /// will do: prefixes never meet, even when one is a prefix of another.
-    ///
-    /// # Errors
-    /// [`PrefixError`] when the prefix is over 512 bytes.
-    pub fn prefix(mut self, prefix: &str) -> Result<Self, PrefixError> {
-        if prefix.len() > 512 {
-            return Err(PrefixError::TooLong { len: prefix.len() });
-        }
-        self.store.prefix = prefix.into();
-        self.store.namespace = storage_name::namespace_prefix(prefix).into();
-        Ok(self)
-    }
-
-    /// How long past a lease's end a takeover waits (default 2 s); see the type's docs.
-    pub fn skew_margin(mut self, margin: Duration) -> Self {
-        self.store.skew_margin = margin;
-        self
-    }
-
-    /// The clock the store reads (default: the system clock).
-    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
-        self.store.clock = Arc::new(clock);
-        self
-    }
-
-    /// Builds the store.
-    pub fn build(self) -> DynamoDbStore {
-        self.store
-    }
-}
-
-impl fmt::Debug for DynamoDbStoreBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("DynamoDbStoreBuilder")
-            .field(&self.store)
-            .finish()
-    }
+    pub(crate) namespace: Arc<str>,
+    pub(crate) skew_margin: Duration,
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// How often a complete or fail writes again when the item's creation time was not the
 /// one the write assumed (a lease whose `created_at` is not the item's).
 const FINISH_ATTEMPTS: usize = 3;
-
-/// What a complete or fail whose condition failed answers, from the item as it was.
-#[derive(Debug, PartialEq, Eq)]
-enum Refused {
-    /// The same owner's earlier try stored this result: applied, nothing written again.
-    Landed,
-    /// Another owner, another terminal state, or no record: fenced.
-    Fenced,
-    /// The fence holds: only the creation time the write assumed was wrong. Write again
-    /// assuming the item's.
-    Again {
-        /// The item's creation time.
-        created_at: Timestamp,
-    },
-}
-
-/// The state machine's answer for `seen` (none: no item), with leases lasting the skew
-/// margin longer, as the fence's condition counts them.
-fn refused_finish(
-    seen: Option<Record>,
-    lease: &Lease,
-    terminal: State,
-    now: Timestamp,
-    skew_margin: Duration,
-) -> Refused {
-    let Some(mut seen) = seen else {
-        return Refused::Fenced;
-    };
-    seen.lease_until = seen.lease_until.saturating_add(skew_margin);
-    let answer = match terminal {
-        State::Failed => machine::fail(Some(&seen), lease, b"", now),
-        _ => machine::complete(Some(&seen), lease, b"", now),
-    };
-    match (answer.outcome, answer.write) {
-        (WriteOutcome::Applied, None) => Refused::Landed,
-        (WriteOutcome::Applied, Some(_)) => Refused::Again {
-            created_at: seen.created_at,
-        },
-        _ => Refused::Fenced,
-    }
-}
-
-/// The conditional-check failure's old item, if this error is one; `Err` otherwise.
-type ConditionFailure = Option<HashMap<String, AttributeValue>>;
-
-type UpdateError = aws_sdk_dynamodb::error::SdkError<
-    UpdateItemError,
-    aws_sdk_dynamodb::config::http::HttpResponse,
->;
-
-fn condition_failed(
-    err: UpdateError,
-    operation: Operation,
-) -> Result<ConditionFailure, StoreError> {
-    match err.as_service_error() {
-        Some(UpdateItemError::ConditionalCheckFailedException(failure)) => {
-            Ok(failure.item().cloned())
-        }
-        _ => Err(map(operation, err)),
-    }
-}
 
 impl DynamoDbStore {
     /// A store on `table` with the defaults (no prefix, 2 s skew margin, system clock).
@@ -716,132 +596,5 @@ impl Store for DynamoDbStore {
 
     fn max_record_bytes(&self) -> Option<usize> {
         Some(MAX_RECORD_BYTES)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use idem_core::{Fingerprint, record::AttemptId};
-
-    const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
-
-    /// A record claimed at `T0` with a lease of a minute and a retention of an hour.
-    fn claimed() -> (Record, Lease) {
-        let request = ClaimRequest::new(
-            Key::new("s", "k").unwrap(),
-            Fingerprint::of_bytes("x"),
-            Duration::from_secs(60),
-            Duration::from_secs(3600),
-        );
-        let record = machine::claim(None, &request, T0)
-            .write
-            .expect("a fresh claim");
-        let lease = machine::lease_of(&record);
-        (record, lease)
-    }
-
-    fn at(seconds: u64) -> Timestamp {
-        T0.saturating_add(Duration::from_secs(seconds))
-    }
-
-    #[test]
-    fn no_item_read_back_is_fenced() {
-        let (_, lease) = claimed();
-        assert_eq!(
-            refused_finish(None, &lease, State::Completed, T0, Duration::ZERO),
-            Refused::Fenced
-        );
-    }
-
-    #[test]
-    fn the_owners_stored_result_is_landed_while_present() {
-        let (record, lease) = claimed();
-        for terminal in [State::Completed, State::Failed] {
-            let stored = match terminal {
-                State::Failed => machine::fail(Some(&record), &lease, b"r", T0),
-                _ => machine::complete(Some(&record), &lease, b"r", T0),
-            }
-            .write
-            .unwrap();
-            let refused =
-                |now| refused_finish(Some(stored.clone()), &lease, terminal, now, Duration::ZERO);
-            assert_eq!(refused(at(10)), Refused::Landed, "{terminal:?}");
-            assert_eq!(refused(at(3600)), Refused::Fenced, "{terminal:?}: expired");
-            let other = if terminal == State::Failed {
-                State::Completed
-            } else {
-                State::Failed
-            };
-            assert_eq!(
-                refused_finish(Some(stored.clone()), &lease, other, at(10), Duration::ZERO),
-                Refused::Fenced,
-                "{terminal:?} is not {other:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn another_owner_is_fenced() {
-        let (record, mut lease) = claimed();
-        lease.attempt = AttemptId::random();
-        assert_eq!(
-            refused_finish(
-                Some(record.clone()),
-                &lease,
-                State::Completed,
-                at(10),
-                Duration::ZERO
-            ),
-            Refused::Fenced
-        );
-        let (_, mut lease) = claimed();
-        lease.token += 1;
-        assert_eq!(
-            refused_finish(
-                Some(record),
-                &lease,
-                State::Completed,
-                at(10),
-                Duration::ZERO
-            ),
-            Refused::Fenced
-        );
-    }
-
-    #[test]
-    fn a_wrong_creation_time_is_corrected_from_the_item() {
-        let (record, mut lease) = claimed();
-        lease.created_at = at(5);
-        assert_eq!(
-            refused_finish(
-                Some(record),
-                &lease,
-                State::Completed,
-                at(10),
-                Duration::ZERO
-            ),
-            Refused::Again { created_at: T0 }
-        );
-    }
-
-    #[test]
-    fn a_lease_live_within_the_skew_margin_still_holds_the_fence() {
-        let (mut record, lease) = claimed();
-        record.expires_at = at(30); // retention over, lease until 60 s
-        let refused = |margin| {
-            refused_finish(
-                Some(record.clone()),
-                &lease,
-                State::Completed,
-                at(61),
-                margin,
-            )
-        };
-        assert_eq!(refused(Duration::ZERO), Refused::Fenced);
-        assert_eq!(
-            refused(Duration::from_secs(2)),
-            Refused::Again { created_at: T0 }
-        );
     }
 }

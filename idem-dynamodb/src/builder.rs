@@ -1,0 +1,69 @@
+//! `DynamoDbStoreBuilder`: the table, the key prefix, the skew margin and the clock.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{Clock, raw::storage_name};
+
+use crate::DynamoDbStore;
+
+/// Settings for a [`DynamoDbStore`]; see [`DynamoDbStore::builder`].
+#[must_use = "call build() to get the store"]
+pub struct DynamoDbStoreBuilder {
+    pub(crate) store: DynamoDbStore,
+}
+
+/// Why a key prefix was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrefixError {
+    /// The prefix was longer than 512 bytes (partition keys hold at most 2048).
+    #[error("the key prefix is {len} bytes long, over the limit of 512")]
+    TooLong {
+        /// Its length.
+        len: usize,
+    },
+}
+
+impl DynamoDbStoreBuilder {
+    /// Puts every record of this store under `prefix`, so several applications (or
+    /// tests) can share one table; `purge_expired` only touches its own prefix. Any bytes
+    /// will do: prefixes never meet, even when one is a prefix of another.
+    ///
+    /// # Errors
+    /// [`PrefixError`] when the prefix is over 512 bytes.
+    pub fn prefix(mut self, prefix: &str) -> Result<Self, PrefixError> {
+        if prefix.len() > 512 {
+            return Err(PrefixError::TooLong { len: prefix.len() });
+        }
+        self.store.prefix = prefix.into();
+        self.store.namespace = storage_name::namespace_prefix(prefix).into();
+        Ok(self)
+    }
+
+    /// How long past a lease's end a takeover waits (default 2 s); see the type's docs.
+    pub fn skew_margin(mut self, margin: Duration) -> Self {
+        self.store.skew_margin = margin;
+        self
+    }
+
+    /// The clock the store reads (default: the system clock).
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.store.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> DynamoDbStore {
+        self.store
+    }
+}
+
+impl fmt::Debug for DynamoDbStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DynamoDbStoreBuilder")
+            .field(&self.store)
+            .finish()
+    }
+}

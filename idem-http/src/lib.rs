@@ -71,6 +71,7 @@
 
 #![warn(missing_docs)]
 
+mod answer;
 mod body;
 mod disposition;
 mod key_header;

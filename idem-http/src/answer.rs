@@ -1,0 +1,238 @@
+//! What the client gets for each answer of the driver: the handler's response, a replay,
+//! or a problem (`application/problem+json`) saying what to do.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use idem_core::driver::Unstorable;
+use idem_core::record::ValuePart;
+use idem_core::{Error, Outcome, key::KeyError, key::KeyPart};
+
+use crate::Body;
+use crate::key_header::KeyHeaderError;
+use crate::layer::Config;
+use crate::observe::{self, Answer};
+use crate::problem::{Problem, full};
+use crate::service::REPLAYED_HEADER;
+use crate::stored::StoredResponse;
+
+/// The answer for what the driver said, and what it counts as.
+pub(crate) fn answer(
+    result: Result<Outcome<Vec<u8>, Vec<u8>>, Error>,
+    first: impl Fn() -> Option<Response<Body>>,
+    config: &Config,
+) -> (Answer, Response<Body>) {
+    let respond = |answer, response| (answer, response);
+    let internal = |answer, title: &str| {
+        respond(
+            answer,
+            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", title).into_response(),
+        )
+    };
+    match result {
+        Ok(Outcome::Completed {
+            replayed: false,
+            value,
+        }) => match first() {
+            Some(response) => respond(Answer::Executed, response),
+            None => replay(&value, false),
+        },
+        Ok(Outcome::Completed {
+            replayed: true,
+            value,
+        }) => replay(&value, true),
+        Ok(Outcome::Retryable(_)) => match first() {
+            Some(response) => respond(Answer::Released, response),
+            None => internal(Answer::Error, "The handler's response was lost"),
+        },
+        Ok(Outcome::Unknown(_)) => match first() {
+            Some(response) => respond(Answer::Held, response),
+            None => internal(Answer::Error, "The handler's response was lost"),
+        },
+        Ok(_) => internal(
+            Answer::Error,
+            "This key holds a result that is not an HTTP response",
+        ),
+        Err(Error::InFlight { retry_after }) => respond(
+            Answer::InFlight,
+            Problem::new(StatusCode::CONFLICT, "in-flight", "A request with this key is in progress")
+                .detail("The first request with this idempotency key has not finished; retry after the time in Retry-After.")
+                .retry_after(whole_seconds(retry_after))
+                .into_response(),
+        ),
+        Err(Error::Mismatch) => respond(
+            Answer::Mismatch,
+            Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "This idempotency key was used for a different request",
+            )
+            .detail(format!(
+                "A request with this {} had another method, path, query or body. Send a new key for a new request.",
+                config.header
+            ))
+            .into_response(),
+        ),
+        Err(Error::KeyRefused(err)) => respond(
+            Answer::KeyRefused,
+            Problem::new(StatusCode::BAD_REQUEST, "key-refused", "This idempotency key is not accepted")
+                .detail(format!("The {} header's key was refused: {err}.", config.header))
+                .into_response(),
+        ),
+        Err(Error::KeyBudgetExhausted { retry_after }) => respond(
+            Answer::KeyBudgetExhausted,
+            Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too-many-new-keys",
+                "Too many new idempotency keys",
+            )
+            .detail("This client created more new idempotency keys than it may in a period; nothing was done. Retry after the time in Retry-After, or retry earlier requests with their own keys.")
+            .retry_after(whole_seconds(retry_after))
+            .into_response(),
+        ),
+        Err(Error::LeaseLost) => respond(
+            Answer::LeaseLost,
+            Problem::new(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")
+                .detail("Retry to get that attempt's response.")
+                .retry_after(1)
+                .into_response(),
+        ),
+        Err(Error::Unstorable { part: ValuePart::Result, reason: Unstorable::TooLarge { .. }, replayed: false, .. }) => match first() {
+            Some(response) => respond(Answer::Executed, response),
+            None => internal(Answer::Error, "The response was too large to store"),
+        },
+        Err(Error::Unstorable { part: ValuePart::Result, reason: Unstorable::TooLarge { .. }, replayed: true, .. }) => {
+            respond(Answer::Replayed, not_stored(StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new()))
+        }
+        // The handler ran, but its response could not be stored: it still goes to this
+        // client; the key stays held until its lease ends.
+        Err(Error::Store(err)) => match first() {
+            Some(response) => respond(Answer::Held, response),
+            None => {
+                tracing::warn!(error = %err, "the idempotency store is unavailable");
+                respond(
+                    Answer::Unavailable,
+                    Problem::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "store-unavailable",
+                        "The idempotency store is unavailable",
+                    )
+                    .detail("Nothing was done. Retry with the same key after the time in Retry-After.")
+                    .retry_after(1)
+                    .into_response(),
+                )
+            }
+        },
+        Err(err) => {
+            tracing::warn!(error = %err, "an idempotent request failed");
+            internal(Answer::Error, "The idempotent request failed")
+        }
+    }
+}
+
+/// A stored response, sent again.
+pub(crate) fn replay(bytes: &[u8], replayed: bool) -> (Answer, Response<Body>) {
+    let stored = match StoredResponse::decode(bytes) {
+        Ok(stored) => stored,
+        Err(err) => {
+            tracing::warn!(error = %err, "a stored response does not decode");
+            return (
+                Answer::Error,
+                Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "The stored response is unreadable",
+                )
+                .into_response(),
+            );
+        }
+    };
+    let mut response = if stored.body_too_large {
+        not_stored(stored.status, stored.headers)
+    } else {
+        let mut response = Response::new(full(stored.body));
+        *response.status_mut() = stored.status;
+        *response.headers_mut() = stored.headers;
+        response
+    };
+    if replayed {
+        response
+            .headers_mut()
+            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    }
+    let answer = if replayed {
+        Answer::Replayed
+    } else {
+        Answer::Executed
+    };
+    (answer, response)
+}
+
+/// A replay of a response whose body was not stored: its status and headers, and a body
+/// saying so.
+pub(crate) fn not_stored(status: StatusCode, mut headers: HeaderMap) -> Response<Body> {
+    let mut response = Problem::new(status, "response-not-stored", "The response body was too large to keep")
+        .detail("The first request with this key succeeded with this status, and its body was sent to that request only. Nothing was done again.")
+        .into_response();
+    for name in [
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_LANGUAGE,
+    ] {
+        headers.remove(&name);
+    }
+    response.headers_mut().extend(headers);
+    response
+}
+
+pub(crate) fn whole_seconds(duration: Duration) -> u64 {
+    duration.as_secs_f64().ceil().max(1.0) as u64
+}
+
+pub(crate) fn missing_key(config: &Config) -> (Answer, Response<Body>) {
+    (
+        Answer::MissingKey,
+        Problem::new(StatusCode::BAD_REQUEST, "missing-key", "Idempotency key required")
+            .detail(format!(
+                "This request must carry the {} header: a unique value per operation, such as a UUID, sent again unchanged on every retry.",
+                config.header
+            ))
+            .into_response(),
+    )
+}
+
+pub(crate) fn malformed_key(config: &Config, err: &KeyHeaderError) -> (Answer, Response<Body>) {
+    (
+        Answer::MalformedKey,
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "malformed-key",
+            "Malformed idempotency key",
+        )
+        .detail(format!("The {} header is malformed: {err}.", config.header))
+        .into_response(),
+    )
+}
+
+pub(crate) fn invalid_key(config: &Config, err: &KeyError) -> Response<Body> {
+    let part = match err {
+        KeyError::Empty { part }
+        | KeyError::TooLong { part, .. }
+        | KeyError::ControlCharacter { part, .. } => *part,
+        _ => KeyPart::Key,
+    };
+    if part == KeyPart::Scope {
+        // The application's scope function broke the rules, not the client.
+        tracing::warn!(error = %err, "the scope function returned an invalid scope");
+        observe::answer(Answer::Error);
+        return Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "The request's scope is invalid",
+        )
+        .into_response();
+    }
+    let (answer, response) = malformed_key(config, &KeyHeaderError::Key(err.clone()));
+    observe::answer(answer);
+    response
+}

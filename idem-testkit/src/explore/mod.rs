@@ -88,23 +88,24 @@ mod report;
 mod rng;
 mod run;
 mod scenarios;
+mod target;
 mod timing;
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use idem_core::{BoxError, Key, Store, key::KeyError};
+use idem_core::{BoxError, key::KeyError};
 
 pub use clock::VirtualClock;
 pub use faults::{Fault, FaultPoint, PlacedFault, Process, Site};
 pub use report::{Broken, Report, ScenarioReport, Violation};
 pub use scenarios::Scenario;
+pub use target::Target;
 pub use timing::{Timing, execute_bound};
 
 use rng::Rng;
 use run::RunOutcome;
+use target::{Keys, RealRunner, Runner, Time, VirtualRunner};
 
 /// The seed sampled modes use when none is given.
 pub const DEFAULT_SEED: u64 = 0x1DE5_EED5;
@@ -212,90 +213,6 @@ fn env_number(variable: &'static str) -> Result<Option<u64>, ExploreError> {
             .map(Some)
             .map_err(|_| ExploreError::BadEnv { variable, value }),
         _ => Ok(None),
-    }
-}
-
-type StoreFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, BoxError>>>>;
-type VirtualFactory = Arc<dyn Fn(VirtualClock) -> StoreFuture + Send + Sync>;
-type RealFactory = Arc<dyn Fn() -> StoreFuture + Send + Sync>;
-
-#[derive(Clone)]
-enum Time {
-    Virtual(VirtualFactory),
-    Real(RealFactory),
-}
-
-/// The store an exploration runs against, and whose clock it keeps.
-#[derive(Clone)]
-pub struct Target {
-    name: String,
-    time: Time,
-}
-
-impl Target {
-    /// A store on the process's clock: `factory` makes a fresh one for every run, on the
-    /// [`VirtualClock`] it is given (which follows the run's paused Tokio clock), inside
-    /// that run's runtime.
-    pub fn virtual_time<F, Fut, S, E>(name: impl Into<String>, factory: F) -> Self
-    where
-        F: Fn(VirtualClock) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<S, E>> + 'static,
-        S: Store + 'static,
-        E: Into<BoxError>,
-    {
-        let factory = Arc::new(factory);
-        Self {
-            name: name.into(),
-            time: Time::Virtual(Arc::new(move |clock| {
-                let made = factory(clock);
-                Box::pin(async move {
-                    made.await
-                        .map(|store| Arc::new(store) as Arc<dyn Store>)
-                        .map_err(Into::into)
-                })
-            })),
-        }
-    }
-
-    /// A store on a server's clock: `factory` is called once per exploration, inside its
-    /// (multi-threaded, real-time) runtime; runs tell themselves apart by key.
-    pub fn real_time<F, Fut, S, E>(name: impl Into<String>, factory: F) -> Self
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<S, E>> + 'static,
-        S: Store + 'static,
-        E: Into<BoxError>,
-    {
-        let factory = Arc::new(factory);
-        Self {
-            name: name.into(),
-            time: Time::Real(Arc::new(move || {
-                let made = factory();
-                Box::pin(async move {
-                    made.await
-                        .map(|store| Arc::new(store) as Arc<dyn Store>)
-                        .map_err(Into::into)
-                })
-            })),
-        }
-    }
-
-    /// The target's name, as reports print it.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn is_virtual(&self) -> bool {
-        matches!(self.time, Time::Virtual(_))
-    }
-}
-
-impl fmt::Debug for Target {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Target")
-            .field("name", &self.name)
-            .field("virtual_time", &self.is_virtual())
-            .finish_non_exhaustive()
     }
 }
 
@@ -675,94 +592,4 @@ fn pair(
     let point = (*rng.pick(&others)?).clone();
     let fault = *rng.pick(Fault::for_site(&point.site))?;
     Some(vec![first.clone(), PlacedFault { point, fault }])
-}
-
-/// Makes one run of a scenario with a plan of faults.
-trait Runner {
-    fn run(
-        &mut self,
-        scenario: Scenario,
-        plan: Vec<PlacedFault>,
-    ) -> Result<RunOutcome, ExploreError>;
-}
-
-/// A fresh paused runtime, clock and store per run: every run starts at the same time
-/// and leaves nothing behind.
-struct VirtualRunner {
-    factory: VirtualFactory,
-    target: String,
-    timing: Timing,
-    keys: Keys,
-}
-
-impl Runner for VirtualRunner {
-    fn run(
-        &mut self,
-        scenario: Scenario,
-        plan: Vec<PlacedFault>,
-    ) -> Result<RunOutcome, ExploreError> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .map_err(ExploreError::Runtime)?;
-        let key = self.keys.next(scenario)?;
-        let (factory, timing) = (Arc::clone(&self.factory), self.timing);
-        let target = self.target.clone();
-        runtime.block_on(async move {
-            let store = factory(VirtualClock::new())
-                .await
-                .map_err(|source| ExploreError::Store { target, source })?;
-            Ok(run::run(store, scenario, plan, timing, key, true).await)
-        })
-    }
-}
-
-/// One real-time runtime and store for the whole exploration.
-struct RealRunner {
-    runtime: tokio::runtime::Runtime,
-    store: Arc<dyn Store>,
-    timing: Timing,
-    keys: Keys,
-}
-
-impl Runner for RealRunner {
-    fn run(
-        &mut self,
-        scenario: Scenario,
-        plan: Vec<PlacedFault>,
-    ) -> Result<RunOutcome, ExploreError> {
-        let key = self.keys.next(scenario)?;
-        let store = Arc::clone(&self.store);
-        Ok(self
-            .runtime
-            .block_on(run::run(store, scenario, plan, self.timing, key, false)))
-    }
-}
-
-/// A key per run, unique across explorations sharing a server.
-struct Keys {
-    nonce: String,
-    next: u64,
-}
-
-impl Keys {
-    fn new() -> Self {
-        Self {
-            nonce: format!(
-                "{}-{}",
-                std::process::id(),
-                idem_core::Timestamp::now().as_unix_millis()
-            ),
-            next: 0,
-        }
-    }
-
-    fn next(&mut self, scenario: Scenario) -> Result<Key, KeyError> {
-        self.next += 1;
-        Key::new(
-            format!("explore/{}", scenario.name()),
-            format!("{}-{}", self.nonce, self.next),
-        )
-    }
 }

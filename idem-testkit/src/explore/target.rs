@@ -1,0 +1,186 @@
+//! The store an exploration runs against, on virtual or real time, and the runners that
+//! make one run of a scenario on it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use idem_core::{BoxError, Key, Store, key::KeyError};
+
+use super::run::{self, RunOutcome};
+use super::{ExploreError, PlacedFault, Scenario, Timing, VirtualClock};
+
+pub(super) type StoreFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn Store>, BoxError>>>>;
+pub(super) type VirtualFactory = Arc<dyn Fn(VirtualClock) -> StoreFuture + Send + Sync>;
+pub(super) type RealFactory = Arc<dyn Fn() -> StoreFuture + Send + Sync>;
+
+#[derive(Clone)]
+pub(super) enum Time {
+    Virtual(VirtualFactory),
+    Real(RealFactory),
+}
+
+/// The store an exploration runs against, and whose clock it keeps.
+#[derive(Clone)]
+pub struct Target {
+    pub(super) name: String,
+    pub(super) time: Time,
+}
+
+impl Target {
+    /// A store on the process's clock: `factory` makes a fresh one for every run, on the
+    /// [`VirtualClock`] it is given (which follows the run's paused Tokio clock), inside
+    /// that run's runtime.
+    pub fn virtual_time<F, Fut, S, E>(name: impl Into<String>, factory: F) -> Self
+    where
+        F: Fn(VirtualClock) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S, E>> + 'static,
+        S: Store + 'static,
+        E: Into<BoxError>,
+    {
+        let factory = Arc::new(factory);
+        Self {
+            name: name.into(),
+            time: Time::Virtual(Arc::new(move |clock| {
+                let made = factory(clock);
+                Box::pin(async move {
+                    made.await
+                        .map(|store| Arc::new(store) as Arc<dyn Store>)
+                        .map_err(Into::into)
+                })
+            })),
+        }
+    }
+
+    /// A store on a server's clock: `factory` is called once per exploration, inside its
+    /// (multi-threaded, real-time) runtime; runs tell themselves apart by key.
+    pub fn real_time<F, Fut, S, E>(name: impl Into<String>, factory: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<S, E>> + 'static,
+        S: Store + 'static,
+        E: Into<BoxError>,
+    {
+        let factory = Arc::new(factory);
+        Self {
+            name: name.into(),
+            time: Time::Real(Arc::new(move || {
+                let made = factory();
+                Box::pin(async move {
+                    made.await
+                        .map(|store| Arc::new(store) as Arc<dyn Store>)
+                        .map_err(Into::into)
+                })
+            })),
+        }
+    }
+
+    /// The target's name, as reports print it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(super) fn is_virtual(&self) -> bool {
+        matches!(self.time, Time::Virtual(_))
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("name", &self.name)
+            .field("virtual_time", &self.is_virtual())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes one run of a scenario with a plan of faults.
+pub(super) trait Runner {
+    fn run(
+        &mut self,
+        scenario: Scenario,
+        plan: Vec<PlacedFault>,
+    ) -> Result<RunOutcome, ExploreError>;
+}
+
+/// A fresh paused runtime, clock and store per run: every run starts at the same time
+/// and leaves nothing behind.
+pub(super) struct VirtualRunner {
+    pub(super) factory: VirtualFactory,
+    pub(super) target: String,
+    pub(super) timing: Timing,
+    pub(super) keys: Keys,
+}
+
+impl Runner for VirtualRunner {
+    fn run(
+        &mut self,
+        scenario: Scenario,
+        plan: Vec<PlacedFault>,
+    ) -> Result<RunOutcome, ExploreError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .map_err(ExploreError::Runtime)?;
+        let key = self.keys.next(scenario)?;
+        let (factory, timing) = (Arc::clone(&self.factory), self.timing);
+        let target = self.target.clone();
+        runtime.block_on(async move {
+            let store = factory(VirtualClock::new())
+                .await
+                .map_err(|source| ExploreError::Store { target, source })?;
+            Ok(run::run(store, scenario, plan, timing, key, true).await)
+        })
+    }
+}
+
+/// One real-time runtime and store for the whole exploration.
+pub(super) struct RealRunner {
+    pub(super) runtime: tokio::runtime::Runtime,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) timing: Timing,
+    pub(super) keys: Keys,
+}
+
+impl Runner for RealRunner {
+    fn run(
+        &mut self,
+        scenario: Scenario,
+        plan: Vec<PlacedFault>,
+    ) -> Result<RunOutcome, ExploreError> {
+        let key = self.keys.next(scenario)?;
+        let store = Arc::clone(&self.store);
+        Ok(self
+            .runtime
+            .block_on(run::run(store, scenario, plan, self.timing, key, false)))
+    }
+}
+
+/// A key per run, unique across explorations sharing a server.
+pub(super) struct Keys {
+    nonce: String,
+    next: u64,
+}
+
+impl Keys {
+    pub(super) fn new() -> Self {
+        Self {
+            nonce: format!(
+                "{}-{}",
+                std::process::id(),
+                idem_core::Timestamp::now().as_unix_millis()
+            ),
+            next: 0,
+        }
+    }
+
+    fn next(&mut self, scenario: Scenario) -> Result<Key, KeyError> {
+        self.next += 1;
+        Key::new(
+            format!("explore/{}", scenario.name()),
+            format!("{}-{}", self.nonce, self.next),
+        )
+    }
+}

@@ -22,6 +22,7 @@ mod http;
 mod proxy;
 mod purge;
 mod raw;
+mod report;
 mod scaling;
 mod server;
 mod target;
@@ -32,9 +33,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use serde::Serialize;
 
 use crate::backends::{Backend, Counted};
+use crate::report::{HarnessCheck, Measurement, MemoryFloor, Report, ServerRow, Trips, print};
 use crate::target::{BoxError, Done, Target};
 use crate::workload::{Sample, Workload};
 
@@ -94,87 +95,6 @@ struct Args {
     /// benchmark, `cargo build --release -p idem-cli`).
     #[arg(long, value_name = "PATH")]
     idem: Option<PathBuf>,
-}
-
-#[derive(Serialize)]
-pub(crate) struct Measurement {
-    backend: &'static str,
-    workload: Workload,
-    concurrency: usize,
-    seconds_per_round: f64,
-    /// Operations in the median round.
-    ops: usize,
-    rounds: usize,
-    idem_ops_per_sec: f64,
-    raw_ops_per_sec: f64,
-    ratio: f64,
-    idem_p50_us: f64,
-    idem_p99_us: f64,
-    raw_p50_us: f64,
-    raw_p99_us: f64,
-}
-
-#[derive(Serialize)]
-struct Trips {
-    backend: &'static str,
-    unit: &'static str,
-    idem_fresh: f64,
-    idem_replay: f64,
-    raw_fresh: f64,
-    raw_replay: f64,
-    /// Bytes per operation on the wire, (client to server, server to client), when proxied.
-    idem_fresh_bytes: Option<(f64, f64)>,
-    idem_replay_bytes: Option<(f64, f64)>,
-    raw_fresh_bytes: Option<(f64, f64)>,
-    raw_replay_bytes: Option<(f64, f64)>,
-}
-
-/// Server time per operation, from the server's own accounting, 16 clients.
-#[derive(Serialize)]
-struct ServerRow {
-    backend: &'static str,
-    workload: Workload,
-    side: &'static str,
-    source: &'static str,
-    ops: usize,
-    /// From the engine's own accounting (None for DynamoDB Local, which has none).
-    micros_per_op: Option<f64>,
-    /// CPU of the server's processes per operation (10 ms ticks over the segment).
-    server_cpu_micros_per_op: Option<f64>,
-    /// CPU this process (clients, driver, client library) used per operation.
-    client_cpu_micros_per_op: f64,
-    /// The largest parts per operation: (command or statement, calls per op, µs per op).
-    parts: Vec<(String, f64, f64)>,
-}
-
-/// The harness's raw replay at 16 clients against the same replay in a bare loop.
-#[derive(Serialize)]
-struct HarnessCheck {
-    backend: &'static str,
-    plain_ops_per_sec: f64,
-    harness_raw_ops_per_sec: f64,
-}
-
-#[derive(Serialize)]
-struct MemoryFloor {
-    records_per_round: usize,
-    pairs_per_sec_one_core: f64,
-    pairs_per_sec_16_tasks: f64,
-    threads: usize,
-}
-
-#[derive(Serialize)]
-struct Report {
-    cores: usize,
-    quick: bool,
-    measurements: Vec<Measurement>,
-    round_trips: Vec<Trips>,
-    server_time: Vec<ServerRow>,
-    harness_check: Vec<HarnessCheck>,
-    memory_floor: Option<MemoryFloor>,
-    purge: Vec<purge::PurgeRow>,
-    codec: Vec<codec::CodecRow>,
-    scaling: scaling::ScaleReport,
 }
 
 /// Completed keys prepared per target for the replay and mixed workloads (replays cycle
@@ -469,118 +389,6 @@ fn service(variable: &str) -> Result<Option<String>, BoxError> {
             );
             Ok(None)
         }
-    }
-}
-
-fn print(report: &Report) {
-    println!(
-        "\nidem-bench: {} cores{}",
-        report.cores,
-        if report.quick {
-            ", quick mode (smoke run, not a measurement)"
-        } else {
-            ""
-        }
-    );
-    println!(
-        "\n| backend | workload | clients | idem ops/s | raw ops/s | idem / raw | idem p50 / p99 (µs) | raw p50 / p99 (µs) |"
-    );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
-    for m in &report.measurements {
-        println!(
-            "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} | {:.0} / {:.0} |",
-            m.backend,
-            m.workload.name(),
-            m.concurrency,
-            m.idem_ops_per_sec,
-            m.raw_ops_per_sec,
-            m.ratio,
-            m.idem_p50_us,
-            m.idem_p99_us,
-            m.raw_p50_us,
-            m.raw_p99_us
-        );
-    }
-    println!("\n| backend | counted as | idem fresh | idem replay | raw fresh | raw replay |");
-    println!("|---|---|---:|---:|---:|---:|");
-    for t in &report.round_trips {
-        println!(
-            "| {} | {} per op | {:.2} | {:.2} | {:.2} | {:.2} |",
-            t.backend, t.unit, t.idem_fresh, t.idem_replay, t.raw_fresh, t.raw_replay
-        );
-    }
-    let bytes = |b: Option<(f64, f64)>| {
-        b.map_or("-".to_owned(), |(up, down)| format!("{up:.0} / {down:.0}"))
-    };
-    if report
-        .round_trips
-        .iter()
-        .any(|t| t.idem_fresh_bytes.is_some())
-    {
-        println!(
-            "\n| backend | bytes per op (sent / received) | idem fresh | idem replay | raw fresh | raw replay |"
-        );
-        println!("|---|---|---:|---:|---:|---:|");
-        for t in report
-            .round_trips
-            .iter()
-            .filter(|t| t.idem_fresh_bytes.is_some())
-        {
-            println!(
-                "| {} | on the wire | {} | {} | {} | {} |",
-                t.backend,
-                bytes(t.idem_fresh_bytes),
-                bytes(t.idem_replay_bytes),
-                bytes(t.raw_fresh_bytes),
-                bytes(t.raw_replay_bytes)
-            );
-        }
-    }
-    if !report.server_time.is_empty() {
-        println!(
-            "\n| backend | workload | side | server µs per op (engine) | server CPU µs per op | client CPU µs per op | ops | largest parts (calls per op, µs per op) |"
-        );
-        println!("|---|---|---|---:|---:|---:|---:|---|");
-        for row in &report.server_time {
-            let parts: Vec<String> = row
-                .parts
-                .iter()
-                .map(|(name, calls, micros)| format!("`{name}` {calls:.2} × → {micros:.1}"))
-                .collect();
-            let figure = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1}"));
-            println!(
-                "| {} | {} | {} | {} | {} | {:.1} | {} | {} |",
-                row.backend,
-                row.workload.name(),
-                row.side,
-                figure(row.micros_per_op),
-                figure(row.server_cpu_micros_per_op),
-                row.client_cpu_micros_per_op,
-                row.ops,
-                parts.join("; "),
-            );
-        }
-    }
-    if !report.harness_check.is_empty() {
-        println!(
-            "\n| backend | plain loop replays/s (16 clients) | harness raw replays/s | harness / plain |"
-        );
-        println!("|---|---:|---:|---:|");
-        for check in &report.harness_check {
-            println!(
-                "| {} | {:.0} | {:.0} | {:.2} |",
-                check.backend,
-                check.plain_ops_per_sec,
-                check.harness_raw_ops_per_sec,
-                check.harness_raw_ops_per_sec / check.plain_ops_per_sec.max(1e-9)
-            );
-        }
-    }
-    if let Some(floor) = &report.memory_floor {
-        println!(
-            "\nmemory store, Store level: {:.0} claim+complete pairs/s on one core; {:.0} pairs/s with 16 tasks on distinct keys over {} threads",
-            floor.pairs_per_sec_one_core, floor.pairs_per_sec_16_tasks, floor.threads
-        );
     }
 }
 

@@ -12,6 +12,17 @@
 //! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
 //! cargo run --release -p idem-bench -- --codec --backends memory,sqlite,postgres
 //! ```
+//!
+//! ## Where things live
+//!
+//! - `workload.rs`: the workloads and their timing; `target.rs`: what a workload drives;
+//!   `backends.rs`: each backend set up for idem and for the raw baseline, `raw/` the raw
+//!   operations; `report.rs`: what a run measured and its printing; `charts.rs`: the SVG
+//!   charts.
+//! - Segments of their own: `server.rs` (server time per operation), `floor.rs` (the
+//!   memory store's floor), `http.rs` (the HTTP layer), `codec.rs` (encryption),
+//!   `purge.rs` (`idem purge`), `scaling.rs` (10^4 to 10^7 records); `proxy.rs` and
+//!   `counting.rs` count round trips.
 
 mod backends;
 mod charts;

@@ -10,6 +10,7 @@
 //! - [`run`]: the workers, the faults, the server crashes, and the checks.
 //! - [`explore`]: `idem-chaos explore`, idem-testkit's systematic fault explorer on every
 //!   backend.
+//! - [`backends`]: the durable servers a run targets, stores over them, and their crashes.
 
 pub mod backends;
 pub mod explore;

@@ -8,6 +8,13 @@
 //! ```sh
 //! cargo run --release -p idem-demo -- --orders 2000 --concurrency 64
 //! ```
+//!
+//! ## Where things live
+//!
+//! - `storm.rs`: what each order's client does; `client.rs`: sending and resending;
+//!   `checkout.rs`: what the clients talk to and what the summary reads; `shop.rs`: the
+//!   checkout service and its SQLite ledger; `http.rs`: the same storm over HTTP;
+//!   `progress.rs`: the progress bar.
 
 mod checkout;
 mod client;

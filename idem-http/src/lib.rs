@@ -68,6 +68,16 @@
 //!
 //! Request and response bodies of protected requests are read whole into memory (within
 //! their limits): the layer is for API calls, not file transfers.
+//!
+//! ## Where things live
+//!
+//! - `layer.rs`: [`IdempotencyLayer`] and its settings; `service.rs`: the service it
+//!   builds, one request from its header to its answer; `answer.rs`: the driver's answer
+//!   as a response or a problem.
+//! - `key_header.rs`: reading `Idempotency-Key`; `request_fingerprint.rs`: what makes two
+//!   requests the same; `disposition.rs`: what becomes of a response; `stored.rs`: how a
+//!   response is stored; `problem.rs`: the problem documents; `body.rs`: the body type.
+//! - [`observe`]: the metrics.
 
 #![warn(missing_docs)]
 

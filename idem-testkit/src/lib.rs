@@ -49,6 +49,19 @@
 //!
 //! Server-backed suites read their address from the environment with [`service_url`], which
 //! skips loudly when it is unset and fails instead when `IDEM_REQUIRE_SERVICES=1`.
+//!
+//! ## Where things live
+//!
+//! - `cases/`: the conformance cases, one function per behaviour, a file per table or
+//!   theme (`claim.rs` the claim table, `fencing.rs` the fenced writes, `edges.rs`,
+//!   `retention.rs`, `payloads.rs`, `concurrency.rs`, `namespaces.rs`, `admin.rs`, and the
+//!   driver-level `driver.rs`, `saga.rs`, `security.rs`).
+//! - `suite.rs`: [`Suite`], [`Case`], the macros' engine; `admin_suite.rs` the admin side.
+//! - `capabilities.rs`: [`Capabilities`], what differs between stores.
+//! - `model.rs`: the model-based run against `idem_core::machine`.
+//! - [`explore`]: the fault-point explorer.
+//! - `races.rs`: [`execute_races`]; `services.rs`: [`service_url`]; `foreign.rs`: records
+//!   idem did not write; `fuzz.rs`, `namespace.rs`, `quiet.rs`, `support.rs`: helpers.
 
 #![warn(missing_docs)]
 

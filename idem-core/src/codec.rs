@@ -184,7 +184,7 @@ pub enum KeyringError {
 /// memory for the life of the codec; its `Debug` prints only their ids.
 ///
 /// ```
-/// use idem_core::{Aes256GcmCodec, Fingerprint, Idempotency, Key, MemoryStore, WorkError};
+/// use idem_core::{Aes256GcmCodec, Fingerprint, Idempotency, Key, MemoryStore, done};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// // Load the keys from your secret manager; never from source code.
@@ -194,7 +194,7 @@ pub enum KeyringError {
 /// let key = Key::new("acct_42/payments.create", "order-1")?;
 /// let outcome = idem
 ///     .execute(&key, Fingerprint::of_bytes("req"), |_ctx| async {
-///         Ok::<_, WorkError<String>>("card 4242, Ada Lovelace".to_string())
+///         done("card 4242, Ada Lovelace".to_string())
 ///     })
 ///     .await?;
 /// assert_eq!(outcome.value().as_deref(), Some("card 4242, Ada Lovelace"));

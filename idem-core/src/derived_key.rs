@@ -70,7 +70,7 @@ impl Record {
 
 #[cfg(all(test, feature = "memory"))]
 mod tests {
-    use crate::{Fingerprint, Idempotency, Key, MemoryStore, Store, driver::done};
+    use crate::{Fingerprint, Idempotency, Key, MemoryStore, Store, done};
 
     #[tokio::test]
     async fn an_operator_derives_what_the_work_derived() {

@@ -5,7 +5,7 @@
 //! makes the effect happen once and gives every retry the first result back.
 //!
 //! ```
-//! use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, WorkError};
+//! use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, done};
 //!
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! let idem = Idempotency::new(MemoryStore::new());
@@ -14,7 +14,7 @@
 //! let outcome = idem
 //!     .execute(&key, fingerprint, |ctx| async move {
 //!         // Charge the card here; ctx.token() fences downstream writes.
-//!         Ok::<_, WorkError<String>>(format!("charged with token {}", ctx.token()))
+//!         done(format!("charged with token {}", ctx.token()))
 //!     })
 //!     .await?;
 //! assert!(!outcome.replayed());
@@ -80,8 +80,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use codec::{Aes256GcmCodec, Codec};
 #[cfg(feature = "driver")]
 pub use driver::{
-    Compensation, Completion, ConfigError, Context, Error, Heartbeat, Idempotency,
-    IdempotencyBuilder, InFlightPolicy, KeyPolicy, Outcome, WorkError, WorkResult, WorkResultExt,
+    Compensation, ConfigError, Context, Error, Heartbeat, Idempotency, IdempotencyBuilder,
+    InFlightPolicy, KeyPolicy, Outcome, WorkError, WorkResult, WorkResultExt, done,
 };
 pub use fingerprint::Fingerprint;
 pub use key::Key;

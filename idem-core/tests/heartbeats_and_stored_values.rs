@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use idem_core::driver::Unstorable;
 use idem_core::{
     ConfigError, Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore,
-    Outcome, Purger, Record, Store, StoreError, WorkError, WorkResultExt, driver::InterruptedKind,
-    driver::done, key::StepName, raw::MAX_DURATION, record::Lease, record::ValuePart,
+    Outcome, Purger, Record, Store, StoreError, WorkError, WorkResultExt, done,
+    driver::InterruptedKind, key::StepName, raw::MAX_DURATION, record::Lease, record::ValuePart,
     store::ClaimOutcome, store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome,
     store::WriteOutcome,
 };

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Completion, Key, Record, Store, StoreError, key::StepName, machine, raw::duration_millis,
-    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
-    store::WriteOutcome,
+    Key, Record, Store, StoreError, key::StepName, machine, raw::duration_millis, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Operation,
+    store::RenewOutcome, store::WriteOutcome,
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::machine::{self, Transition};
 use idem_core::{
-    Clock, Completion, Key, Record, Store, StoreError, SystemClock, Timestamp, key::StepName,
-    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
-    store::WriteOutcome,
+    Clock, Key, Record, Store, StoreError, SystemClock, Timestamp, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Operation,
+    store::RenewOutcome, store::WriteOutcome,
 };
 use rusqlite::{Connection, OpenFlags, TransactionBehavior, params};
 
@@ -39,7 +39,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   processes sharing a file should run on machines with synchronised clocks.
 ///
 /// ```
-/// use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+/// use idem_core::{Fingerprint, Idempotency, Key, done};
 /// use idem_sqlite::SqliteStore;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -48,12 +48,12 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// let store = SqliteStore::open(dir.join("idem.db"))?;
 /// let idem = Idempotency::new(store);
 /// let key = Key::new("acct_42/payments.create", "order-1187")?;
-/// let done = idem
+/// let outcome = idem
 ///     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
-///         Ok::<_, WorkError<()>>("charged".to_string())
+///         done("charged".to_string())
 ///     })
 ///     .await?;
-/// # let _ = done;
+/// # let _ = outcome;
 /// # std::fs::remove_dir_all(&dir)?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();

@@ -14,6 +14,7 @@ use super::error::{CannotStore, Interrupted, Reason, WorkError};
 use super::saga::{self, Undo};
 use super::{Limits, observe};
 use crate::record::ValuePart;
+use crate::store::Completion;
 use crate::{
     Codec, Fingerprint, Key, Store, StoreError, codec::CodecError, codec::StoredAt, key::StepName,
     record::Lease, record::Steps, store::WriteOutcome,
@@ -133,7 +134,7 @@ impl Context {
     /// - Reveals neither the key nor the request.
     ///
     /// ```
-    /// # use idem_core::{driver::done, Idempotency, Key, Fingerprint, MemoryStore};
+    /// # use idem_core::{done, Idempotency, Key, Fingerprint, MemoryStore};
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// # let idem = Idempotency::new(MemoryStore::new());
     /// # let key = Key::new("acct_42/payments.create", "order-1187")?;
@@ -360,11 +361,10 @@ impl Context {
                 },
             )));
         }
-        Ok(Completion {
-            context: self.clone(),
-            lease: self.lease(),
-            bytes,
-        })
+        let context = self.clone();
+        Ok(Completion::new(self.lease(), bytes, move |bytes| {
+            *lock(&context.inner.completion) = Some(bytes.to_vec());
+        }))
     }
 
     /// True once the driver learned that another attempt took this key over.
@@ -496,45 +496,6 @@ impl fmt::Debug for Context {
             .field("token", &self.token())
             .field("resumed", &self.resumed())
             .field("lease_lost", &self.is_lease_lost())
-            .finish()
-    }
-}
-
-/// A result prepared by [`Context::prepare_completion`] for a store to write inside the
-/// caller's own transaction.
-///
-/// A store's `complete_in` writes [`Completion::bytes`] fenced by [`Completion::lease`],
-/// and calls [`Completion::written`] when its write applied.
-#[derive(Clone)]
-pub struct Completion {
-    context: Context,
-    lease: Lease,
-    bytes: Vec<u8>,
-}
-
-impl Completion {
-    /// The lease the write is fenced by.
-    pub fn lease(&self) -> &Lease {
-        &self.lease
-    }
-
-    /// The bytes to store.
-    pub fn bytes(&self) -> &[u8] {
-        &self.bytes
-    }
-
-    /// Tells the driver these bytes were written in the caller's transaction: when the
-    /// work returns, it answers with exactly them.
-    pub fn written(&self) {
-        *lock(&self.context.inner.completion) = Some(self.bytes.clone());
-    }
-}
-
-impl fmt::Debug for Completion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Completion")
-            .field("lease", &self.lease)
-            .field("bytes_len", &self.bytes.len())
             .finish()
     }
 }

@@ -101,7 +101,7 @@ pub type WorkResult<T, E = ()> = Result<T, WorkError<E>>;
 /// The result of work that cannot fail, typed so that no annotation is needed.
 ///
 /// ```
-/// use idem_core::{driver::done, Fingerprint, Idempotency, Key, MemoryStore};
+/// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let idem = Idempotency::new(MemoryStore::new());

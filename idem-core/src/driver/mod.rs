@@ -41,7 +41,7 @@ use tracing::Instrument;
 
 pub use budget::{DEFAULT_MAX_SCOPES, KeyBudget, TokenBucket};
 pub use builder::IdempotencyBuilder;
-pub use context::{Completion, Context};
+pub use context::Context;
 pub use error::{
     ConfigError, Error, Interrupted, InterruptedKind, Unstorable, WorkError, WorkResult,
     WorkResultExt, done,
@@ -79,18 +79,18 @@ pub(crate) const OWN_RESERVE: usize = 128;
 /// Runs work at most once per key and replays its result to every retry.
 ///
 /// Cheap to clone (clones share the store), whatever the store; the default type,
-/// `Idempotency<Arc<dyn Store>>` ([`Idempotency::into_dyn`]), suits application state
-/// (an axum `State`, say) that should not name the store's type.
+/// `Idempotency` (that is `Idempotency<dyn Store>`, from [`Idempotency::into_dyn`]), suits
+/// application state (an axum `State`, say) that should not name the store's type.
 ///
 /// ```
-/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Outcome, WorkError};
+/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Outcome, done};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let idem = Idempotency::new(MemoryStore::new());
 /// let key = Key::new("acct_42/payments.create", "order-1187")?;
 /// let request = serde_json::json!({"amount": 500, "currency": "EUR"});
 ///
-/// let charge = || async { Ok::<_, WorkError<String>>("ch_1".to_string()) };
+/// let charge = || async { done("ch_1".to_string()) };
 /// let first = idem.execute(&key, Fingerprint::of_json(&request)?, |_ctx| charge()).await?;
 /// let retry = idem.execute(&key, Fingerprint::of_json(&request)?, |_ctx| charge()).await?;
 /// assert_eq!(first, Outcome::Completed { value: "ch_1".to_string(), replayed: false });

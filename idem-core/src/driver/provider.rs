@@ -30,7 +30,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 /// the API; set what its reference states with [`Provider::with_retention`].
 ///
 /// ```
-/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, driver::Provider, WorkError};
+/// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, done, driver::Provider};
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let idem = Idempotency::builder(MemoryStore::new()).provider(Provider::STRIPE).build()?;
@@ -40,7 +40,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 ///         let stripe = ctx.provider_key(Provider::STRIPE, "charge");
 ///         let paypal = ctx.provider_key(Provider::PAYPAL, "charge");
 ///         // POST /v1/payment_intents with `Idempotency-Key: {stripe}` ...
-///         Ok::<_, WorkError<String>>((stripe, paypal))
+///         done((stripe, paypal))
 ///     })
 ///     .await?
 ///     .value()

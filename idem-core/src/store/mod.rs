@@ -4,12 +4,15 @@
 //! - `error.rs`: [`StoreError`], [`Operation`], [`BoxError`].
 //! - [`ClaimRequest`] and the answers of each transition ([`ClaimOutcome`],
 //!   [`WriteOutcome`], [`RenewOutcome`]): `outcomes.rs`.
-//! - `Store` and [`Admin`](crate::Admin) for `Arc`, `Box` and `&`: `forward.rs`.
+//! - `completion.rs`: [`Completion`], a result written in the caller's own transaction.
+//! - `forward.rs`: `Store` and [`Admin`](crate::Admin) for `Arc`, `Box` and `&`.
 
+mod completion;
 mod error;
 mod forward;
 mod outcomes;
 
+pub use completion::Completion;
 pub use error::{BoxError, Operation, StoreError};
 pub use outcomes::{ClaimOutcome, ClaimRequest, RenewOutcome, WriteOutcome};
 

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Completion, Key, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
-    store::ClaimRequest, store::Expiry, store::Operation, store::RenewOutcome, store::WriteOutcome,
+    Key, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::Completion, store::Expiry, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 

@@ -660,7 +660,10 @@ impl Probe {
 
     /// The work's own commit, bounded by the store timeout as an application would bound
     /// it (and counted as the work's own time).
-    async fn commit(&self, completion: &idem_core::Completion) -> Result<WriteOutcome, String> {
+    async fn commit(
+        &self,
+        completion: &idem_core::store::Completion,
+    ) -> Result<WriteOutcome, String> {
         let timeout = self.world.timing.store_timeout;
         self.world.ledger.push(Event::WorkTime {
             process: self.process,

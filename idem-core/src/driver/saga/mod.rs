@@ -253,7 +253,7 @@ impl Context {
     ///   compensate: the effect may yet happen, or the work runs again.
     ///
     /// ```
-    /// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Outcome, WorkError};
+    /// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, Outcome, WorkError, WorkResult};
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// let idem = Idempotency::new(MemoryStore::new());
@@ -263,7 +263,7 @@ impl Context {
     ///         let hold: String = ctx
     ///             .step_with_undo(
     ///                 "reserve",
-    ///                 || async { Ok::<_, WorkError<String>>("hold_1".to_string()) },
+    ///                 || async { WorkResult::<_, String>::Ok("hold_1".to_string()) },
     ///                 |hold: String| async move { println!("release {hold}"); Ok(()) },
     ///             )
     ///             .await?;

@@ -58,8 +58,11 @@ pub(crate) fn map(operation: Operation, err: sqlx::Error) -> StoreError {
                     what: "a stored value idem's statements cannot work on",
                     source: Some(err.into()),
                 }
-            } else if code == "42P01" || code == "42703" || code.starts_with("28") {
-                // Undefined table or column (migrate() not run), or bad credentials.
+            } else if ["42P01", "42703", "3F000", "42501"].contains(&code.as_ref())
+                || code.starts_with("28")
+            {
+                // Undefined table, column or schema (migrate() not run), no privilege on
+                // them, or bad credentials.
                 StoreError::Misconfigured {
                     operation,
                     source: err.into(),

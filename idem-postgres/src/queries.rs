@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::table::TableName;
 
 const MIGRATE: &str = include_str!("../sql/migrate.sql");
+const CREATE_SCHEMA: &str = include_str!("../sql/create_schema.sql");
 const COLUMNS: &str = include_str!("../sql/columns.sql");
 const CLAIM: &str = include_str!("../sql/claim.sql");
 const SELECT: &str = include_str!("../sql/select.sql");
@@ -33,6 +34,8 @@ fn present(row: &str) -> String {
 #[derive(Debug)]
 pub(crate) struct Queries {
     pub(crate) migrate: Arc<str>,
+    /// `CREATE SCHEMA IF NOT EXISTS` for a schema-qualified table.
+    pub(crate) create_schema: Option<Arc<str>>,
     pub(crate) claim: Arc<str>,
     pub(crate) select: Arc<str>,
     pub(crate) finish: Arc<str>,
@@ -75,6 +78,9 @@ impl Queries {
         let render_all = |sql: &str| render(sql, "true");
         Self {
             migrate: render_all(MIGRATE),
+            create_schema: table
+                .schema()
+                .map(|schema| CREATE_SCHEMA.replace("{schema}", schema).into()),
             claim: render(CLAIM, "state = 'in_progress'"),
             select: render_all(SELECT),
             finish: render_all(FINISH),

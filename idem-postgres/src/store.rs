@@ -81,7 +81,9 @@ pub struct PostgresStoreBuilder {
 }
 
 impl PostgresStoreBuilder {
-    /// The table to use: `name` or `schema.name` (default `idem_records`).
+    /// The table to use: `name` or `schema.name` (default `idem_records`). A schema that
+    /// does not exist yet is created by [`PostgresStore::migrate`] (which then needs the
+    /// `CREATE` privilege on the database); without `migrate`, the schema must exist.
     ///
     /// # Errors
     /// [`TableNameError`] unless each part is a plain identifier (ASCII letters, digits,
@@ -124,9 +126,10 @@ impl PostgresStore {
         &self.queries
     }
 
-    /// Creates the table and its indexes when missing (the DDL is in the crate docs).
-    /// Idempotent, and safe to run from many processes at once: it holds a transaction
-    /// advisory lock while it runs.
+    /// Creates the table and its indexes when missing (the DDL is in the crate docs), and
+    /// the schema of a schema-qualified table (`billing.idem_records`) too. Idempotent,
+    /// and safe to run from many processes at once: it holds a transaction advisory lock
+    /// while it runs.
     ///
     /// # Errors
     /// A [`StoreError`] when the database refuses (missing privileges, say).
@@ -137,6 +140,12 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(setup)?;
+        if let Some(create_schema) = &self.queries.create_schema {
+            sqlx::raw_sql(AssertSqlSafe(create_schema.to_string()))
+                .execute(&mut *tx)
+                .await
+                .map_err(setup)?;
+        }
         sqlx::raw_sql(AssertSqlSafe(self.queries.migrate.to_string()))
             .execute(&mut *tx)
             .await

@@ -41,6 +41,8 @@ pub enum TableNameError {
 pub(crate) struct TableName {
     /// `"schema"."table"` or `"table"`.
     qualified: String,
+    /// `"schema"`, when the name has one.
+    schema: Option<String>,
     /// The table part, unquoted.
     table: String,
 }
@@ -86,6 +88,7 @@ impl TableName {
         };
         Ok(Self {
             qualified,
+            schema: schema.map(quote),
             table: table.to_ascii_lowercase(),
         })
     }
@@ -93,6 +96,11 @@ impl TableName {
     /// The name to write in SQL, quoted: `"schema"."table"` or `"table"`.
     pub(crate) fn qualified(&self) -> &str {
         &self.qualified
+    }
+
+    /// The schema part, quoted, when the name has one.
+    pub(crate) fn schema(&self) -> Option<&str> {
+        self.schema.as_deref()
     }
 
     /// An index of this table named `<table>-<what>`, quoted. The `-` cannot appear in a

@@ -298,6 +298,38 @@ async fn reserved_words_work_as_table_names() {
     }
 }
 
+/// A table in a schema that does not exist yet: migrate creates the schema, then the
+/// table (it used to fail with SQLSTATE 3F000, invalid schema name).
+#[tokio::test]
+async fn migrate_creates_a_missing_schema() {
+    let Some(url) = common::url() else { return };
+    let schema = format!("idem_schema_{}", std::process::id());
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let store = PostgresStore::builder(pool.clone())
+        .table(&format!("{schema}.records"))
+        .unwrap()
+        .build();
+    store.migrate().await.unwrap();
+    store.migrate().await.unwrap();
+    let idem = Idempotency::new(store.clone());
+    let key = Key::new("shop/checkout", "order-1").unwrap();
+    for attempt in 0..2 {
+        let outcome = idem
+            .execute(&key, Fingerprint::of_bytes("500"), |_ctx| async {
+                Ok::<_, WorkError<()>>("stored in its own schema".to_string())
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome.replayed(), attempt > 0);
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_missing_table_is_a_configuration_error() {
     let Some(url) = common::url() else { return };

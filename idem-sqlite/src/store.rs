@@ -148,7 +148,7 @@ impl SqliteStore {
     /// Opens (creating when missing) a database file with the default settings.
     ///
     /// # Errors
-    /// See [`SqliteStoreBuilder::open`].
+    /// See [`SqliteStoreBuilder::build`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::builder(path).build()
     }
@@ -156,7 +156,7 @@ impl SqliteStore {
     /// A private in-memory database: gone when the last clone of the store is dropped.
     ///
     /// # Errors
-    /// See [`SqliteStoreBuilder::open`].
+    /// See [`SqliteStoreBuilder::build`].
     pub fn open_in_memory() -> Result<Self, StoreError> {
         Self::builder_in_memory().build()
     }

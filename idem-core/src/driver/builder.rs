@@ -139,7 +139,7 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     ///   most the lease's time left `+ T + 500 ms`, and never fewer than 3 tries
     ///   (`3T + 75 ms`). A result or failure the store refuses as too large is written
     ///   once more, as the marker saying so.
-    /// - The release after [`WorkError::Retryable`]: 3 tries, `3T + 75 ms`.
+    /// - The release after [`WorkError::Retryable`](crate::WorkError::Retryable): 3 tries, `3T + 75 ms`.
     /// - A heartbeat: one try, bounded by the heartbeat interval.
     ///
     /// The work's own time, and its undos', come on top: idem never cuts the work short.

@@ -3,7 +3,7 @@
 use crate::admin::RawRecord;
 
 /// `bytes` as text when they are printable UTF-8, else as `0x` and hex: how
-/// [`Admin::raw`] shows a stored value.
+/// [`Admin::raw`](crate::Admin::raw) shows a stored value.
 ///
 /// ```
 /// assert_eq!(idem_core::raw::raw_text(b"in_progress"), "in_progress");
@@ -23,7 +23,7 @@ pub fn raw_text(bytes: &[u8]) -> String {
     }
 }
 
-/// A decoded record's fields in [`Admin::raw`]'s form, for stores that hold records
+/// A decoded record's fields in [`Admin::raw`](crate::Admin::raw)'s form, for stores that hold records
 /// decoded (the memory store) and for tests.
 pub fn raw_of(record: &crate::Record) -> RawRecord {
     let mut fields = vec![

@@ -69,6 +69,24 @@ pub enum Expiry {
 /// prefix) must map (namespace, scope, key) to its storage key injectively and never
 /// reach past its own namespace; [`crate::raw::storage_name`] does exactly that.
 ///
+/// # Writing a store of your own
+///
+/// 1. Read the memory store (`idem-core/src/memory.rs`, [`MemoryStore`](crate::MemoryStore)):
+///    the reference implementation. Each method reads the record, asks the matching
+///    [`crate::machine`] function what to answer and what to write, and writes it, all
+///    under one lock. Yours does the same inside one atomic operation of its backend;
+///    `docs/DESIGN.md` §6 in the repository shows how SQLite (`BEGIN IMMEDIATE`),
+///    PostgreSQL (one statement), Redis (one Lua script) and DynamoDB (one conditional
+///    write) do it.
+/// 2. Rebuild records you read with [`Record::parts`] (the validated decoder every
+///    backend shares); take the helpers of [`crate::raw`] (bounds, storage names,
+///    listing) rather than writing your own.
+/// 3. Declare what differs: [`Store::expiry`], [`Store::max_record_bytes`].
+/// 4. Run the conformance suite on it (`idem_testkit::conformance_tests!`, and
+///    `admin_conformance_tests!` for [`Admin`](crate::Admin)), then the fault-point
+///    explorer (`idem_testkit::explore::assert_sample_passes`). Both are published for
+///    exactly this, and the suite proves it fails on broken stores.
+///
 /// Usable as `Arc<dyn Store>`:
 ///
 /// ```

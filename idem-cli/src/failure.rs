@@ -2,9 +2,8 @@
 
 use std::process::ExitCode;
 
+use idem_core::connect::{Location, OpenError, UrlError};
 use idem_core::{StoreError, key::KeyError};
-
-use crate::target::{Target, TargetError};
 
 /// The exit codes `idem --help` documents.
 pub(crate) mod code {
@@ -19,30 +18,30 @@ pub(crate) mod code {
 /// A command that did not do what it was asked. The message says what to do next.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Failure {
+    #[error("no store given: pass --store URL or set IDEM_STORE (see `idem --help`)")]
+    NoStore,
+    #[error("--{flag} (or IDEM_{}) does not apply to {backend} stores", flag.to_ascii_uppercase())]
+    FlagDoesNotApply {
+        flag: &'static str,
+        backend: &'static str,
+    },
+    /// A store URL the backend refused, or no backend's: the message says which.
     #[error(transparent)]
-    Target(#[from] TargetError),
+    Url(UrlError),
     #[error(
         "{0}; scope and key follow the key rules of idem (1 to 255 bytes, no control characters)"
     )]
     Key(#[from] KeyError),
     #[error("{what}")]
     Usage { what: String },
-    #[error("no SQLite database at {path}: check the path, or run `idem migrate` to create one")]
-    NoDatabase { path: String },
-    #[error("could not reach the {target}: {source}; check the URL and that the server is up")]
-    Unreachable {
-        target: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+    #[error("no {what} at {location}: check the URL, or run `idem migrate` to create one")]
+    NotCreated {
+        what: &'static str,
+        location: String,
     },
-    #[error(
-        "the {target} refused the connection: {source}; check the credentials, the database name and the permissions"
-    )]
-    Rejected {
-        target: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    /// The store could not be opened: unreachable (retryable) or refused (setup).
+    #[error(transparent)]
+    Open(OpenError),
     #[error("the {backend} store failed: {source}{}", hint(source))]
     Store {
         backend: &'static str,
@@ -73,21 +72,52 @@ fn hint(error: &StoreError) -> &'static str {
     }
 }
 
+impl From<UrlError> for Failure {
+    fn from(err: UrlError) -> Self {
+        match err {
+            UrlError::Missing => Failure::NoStore,
+            // Said as the command's flags, which are how an operator gives options.
+            UrlError::OptionDoesNotApply { option, backend } => Failure::FlagDoesNotApply {
+                flag: option,
+                backend,
+            },
+            err => Failure::Url(err),
+        }
+    }
+}
+
 impl Failure {
     /// A store error from `target`.
-    pub(crate) fn store(target: &Target) -> impl FnOnce(StoreError) -> Failure + '_ {
+    pub(crate) fn store(target: &dyn Location) -> impl FnOnce(StoreError) -> Failure + '_ {
         move |source| Failure::Store {
             backend: target.backend(),
             source,
         }
     }
 
+    /// Why `target` could not be opened or migrated, with the command's advice.
+    pub(crate) fn open(target: &dyn Location) -> impl FnOnce(OpenError) -> Failure + '_ {
+        move |err| match err {
+            OpenError::NotFound { what, location } => Failure::NotCreated { what, location },
+            // A region or credentials to give, as a flag would be.
+            OpenError::MissingSetting { what } => Failure::Usage { what: what.into() },
+            OpenError::Store(source) => Failure::store(target)(source),
+            err => Failure::Open(err),
+        }
+    }
+
     /// The exit code a script sees.
     pub(crate) fn exit_code(&self) -> ExitCode {
         ExitCode::from(match self {
-            Failure::Target(_) | Failure::Key(_) | Failure::Usage { .. } => code::USAGE,
-            Failure::NoDatabase { .. } | Failure::Rejected { .. } => code::SETUP,
-            Failure::Unreachable { .. } => code::RETRYABLE,
+            Failure::NoStore
+            | Failure::FlagDoesNotApply { .. }
+            | Failure::Url(_)
+            | Failure::Key(_)
+            | Failure::Usage { .. } => code::USAGE,
+            Failure::NotCreated { .. } => code::SETUP,
+            Failure::Open(OpenError::Rejected { .. }) => code::SETUP,
+            Failure::Open(err) if err.is_retryable() => code::RETRYABLE,
+            Failure::Open(_) => code::SETUP,
             Failure::Store { source, .. } if source.is_retryable() => code::RETRYABLE,
             Failure::Store { .. } => code::SETUP,
             Failure::NotFound { .. } => code::NOT_FOUND,
@@ -126,5 +156,62 @@ mod tests {
         };
         assert!(down.to_string().contains("try again"), "{down}");
         assert_eq!(down.exit_code(), ExitCode::from(code::RETRYABLE));
+    }
+
+    #[test]
+    fn open_errors_say_what_to_do_and_exit_by_kind() {
+        let target = crate::target::parse(Some("sqlite:///x.db"), None, None).unwrap();
+        let open = |err| Failure::open(&*target)(err);
+        let missing = open(OpenError::NotFound {
+            what: "SQLite database",
+            location: "/x.db".into(),
+        });
+        assert!(
+            missing.to_string().contains("run `idem migrate`"),
+            "{missing}"
+        );
+        assert_eq!(missing.exit_code(), ExitCode::from(code::SETUP));
+        let settings = open(OpenError::MissingSetting {
+            what: "no AWS region",
+        });
+        assert_eq!(settings.exit_code(), ExitCode::from(code::USAGE));
+        let down = open(OpenError::Unreachable {
+            location: target.to_string(),
+            source: "connection refused".into(),
+        });
+        assert!(down.to_string().contains("could not reach"), "{down}");
+        assert_eq!(down.exit_code(), ExitCode::from(code::RETRYABLE));
+        let refused = open(OpenError::Rejected {
+            location: target.to_string(),
+            source: "password authentication failed".into(),
+        });
+        assert_eq!(refused.exit_code(), ExitCode::from(code::SETUP));
+        let store = open(OpenError::Store(StoreError::Misconfigured {
+            operation: Operation::Setup,
+            source: "no such table".into(),
+        }));
+        assert!(
+            store.to_string().starts_with("the SQLite store failed"),
+            "{store}"
+        );
+        assert_eq!(store.exit_code(), ExitCode::from(code::SETUP));
+    }
+
+    #[test]
+    fn url_errors_are_usage_errors_in_the_commands_terms() {
+        let none = Failure::from(crate::target::parse(None, None, None).unwrap_err());
+        assert!(none.to_string().contains("--store"), "{none}");
+        let flag = Failure::from(
+            crate::target::parse(Some("sqlite:///x.db"), None, Some("p")).unwrap_err(),
+        );
+        assert_eq!(
+            flag.to_string(),
+            "--prefix (or IDEM_PREFIX) does not apply to SQLite stores"
+        );
+        let bad = Failure::from(crate::target::parse(Some("sqlite://"), None, None).unwrap_err());
+        assert!(bad.to_string().contains("needs a file path"), "{bad}");
+        for failure in [none, flag, bad] {
+            assert_eq!(failure.exit_code(), ExitCode::from(code::USAGE));
+        }
     }
 }

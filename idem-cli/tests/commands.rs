@@ -628,18 +628,23 @@ fn usage_errors_exit_2_and_say_what_to_do() {
     assert!(scheme.stderr.contains("sqlite://"), "{scheme:?}");
     let flag = bare(&["stats", "--store", "sqlite:///tmp/x.db", "--prefix", "p"]);
     assert_eq!(flag.code, 2, "{flag:?}");
+    assert!(flag.stderr.contains("--prefix"), "{flag:?}");
     let unknown = bare(&["frobnicate"]);
     assert_eq!(unknown.code, 2, "{unknown:?}");
     let no_creds = bare(&[
         "stats",
         "--store",
-        "dynamodb://t?region=us-east-1&endpoint=http://127.0.0.1:1",
+        "dynamodb://idem?region=us-east-1&endpoint=http://127.0.0.1:1",
     ]);
     assert_eq!(no_creds.code, 2, "{no_creds:?}");
     assert!(
         no_creds.stderr.contains("AWS_ACCESS_KEY_ID"),
         "{no_creds:?}"
     );
+    // A table name DynamoDB refuses is found from the URL alone, before credentials.
+    let bad_table = bare(&["stats", "--store", "dynamodb://t?region=us-east-1"]);
+    assert_eq!(bad_table.code, 2, "{bad_table:?}");
+    assert!(bad_table.stderr.contains("3 to 255"), "{bad_table:?}");
 }
 
 #[test]

@@ -118,7 +118,9 @@ pub trait Location: fmt::Display + Send + Sync {
     /// Opens the store, with its operator's side.
     ///
     /// - Creates nothing unless `create` is [`Create::Yes`].
-    /// - Proves the server answers before it returns, within the connect timeout.
+    /// - Proves the server answers before it returns, within the connect timeout, where
+    ///   the backend can without asking for more permissions than the store needs
+    ///   (DynamoDB cannot: its first operation tells).
     ///
     /// # Errors
     /// See [`OpenError`].
@@ -157,7 +159,7 @@ pub enum UrlError {
         known: Vec<&'static str>,
     },
     /// The backend cannot use the URL.
-    #[error("the {backend} URL is not valid: {source}")]
+    #[error("the {backend} store's URL or options are not valid: {source}")]
     Invalid {
         /// The backend's name.
         backend: &'static str,
@@ -231,6 +233,19 @@ impl OpenError {
         }
     }
 }
+
+/// A server that did not answer within the connect timeout: the source of
+/// [`OpenError::Unreachable`] then.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_core::connect::NoAnswer;
+///
+/// assert_eq!(NoAnswer(Duration::from_secs(20)).to_string(), "no answer within 20s");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no answer within {0:?}")]
+pub struct NoAnswer(pub Duration);
 
 /// Reads `url` with the first of `backends` that owns its scheme.
 ///

@@ -26,6 +26,14 @@ pub enum PrefixError {
     },
 }
 
+/// The builder's check of a prefix, also run when a URL is read, before a client exists.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), PrefixError> {
+    if prefix.len() > 512 {
+        return Err(PrefixError::TooLong { len: prefix.len() });
+    }
+    Ok(())
+}
+
 impl DynamoDbStoreBuilder {
     /// Puts every record of this store under `prefix`, so several applications (or
     /// tests) can share one table; `purge_expired` only touches its own prefix. Any bytes
@@ -34,9 +42,7 @@ impl DynamoDbStoreBuilder {
     /// # Errors
     /// [`PrefixError`] when the prefix is over 512 bytes.
     pub fn prefix(mut self, prefix: &str) -> Result<Self, PrefixError> {
-        if prefix.len() > 512 {
-            return Err(PrefixError::TooLong { len: prefix.len() });
-        }
+        check_prefix(prefix)?;
         self.store.prefix = prefix.into();
         self.store.namespace = storage_name::namespace_prefix(prefix).into();
         Ok(self)

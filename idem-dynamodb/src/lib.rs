@@ -70,6 +70,28 @@
 //! when a table holds millions of items, or many prefixes share it, a global secondary
 //! index keyed by the prefix and sorted by creation would make listing read only the
 //! store's own items. The release and the deletion are single conditional writes.
+//!
+//! ## Opening from a URL
+//!
+//! With the feature `url`, `BACKEND` reads `dynamodb://TABLE?region=...&endpoint=...`
+//! URLs for [`idem_core::connect`], with the prefix option (checked before anything is
+//! built), so a program that takes a store URL lists `&idem_dynamodb::BACKEND` among its
+//! backends. Opening builds a client from the URL and the standard AWS environment
+//! variables (`AWS_REGION` when the URL has no region, `AWS_ACCESS_KEY_ID`,
+//! `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) and sends nothing; migrating runs
+//! [`create_table`]. The feature turns on the SDK's default HTTPS client, which the store
+//! alone leaves to you.
+//!
+//! ```
+//! # #[cfg(feature = "url")] {
+//! use idem_core::connect::{self, ConnectOptions};
+//!
+//! let options = ConnectOptions::default().prefix("billing#");
+//! let location = connect::parse_url("dynamodb://idem?region=eu-west-1", &options, &[&idem_dynamodb::BACKEND])?;
+//! assert_eq!(location.backend(), "DynamoDB");
+//! # }
+//! # Ok::<(), idem_core::connect::UrlError>(())
+//! ```
 
 #![warn(missing_docs)]
 
@@ -81,6 +103,8 @@ mod item;
 mod refused;
 mod store;
 mod table;
+#[cfg(feature = "url")]
+mod url;
 
 /// The item's attribute names.
 pub mod attributes {
@@ -90,6 +114,8 @@ pub mod attributes {
     };
 }
 
+#[cfg(feature = "url")]
+pub use crate::url::{BACKEND, DynamoDbBackend, DynamoDbLocation, DynamoDbUrlError, URL_SCHEMES};
 pub use aws_sdk_dynamodb;
 pub use builder::{DynamoDbStoreBuilder, PrefixError};
 pub use store::{DEFAULT_SKEW_MARGIN, DynamoDbStore, MAX_RECORD_BYTES};

@@ -60,6 +60,23 @@
 //! on in-progress leases; `stats` counts in one statement (a full scan of the table: cheap
 //! at thousands of rows, seconds at tens of millions). The operator's release is one
 //! `UPDATE` that the row lock orders against a worker's `complete`.
+//!
+//! ## Opening from a URL
+//!
+//! [`BACKEND`] reads `postgres://` and `postgresql://` URLs for [`idem_core::connect`],
+//! with the table option (default `idem_records`, checked before connecting), so a
+//! program that takes a store URL lists `&idem_postgres::BACKEND` among its backends.
+//! Opening proves the server answers with one connection, then runs on a pool of two;
+//! migrating runs [`PostgresStore::migrate`]. Messages show the URL without its password.
+//!
+//! ```
+//! use idem_core::connect::{self, ConnectOptions};
+//!
+//! let options = ConnectOptions::default().table("billing.idem_records");
+//! let location = connect::parse_url("postgres://app@db.internal/app", &options, &[&idem_postgres::BACKEND])?;
+//! assert_eq!(location.backend(), "PostgreSQL");
+//! # Ok::<(), connect::UrlError>(())
+//! ```
 
 #![warn(missing_docs)]
 
@@ -69,7 +86,9 @@ mod queries;
 mod rows;
 mod store;
 mod table;
+mod url;
 
+pub use crate::url::{BACKEND, PostgresBackend, PostgresLocation, PostgresUrlError, URL_SCHEMES};
 pub use sqlx;
 pub use store::{PostgresStore, PostgresStoreBuilder};
 pub use table::{DEFAULT_TABLE, TableNameError};

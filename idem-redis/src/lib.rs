@@ -65,6 +65,23 @@
 //! `SCAN` the prefix on every primary of a Cluster and read each record (one round trip
 //! per record): fine for an operator's occasional look at thousands of records; for
 //! millions, watch the metrics instead. The release is one Lua script.
+//!
+//! ## Opening from a URL
+//!
+//! [`BACKEND`] reads `redis://`, `rediss://` and `redis+cluster://host:port,host:port`
+//! URLs for [`idem_core::connect`], with the prefix option (default `idem:`, checked
+//! before connecting), so a program that takes a store URL lists `&idem_redis::BACKEND`
+//! among its backends. Opening connects within the connect timeout; migrating only
+//! connects, since Redis has no schema. Messages show URLs without their passwords.
+//!
+//! ```
+//! use idem_core::connect::{self, ConnectOptions};
+//!
+//! let options = ConnectOptions::default().prefix("billing:");
+//! let location = connect::parse_url("redis+cluster://10.0.0.1:7001,10.0.0.2:7001", &options, &[&idem_redis::BACKEND])?;
+//! assert_eq!(location.backend(), "Redis Cluster");
+//! # Ok::<(), connect::UrlError>(())
+//! ```
 
 #![warn(missing_docs)]
 
@@ -73,7 +90,9 @@ mod errors;
 mod layout;
 mod scripts;
 mod store;
+mod url;
 
+pub use crate::url::{BACKEND, RedisBackend, RedisLocation, RedisUrlError, URL_SCHEMES};
 pub use layout::{DEFAULT_PREFIX, PrefixError};
 pub use redis;
 pub use store::RedisStore;

@@ -36,6 +36,21 @@
 //! (`idem --store sqlite:///path/to/idem.db stats`). Listing walks the index on
 //! `(created_at, scope, key)`; stuck work comes from the partial index on in-progress
 //! leases; the release is one `BEGIN IMMEDIATE` transaction through the state machine.
+//!
+//! ## Opening from a URL
+//!
+//! [`BACKEND`] reads `sqlite:///path/to/idem.db` URLs for [`idem_core::connect`], so a
+//! program that takes a store URL lists `&idem_sqlite::BACKEND` among its backends.
+//! Opening never creates a missing file (that is [`Create::Yes`](idem_core::connect::Create),
+//! for migrating), and the URL takes no table or prefix.
+//!
+//! ```
+//! use idem_core::connect::{self, ConnectOptions};
+//!
+//! let location = connect::parse_url("sqlite:///var/lib/app/idem.db", &ConnectOptions::default(), &[&idem_sqlite::BACKEND])?;
+//! assert_eq!(location.backend(), "SQLite");
+//! # Ok::<(), connect::UrlError>(())
+//! ```
 
 #![warn(missing_docs)]
 
@@ -45,7 +60,9 @@ mod errors;
 mod rows;
 mod schema;
 mod store;
+mod url;
 
 pub use rusqlite;
 pub use schema::SCHEMA_VERSION;
 pub use store::{DEFAULT_BUSY_TIMEOUT, SqliteStore, SqliteStoreBuilder};
+pub use url::{BACKEND, SqliteBackend, SqliteLocation, SqliteUrlError, URL_SCHEMES};

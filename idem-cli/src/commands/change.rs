@@ -3,17 +3,17 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
+use idem_core::connect::Location;
 use idem_core::{Key, State, Timestamp, admin::ReleaseKeyOutcome};
 
 use super::Store;
 use super::inspect::{details, not_found};
 use crate::cli::ChangeArgs;
 use crate::failure::Failure;
-use crate::target::Target;
 
 pub(super) async fn release(
     store: &Store,
-    target: &Target,
+    target: &dyn Location,
     key: &Key,
     args: &ChangeArgs,
     out: &mut dyn Write,
@@ -62,7 +62,7 @@ pub(super) async fn release(
 
 pub(super) async fn delete(
     store: &Store,
-    target: &Target,
+    target: &dyn Location,
     key: &Key,
     args: &ChangeArgs,
     out: &mut dyn Write,

@@ -4,17 +4,17 @@ use std::io::Write;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use idem_core::connect::Location;
 use idem_core::{Key, Record, StoreError, Timestamp};
 
 use super::Store;
 use crate::cli::InspectArgs;
 use crate::failure::Failure;
 use crate::render::{self, RecordJson};
-use crate::target::Target;
 
 pub(super) async fn run(
     store: &Store,
-    target: &Target,
+    target: &dyn Location,
     key: &Key,
     args: &InspectArgs,
     out: &mut dyn Write,
@@ -113,7 +113,7 @@ fn text_or_base64(bytes: &[u8]) -> String {
     }
 }
 
-pub(super) fn not_found(target: &Target) -> Failure {
+pub(super) fn not_found(target: &dyn Location) -> Failure {
     Failure::NotFound {
         what: format!(
             "no record for that key in {target}: never claimed, deleted, or expired (check the scope, the key and --table/--prefix)"

@@ -4,6 +4,7 @@ use std::io::Write;
 
 use comfy_table::presets::NOTHING;
 use comfy_table::{CellAlignment, Table};
+use idem_core::connect::Location;
 use idem_core::{State, StoreError, admin::Cursor, admin::ListQuery};
 use serde::Serialize;
 
@@ -11,11 +12,10 @@ use super::Store;
 use crate::cli::{ListArgs, StateArg};
 use crate::failure::Failure;
 use crate::render::{self, RecordJson};
-use crate::target::Target;
 
 pub(super) async fn run(
     store: &Store,
-    target: &Target,
+    target: &dyn Location,
     args: &ListArgs,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {

@@ -11,41 +11,42 @@ use std::io::Write;
 use idem_core::Key;
 
 use crate::cli::{Cli, Command};
-use crate::connect::{self, Create};
+use crate::connect;
 use crate::failure::Failure;
-use crate::target::Target;
+use crate::target;
 
 /// Runs the command `cli` names, writing its answer to `out`.
 pub(crate) async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
-    let target = Target::parse(
+    let target = target::parse(
         cli.store.store.as_deref(),
         cli.store.table.as_deref(),
         cli.store.prefix.as_deref(),
     )?;
-    let open = || async { connect::open(&target, Create::No).await };
+    let target = &*target;
+    let open = || async { connect::open(target).await };
     // Keys are checked before connecting: a typo costs nothing.
     let keyed = |scope: &str, key: &str| Key::new(scope, key).map_err(Failure::from);
     match cli.command {
         Command::Migrate => {
-            let said = connect::migrate(&target).await?;
+            let said = connect::migrate(target).await?;
             writeln!(out, "{said}")?;
             Ok(())
         }
-        Command::Stats(args) => stats::run(&*open().await?, &target, &args, out).await,
-        Command::List(args) => list::run(&*open().await?, &target, &args, out).await,
+        Command::Stats(args) => stats::run(&*open().await?, target, &args, out).await,
+        Command::List(args) => list::run(&*open().await?, target, &args, out).await,
         Command::Inspect(args) => {
             let key = keyed(&args.scope, &args.key)?;
-            inspect::run(&*open().await?, &target, &key, &args, out).await
+            inspect::run(&*open().await?, target, &key, &args, out).await
         }
         Command::Release(args) => {
             let key = keyed(&args.scope, &args.key)?;
-            change::release(&*open().await?, &target, &key, &args, out).await
+            change::release(&*open().await?, target, &key, &args, out).await
         }
         Command::Delete(args) => {
             let key = keyed(&args.scope, &args.key)?;
-            change::delete(&*open().await?, &target, &key, &args, out).await
+            change::delete(&*open().await?, target, &key, &args, out).await
         }
-        Command::Purge(args) => purge::run(&*open().await?, &target, &args, out).await,
+        Command::Purge(args) => purge::run(&*open().await?, target, &args, out).await,
     }
 }
 

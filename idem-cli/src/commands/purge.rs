@@ -3,17 +3,17 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use idem_core::connect::Location;
 use idem_core::store::Expiry;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use super::Store;
 use crate::cli::PurgeArgs;
 use crate::failure::Failure;
-use crate::target::Target;
 
 pub(super) async fn run(
     store: &Store,
-    target: &Target,
+    target: &dyn Location,
     args: &PurgeArgs,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
@@ -63,7 +63,7 @@ pub(super) async fn run(
 
 /// A progress bar on a terminal (sized by the store's own count of expired records), and
 /// nothing otherwise: scripts and logs get the final count only.
-async fn progress(store: &Store, target: &Target) -> Result<ProgressBar, Failure> {
+async fn progress(store: &Store, target: &dyn Location) -> Result<ProgressBar, Failure> {
     if !std::io::stderr().is_terminal() {
         return Ok(ProgressBar::hidden());
     }

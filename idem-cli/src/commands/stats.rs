@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::io::Write;
 
+use idem_core::connect::Location;
 use idem_core::{admin::Stats, store::Expiry};
 use serde::Serialize;
 
@@ -10,11 +11,10 @@ use super::Store;
 use crate::cli::StatsArgs;
 use crate::failure::Failure;
 use crate::render;
-use crate::target::Target;
 
 pub(super) async fn run(
     store: &Store,
-    target: &Target,
+    target: &dyn Location,
     args: &StatsArgs,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
@@ -36,7 +36,7 @@ pub(super) async fn run(
     Ok(())
 }
 
-fn text(stats: &Stats, target: &Target, expiry: Expiry) -> String {
+fn text(stats: &Stats, target: &dyn Location, expiry: Expiry) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{target}, counted at {}", render::time(stats.now));
     let _ = writeln!(s, "records                {:>12}", stats.total);

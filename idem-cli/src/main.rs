@@ -1,5 +1,13 @@
 //! `idem`: operates an idem store from the command line. See `idem --help`, and the
 //! crate's README for the exit codes and the store URLs.
+//!
+//! ## Where things live
+//!
+//! - `cli.rs`: the command line (clap); `commands/`: one module per subcommand.
+//! - `target.rs`: the backends this binary knows, one line each, and the URL dispatch
+//!   (`idem_core::connect`); each backend crate parses its own URLs.
+//! - `connect.rs`: opening and migrating; `failure.rs`: what went wrong, its advice and
+//!   its exit code; `render.rs`: tables and JSON.
 
 mod cli;
 mod commands;

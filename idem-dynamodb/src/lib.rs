@@ -5,18 +5,18 @@
 //! conditional write, and for the clock trade-off.
 //!
 //! ```no_run
-//! use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+//! use idem_core::{Fingerprint, Idempotency, Key, done};
 //! use idem_dynamodb::DynamoDbStore;
 //!
 //! # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! let idem = Idempotency::new(DynamoDbStore::new(client, "idem")?);
 //! let key = Key::new("acct_42/payments.create", "order-1187")?;
-//! let done = idem
+//! let outcome = idem
 //!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
-//!         Ok::<_, WorkError<()>>("charged".to_string())
+//!         done("charged".to_string())
 //!     })
 //!     .await?;
-//! # let _ = done;
+//! # let _ = outcome;
 //! # Ok(())
 //! # }
 //! ```
@@ -92,6 +92,22 @@
 //! # }
 //! # Ok::<(), idem_core::connect::UrlError>(())
 //! ```
+//!
+//! ## Where things live
+//!
+//! Every transition is one conditional write, its expressions in `src/expressions.rs`:
+//!
+//! | operation | files |
+//! |---|---|
+//! | claim | `src/store.rs` (`claim`, `fresh`, `take_over`) |
+//! | complete, fail | `src/store.rs` (`finish`); a failed condition read in `src/refused.rs` |
+//! | release, renew, checkpoint, get, purge_expired | `src/store.rs` |
+//! | list, stats, release_key, delete, raw | `src/admin.rs` |
+//! | the item's attributes | `src/item.rs`; the table: `src/table.rs`; the builder: `src/builder.rs` |
+//! | errors, URLs | `src/errors.rs`, `src/url.rs` (feature `url`) |
+//!
+//! The rule each operation follows, and the testkit case that checks it:
+//! `docs/DESIGN.md` §2 and §6.4 in the repository.
 
 #![warn(missing_docs)]
 

@@ -3,7 +3,7 @@
 //! The PostgreSQL store for [idem](idem_core), over an sqlx [`PgPool`](sqlx::PgPool).
 //!
 //! ```no_run
-//! use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+//! use idem_core::{Fingerprint, Idempotency, Key, done};
 //! use idem_postgres::PostgresStore;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -12,12 +12,12 @@
 //! store.migrate().await?; // creates the table when missing; safe at every start
 //! let idem = Idempotency::new(store);
 //! let key = Key::new("acct_42/payments.create", "order-1187")?;
-//! let done = idem
+//! let outcome = idem
 //!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
-//!         Ok::<_, WorkError<()>>("charged".to_string())
+//!         done("charged".to_string())
 //!     })
 //!     .await?;
-//! # let _ = done;
+//! # let _ = outcome;
 //! # Ok(())
 //! # }
 //! ```
@@ -77,6 +77,25 @@
 //! assert_eq!(location.backend(), "PostgreSQL");
 //! # Ok::<(), connect::UrlError>(())
 //! ```
+//!
+//! ## Where things live
+//!
+//! Every transition is one statement, in `sql/`, rendered for the table in
+//! `src/queries.rs`:
+//!
+//! | operation | files |
+//! |---|---|
+//! | claim | `src/store.rs`; `sql/claim.sql` (falls back to `sql/select.sql`) |
+//! | complete, fail (and `complete_in`) | `src/store.rs`; `sql/finish.sql` |
+//! | release, renew, checkpoint | `src/store.rs`; `sql/release.sql`, `sql/renew.sql`, `sql/checkpoint.sql` |
+//! | get | `src/store.rs`; `sql/select.sql`, rows in `src/rows.rs` |
+//! | purge_expired | `src/store.rs`; `sql/purge.sql` |
+//! | list, stats, release_key, delete, raw | `src/admin.rs`; `sql/admin_*.sql` |
+//! | migrate | `src/store.rs`; `sql/create_schema.sql`, `sql/migrate.sql` |
+//! | table names | `src/table.rs`; errors: `src/errors.rs`; URLs: `src/url.rs` |
+//!
+//! The rule each operation follows, and the testkit case that checks it:
+//! `docs/DESIGN.md` §2 and §6.2 in the repository.
 
 #![warn(missing_docs)]
 

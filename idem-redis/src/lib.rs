@@ -6,18 +6,18 @@
 //! server, reads the server's clock, and touches one key.
 //!
 //! ```no_run
-//! use idem_core::{Fingerprint, Idempotency, Key, WorkError};
+//! use idem_core::{Fingerprint, Idempotency, Key, done};
 //! use idem_redis::RedisStore;
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let idem = Idempotency::new(RedisStore::standalone("redis://127.0.0.1:6379").await?);
 //! let key = Key::new("acct_42/payments.create", "order-1187")?;
-//! let done = idem
+//! let outcome = idem
 //!     .execute(&key, Fingerprint::of_bytes("amount=500"), |_ctx| async {
-//!         Ok::<_, WorkError<()>>("charged".to_string())
+//!         done("charged".to_string())
 //!     })
 //!     .await?;
-//! # let _ = done;
+//! # let _ = outcome;
 //! # Ok(())
 //! # }
 //! ```
@@ -82,6 +82,23 @@
 //! assert_eq!(location.backend(), "Redis Cluster");
 //! # Ok::<(), connect::UrlError>(())
 //! ```
+//!
+//! ## Where things live
+//!
+//! Every transition is one Lua script in `lua/` (with the helpers of `lua/common.lua`),
+//! loaded by `src/scripts.rs`:
+//!
+//! | operation | files |
+//! |---|---|
+//! | claim | `src/store.rs`; `lua/claim_replay.lua`, then `lua/claim.lua` |
+//! | complete, fail | `src/store.rs`; `lua/complete.lua`, `lua/fail.lua` |
+//! | release, renew, checkpoint, get | `src/store.rs`; `lua/release.lua`, `lua/renew.lua`, `lua/checkpoint.lua`, `lua/get.lua` |
+//! | purge_expired | none: `PEXPIREAT` deletes absent records |
+//! | list, stats, release_key, delete, raw | `src/admin.rs`; `lua/admin_release.lua` |
+//! | key names and prefixes | `src/layout.rs`; errors: `src/errors.rs`; URLs: `src/url.rs` |
+//!
+//! The rule each operation follows, and the testkit case that checks it:
+//! `docs/DESIGN.md` §2 and §6.3 in the repository.
 
 #![warn(missing_docs)]
 

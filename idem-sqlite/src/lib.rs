@@ -51,6 +51,24 @@
 //! assert_eq!(location.backend(), "SQLite");
 //! # Ok::<(), connect::UrlError>(())
 //! ```
+//!
+//! ## Where things live
+//!
+//! Every transition is `BEGIN IMMEDIATE`, a read, [`idem_core::machine`], a write, in
+//! `src/store.rs` (`SqliteStore::transition`), with the SQL in `sql/`:
+//!
+//! | operation | files |
+//! |---|---|
+//! | claim, complete, fail, release, renew | `src/store.rs`; `sql/select_record.sql`, `sql/select_steps.sql`, `sql/upsert_record.sql`; rows in `src/rows.rs` |
+//! | checkpoint | `src/store.rs`; `sql/insert_step.sql` |
+//! | get | `src/store.rs`, `src/rows.rs`; `sql/select_record.sql`, `sql/select_steps.sql` |
+//! | purge_expired | `src/store.rs`; `sql/select_purgeable.sql`, `sql/delete_record.sql`, `sql/delete_steps.sql` |
+//! | list, stats, release_key, delete, raw | `src/admin.rs`; `sql/admin_*.sql`, `sql/delete_*.sql` |
+//! | schema and its version | `src/schema.rs`; `sql/schema.sql` |
+//! | opening from a URL | `src/url.rs`; errors: `src/errors.rs`; the connection: `src/connection.rs` |
+//!
+//! The rule each operation follows, and the testkit case that checks it:
+//! `docs/DESIGN.md` §2 and §6.1 in the repository.
 
 #![warn(missing_docs)]
 

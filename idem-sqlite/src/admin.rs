@@ -31,7 +31,9 @@ impl Admin for SqliteStore {
         let after = query.after.as_ref().map(Cursor::position).transpose()?;
         let now = self.now();
         self.run(Operation::List, move |connection| {
-            let page = || -> Result<Page, RowError> {
+            let mut page = || -> Result<Page, RowError> {
+                // One read transaction: the page and each record from one snapshot.
+                let connection = connection.transaction()?;
                 let size = query.page_size();
                 let stuck = query
                     .stuck_for
@@ -69,7 +71,7 @@ impl Admin for SqliteStore {
                             source: Some(err.into()),
                         })
                     })?;
-                    if let Some(record) = rows::read(connection, &key)? {
+                    if let Some(record) = rows::read(&connection, &key)? {
                         records.push(record);
                     }
                 }

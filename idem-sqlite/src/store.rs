@@ -372,7 +372,13 @@ impl Store for SqliteStore {
         let (key, clock) = (key.clone(), Arc::clone(&self.clock));
         self.connection
             .run(Operation::Get, move |connection| {
-                let record = rows::read(connection, &key)
+                // One read transaction: the record and its steps from one snapshot, even
+                // while another process writes between the two reads.
+                let mut read = || -> Result<Option<Record>, crate::errors::RowError> {
+                    let tx = connection.transaction()?;
+                    rows::read(&tx, &key)
+                };
+                let record = read()
                     .map_err(|err| err.into_store_error(Operation::Get).for_key(&key))?;
                 Ok(machine::visible(record.as_ref(), clock.now()).cloned())
             })

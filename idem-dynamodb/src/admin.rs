@@ -120,6 +120,12 @@ impl Admin for DynamoDbStore {
                     _ => return Err(map(Operation::ReleaseKey, err)),
                 },
             };
+            // A server may leave the old item out of a failed condition's answer (as the
+            // fenced writes find): read it, so a finished record is not called missing.
+            let old = match old {
+                Some(old) => Some(old),
+                None => self.read(key, Operation::ReleaseKey).await?,
+            };
             let Some(old) = old else {
                 return Ok(ReleaseKeyOutcome::NotFound);
             };

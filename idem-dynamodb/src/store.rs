@@ -192,7 +192,7 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
     }
 
-    async fn read(
+    pub(crate) async fn read(
         &self,
         key: &Key,
         operation: Operation,

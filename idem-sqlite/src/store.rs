@@ -378,8 +378,8 @@ impl Store for SqliteStore {
                     let tx = connection.transaction()?;
                     rows::read(&tx, &key)
                 };
-                let record = read()
-                    .map_err(|err| err.into_store_error(Operation::Get).for_key(&key))?;
+                let record =
+                    read().map_err(|err| err.into_store_error(Operation::Get).for_key(&key))?;
                 Ok(machine::visible(record.as_ref(), clock.now()).cloned())
             })
             .await

@@ -10,6 +10,15 @@
 //! let err = connect::parse_url("mysql://127.0.0.1/db", &ConnectOptions::default(), &[]).unwrap_err();
 //! assert!(matches!(err, UrlError::UnknownScheme { .. }));
 //! assert!(err.to_string().contains("mysql"));
+//!
+//! // A mistyped URL shows its scheme only, never what may be a password.
+//! let err = connect::parse_url("postgres:/app:hunter2@db/app", &ConnectOptions::default(), &[]).unwrap_err();
+//! assert!(!err.to_string().contains("hunter2"), "{err}");
+//!
+//! // Odd settings are refused before any backend sees them.
+//! let never = ConnectOptions::default().connect_timeout(std::time::Duration::ZERO);
+//! let err = connect::parse_url("sqlite:///tmp/idem.db", &never, &[]).unwrap_err();
+//! assert!(matches!(err, UrlError::ZeroConnectTimeout));
 //! ```
 
 use std::fmt;
@@ -40,7 +49,8 @@ pub struct ConnectOptions {
     pub table: Option<String>,
     /// The key prefix (Redis, DynamoDB): backends without one refuse it.
     pub prefix: Option<String>,
-    /// How long opening waits for a server (default [`DEFAULT_CONNECT_TIMEOUT`]).
+    /// How long opening waits for a server (default [`DEFAULT_CONNECT_TIMEOUT`]); zero is
+    /// refused by [`parse_url`] ([`UrlError::ZeroConnectTimeout`]).
     pub connect_timeout: Duration,
 }
 
@@ -167,6 +177,9 @@ pub enum UrlError {
         #[source]
         source: BoxError,
     },
+    /// A connect timeout of zero: every open would fail at once.
+    #[error("the connect timeout must be longer than zero")]
+    ZeroConnectTimeout,
     /// An option the backend does not take.
     #[error("the {option} option does not apply to {backend} stores")]
     OptionDoesNotApply {
@@ -250,8 +263,9 @@ pub struct NoAnswer(pub Duration);
 /// Reads `url` with the first of `backends` that owns its scheme.
 ///
 /// # Errors
-/// [`UrlError::Missing`] for an empty URL, [`UrlError::UnknownScheme`] when no backend
-/// owns the scheme, else the backend's own [`Backend::parse`] error.
+/// [`UrlError::Missing`] for an empty URL, [`UrlError::ZeroConnectTimeout`],
+/// [`UrlError::UnknownScheme`] when no backend owns the scheme, else the backend's own
+/// [`Backend::parse`] error.
 pub fn parse_url(
     url: &str,
     options: &ConnectOptions,
@@ -261,7 +275,15 @@ pub fn parse_url(
     if url.is_empty() {
         return Err(UrlError::Missing);
     }
-    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+    if options.connect_timeout.is_zero() {
+        return Err(UrlError::ZeroConnectTimeout);
+    }
+    // Without `://` the scheme is what comes before the first `:` or `/`: never the rest,
+    // which may hold a password (`postgres:/app:secret@db`).
+    let scheme = url.split_once("://").map_or_else(
+        || url.split([':', '/']).next().unwrap_or(url),
+        |(scheme, _)| scheme,
+    );
     let lower = scheme.to_ascii_lowercase();
     backends
         .iter()

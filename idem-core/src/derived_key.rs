@@ -68,7 +68,7 @@ impl Record {
     }
 }
 
-#[cfg(all(test, feature = "memory"))]
+#[cfg(all(test, feature = "memory", feature = "driver"))]
 mod tests {
     use crate::{Fingerprint, Idempotency, Key, MemoryStore, Store, done};
 

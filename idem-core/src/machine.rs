@@ -225,9 +225,9 @@ pub fn checkpoint(
 ///
 /// | existing record | outcome | write | checked by (`idem-testkit`) |
 /// |---|---|---|---|
-/// | none, or absent | `NotFound` | none | `cases::admin::operator_release_fences_the_owner` |
-/// | Completed or Failed | `Finished(state)` | none | `cases::admin::operator_release_fences_the_owner`, `cases::admin::operator_release_races_the_owners_complete` |
-/// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept | `cases::admin::operator_release_fences_the_owner`, `cases::admin::operator_release_races_the_owners_complete` |
+/// | none, or absent | `NotFound` | none | `cases::admin::release_key_fences_the_owner` |
+/// | Completed or Failed | `Finished(state)` | none | `cases::admin::release_key_fences_the_owner`, `cases::admin::release_key_races_the_owners_complete` |
+/// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept | `cases::admin::release_key_fences_the_owner`, `cases::admin::release_key_races_the_owners_complete` |
 pub fn release_key(
     existing: Option<&Record>,
     attempt: AttemptId,
@@ -605,7 +605,7 @@ mod tests {
     }
 
     #[test]
-    fn an_operator_release_fences_the_owner_and_refuses_finished_records() {
+    fn an_release_key_fences_the_owner_and_refuses_finished_records() {
         let (lease, _, record) = claimed(claim(None, &request("a"), T0));
         let operator = AttemptId::random();
         let t = release_key(Some(&record), operator, T0);

@@ -313,7 +313,7 @@ async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
         matches!(
             first,
             Err(Error::Unstorable {
-                part: ValuePart::Result,
+                part: ValuePart::Failure,
                 reason: Unstorable::TooLarge { limit: 100, .. },
                 ..
             })
@@ -327,7 +327,7 @@ async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
     assert!(matches!(
         again,
         Err(Error::Unstorable {
-            part: ValuePart::Result,
+            part: ValuePart::Failure,
             reason: Unstorable::TooLarge { .. },
             replayed: true,
             ..
@@ -1007,7 +1007,7 @@ async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
         matches!(
             outcome,
             Err(Error::Unstorable {
-                part: ValuePart::Result,
+                part: ValuePart::Failure,
                 reason: Unstorable::TooLarge { .. },
                 ..
             })

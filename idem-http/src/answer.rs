@@ -97,11 +97,11 @@ pub(crate) fn answer(
                 .retry_after(1)
                 .into_response(),
         ),
-        Err(Error::Unstorable { part: ValuePart::Result, reason: Unstorable::TooLarge { .. }, replayed: false, .. }) => match first() {
+        Err(Error::Unstorable { part: ValuePart::Result | ValuePart::Failure, reason: Unstorable::TooLarge { .. }, replayed: false, .. }) => match first() {
             Some(response) => respond(Answer::Executed, response),
             None => internal(Answer::Error, "The response was too large to store"),
         },
-        Err(Error::Unstorable { part: ValuePart::Result, reason: Unstorable::TooLarge { .. }, replayed: true, .. }) => {
+        Err(Error::Unstorable { part: ValuePart::Result | ValuePart::Failure, reason: Unstorable::TooLarge { .. }, replayed: true, .. }) => {
             respond(Answer::Replayed, not_stored(StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new()))
         }
         // The handler ran, but its response could not be stored: it still goes to this

@@ -43,7 +43,7 @@
 //!
 //! Records stay until [`Store::purge_expired`](idem_core::Store::purge_expired) deletes
 //! them (batches of 1 000, `SKIP LOCKED`, safe from many processes); run an
-//! [`idem_core::Purger`] beside the application. A record counts as absent only when it is
+//! `idem_core::Purger` (idem-core's driver) beside the application. A record counts as absent only when it is
 //! expired and no live lease holds it, and the purge deletes only those.
 //!
 //! ## Errors

@@ -6,6 +6,8 @@ use crate::table::TableName;
 
 const MIGRATE: &str = include_str!("../sql/migrate.sql");
 const CREATE_SCHEMA: &str = include_str!("../sql/create_schema.sql");
+/// Whether a schema exists (`$1`: its name).
+pub(crate) const SCHEMA_EXISTS: &str = include_str!("../sql/schema_exists.sql");
 const COLUMNS: &str = include_str!("../sql/columns.sql");
 const CLAIM: &str = include_str!("../sql/claim.sql");
 const SELECT: &str = include_str!("../sql/select.sql");

@@ -82,8 +82,9 @@ pub struct PostgresStoreBuilder {
 
 impl PostgresStoreBuilder {
     /// The table to use: `name` or `schema.name` (default `idem_records`). A schema that
-    /// does not exist yet is created by [`PostgresStore::migrate`] (which then needs the
-    /// `CREATE` privilege on the database); without `migrate`, the schema must exist.
+    /// does not exist yet is created by [`PostgresStore::migrate`], which needs the
+    /// `CREATE` privilege on the database only then; an existing schema needs `CREATE` on
+    /// the schema alone.
     ///
     /// # Errors
     /// [`TableNameError`] unless each part is a plain identifier (ASCII letters, digits,
@@ -140,11 +141,20 @@ impl PostgresStore {
             .execute(&mut *tx)
             .await
             .map_err(setup)?;
-        if let Some(create_schema) = &self.queries.create_schema {
-            sqlx::raw_sql(AssertSqlSafe(create_schema.to_string()))
-                .execute(&mut *tx)
+        if let (Some(create_schema), Some(schema)) =
+            (&self.queries.create_schema, self.table.schema_name())
+        {
+            let exists: bool = sqlx::query_scalar(crate::queries::SCHEMA_EXISTS)
+                .bind(schema)
+                .fetch_one(&mut *tx)
                 .await
                 .map_err(setup)?;
+            if !exists {
+                sqlx::raw_sql(AssertSqlSafe(create_schema.to_string()))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(setup)?;
+            }
         }
         sqlx::raw_sql(AssertSqlSafe(self.queries.migrate.to_string()))
             .execute(&mut *tx)
@@ -159,7 +169,7 @@ impl PostgresStore {
     ///
     /// - `conn` is whatever sqlx users hold: `&mut Transaction<'_, Postgres>` (the usual
     ///   case), `&mut PgConnection`, or anything else that implements [`Acquire`].
-    /// - `completion` comes from [`Context::prepare_completion`](idem_core::Context::prepare_completion)
+    /// - `completion` comes from `Context::prepare_completion` (idem-core's driver)
     ///   inside the work: the bytes are exactly those the driver stores, and once the
     ///   transaction commits the driver answers with exactly that value (a heartbeat that
     ///   meanwhile finds the record completed does not turn it into a lost lease, and one

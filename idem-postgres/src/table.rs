@@ -41,8 +41,9 @@ pub enum TableNameError {
 pub(crate) struct TableName {
     /// `"schema"."table"` or `"table"`.
     qualified: String,
-    /// `"schema"`, when the name has one.
-    schema: Option<String>,
+    /// The schema part, quoted (`"schema"`) and as stored in `pg_namespace`, when the
+    /// name has one.
+    schema: Option<(String, String)>,
     /// The table part, unquoted.
     table: String,
 }
@@ -88,7 +89,7 @@ impl TableName {
         };
         Ok(Self {
             qualified,
-            schema: schema.map(quote),
+            schema: schema.map(|schema| (quote(schema), schema.to_ascii_lowercase())),
             table: table.to_ascii_lowercase(),
         })
     }
@@ -100,7 +101,12 @@ impl TableName {
 
     /// The schema part, quoted, when the name has one.
     pub(crate) fn schema(&self) -> Option<&str> {
-        self.schema.as_deref()
+        self.schema.as_ref().map(|(quoted, _)| quoted.as_str())
+    }
+
+    /// The schema part as `pg_namespace.nspname` holds it, when the name has one.
+    pub(crate) fn schema_name(&self) -> Option<&str> {
+        self.schema.as_ref().map(|(_, name)| name.as_str())
     }
 
     /// An index of this table named `<table>-<what>`, quoted. The `-` cannot appear in a

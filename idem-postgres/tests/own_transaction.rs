@@ -330,6 +330,52 @@ async fn migrate_creates_a_missing_schema() {
     .unwrap();
 }
 
+/// A role granted `CREATE` on its own schema only (not on the database) migrates a table
+/// in that schema: the schema is created only when missing, since `CREATE SCHEMA IF NOT
+/// EXISTS` asks for the database privilege even when the schema exists.
+#[tokio::test]
+async fn migrate_into_an_existing_schema_needs_no_database_privilege() {
+    let Some(url) = common::url() else { return };
+    let admin = sqlx::PgPool::connect(&url).await.unwrap();
+    let id = std::process::id();
+    let (role, schema) = (format!("idem_role_{id}"), format!("idem_granted_{id}"));
+    for statement in [
+        format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"),
+        format!("DROP ROLE IF EXISTS \"{role}\""),
+        format!("CREATE ROLE \"{role}\" LOGIN"),
+        format!("CREATE SCHEMA \"{schema}\""),
+        format!("GRANT USAGE, CREATE ON SCHEMA \"{schema}\" TO \"{role}\""),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    let mut as_role: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    as_role = as_role.username(&role);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(as_role)
+        .await
+        .unwrap();
+    let store = PostgresStore::builder(pool.clone())
+        .table(&format!("{schema}.records"))
+        .unwrap()
+        .build();
+    let migrated = store.migrate().await;
+    pool.close().await;
+    for statement in [
+        format!("DROP SCHEMA \"{schema}\" CASCADE"),
+        format!("DROP ROLE \"{role}\""),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&admin)
+            .await
+            .unwrap();
+    }
+    migrated.unwrap();
+}
+
 #[tokio::test]
 async fn a_missing_table_is_a_configuration_error() {
     let Some(url) = common::url() else { return };

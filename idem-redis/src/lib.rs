@@ -43,7 +43,7 @@
 //! - **Failover.** Replication is asynchronous. When a primary fails and a replica is
 //!   promoted, writes the replica had not yet received are lost, with the same effect as
 //!   a lost second above. Where that matters, put downstream effects behind their own
-//!   idempotency ([`Context::derive`](idem_core::Context::derive)) or use a store with
+//!   idempotency (`Context::derive` in idem-core's driver) or use a store with
 //!   synchronous durability (PostgreSQL).
 //! - **Memory.** Each record costs its response plus about 200 bytes; retention bounds how
 //!   many records live at once.

@@ -151,7 +151,9 @@ impl Admin for SqliteStore {
     async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
         let key = key.clone();
         self.run(Operation::Get, move |connection| {
-            let read = || -> Result<Option<idem_core::admin::RawRecord>, rusqlite::Error> {
+            let mut read = || -> Result<Option<idem_core::admin::RawRecord>, rusqlite::Error> {
+                // One read transaction: the record and its steps from one snapshot.
+                let connection = connection.transaction()?;
                 const COLUMNS: [&str; 7] = [
                     "fingerprint",
                     "state",

@@ -182,7 +182,7 @@ impl SqliteStore {
     /// written in the same transaction and the key's completion commit together, or
     /// neither does.
     ///
-    /// - `completion` comes from [`Context::prepare_completion`](idem_core::Context::prepare_completion)
+    /// - `completion` comes from `Context::prepare_completion` (idem-core's driver)
     ///   inside the work: the bytes are exactly those the driver stores, and once the
     ///   transaction commits the driver answers with exactly that value (a heartbeat that
     ///   meanwhile finds the record completed does not turn it into a lost lease).

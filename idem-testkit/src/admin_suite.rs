@@ -38,7 +38,7 @@ type AdminFactory = Arc<dyn Fn(Namespace) -> AdminFuture + Send + Sync>;
 ///
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let suite = AdminSuite::new(|_namespace| async { MemoryStore::new() });
-/// suite.run(AdminCase::OperatorReleaseFencesTheOwner).await;
+/// suite.run(AdminCase::ReleaseKeyFencesTheOwner).await;
 /// assert!(suite.run_all().await.passed());
 /// # });
 /// ```
@@ -143,11 +143,9 @@ impl AdminSuite {
             AdminCase::StatsCountWhatTheStoreHolds => {
                 admin::stats_count_what_the_store_holds(s, caps).await
             }
-            AdminCase::OperatorReleaseFencesTheOwner => {
-                admin::operator_release_fences_the_owner(s).await
-            }
-            AdminCase::OperatorReleaseRacesTheOwnersComplete => {
-                admin::operator_release_races_the_owners_complete(store).await
+            AdminCase::ReleaseKeyFencesTheOwner => admin::release_key_fences_the_owner(s).await,
+            AdminCase::ReleaseKeyRacesTheOwnersComplete => {
+                admin::release_key_races_the_owners_complete(store).await
             }
             AdminCase::DeleteRemovesOneRecord => admin::delete_removes_one_record(s).await,
             AdminCase::RawShowsWhatIsStored => admin::raw_shows_what_is_stored(s).await,

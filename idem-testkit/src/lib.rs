@@ -317,9 +317,9 @@ macro_rules! __with_admin_cases {
                 "list leaves response bytes out (keeping their length) unless asked for them.";
             stats_count_what_the_store_holds => StatsCountWhatTheStoreHolds:
                 "stats counts states, live and ended leases, absent records, the oldest in-progress record and the largest scopes.";
-            operator_release_fences_the_owner => OperatorReleaseFencesTheOwner:
+            release_key_fences_the_owner => ReleaseKeyFencesTheOwner:
                 "An operator's release takes an in-progress key over: the owner is fenced, the next claim resumes; finished or missing records are refused.";
-            operator_release_races_the_owners_complete => OperatorReleaseRacesTheOwnersComplete:
+            release_key_races_the_owners_complete => ReleaseKeyRacesTheOwnersComplete:
                 "An operator's release racing the owner's complete: exactly one wins, and exactly one result is ever stored.";
             delete_removes_one_record => DeleteRemovesOneRecord:
                 "delete removes one record in any state; its owner is fenced and the key starts a new lifetime.";

@@ -600,8 +600,8 @@ async fn an_operator_release_that_does_not_fence_the_owner_is_reported() {
     assert_reported(
         &report,
         &[
-            AdminCase::OperatorReleaseFencesTheOwner,
-            AdminCase::OperatorReleaseRacesTheOwnersComplete,
+            AdminCase::ReleaseKeyFencesTheOwner,
+            AdminCase::ReleaseKeyRacesTheOwnersComplete,
             AdminCase::MatchesTheStateMachineWithAdmin,
         ],
         &[],

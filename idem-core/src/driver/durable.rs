@@ -92,6 +92,8 @@ pub(crate) async fn finish(
     let operation = write.operation();
     let owner = context.clone();
     let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+        // Whether the write is the work's failure, for the marker that may replace it.
+        let failure = matches!(write, Write::Fail(_));
         let mut write = write;
         let mut marked = None;
         loop {
@@ -105,7 +107,11 @@ pub(crate) async fn finish(
                     size,
                     limit,
                 }) if marked.is_none() => {
-                    let stored = Marker::ResultTooLarge { size, limit };
+                    let stored = Marker::ResultTooLarge {
+                        size,
+                        limit,
+                        failure,
+                    };
                     let bytes = owner
                         .encode(ValuePart::Failure, marker(&stored, None))
                         .map_err(|err| interruption_error(&owner.key(), err))?;

@@ -93,6 +93,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             let marker = Marker::ResultTooLarge {
                 size: bytes.len(),
                 limit,
+                failure: false,
             };
             return self
                 .fail::<W>(context, StoredFailure::Marker(marker), None)
@@ -148,6 +149,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 let marker = Marker::ResultTooLarge {
                     size: bytes.len(),
                     limit,
+                    failure: true,
                 };
                 self.encode_marker::<W>(&key, &fingerprint, marker, source)?
             }

@@ -53,9 +53,13 @@ fn marker_from_json<E>(mut value: serde_json::Value) -> Result<StoredFailure<E>,
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[serde(tag = "idem_failure", rename_all = "snake_case")]
 pub(crate) enum Marker {
+    /// The result, or with `failure` the work's permanent error, was too large. Records
+    /// written before `failure` existed read as a result.
     ResultTooLarge {
         size: usize,
         limit: usize,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        failure: bool,
     },
     Unserializable {
         #[serde(default)]
@@ -73,7 +77,11 @@ pub(crate) enum Marker {
 impl Marker {
     pub(crate) fn from_unstorable(unstorable: CannotStore) -> Self {
         match unstorable {
-            CannotStore::ResultTooLarge { size, limit } => Marker::ResultTooLarge { size, limit },
+            CannotStore::ResultTooLarge { size, limit } => Marker::ResultTooLarge {
+                size,
+                limit,
+                failure: false,
+            },
             CannotStore::Unserializable { what } => Marker::Unserializable {
                 failure: what == ValuePart::Failure,
                 step: match what {
@@ -90,9 +98,18 @@ impl Marker {
     /// The error a marker stands for; `source` is the serialiser's error on the first run.
     pub(crate) fn into_error(self, replayed: bool, source: Option<BoxError>) -> Error {
         let (part, reason) = match self {
-            Marker::ResultTooLarge { size, limit } => {
-                (ValuePart::Result, Unstorable::TooLarge { size, limit })
-            }
+            Marker::ResultTooLarge {
+                size,
+                limit,
+                failure,
+            } => (
+                if failure {
+                    ValuePart::Failure
+                } else {
+                    ValuePart::Result
+                },
+                Unstorable::TooLarge { size, limit },
+            ),
             Marker::StepTooLarge { step, size, limit } => {
                 (ValuePart::Step(step), Unstorable::TooLarge { size, limit })
             }
@@ -328,6 +345,40 @@ mod tests {
         W::decode_failure(&W::encode_failure(&failure).unwrap()).unwrap()
     }
 
+    /// Markers stored before they said whether the failure or the result was too large
+    /// read as the result's; a result's marker is written as it always was.
+    #[test]
+    fn too_large_markers_read_as_they_were_written() {
+        let old: Marker =
+            serde_json::from_str(r#"{"idem_failure":"result_too_large","size":3,"limit":2}"#)
+                .unwrap();
+        assert!(matches!(
+            old.clone().into_error(true, None),
+            Error::Unstorable {
+                part: ValuePart::Result,
+                ..
+            }
+        ));
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"idem_failure":"result_too_large","size":3,"limit":2}"#
+        );
+        let failure = Marker::ResultTooLarge {
+            size: 3,
+            limit: 2,
+            failure: true,
+        };
+        let json = serde_json::to_string(&failure).unwrap();
+        assert_eq!(serde_json::from_str::<Marker>(&json).unwrap(), failure);
+        assert!(matches!(
+            failure.into_error(false, None),
+            Error::Unstorable {
+                part: ValuePart::Failure,
+                ..
+            }
+        ));
+    }
+
     #[test]
     fn json_failures_keep_their_kind() {
         type W = Json<String, String>;
@@ -366,7 +417,11 @@ mod tests {
         let old = br#"{"idem_failure":"result_too_large","size":2,"limit":1}"#;
         assert!(matches!(
             W::decode_failure(old).unwrap(),
-            StoredFailure::Marker(Marker::ResultTooLarge { size: 2, limit: 1 })
+            StoredFailure::Marker(Marker::ResultTooLarge {
+                size: 2,
+                limit: 1,
+                failure: false
+            })
         ));
         let old = br#"{"idem_failure":"unserializable"}"#;
         assert!(matches!(
@@ -386,7 +441,11 @@ mod tests {
             pending: Vec::new(),
             interrupted: vec!["b".into()],
         };
-        let marker = Marker::ResultTooLarge { size: 3, limit: 2 };
+        let marker = Marker::ResultTooLarge {
+            size: 3,
+            limit: 2,
+            failure: true,
+        };
         type W = Json<String, String>;
         let work = W::encode_failure(&StoredFailure::Work("no".into())).unwrap();
         assert!(matches!(
@@ -422,10 +481,15 @@ mod tests {
         ));
         assert!(matches!(
             round_trip::<Raw>(StoredFailure::Marker(Marker::ResultTooLarge {
+                failure: true,
                 size: 3,
                 limit: 2
             })),
-            StoredFailure::Marker(Marker::ResultTooLarge { size: 3, limit: 2 })
+            StoredFailure::Marker(Marker::ResultTooLarge {
+                size: 3,
+                limit: 2,
+                failure: true
+            })
         ));
         let compensation = Compensation {
             undone: vec!["b".into(), "a".into()],
@@ -437,7 +501,11 @@ mod tests {
             round_trip::<Raw>(StoredFailure::Compensated(all.clone(), compensation.clone())),
             StoredFailure::Compensated(e, c) if e == all && c == compensation
         ));
-        let marker = Marker::ResultTooLarge { size: 3, limit: 2 };
+        let marker = Marker::ResultTooLarge {
+            size: 3,
+            limit: 2,
+            failure: true,
+        };
         assert!(matches!(
             round_trip::<Raw>(StoredFailure::CompensatedMarker(marker.clone(), compensation.clone())),
             StoredFailure::CompensatedMarker(m, c) if m == marker && c == compensation

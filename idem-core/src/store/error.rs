@@ -1,5 +1,5 @@
 //! Backend failures. Expected outcomes (replay, in flight, mismatch, fenced) are values in
-//! [`crate::outcome`], never errors.
+//! [`crate::store`] (`ClaimOutcome`, `WriteOutcome`, `RenewOutcome`), never errors.
 
 use std::fmt;
 

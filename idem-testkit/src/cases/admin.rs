@@ -225,7 +225,7 @@ pub(crate) async fn stats_count_what_the_store_holds(store: &dyn Admin, caps: &C
     }
 }
 
-pub(crate) async fn operator_release_fences_the_owner(store: &dyn Admin) {
+pub(crate) async fn release_key_fences_the_owner(store: &dyn Admin) {
     let k = key("release", "k");
     let (owner, _, _) = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
     let step = StepName::new("debit").expect("valid");
@@ -279,7 +279,7 @@ pub(crate) async fn operator_release_fences_the_owner(store: &dyn Admin) {
     );
 }
 
-pub(crate) async fn operator_release_races_the_owners_complete(store: Arc<dyn Admin>) {
+pub(crate) async fn release_key_races_the_owners_complete(store: Arc<dyn Admin>) {
     for i in 0..20 {
         let k = key("race", &format!("k{i}"));
         let (owner, _, _) = claimed(store.as_ref(), &request(&k, "f", HOUR, HOUR)).await;

@@ -359,14 +359,11 @@ fn error_answer(err: Error) -> Answer {
             *replayed,
         )),
         Error::Unstorable {
-            part: ValuePart::Result,
+            part: part @ (ValuePart::Result | ValuePart::Failure),
             reason: Unstorable::TooLarge { size, limit },
             replayed,
             ..
-        } => Some((
-            format!("the result is {size} bytes, over {limit}"),
-            *replayed,
-        )),
+        } => Some((format!("{part} is {size} bytes, over {limit}"), *replayed)),
         Error::Unstorable {
             part: what,
             reason: Unstorable::Unserializable,

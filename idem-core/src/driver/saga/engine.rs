@@ -215,7 +215,14 @@ async fn checkpoint_saga(
                 size, limit, ..
             }))) if !marked => {
                 marked = true;
-                plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, None);
+                plain = (encoding.marker)(
+                    &Marker::ResultTooLarge {
+                        size,
+                        limit,
+                        failure: true,
+                    },
+                    None,
+                );
             }
             Err(Interrupted(Reason::Unstorable(unstorable))) => {
                 return Ok(Err(Marker::from_unstorable(unstorable)));
@@ -281,7 +288,11 @@ async fn store_compensated(
     if size <= room {
         return store(context, plain, compensation, encoding).await;
     }
-    let marker = Marker::ResultTooLarge { size, limit: room };
+    let marker = Marker::ResultTooLarge {
+        size,
+        limit: room,
+        failure: true,
+    };
     let plain = (encoding.marker)(&marker, Some(compensation));
     store(context, plain, compensation, encoding).await
 }
@@ -306,7 +317,14 @@ async fn store(
             }
             Err(StoreError::TooLarge { part, size, limit }) => match fallbacks.next() {
                 Some(kept) => {
-                    plain = (encoding.marker)(&Marker::ResultTooLarge { size, limit }, kept);
+                    plain = (encoding.marker)(
+                        &Marker::ResultTooLarge {
+                            size,
+                            limit,
+                            failure: true,
+                        },
+                        kept,
+                    );
                 }
                 None => return Err(Error::Store(StoreError::TooLarge { part, size, limit })),
             },
@@ -323,7 +341,7 @@ fn encoded(context: &Context, plain: Vec<u8>) -> Result<Vec<u8>, Error> {
 
 impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// Runs the undos in reverse order, each at most once across takeovers, then stores
-    /// the failure with what was undone, all in a task of its own (see `compensate.rs`).
+    /// the failure with what was undone, all in a task of its own (see [`run`] below).
     /// `failure` is the work's failure on the run that failed; a takeover reads it from
     /// the saga checkpoint. `whole` says this run of the work went as far as it can, so an
     /// undo it did not register never will be.

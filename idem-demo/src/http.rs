@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -13,10 +13,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Json, Router};
+use idem_client::{IdempotencyKey, IdempotencyMiddleware, RetryPolicy};
 use idem_core::{Context, Idempotency};
 use idem_http::{Disposition, IdempotencyLayer};
 use idem_sqlite::SqliteStore;
 use idem_sqlite::rusqlite::{Connection, TransactionBehavior, params};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -120,10 +122,10 @@ async fn checkout_handler(
 /// The checkout service on 127.0.0.1, and the client side of it.
 pub(crate) struct HttpShop {
     ledger: Arc<Ledger>,
-    client: reqwest::Client,
+    client: ClientWithMiddleware,
     url: String,
     protected: bool,
-    counters: Counters,
+    counters: Arc<Counters>,
     server: JoinHandle<()>,
 }
 
@@ -167,16 +169,34 @@ impl HttpShop {
         let server = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        let client = reqwest::Client::builder()
+        let counters = Arc::new(Counters::default());
+        let inner = reqwest::Client::builder()
             .no_proxy()
             .timeout(CLIENT_TIMEOUT)
             .build()?;
+        // idem-client resends a timed-out or in-flight order with its key, as a real
+        // caller would; without idem (no key) a POST is sent once, and the storm resends.
+        let client = ClientBuilder::new(inner)
+            .with(
+                IdempotencyMiddleware::new()
+                    .without_automatic_keys()
+                    .policy(
+                        RetryPolicy::default()
+                            .max_attempts(50)
+                            .backoff(Duration::from_millis(5), Duration::from_millis(20))
+                            .deadline(Duration::from_secs(10)),
+                    ),
+            )
+            .with(Tries {
+                counters: Arc::clone(&counters),
+            })
+            .build();
         Ok(Self {
             ledger,
             client,
             url,
             protected,
-            counters: Counters::default(),
+            counters,
             server,
         })
     }
@@ -186,57 +206,106 @@ impl HttpShop {
         self.ledger.takeovers.load(Ordering::Relaxed)
     }
 
-    async fn answer(&self, order: &str, cents: u64, crash: bool) -> (Answer, bool) {
+    async fn answer(&self, order: &str, cents: u64, crash: bool) -> Answer {
         let mut request = self
             .client
             .post(format!("{}/checkout/{order}", self.url))
             .header("content-type", "application/json")
             .body(format!("{{\"cents\":{cents}}}"));
         if self.protected {
-            request = request.header("idempotency-key", order);
+            // One key per order, kept across every try: what a careful caller does.
+            match IdempotencyKey::new(order) {
+                Ok(key) => request = request.with_extension(key),
+                Err(_) => return Answer::Retry,
+            }
         }
         if crash {
-            request = request.header("x-crash", "1");
+            request = request.with_extension(CrashFirst::default());
         }
-        let response = match request.send().await {
-            Ok(response) => response,
-            // The client gave up waiting and disconnected.
-            Err(err) if err.is_timeout() => {
-                return (
-                    if crash {
-                        Answer::Crashed
-                    } else {
-                        Answer::TimedOut
-                    },
-                    false,
-                );
-            }
-            Err(_) => return (Answer::Retry, false),
-        };
-        let replayed = response.headers().contains_key(idem_http::REPLAYED_HEADER);
-        let retry_after = response
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .map_or(Duration::from_millis(20), Duration::from_secs);
-        let answer = match response.status().as_u16() {
-            201 => Answer::Paid,
-            409 => Answer::InFlight(retry_after),
-            422 => Answer::Conflict,
-            _ => Answer::Retry,
-        };
-        // The body finishes the exchange; a client that stops reading here disconnects.
-        let _ = response.bytes().await;
-        (answer, replayed)
+        let result = request.send().await;
+        let answer = answer_of(&result, crash).0;
+        if let Ok(response) = result {
+            // The body finishes the exchange; a client that stops reading here disconnects.
+            let _ = response.bytes().await;
+        }
+        answer
+    }
+}
+
+/// What one try (or the last try of a send) came to, and whether it was a replay.
+fn answer_of(
+    result: &reqwest_middleware::Result<reqwest::Response>,
+    crash: bool,
+) -> (Answer, bool) {
+    let response = match result {
+        Ok(response) => response,
+        // The client gave up waiting and disconnected.
+        Err(reqwest_middleware::Error::Reqwest(err)) if err.is_timeout() => {
+            return (
+                if crash {
+                    Answer::Crashed
+                } else {
+                    Answer::TimedOut
+                },
+                false,
+            );
+        }
+        Err(_) => return (Answer::Retry, false),
+    };
+    let replayed = response.headers().contains_key(idem_http::REPLAYED_HEADER);
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_millis(20), Duration::from_secs);
+    let answer = match response.status().as_u16() {
+        201 => Answer::Paid,
+        409 => Answer::InFlight(retry_after),
+        422 => Answer::Conflict,
+        _ => Answer::Retry,
+    };
+    (answer, replayed)
+}
+
+/// Marks a send whose first try makes the worker crash (`x-crash: 1`); later tries of the
+/// same send go without it, as a real crash happens once.
+#[derive(Clone, Default)]
+struct CrashFirst(Arc<AtomicBool>);
+
+/// Below idem-client's middleware, so it sees every try: counts each try's answer (every
+/// request sent is counted once) and makes the first try of a crashing send crash.
+struct Tries {
+    counters: Arc<Counters>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Tries {
+    async fn handle(
+        &self,
+        mut request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let crash = extensions
+            .get::<CrashFirst>()
+            .is_some_and(|first| !first.0.swap(true, Ordering::SeqCst));
+        if crash {
+            request
+                .headers_mut()
+                .insert("x-crash", http::HeaderValue::from_static("1"));
+        }
+        let result = next.run(request, extensions).await;
+        let (answer, replayed) = answer_of(&result, crash);
+        self.counters.count(&answer, replayed);
+        result
     }
 }
 
 impl Checkout for HttpShop {
     async fn request(&self, order: &str, cents: u64, crash: bool) -> Answer {
-        let (answer, replayed) = self.answer(order, cents, crash).await;
-        self.counters.count(&answer, replayed);
-        answer
+        // Each try was counted as it was answered, below idem-client's retries.
+        self.answer(order, cents, crash).await
     }
 
     fn counters(&self) -> &Counters {

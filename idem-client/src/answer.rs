@@ -1,0 +1,20 @@
+//! What the answer says about how it was obtained.
+
+/// How an answer was obtained: in a response's extensions after the middleware.
+///
+/// ```
+/// use idem_client::Attempts;
+///
+/// let response = reqwest::Response::from(http::Response::new(""));
+/// // Absent unless the middleware handled the request.
+/// assert!(response.extensions().get::<Attempts>().is_none());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Attempts {
+    /// How many tries it took, the first included.
+    pub attempts: u32,
+    /// Whether the server replayed an earlier try's answer (`Idempotent-Replayed: true`):
+    /// the operation ran once, on an earlier try.
+    pub replayed: bool,
+}

@@ -1,0 +1,266 @@
+//! idem-client against idem-http's layer on 127.0.0.1, through the chaos runs' fault proxy:
+//! each logical operation's effect happens once and the caller gets the first answer.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use idem_chaos::proxy::{Fault, FaultProxy};
+use idem_client::{Attempts, ClientError, IdempotencyKey, IdempotencyMiddleware, RetryPolicy};
+use idem_core::{Idempotency, MemoryStore};
+use idem_http::IdempotencyLayer;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use tokio::net::TcpListener;
+
+/// What the server saw.
+#[derive(Default)]
+struct Server {
+    /// Executions of the payment handler.
+    charges: AtomicU32,
+    /// Requests that reached the unprotected handler.
+    plain_hits: AtomicU32,
+    /// Requests that reached the busy handler.
+    busy_hits: AtomicU32,
+}
+
+async fn charge(State(server): State<Arc<Server>>, headers: HeaderMap) -> impl IntoResponse {
+    if headers.contains_key("x-slow") {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let n = server.charges.fetch_add(1, Ordering::SeqCst) + 1;
+    (StatusCode::CREATED, format!("charge-{n}"))
+}
+
+async fn plain(State(server): State<Arc<Server>>) -> impl IntoResponse {
+    server.plain_hits.fetch_add(1, Ordering::SeqCst);
+    "plain"
+}
+
+/// 503 with `Retry-After: 1` the first time, then 200.
+async fn busy(State(server): State<Arc<Server>>) -> axum::response::Response {
+    if server.busy_hits.fetch_add(1, Ordering::SeqCst) == 0 {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("retry-after", "1")],
+            "busy",
+        )
+            .into_response();
+    }
+    "ready".into_response()
+}
+
+/// The server on 127.0.0.1: `/payments` behind idem-http's layer, `/plain` and `/busy`
+/// without it.
+async fn start() -> (SocketAddr, Arc<Server>) {
+    let server = Arc::new(Server::default());
+    let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| {
+        Ok(format!("tests {}", parts.uri.path()))
+    });
+    let app = Router::new()
+        .route("/payments", post(charge).route_layer(layer))
+        .route("/plain", post(plain))
+        .route("/busy", get(busy))
+        .with_state(Arc::clone(&server));
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, server)
+}
+
+fn client(middleware: IdempotencyMiddleware) -> ClientWithMiddleware {
+    let inner = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    ClientBuilder::new(inner).with(middleware).build()
+}
+
+fn quick() -> RetryPolicy {
+    RetryPolicy::default()
+        .backoff(Duration::from_millis(10), Duration::from_millis(50))
+        .deadline(Duration::from_secs(15))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_lost_after_the_server_processed_is_retried_and_replayed() {
+    let (addr, server) = start().await;
+    let proxy = FaultProxy::start(addr, 7).await.unwrap();
+    // The next request reaches the server, which runs it; its answer never comes back.
+    proxy.inject(Fault::CutAfterRequest);
+    let client = client(IdempotencyMiddleware::new().policy(quick()));
+    let response = client
+        .post(format!("http://{}/payments", proxy.addr()))
+        .with_extension(IdempotencyKey::new("order-1").unwrap())
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap();
+    let attempts = *response.extensions().get::<Attempts>().unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        response.text().await.unwrap(),
+        "charge-1",
+        "the first answer"
+    );
+    assert!(attempts.attempts >= 2, "{attempts:?}");
+    assert!(attempts.replayed, "{attempts:?}");
+    assert_eq!(server.charges.load(Ordering::SeqCst), 1, "charged once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_keys_make_a_post_safe_to_retry() {
+    let (addr, server) = start().await;
+    let proxy = FaultProxy::start(addr, 8).await.unwrap();
+    proxy.inject(Fault::CutAfterRequest);
+    let client = client(IdempotencyMiddleware::new().policy(quick()));
+    // No key given: the middleware makes one for this call and keeps it across its tries.
+    let response = client
+        .post(format!("http://{}/payments", proxy.addr()))
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.text().await.unwrap(), "charge-1");
+    assert_eq!(server.charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_without_a_key_is_never_retried() {
+    let (addr, server) = start().await;
+    let proxy = FaultProxy::start(addr, 9).await.unwrap();
+    proxy.inject(Fault::CutAfterRequest);
+    let client = client(
+        IdempotencyMiddleware::new()
+            .without_automatic_keys()
+            .policy(quick()),
+    );
+    let result = client
+        .post(format!("http://{}/plain", proxy.addr()))
+        .body("once")
+        .send()
+        .await;
+    assert!(result.is_err(), "the cut answer is the caller's to handle");
+    // Let a retry, were there one, arrive.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.plain_hits.load(Ordering::SeqCst), 1, "sent once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_with_one_key_charge_once_and_agree() {
+    let (addr, server) = start().await;
+    let client = client(IdempotencyMiddleware::new().policy(quick()));
+    let url = format!("http://{addr}/payments");
+    let sends: Vec<_> = (0..6)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let response = client
+                    .post(url)
+                    .with_extension(IdempotencyKey::new("order-shared").unwrap())
+                    .header("x-slow", "1")
+                    .body("amount=500")
+                    .send()
+                    .await
+                    .unwrap();
+                (response.status(), response.text().await.unwrap())
+            })
+        })
+        .collect();
+    for send in sends {
+        let (status, body) = send.await.unwrap();
+        assert_eq!((status, body.as_str()), (StatusCode::CREATED, "charge-1"));
+    }
+    assert_eq!(server.charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured() {
+    let (addr, server) = start().await;
+    let client = client(IdempotencyMiddleware::new().policy(quick()));
+    let started = std::time::Instant::now();
+    let response = client
+        .get(format!("http://{addr}/busy"))
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.extensions().get::<Attempts>().unwrap().attempts, 2);
+    assert_eq!(server.busy_hits.load(Ordering::SeqCst), 2);
+    // The server asked for a second; the deadline bounds the wait from above.
+    assert!(waited >= Duration::from_secs(1), "{waited:?}");
+    assert!(waited < Duration::from_secs(15), "{waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_for_another_request_is_answered_not_retried() {
+    let (addr, server) = start().await;
+    let client = client(IdempotencyMiddleware::new().policy(quick()));
+    let url = format!("http://{addr}/payments");
+    let send = |body: &'static str| {
+        client
+            .post(url.clone())
+            .with_extension(IdempotencyKey::new("order-reused").unwrap())
+            .body(body)
+            .send()
+    };
+    assert_eq!(
+        send("amount=500").await.unwrap().status(),
+        StatusCode::CREATED
+    );
+    let reused = send("amount=900").await.unwrap();
+    assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(reused.extensions().get::<Attempts>().unwrap().attempts, 1);
+    assert!(reused.text().await.unwrap().contains("key-reused"));
+    assert_eq!(server.charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_body_that_cannot_be_sent_twice_is_refused_up_front() {
+    let (addr, server) = start().await;
+    let client = client(IdempotencyMiddleware::new());
+    let stream = futures_stream();
+    let err = client
+        .post(format!("http://{addr}/payments"))
+        .with_extension(IdempotencyKey::new("order-stream").unwrap())
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap_err();
+    let reqwest_middleware::Error::Middleware(err) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(
+        err.downcast_ref::<ClientError>(),
+        Some(&ClientError::BodyNotReplayable)
+    );
+    assert_eq!(server.charges.load(Ordering::SeqCst), 0, "nothing was sent");
+}
+
+/// A one-chunk stream, made without a stream crate.
+fn futures_stream()
+-> impl futures_core::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + Sync + 'static {
+    struct Once(Option<bytes::Bytes>);
+    impl futures_core::Stream for Once {
+        type Item = Result<bytes::Bytes, std::io::Error>;
+        fn poll_next(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Self::Item>> {
+            std::task::Poll::Ready(self.0.take().map(Ok))
+        }
+    }
+    Once(Some(bytes::Bytes::from_static(b"amount=500")))
+}

@@ -12,7 +12,8 @@
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Attempts {
-    /// How many tries it took, the first included.
+    /// How many requests were sent, the first included (polls of a request in flight
+    /// too).
     pub attempts: u32,
     /// Whether the server replayed an earlier try's answer (`Idempotent-Replayed: true`):
     /// the operation ran once, on an earlier try.

@@ -2,7 +2,10 @@
 
 use std::fmt;
 
-use sha2::{Digest, Sha256};
+use std::sync::OnceLock;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
 
 /// The header that carries the key (IETF draft "The Idempotency-Key HTTP Header Field").
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -97,10 +100,11 @@ impl IdempotencyKey {
         value
     }
 
-    /// A short hash of the key, for logs.
+    /// A short hash of the key, for logs: keyed with a secret drawn once per process, so
+    /// the tries of one key match in logs while a guessable key (`order-1187`) cannot be
+    /// found from its hash.
     pub fn short_hash(&self) -> ShortKey {
-        let digest = Sha256::digest(self.0.as_bytes());
-        ShortKey([digest[0], digest[1], digest[2], digest[3]])
+        short_hash(self.0.as_bytes())
     }
 }
 
@@ -110,7 +114,24 @@ impl fmt::Debug for IdempotencyKey {
     }
 }
 
-/// Four bytes of a key's SHA-256, in hex: what logs show of a key.
+/// The process's secret for log hashes.
+static LOG_SECRET: OnceLock<[u8; 32]> = OnceLock::new();
+
+/// Four bytes of the keyed hash of `key` (HMAC-SHA-256 under the process's secret).
+pub(crate) fn short_hash(key: &[u8]) -> ShortKey {
+    let secret = LOG_SECRET.get_or_init(|| {
+        let mut secret = [0u8; 32];
+        // Without randomness the hash is still short; it is then only unkeyed.
+        let _ = getrandom::fill(&mut secret);
+        secret
+    });
+    let digest = Hmac::<Sha256>::new_from_slice(secret)
+        .map(|mac| mac.chain_update(key).finalize().into_bytes())
+        .unwrap_or_default();
+    ShortKey([digest[0], digest[1], digest[2], digest[3]])
+}
+
+/// Four bytes of a key's keyed hash, in hex: what logs show of a key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct ShortKey([u8; 4]);
 

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::answer::Attempts;
 use crate::error::ClientError;
-use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey};
+use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, short_hash};
 use crate::policy::{RetryPolicy, retry_after};
 
 /// The most bytes of a 409's problem document read to learn its type.
@@ -40,6 +40,13 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///   with [`ClientError::BodyNotReplayable`], when the request could be retried.
 /// - Each try is a `tracing` span `idem.client.attempt` with a short hash of the key,
 ///   never the key.
+///
+/// Use it for servers that honour `Idempotency-Key` (idem-http, Stripe-style APIs): a
+/// server that ignores the header runs a retried `POST` twice, so keep a plain client for
+/// those. An automatic key lives for one `send`: retries of your own around `send` (an
+/// application's retry, a timeout around the call) need an [`IdempotencyKey`] of your own,
+/// kept with the operation. A key given as an extension wins over an `Idempotency-Key`
+/// header set as well.
 ///
 /// ```no_run
 /// use idem_client::{Attempts, IdempotencyKey, IdempotencyMiddleware};
@@ -115,6 +122,8 @@ impl IdempotencyMiddleware {
 enum Tried {
     /// An answer to hand back as it is.
     Answer(Response),
+    /// An error no other try would mend.
+    Final(reqwest_middleware::Error),
     /// The first try of this key still runs on the server: poll again after `wait`.
     InFlight {
         last: reqwest_middleware::Result<Response>,
@@ -149,10 +158,9 @@ impl Middleware for IdempotencyMiddleware {
                 ClientError::BodyNotReplayable,
             ));
         }
-        let short = key
-            .as_ref()
-            .map_or_else(|| "-".to_owned(), |key| key.short_hash().to_string());
+        let short = short_of(&request);
         let started = Instant::now();
+        let deadline = started + self.policy.total();
         let mut request = Some(request);
         let mut attempt = 0u32;
         // Tries that count toward the policy's most: polls of a request in flight do not.
@@ -167,14 +175,20 @@ impl Middleware for IdempotencyMiddleware {
             }
             .ok_or_else(|| reqwest_middleware::Error::middleware(ClientError::BodyNotReplayable))?;
             let span = tracing::debug_span!("idem.client.attempt", attempt, key = %short);
-            let result = next
-                .clone()
-                .run(this_try, extensions)
-                .instrument(span)
-                .await;
+            // Each try ends by the deadline: a server that accepts and never answers does
+            // not hold the caller longer than the policy says.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let sent = next.clone().run(this_try, extensions).instrument(span);
+            let result = match tokio::time::timeout(left, sent).await {
+                Ok(result) => result,
+                Err(_) => Err(reqwest_middleware::Error::middleware(
+                    ClientError::DeadlineExceeded { attempts: attempt },
+                )),
+            };
             let tried = classify(result, &self.policy, self.policy.backoff_after(attempt)).await;
             let (last, wait, in_flight) = match tried {
                 Tried::Answer(response) => return Ok(with_attempts(response, attempt)),
+                Tried::Final(err) => return Err(err),
                 Tried::Again { last, wait } => (last, wait, false),
                 Tried::InFlight { last, wait } => (last, Some(wait), true),
             };
@@ -184,10 +198,14 @@ impl Middleware for IdempotencyMiddleware {
             if !retryable || counted >= self.policy.attempts() {
                 return last.map(|response| with_attempts(response, attempt));
             }
-            let pause = wait.unwrap_or_else(|| self.policy.backoff_after(attempt));
-            let left = self.policy.total().saturating_sub(started.elapsed());
-            if pause > left {
-                tracing::debug!(attempt, key = %short, "no time left for another try");
+            // Never back to back: a zero `Retry-After`, a date already past or a zero
+            // backoff still leave a moment between tries.
+            let pause = wait
+                .unwrap_or_else(|| self.policy.backoff_after(attempt))
+                .max(MIN_PAUSE);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if pause >= left {
+                tracing::debug!(attempt, key = %short, "the deadline leaves no time for another try");
                 return last.map(|response| with_attempts(response, attempt));
             }
             tracing::debug!(attempt, key = %short, pause_ms = pause.as_millis() as u64, "trying again");
@@ -195,6 +213,17 @@ impl Middleware for IdempotencyMiddleware {
             tokio::time::sleep(pause).await;
         }
     }
+}
+
+/// The shortest wait between two tries.
+const MIN_PAUSE: Duration = Duration::from_millis(10);
+
+/// What logs show of the request's key: a keyed short hash, or `-` without a key.
+fn short_of(request: &Request) -> String {
+    request.headers().get(IDEMPOTENCY_KEY).map_or_else(
+        || "-".to_owned(),
+        |value| short_hash(value.as_bytes()).to_string(),
+    )
 }
 
 /// Whether `method` is idempotent by its definition (RFC 9110 §9.2.2).
@@ -227,12 +256,9 @@ async fn classify(
                 wait: None,
             };
         }
-        Err(err) => {
-            return Tried::Again {
-                last: Err(err),
-                wait: Some(Duration::MAX),
-            };
-        }
+        // A builder, redirect or decode error, or an inner middleware's: trying again
+        // would not help.
+        Err(err) => return Tried::Final(err),
     };
     let wait = retry_after(response.headers(), SystemTime::now());
     match response.status() {
@@ -240,18 +266,20 @@ async fn classify(
             last: Ok(response),
             wait,
         },
-        StatusCode::CONFLICT if is_problem(&response) => {
-            let (response, problem_type) = problem_type(response).await;
-            match problem_type {
-                // The server's `Retry-After` here is when the first try's lease ends, and
-                // its answer may come any moment before: poll with backoff, never later.
-                Some(kind) if policy.is_in_flight_type(&kind) => Tried::InFlight {
-                    last: Ok(response),
-                    wait: wait.map_or(backoff, |wait| wait.min(backoff)),
-                },
-                _ => Tried::Answer(response),
-            }
-        }
+        StatusCode::CONFLICT if is_problem(&response) => match problem_type(response).await {
+            // The server's `Retry-After` here is when the first try's lease ends, and its
+            // answer may come any moment before: poll with backoff, never later.
+            Ok((response, Some(kind))) if policy.is_in_flight_type(&kind) => Tried::InFlight {
+                last: Ok(response),
+                wait: wait.map_or(backoff, |wait| wait.min(backoff)),
+            },
+            Ok((response, _)) => Tried::Answer(response),
+            // The answer broke off while its problem was read: as a cut connection.
+            Err(err) => Tried::Again {
+                last: Err(err),
+                wait: None,
+            },
+        },
         _ => Tried::Answer(response),
     }
 }
@@ -264,21 +292,25 @@ fn is_problem(response: &Response) -> bool {
         .is_some_and(|value| value.contains("problem+json"))
 }
 
-/// The problem document's `type`, and the response rebuilt around the bytes read.
-async fn problem_type(response: Response) -> (Response, Option<String>) {
+/// The problem document's `type`, and the response rebuilt around the bytes read (at
+/// most [`MAX_PROBLEM_BYTES`]; a larger 409 is no problem document of a server's).
+async fn problem_type(
+    mut response: Response,
+) -> reqwest_middleware::Result<(Response, Option<String>)> {
     let status = response.status();
     let version = response.version();
     let headers = response.headers().clone();
     let extensions = response.extensions().clone();
     let url = response.url().clone();
-    let limited = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|value| value.to_str().ok()?.parse::<usize>().ok())
-        .is_some_and(|len| len <= MAX_PROBLEM_BYTES);
-    if !limited {
-        return (response, None);
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > MAX_PROBLEM_BYTES {
+            return Err(reqwest_middleware::Error::middleware(
+                ClientError::ConflictTooLarge,
+            ));
+        }
     }
-    let bytes = response.bytes().await.unwrap_or_default();
     let problem_type = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|problem| problem.get("type")?.as_str().map(str::to_owned));
@@ -295,7 +327,7 @@ async fn problem_type(response: Response) -> (Response, Option<String>) {
     if let Ok(parts) = with_url {
         rebuilt.extensions_mut().extend(parts.extensions);
     }
-    (Response::from(rebuilt), problem_type)
+    Ok((Response::from(rebuilt), problem_type))
 }
 
 fn with_attempts(mut response: Response, attempts: u32) -> Response {

@@ -8,11 +8,16 @@ use http::header::RETRY_AFTER;
 /// The problem type idem-http answers a duplicate with while the first request runs.
 pub const IDEM_IN_FLIGHT: &str = "tag:idem-http,2026:in-flight";
 
+/// The problem type idem-http answers when another try took the request over while this
+/// one ran: that try's answer is to be fetched by retrying.
+pub const IDEM_TAKEN_OVER: &str = "tag:idem-http,2026:taken-over";
+
 /// How a logical operation is retried.
 ///
-/// - At most `max_attempts` tries, all within `deadline` of the first. Polls of a request
-///   whose first try still runs on the server do not count as tries; the deadline
-///   bounds them.
+/// - At most `max_attempts` tries, all within `deadline` of the first (a try still
+///   unanswered then is ended). Polls of a request whose first try still runs on the
+///   server (a 409 in flight or taken over) do not count as tries; the deadline bounds
+///   them.
 /// - Between tries: the server's `Retry-After` (seconds or an HTTP date) when it sent
 ///   one, else exponential backoff with full jitter from `first_backoff` up to
 ///   `max_backoff`. A wait that would end past the deadline is not waited: the last
@@ -37,14 +42,16 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 5 tries within 30 s, backoff from 100 ms to 5 s, idem-http's in-flight problem.
+    /// 5 tries within 90 s (longer than idem-http's default lease of 60 s, so that a
+    /// first try that crashed is taken over, and answered, within it), backoff from 100 ms
+    /// to 5 s, idem-http's in-flight and taken-over problems.
     fn default() -> Self {
         Self {
             max_attempts: 5,
             first_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
-            deadline: Duration::from_secs(30),
-            in_flight_types: vec![IDEM_IN_FLIGHT.to_owned()],
+            deadline: Duration::from_secs(90),
+            in_flight_types: vec![IDEM_IN_FLIGHT.to_owned(), IDEM_TAKEN_OVER.to_owned()],
         }
     }
 }
@@ -65,7 +72,8 @@ impl RetryPolicy {
         self
     }
 
-    /// How long after the first try the last may start.
+    /// How long one operation may take, every try and wait included: a try still
+    /// unanswered at the deadline ends with `ClientError::DeadlineExceeded`.
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;

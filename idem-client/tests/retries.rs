@@ -33,6 +33,9 @@ async fn charge(State(server): State<Arc<Server>>, headers: HeaderMap) -> impl I
     if headers.contains_key("x-slow") {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    if headers.contains_key("x-very-slow") {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     let n = server.charges.fetch_add(1, Ordering::SeqCst) + 1;
     (StatusCode::CREATED, format!("charge-{n}"))
 }
@@ -225,6 +228,99 @@ async fn a_key_reused_for_another_request_is_answered_not_retried() {
     assert_eq!(reused.extensions().get::<Attempts>().unwrap().attempts, 1);
     assert!(reused.text().await.unwrap().contains("key-reused"));
     assert_eq!(server.charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_flight_is_polled_until_the_deadline_and_no_longer() {
+    let (addr, server) = start().await;
+    let url = format!("http://{addr}/payments");
+    let first = {
+        let (client, url) = (client(IdempotencyMiddleware::new()), url.clone());
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .with_extension(IdempotencyKey::new("order-long").unwrap())
+                .header("x-very-slow", "1")
+                .body("amount=500")
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let impatient = client(
+        IdempotencyMiddleware::new().policy(
+            RetryPolicy::default()
+                .backoff(Duration::ZERO, Duration::ZERO)
+                .deadline(Duration::from_millis(500)),
+        ),
+    );
+    let started = std::time::Instant::now();
+    let response = impatient
+        .post(url)
+        .with_extension(IdempotencyKey::new("order-long").unwrap())
+        .header("x-very-slow", "1")
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    let attempts = response.extensions().get::<Attempts>().unwrap().attempts;
+    assert_eq!(
+        response.status(),
+        StatusCode::CONFLICT,
+        "still in flight at the deadline"
+    );
+    // Polled, with a pause between polls even under a zero backoff, and stopped at the
+    // deadline (10 ms pauses: at most about 50 polls in 500 ms).
+    assert!((2..=60).contains(&attempts), "{attempts} polls");
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    assert_eq!(first.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(server.charges.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_never_answers_is_bounded_by_the_deadline() {
+    // Accepts connections and never answers.
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let inner = reqwest::Client::builder().no_proxy().build().unwrap();
+    let client = ClientBuilder::new(inner)
+        .with(
+            IdempotencyMiddleware::new()
+                .policy(RetryPolicy::default().deadline(Duration::from_millis(300))),
+        )
+        .build();
+    let started = std::time::Instant::now();
+    let err = client
+        .post(format!("http://{addr}/payments"))
+        .with_extension(IdempotencyKey::new("order-silent").unwrap())
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let reqwest_middleware::Error::Middleware(err) = err else {
+        panic!("{err:?}")
+    };
+    assert!(matches!(
+        err.downcast_ref::<ClientError>(),
+        Some(ClientError::DeadlineExceeded { attempts: 1 })
+    ));
+    held.abort();
 }
 
 #[tokio::test]

@@ -247,8 +247,9 @@ impl OpenError {
     }
 }
 
-/// A server that did not answer within the connect timeout: the source of
-/// [`OpenError::Unreachable`] then.
+/// A server that did not answer in time: the source of [`OpenError::Unreachable`] when
+/// connecting, and of `StoreError::Unavailable` when a store call outlasts the driver's
+/// store timeout.
 ///
 /// ```
 /// use std::time::Duration;

@@ -159,16 +159,7 @@ impl Admin for DynamoDbStore {
     }
 
     async fn raw(&self, key: &Key) -> Result<Option<idem_core::admin::RawRecord>, StoreError> {
-        let output = self
-            .client()
-            .get_item()
-            .table_name(self.table_name())
-            .key(item::PK, s(&item::partition_key(self.prefix(), key)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|err| map(Operation::Get, err))?;
-        let Some(found) = output.item() else {
+        let Some(found) = self.read(key, Operation::Get).await? else {
             return Ok(None);
         };
         let mut fields: idem_core::admin::RawRecord = found

@@ -487,11 +487,6 @@ pub enum ConfigError {
     },
 }
 
-/// A store call that did not answer within the driver's store timeout.
-#[derive(Debug, thiserror::Error)]
-#[error("the store did not answer within {0:?}")]
-pub(crate) struct NoAnswer(pub(crate) Duration);
-
 /// One of idem's own checkpoint names, checked like any step name.
 pub(crate) fn step_name(name: &str) -> Result<crate::key::StepName, Interrupted> {
     crate::key::StepName::new(name).map_err(|err| Interrupted(Reason::InvalidStepName(err)))

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{error, observe, policy};
+use super::{observe, policy};
 use crate::StoreError;
 use crate::store::Operation;
 
@@ -26,7 +26,7 @@ async fn bounded<O>(
         .unwrap_or_else(|_| {
             Err(StoreError::Unavailable {
                 operation,
-                source: Box::new(error::NoAnswer(timeout)),
+                source: Box::new(crate::connect::NoAnswer(timeout)),
             })
         })
 }

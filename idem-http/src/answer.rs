@@ -11,9 +11,8 @@ use idem_core::{Error, Outcome, key::KeyError, key::KeyPart};
 use crate::Body;
 use crate::key_header::KeyHeaderError;
 use crate::layer::Config;
-use crate::observe::{self, Answer};
-use crate::problem::{Problem, full};
-use crate::service::REPLAYED_HEADER;
+use crate::observe::Answer;
+use crate::service::{BODY_NOT_STORED_HEADER, REPLAYED_HEADER};
 use crate::stored::StoredResponse;
 
 /// The answer for what the driver said, and what it counts as.
@@ -26,7 +25,9 @@ pub(crate) fn answer(
     let internal = |answer, title: &str| {
         respond(
             answer,
-            Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", title).into_response(),
+            config
+                .problem(StatusCode::INTERNAL_SERVER_ERROR, "internal", title)
+                .into_response(),
         )
     };
     match result {
@@ -35,12 +36,12 @@ pub(crate) fn answer(
             value,
         }) => match first() {
             Some(response) => respond(Answer::Executed, response),
-            None => replay(&value, false),
+            None => replay(&value, false, config),
         },
         Ok(Outcome::Completed {
             replayed: true,
             value,
-        }) => replay(&value, true),
+        }) => replay(&value, true, config),
         Ok(Outcome::Retryable(_)) => match first() {
             Some(response) => respond(Answer::Released, response),
             None => internal(Answer::Error, "The handler's response was lost"),
@@ -55,14 +56,14 @@ pub(crate) fn answer(
         ),
         Err(Error::InFlight { retry_after }) => respond(
             Answer::InFlight,
-            Problem::new(StatusCode::CONFLICT, "in-flight", "A request with this key is in progress")
+            config.problem(StatusCode::CONFLICT, "in-flight", "A request with this key is in progress")
                 .detail("The first request with this idempotency key has not finished; retry after the time in Retry-After.")
-                .retry_after(whole_seconds(retry_after))
+                .retry_after(whole_seconds(retry_after.min(config.in_flight_retry_after)))
                 .into_response(),
         ),
         Err(Error::Mismatch) => respond(
             Answer::Mismatch,
-            Problem::new(
+            config.problem(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "key-reused",
                 "This idempotency key was used for a different request",
@@ -75,13 +76,13 @@ pub(crate) fn answer(
         ),
         Err(Error::KeyRefused(err)) => respond(
             Answer::KeyRefused,
-            Problem::new(StatusCode::BAD_REQUEST, "key-refused", "This idempotency key is not accepted")
+            config.problem(StatusCode::BAD_REQUEST, "key-refused", "This idempotency key is not accepted")
                 .detail(format!("The {} header's key was refused: {err}.", config.header))
                 .into_response(),
         ),
         Err(Error::KeyBudgetExhausted { retry_after }) => respond(
             Answer::KeyBudgetExhausted,
-            Problem::new(
+            config.problem(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too-many-new-keys",
                 "Too many new idempotency keys",
@@ -92,7 +93,7 @@ pub(crate) fn answer(
         ),
         Err(Error::LeaseLost) => respond(
             Answer::LeaseLost,
-            Problem::new(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")
+            config.problem(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")
                 .detail("Retry to get that attempt's response.")
                 .retry_after(1)
                 .into_response(),
@@ -102,7 +103,13 @@ pub(crate) fn answer(
             None => internal(Answer::Error, "The response was too large to store"),
         },
         Err(Error::Unstorable { part: ValuePart::Result | ValuePart::Failure, reason: Unstorable::TooLarge { .. }, replayed: true, .. }) => {
-            respond(Answer::Replayed, not_stored(StatusCode::INTERNAL_SERVER_ERROR, HeaderMap::new()))
+            // Stored by an earlier release, which kept a marker instead of the status.
+            respond(
+                Answer::Replayed,
+                config.problem(StatusCode::INTERNAL_SERVER_ERROR, "response-not-stored", "The response was too large to keep")
+                    .detail("The first request with this key was carried out and its response was sent to that request only. Nothing was done again.")
+                    .into_response(),
+            )
         }
         // The handler ran, but its response could not be stored: it still goes to this
         // client; the key stays held until its lease ends.
@@ -112,7 +119,7 @@ pub(crate) fn answer(
                 tracing::warn!(error = %err, "the idempotency store is unavailable");
                 respond(
                     Answer::Unavailable,
-                    Problem::new(
+                    config.problem(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "store-unavailable",
                         "The idempotency store is unavailable",
@@ -131,49 +138,47 @@ pub(crate) fn answer(
 }
 
 /// A stored response, sent again.
-pub(crate) fn replay(bytes: &[u8], replayed: bool) -> (Answer, Response<Body>) {
+pub(crate) fn replay(bytes: &[u8], replayed: bool, config: &Config) -> (Answer, Response<Body>) {
     let stored = match StoredResponse::decode(bytes) {
         Ok(stored) => stored,
         Err(err) => {
             tracing::warn!(error = %err, "a stored response does not decode");
             return (
                 Answer::Error,
-                Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "The stored response is unreadable",
-                )
-                .into_response(),
+                config
+                    .problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "internal",
+                        "The stored response is unreadable",
+                    )
+                    .into_response(),
             );
         }
     };
     let mut response = if stored.body_too_large {
         not_stored(stored.status, stored.headers)
     } else {
-        let mut response = Response::new(full(stored.body));
+        let mut response = Response::new(Body::replayed(stored.body, stored.trailers));
         *response.status_mut() = stored.status;
         *response.headers_mut() = stored.headers;
         response
     };
-    if replayed {
-        response
-            .headers_mut()
-            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    if !replayed {
+        return (Answer::Executed, response);
     }
-    let answer = if replayed {
-        Answer::Replayed
-    } else {
-        Answer::Executed
-    };
-    (answer, response)
+    response
+        .headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    if let Some(adjust) = &config.on_replay {
+        adjust(&mut response);
+    }
+    (Answer::Replayed, response)
 }
 
-/// A replay of a response whose body was not stored: its status and headers, and a body
-/// saying so.
+/// A replay of a response whose body was not stored: its status and headers, an empty
+/// body, and a header saying so. The status stays: a payment that succeeded must not look
+/// failed to the client that retries it.
 pub(crate) fn not_stored(status: StatusCode, mut headers: HeaderMap) -> Response<Body> {
-    let mut response = Problem::new(status, "response-not-stored", "The response body was too large to keep")
-        .detail("The first request with this key succeeded with this status, and its body was sent to that request only. Nothing was done again.")
-        .into_response();
     for name in [
         header::CONTENT_TYPE,
         header::CONTENT_ENCODING,
@@ -181,7 +186,10 @@ pub(crate) fn not_stored(status: StatusCode, mut headers: HeaderMap) -> Response
     ] {
         headers.remove(&name);
     }
-    response.headers_mut().extend(headers);
+    headers.insert(BODY_NOT_STORED_HEADER, HeaderValue::from_static("true"));
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
     response
 }
 
@@ -192,7 +200,7 @@ pub(crate) fn whole_seconds(duration: Duration) -> u64 {
 pub(crate) fn missing_key(config: &Config) -> (Answer, Response<Body>) {
     (
         Answer::MissingKey,
-        Problem::new(StatusCode::BAD_REQUEST, "missing-key", "Idempotency key required")
+        config.problem(StatusCode::BAD_REQUEST, "missing-key", "Idempotency key required")
             .detail(format!(
                 "This request must carry the {} header: a unique value per operation, such as a UUID, sent again unchanged on every retry.",
                 config.header
@@ -204,17 +212,18 @@ pub(crate) fn missing_key(config: &Config) -> (Answer, Response<Body>) {
 pub(crate) fn malformed_key(config: &Config, err: &KeyHeaderError) -> (Answer, Response<Body>) {
     (
         Answer::MalformedKey,
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "malformed-key",
-            "Malformed idempotency key",
-        )
-        .detail(format!("The {} header is malformed: {err}.", config.header))
-        .into_response(),
+        config
+            .problem(
+                StatusCode::BAD_REQUEST,
+                "malformed-key",
+                "Malformed idempotency key",
+            )
+            .detail(format!("The {} header is malformed: {err}.", config.header))
+            .into_response(),
     )
 }
 
-pub(crate) fn invalid_key(config: &Config, err: &KeyError) -> Response<Body> {
+pub(crate) fn invalid_key(config: &Config, err: &KeyError) -> (Answer, Response<Body>) {
     let part = match err {
         KeyError::Empty { part }
         | KeyError::TooLong { part, .. }
@@ -224,15 +233,16 @@ pub(crate) fn invalid_key(config: &Config, err: &KeyError) -> Response<Body> {
     if part == KeyPart::Scope {
         // The application's scope function broke the rules, not the client.
         tracing::warn!(error = %err, "the scope function returned an invalid scope");
-        observe::answer(Answer::Error);
-        return Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "The request's scope is invalid",
-        )
-        .into_response();
+        return (
+            Answer::Error,
+            config
+                .problem(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "The request's scope is invalid",
+                )
+                .into_response(),
+        );
     }
-    let (answer, response) = malformed_key(config, &KeyHeaderError::Key(err.clone()));
-    observe::answer(answer);
-    response
+    malformed_key(config, &KeyHeaderError::Key(err.clone()))
 }

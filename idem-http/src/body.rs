@@ -4,6 +4,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -34,6 +35,44 @@ impl Body {
     /// An empty body.
     pub fn empty() -> Self {
         Self::from(Bytes::new())
+    }
+}
+
+impl Body {
+    /// A stored body sent again: its bytes, then its trailers when it had any.
+    pub(crate) fn replayed(data: Bytes, trailers: HeaderMap) -> Self {
+        if trailers.is_empty() {
+            return Self::from(data);
+        }
+        Self::new(Replayed {
+            data: (!data.is_empty()).then_some(data),
+            trailers: Some(trailers),
+        })
+    }
+}
+
+/// Bytes, then trailers.
+struct Replayed {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl http_body::Body for Replayed {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
     }
 }
 

@@ -2,16 +2,19 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode, header};
 use idem_core::{Fingerprint, Idempotency};
 use tower::Layer;
 
-use crate::Refusal;
 use crate::disposition::{Disposition, default_disposition};
+use crate::handlers::Handlers;
+use crate::problem::{PROBLEM_TYPE_BASE, Problem};
 use crate::request_fingerprint::FingerprintRule;
 use crate::service::IdempotencyService;
+use crate::{Body, Refusal};
 
 /// The default header: `Idempotency-Key` (header names are case-insensitive; `http` spells
 /// them in lower case).
@@ -23,8 +26,14 @@ pub const DEFAULT_HEADER: HeaderName = HeaderName::from_static("idempotency-key"
 /// The default limit on a request body the layer reads to fingerprint it: 1 MiB.
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// The default limit on a response body the layer stores to replay it: 960 KiB, so that a
-/// stored response with its headers stays under the driver's default 1 MiB cap.
+/// stored response with its headers stays under the driver's default 1 MiB cap. A store
+/// that holds less (DynamoDB's items hold 400 000 bytes) lowers it by itself: the layer
+/// never buffers more than the record has room for.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 960 * 1024;
+/// The default longest `Retry-After` of a 409 for a key in flight: 1 s. The lease's end is
+/// when a crashed first request could be taken over, not when a live one will finish, so
+/// the hint is capped: a handler that takes 300 ms is polled again after 1 s, not 60.
+pub const DEFAULT_IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Whether requests of a method need the header.
 ///
@@ -51,10 +60,20 @@ pub enum KeyRequirement {
 
 type ScopeFn = Arc<dyn Fn(&Parts) -> Result<String, Refusal> + Send + Sync>;
 type DispositionFn = Arc<dyn Fn(StatusCode) -> Disposition + Send + Sync>;
+type RequirementFn = Arc<dyn Fn(&Parts) -> Option<KeyRequirement> + Send + Sync>;
+type ReplayFn = Arc<dyn Fn(&mut http::Response<Body>) + Send + Sync>;
 
 /// Everything a service needs, shared by every clone.
+#[derive(Clone)]
 pub(crate) struct Config {
+    pub(crate) idem: Idempotency,
+    pub(crate) handlers: Handlers,
     pub(crate) scope: ScopeFn,
+    pub(crate) requirement: Option<RequirementFn>,
+    pub(crate) in_flight_retry_after: Duration,
+    pub(crate) problem_base: Arc<str>,
+    pub(crate) on_replay: Option<ReplayFn>,
+    pub(crate) protect_unmatched: bool,
     pub(crate) methods: Vec<(Method, KeyRequirement)>,
     pub(crate) header: HeaderName,
     pub(crate) fingerprint: FingerprintRule,
@@ -67,27 +86,30 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    pub(crate) fn requirement(&self, method: &Method) -> KeyRequirement {
+    /// Whether this request needs the header: the per-request function first, then
+    /// axum's fallback (with the `axum` feature), then the method's setting.
+    pub(crate) fn requirement(&self, parts: &Parts) -> KeyRequirement {
+        if let Some(requirement) = self.requirement.as_ref().and_then(|f| f(parts)) {
+            return requirement;
+        }
+        if !self.protect_unmatched && unmatched_route(parts) {
+            return KeyRequirement::Ignored;
+        }
         self.methods
             .iter()
-            .find(|(m, _)| m == method)
+            .find(|(m, _)| *m == parts.method)
             .map_or(KeyRequirement::Ignored, |(_, requirement)| *requirement)
+    }
+
+    /// A problem of the layer's own, its type under the configured base.
+    pub(crate) fn problem(&self, status: StatusCode, slug: &str, title: &str) -> Problem {
+        Problem::typed(&self.problem_base, status, slug, title)
     }
 
     /// Whether a response header is stored for replays: allowlisted, never hop-by-hop,
     /// `Set-Cookie` only when enabled.
     pub(crate) fn stores_header(&self, name: &HeaderName) -> bool {
-        const HOP_BY_HOP: [&str; 8] = [
-            "connection",
-            "keep-alive",
-            "proxy-authenticate",
-            "proxy-authorization",
-            "te",
-            "trailer",
-            "transfer-encoding",
-            "upgrade",
-        ];
-        if HOP_BY_HOP.contains(&name.as_str()) || name == header::CONTENT_LENGTH {
+        if is_hop_by_hop(name) || name == header::CONTENT_LENGTH {
             return false;
         }
         if name == header::SET_COOKIE {
@@ -97,8 +119,43 @@ impl Config {
     }
 }
 
+/// Headers that describe one connection, never stored.
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
+    const HOP_BY_HOP: [&str; 8] = [
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
+/// Whether axum routed this request to a fallback: its router saw it (`OriginalUri`)
+/// and matched no route (`MatchedPath`). Only a router sets both, so a layer outside any
+/// router never takes a request for a fallback.
+#[cfg(feature = "axum")]
+fn unmatched_route(parts: &Parts) -> bool {
+    parts
+        .extensions
+        .get::<axum::extract::OriginalUri>()
+        .is_some()
+        && parts
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .is_none()
+}
+
+#[cfg(not(feature = "axum"))]
+fn unmatched_route(_parts: &Parts) -> bool {
+    false
+}
+
 /// The headers stored by default: what a client needs to read the response again.
-pub const DEFAULT_STORED_HEADERS: [HeaderName; 10] = [
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
     header::CONTENT_LANGUAGE,
@@ -109,6 +166,9 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 10] = [
     header::CACHE_CONTROL,
     header::EXPIRES,
     header::VARY,
+    header::CONTENT_DISPOSITION,
+    header::CONTENT_LOCATION,
+    HeaderName::from_static("x-request-id"),
 ];
 
 /// A tower [`Layer`] that makes requests carrying an `Idempotency-Key` header safe to
@@ -123,8 +183,13 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 10] = [
 /// | [`header`](IdempotencyLayer::header) | `Idempotency-Key` |
 /// | [`fingerprint`](IdempotencyLayer::ignore_json_fields) | method, path, query and body; JSON bodies canonicalised |
 /// | [`max_request_body`](IdempotencyLayer::max_request_body) | 1 MiB, then 413 before anything is claimed |
-/// | [`max_response_body`](IdempotencyLayer::max_response_body) | 960 KiB, then sent once and not stored |
-/// | [`disposition`](IdempotencyLayer::disposition) | [`default_disposition`]: 5xx held, 408/425/429 released, the rest stored |
+/// | [`requirement_with`](IdempotencyLayer::requirement_with) | none: the methods decide |
+/// | [`max_response_body`](IdempotencyLayer::max_response_body) | 960 KiB or the store's room, then streamed once and stored without the body |
+/// | [`disposition`](IdempotencyLayer::disposition) | [`default_disposition`]: 5xx held, 4xx but 402 released, the rest stored |
+/// | [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after) | 1 s at most |
+/// | [`problem_type_base`](IdempotencyLayer::problem_type_base) | [`PROBLEM_TYPE_BASE`] |
+/// | [`on_replay`](IdempotencyLayer::on_replay) | none |
+/// | [`protect_unmatched_routes`](IdempotencyLayer::protect_unmatched_routes) | off: axum's fallbacks pass through |
 /// | [`stored_headers`](IdempotencyLayer::stored_headers) | [`DEFAULT_STORED_HEADERS`]; never hop-by-hop; `Set-Cookie` only when [enabled](IdempotencyLayer::store_set_cookie) |
 /// | [`shadow`](IdempotencyLayer::shadow) | off |
 ///
@@ -152,25 +217,7 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 10] = [
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    idem: Idempotency,
     config: Config,
-}
-
-impl Clone for Config {
-    fn clone(&self) -> Self {
-        Self {
-            scope: Arc::clone(&self.scope),
-            methods: self.methods.clone(),
-            header: self.header.clone(),
-            fingerprint: self.fingerprint.clone(),
-            max_request_body: self.max_request_body,
-            max_response_body: self.max_response_body,
-            disposition: Arc::clone(&self.disposition),
-            stored_headers: self.stored_headers.clone(),
-            store_set_cookie: self.store_set_cookie,
-            shadow: self.shadow,
-        }
-    }
 }
 
 impl IdempotencyLayer {
@@ -184,9 +231,15 @@ impl IdempotencyLayer {
         F: Fn(&Parts) -> Result<String, Refusal> + Send + Sync + 'static,
     {
         Self {
-            idem: idem.into(),
             config: Config {
+                idem: idem.into(),
+                handlers: Handlers::default(),
                 scope: Arc::new(scope),
+                requirement: None,
+                in_flight_retry_after: DEFAULT_IN_FLIGHT_RETRY_AFTER,
+                problem_base: Arc::from(PROBLEM_TYPE_BASE),
+                on_replay: None,
+                protect_unmatched: false,
                 methods: vec![
                     (Method::POST, KeyRequirement::Required),
                     (Method::PATCH, KeyRequirement::Required),
@@ -209,6 +262,90 @@ impl IdempotencyLayer {
         self.config.methods.retain(|(m, _)| *m != method);
         self.config.methods.push((method, requirement));
         self
+    }
+
+    /// Whether a request needs the header, decided per request (by route, say) before
+    /// the [`method`](IdempotencyLayer::method) settings; `None` leaves it to them. One
+    /// layer serves routes that require a key, routes where it is optional, and routes
+    /// exempt from it.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::{IdempotencyLayer, KeyRequirement};
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+    ///     .requirement_with(|parts| match parts.uri.path() {
+    ///         "/webhooks/ping" => Some(KeyRequirement::Ignored),
+    ///         path if path.starts_with("/search") => Some(KeyRequirement::Optional),
+    ///         _ => None, // POST and PATCH require it, as by default
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn requirement_with<F>(mut self, requirement: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<KeyRequirement> + Send + Sync + 'static,
+    {
+        self.config.requirement = Some(Arc::new(requirement));
+        self
+    }
+
+    /// The longest `Retry-After` a 409 for a key in flight carries (default
+    /// [`DEFAULT_IN_FLIGHT_RETRY_AFTER`], 1 s): the answer says the lease's end when it
+    /// is sooner. At least one second: the header counts whole seconds.
+    #[must_use]
+    pub fn in_flight_retry_after(mut self, longest: Duration) -> Self {
+        self.config.in_flight_retry_after = longest;
+        self
+    }
+
+    /// The base of the layer's problem types (default [`PROBLEM_TYPE_BASE`], tag URIs):
+    /// a link to your own documentation, say `https://docs.example.com/problems/`, to
+    /// which each slug (`in-flight`, `key-reused`, ...) is appended.
+    #[must_use]
+    pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
+        self.config.problem_base = Arc::from(base.into());
+        self
+    }
+
+    /// Adjusts every replayed response before it is sent (a header of your own, say);
+    /// the stored record is unchanged.
+    ///
+    /// ```
+    /// use http::HeaderValue;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+    ///     .on_replay(|response| {
+    ///         response.headers_mut().insert("cache-status", HeaderValue::from_static("idem; hit"));
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn on_replay<F>(mut self, adjust: F) -> Self
+    where
+        F: Fn(&mut http::Response<Body>) + Send + Sync + 'static,
+    {
+        self.config.on_replay = Some(Arc::new(adjust));
+        self
+    }
+
+    /// Whether requests that axum routed to a fallback (no route matched: a 404, or your
+    /// own fallback service) are protected too (default false, with the `axum` feature:
+    /// `POST /typo` answers axum's 404, not 400 for a missing key, and stores nothing).
+    /// Set it when a fallback does real work, such as forwarding to another service.
+    /// Without the `axum` feature the layer cannot tell and protects every request.
+    #[must_use]
+    pub fn protect_unmatched_routes(mut self, protect: bool) -> Self {
+        self.config.protect_unmatched = protect;
+        self
+    }
+
+    /// The handlers this layer runs that outlived their request: wait for them in a
+    /// graceful shutdown, after the server stopped taking requests (see [`Handlers`]).
+    pub fn handlers(&self) -> Handlers {
+        self.config.handlers.clone()
     }
 
     /// The header to read instead of `Idempotency-Key`.
@@ -253,12 +390,17 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The largest response body stored for replays (default 960 KiB; keep it below the
-    /// driver's `max_response_bytes`). A larger final response still goes, whole, to the
-    /// client whose request made it; the key then stores its status and headers without
-    /// the body, and a retry gets that status with a problem+json body saying the
-    /// original body was too large to keep (`tag:idem-http,2026:response-not-stored`),
-    /// and `Idempotent-Replayed: true`: the work never runs twice.
+    /// The largest response body stored for replays (default 960 KiB), lowered by itself
+    /// to what the store's record has room for (the driver's `max_response_bytes`, and
+    /// a store's own limit such as DynamoDB's 400 000-byte item).
+    ///
+    /// - The layer never buffers more than this: a response streams to the client whose
+    ///   request made it as the handler writes it, whole, however large.
+    /// - When the body passes the limit, the key is finished at once with the status and
+    ///   stored headers only: a retry gets that status, those headers, an empty body,
+    ///   [`BODY_NOT_STORED_HEADER`](crate::BODY_NOT_STORED_HEADER) and
+    ///   `Idempotent-Replayed: true`. The work never runs twice, and an endless stream
+    ///   (server-sent events) does not hold the key while it lasts.
     #[must_use]
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.config.max_response_body = bytes;
@@ -328,7 +470,7 @@ impl IdempotencyLayer {
 impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("idem", &self.idem)
+            .field("idem", &self.config.idem)
             .field("methods", &self.config.methods)
             .field("header", &self.config.header)
             .field("fingerprint", &self.config.fingerprint)
@@ -337,6 +479,9 @@ impl fmt::Debug for IdempotencyLayer {
             .field("stored_headers", &self.config.stored_headers)
             .field("store_set_cookie", &self.config.store_set_cookie)
             .field("shadow", &self.config.shadow)
+            .field("in_flight_retry_after", &self.config.in_flight_retry_after)
+            .field("problem_type_base", &self.config.problem_base)
+            .field("protect_unmatched_routes", &self.config.protect_unmatched)
             .finish_non_exhaustive()
     }
 }
@@ -345,6 +490,6 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.idem.clone(), Arc::new(self.config.clone()))
+        IdempotencyService::new(inner, Arc::new(self.config.clone()))
     }
 }

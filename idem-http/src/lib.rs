@@ -84,6 +84,7 @@
 mod answer;
 mod body;
 mod disposition;
+mod handlers;
 mod key_header;
 mod layer;
 pub mod observe;
@@ -91,16 +92,18 @@ mod problem;
 mod request_fingerprint;
 mod service;
 mod stored;
+mod streaming;
 
 pub use body::Body;
 pub use disposition::{Disposition, default_disposition};
+pub use handlers::Handlers;
 pub use key_header::KeyHeaderError;
 pub use layer::{
-    DEFAULT_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_STORED_HEADERS,
-    IdempotencyLayer, KeyRequirement,
+    DEFAULT_HEADER, DEFAULT_IN_FLIGHT_RETRY_AFTER, DEFAULT_MAX_REQUEST_BODY,
+    DEFAULT_MAX_RESPONSE_BODY, DEFAULT_STORED_HEADERS, IdempotencyLayer, KeyRequirement,
 };
 pub use problem::{PROBLEM_TYPE_BASE, Problem, Refusal};
-pub use service::{IdempotencyService, REPLAYED_HEADER};
+pub use service::{BODY_NOT_STORED_HEADER, IdempotencyService, REPLAYED_HEADER};
 pub use stored::{DecodeError, StoredResponse};
 
 /// The workspace README's examples, compiled and run as doc tests here, where idem-core,

@@ -74,19 +74,6 @@ impl Answer {
             Answer::Error => "error",
         }
     }
-
-    /// Whether the answer came from the store instead of the handler: what shadow mode
-    /// replaces by the handler's own answer.
-    pub(crate) fn answered_by_the_store(self) -> bool {
-        matches!(
-            self,
-            Answer::Replayed
-                | Answer::Mismatch
-                | Answer::InFlight
-                | Answer::LeaseLost
-                | Answer::Unavailable
-        )
-    }
 }
 
 pub(crate) fn answer(answer: Answer) {

@@ -38,8 +38,13 @@ pub struct Problem {
 impl Problem {
     /// A problem of type `tag:idem-http,2026:<slug>` with a short title.
     pub fn new(status: StatusCode, slug: &str, title: &str) -> Self {
+        Self::typed(PROBLEM_TYPE_BASE, status, slug, title)
+    }
+
+    /// A problem of type `<base><slug>`.
+    pub(crate) fn typed(base: &str, status: StatusCode, slug: &str, title: &str) -> Self {
         Self {
-            kind: format!("{PROBLEM_TYPE_BASE}{slug}"),
+            kind: format!("{base}{slug}"),
             title: title.to_owned(),
             status: status.as_u16(),
             detail: None,

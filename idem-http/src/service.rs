@@ -1,16 +1,19 @@
 //! The service the layer builds: one request from its header to its answer.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context as TaskContext, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::response::Parts as ResponseParts;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
-use idem_core::{BoxError, Fingerprint, Idempotency, Key, WorkError};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body::Frame;
+use idem_core::{BoxError, Context, Error, Fingerprint, Key, Outcome, WorkError};
+use tokio::sync::{mpsc, oneshot};
 use tower::{Service, ServiceExt};
 
 use crate::Body;
@@ -19,8 +22,9 @@ use crate::disposition::Disposition;
 use crate::key_header::{self, KeyHeaderError};
 use crate::layer::{Config, KeyRequirement};
 use crate::observe::{self, Answer};
-use crate::problem::{Problem, full};
+use crate::problem::full;
 use crate::stored::StoredResponse;
+use crate::streaming::{Detached, FRAMES_IN_FLIGHT, FrameSender, Frames, Streaming, Tail};
 
 /// The header a replayed response carries, with the value `true`.
 ///
@@ -29,6 +33,15 @@ use crate::stored::StoredResponse;
 /// assert_eq!(idem_http::REPLAYED_HEADER, "idempotent-replayed");
 /// ```
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
+/// The header a replay carries, with the value `true`, when the first response's body was
+/// too large to store: the status and stored headers are the first response's, the body
+/// is empty.
+///
+/// ```
+/// assert_eq!(idem_http::BODY_NOT_STORED_HEADER, "idempotent-body-not-stored");
+/// ```
+pub const BODY_NOT_STORED_HEADER: &str = "idempotent-body-not-stored";
 
 /// The service [`IdempotencyLayer`](crate::IdempotencyLayer) wraps around `S`: any tower
 /// service of HTTP requests, an axum router or a hyper service.
@@ -54,16 +67,17 @@ pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 #[derive(Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
-    idem: Idempotency,
     config: Arc<Config>,
+    /// The inner service failed its readiness: the next request is answered 500.
+    broken: Option<Arc<BoxError>>,
 }
 
 impl<S> IdempotencyService<S> {
-    pub(crate) fn new(inner: S, idem: Idempotency, config: Arc<Config>) -> Self {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
         Self {
             inner,
-            idem,
             config,
+            broken: None,
         }
     }
 }
@@ -71,7 +85,7 @@ impl<S> IdempotencyService<S> {
 impl<S> std::fmt::Debug for IdempotencyService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyService")
-            .field("idem", &self.idem)
+            .field("idem", &self.config.idem)
             .finish_non_exhaustive()
     }
 }
@@ -92,299 +106,770 @@ where
     type Error = Infallible;
     type Future = ResponseFuture;
 
-    /// Always ready: the inner service's readiness is awaited for each request, in the
-    /// task that runs it.
-    fn poll_ready(&mut self, _cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+    /// Ready when the inner service is: its backpressure reaches the server. An inner
+    /// service that fails its readiness gets the next request answered 500.
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        match self.inner.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(err)) => {
+                self.broken = Some(Arc::new(err.into()));
+                Poll::Ready(Ok(()))
+            }
+        }
     }
 
     fn call(&mut self, request: Request<B>) -> ResponseFuture {
+        let config = Arc::clone(&self.config);
+        if let Some(err) = self.broken.take() {
+            return Box::pin(async move {
+                tracing::warn!(error = %err, "the inner service is not ready");
+                observe::answer(Answer::Error);
+                Ok(handler_failed(&config))
+            });
+        }
         // The clone that was driven ready is the one to call (tower's convention).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let (idem, config) = (self.idem.clone(), Arc::clone(&self.config));
-        Box::pin(async move { Ok(handle(inner, idem, config, request).await) })
+        Box::pin(async move { Ok(handle(inner, config, request).await) })
     }
 }
 
-/// A request on its way to the inner service, its body already read.
-struct Protected<S> {
-    inner: S,
-    idem: Idempotency,
-    config: Arc<Config>,
-    key: Key,
-    fingerprint: Fingerprint,
-    head: http::request::Parts,
-    body: Bytes,
+/// The bounds every function here shares.
+trait Inner<ResBody>:
+    Service<
+        Request<Body>,
+        Response = Response<ResBody>,
+        Future: Send + 'static,
+        Error: Into<BoxError>,
+    > + Clone
+    + Send
+    + 'static
+{
 }
 
-async fn handle<S, B, ResBody>(
-    inner: S,
-    idem: Idempotency,
-    config: Arc<Config>,
-    request: Request<B>,
-) -> Response<Body>
+impl<S, ResBody> Inner<ResBody> for S where
+    S: Service<
+            Request<Body>,
+            Response = Response<ResBody>,
+            Future: Send + 'static,
+            Error: Into<BoxError>,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// The bounds of the handler's response body.
+trait ResponseBody: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+impl<T> ResponseBody for T where
+    T: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{
+}
+
+async fn handle<S, B, ResBody>(inner: S, config: Arc<Config>, request: Request<B>) -> Response<Body>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
+    S: Inner<ResBody>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    ResBody: ResponseBody,
 {
-    let requirement = config.requirement(request.method());
-    let values: Vec<HeaderValue> = request
-        .headers()
-        .get_all(&config.header)
-        .iter()
-        .cloned()
-        .collect();
+    let (parts, body) = request.into_parts();
+    let requirement = config.requirement(&parts);
+    let mut values = parts.headers.get_all(&config.header).iter();
+    let (value, repeated) = (values.next(), values.next().is_some());
     if requirement == KeyRequirement::Ignored
-        || (values.is_empty() && requirement == KeyRequirement::Optional)
+        || (value.is_none() && requirement == KeyRequirement::Optional)
     {
-        return pass(inner, request).await;
+        return pass(
+            inner,
+            &config,
+            Request::from_parts(parts, Body::new(body)),
+            None,
+        )
+        .await;
     }
-    let refusal = match values.as_slice() {
-        [] => Err(missing_key(&config)),
-        [value] => key_header::parse(value.as_bytes()).map_err(|err| malformed_key(&config, &err)),
-        _ => Err(malformed_key(&config, &KeyHeaderError::Repeated)),
+    let client_key = match (value, repeated) {
+        (None, _) => Err(missing_key(&config)),
+        (Some(value), false) => {
+            key_header::parse(value.as_bytes()).map_err(|err| malformed_key(&config, &err))
+        }
+        (Some(_), true) => Err(malformed_key(&config, &KeyHeaderError::Repeated)),
     };
-    let client_key = match refusal {
+    let client_key = match client_key {
         Ok(key) => key,
         Err((answer, response)) => {
-            if config.shadow {
-                observe::shadow(answer.name());
-                tracing::info!(would = answer.name(), "shadow mode: passing the request on");
-                return pass(inner, request).await;
-            }
-            observe::answer(answer);
-            return response;
+            return refuse(inner, &config, answer, response, parts, Body::new(body)).await;
         }
     };
-    let (parts, body) = request.into_parts();
     let scope = match (config.scope)(&parts) {
         Ok(scope) => scope,
         Err(refused) => {
-            observe::answer(Answer::ScopeRefused);
-            return refused.into_response();
+            let response = refused.into_response();
+            let body = Body::new(body);
+            return refuse(inner, &config, Answer::ScopeRefused, response, parts, body).await;
         }
     };
     let key = match Key::new(scope, client_key) {
         Ok(key) => key,
-        Err(err) => return invalid_key(&config, &err),
+        Err(err) => {
+            let (answer, response) = invalid_key(&config, &err);
+            return refuse(inner, &config, answer, response, parts, Body::new(body)).await;
+        }
     };
     // Read the whole body before anything is claimed: a body over the limit, or a client
     // gone mid-upload, leaves no trace in the store.
-    let body = match Limited::new(body, config.max_request_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-            observe::answer(Answer::TooLarge);
-            return Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", "Request body too large")
+    let body = match read_body(body, config.max_request_body).await {
+        RequestBody::Whole(body) => body,
+        RequestBody::TooLarge(whole) => {
+            let response = config
+                .problem(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", "Request body too large")
                 .detail(format!(
                     "An idempotent request's body is read whole to fingerprint it; this one is over {} bytes.",
                     config.max_request_body
                 ))
                 .into_response();
+            return refuse(inner, &config, Answer::TooLarge, response, parts, whole).await;
         }
-        Err(_) => {
+        RequestBody::Broken => {
+            // Nothing of the body can reach the handler either, shadow mode or not.
             observe::answer(Answer::BadBody);
-            return Problem::new(
-                StatusCode::BAD_REQUEST,
-                "unreadable-body",
-                "The request body could not be read",
-            )
-            .into_response();
+            return config
+                .problem(
+                    StatusCode::BAD_REQUEST,
+                    "unreadable-body",
+                    "The request body could not be read",
+                )
+                .into_response();
         }
     };
     let fingerprint = config.fingerprint.fingerprint(&parts, &body);
-    let protected = Protected {
-        inner,
-        idem,
-        config,
-        key,
-        fingerprint,
-        head: parts,
-        body,
-    };
-    protected.run().await
+    protect(inner, config, key, fingerprint, parts, body).await
 }
 
-/// A request the layer does not protect, handed on as it is.
-async fn pass<S, B, ResBody>(inner: S, request: Request<B>) -> Response<Body>
+/// The layer's refusal, or in shadow mode the handler's own answer, the refusal counted.
+async fn refuse<S, ResBody>(
+    inner: S,
+    config: &Config,
+    answer: Answer,
+    response: Response<Body>,
+    parts: http::request::Parts,
+    body: Body,
+) -> Response<Body>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Inner<ResBody>,
+    ResBody: ResponseBody,
+{
+    if config.shadow {
+        observe::shadow(answer.name());
+        tracing::info!(would = answer.name(), "shadow mode: passing the request on");
+        let context = unprotected_context(config, &parts);
+        return pass(
+            inner,
+            config,
+            Request::from_parts(parts, body),
+            Some(context),
+        )
+        .await;
+    }
+    observe::answer(answer);
+    response
+}
+
+/// A context for a request shadow mode passes on without a claim, so that a handler
+/// that reads one works as it would when protected.
+fn unprotected_context(config: &Config, parts: &http::request::Parts) -> Context {
+    let key = Key::new(format!("{} {}", parts.method, parts.uri.path()), "-")
+        .or_else(|_| Key::new("-", "-"))
+        .expect("a short key of printable characters is valid");
+    config
+        .idem
+        .detached_context(&key, Fingerprint::of_bytes(b""))
+}
+
+/// A request the layer does not protect, handed on as it is (to the service that was
+/// driven ready).
+async fn pass<S, ResBody>(
+    mut inner: S,
+    config: &Config,
+    mut request: Request<Body>,
+    context: Option<Context>,
+) -> Response<Body>
+where
+    S: Inner<ResBody>,
+    ResBody: ResponseBody,
 {
     observe::answer(Answer::PassedThrough);
-    call_inner(inner, request.map(box_body)).await
-}
-
-fn box_body<B>(body: B) -> Body
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    Body::new(body)
-}
-
-async fn call_inner<S, ResBody>(inner: S, request: Request<Body>) -> Response<Body>
-where
-    S: Service<Request<Body>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    match inner.oneshot(request).await.map_err(Into::into) {
-        Ok(response) => response.map(box_body),
-        Err(err) => handler_error(&err),
+    if let Some(context) = context {
+        request.extensions_mut().insert(context);
+    }
+    match inner.call(request).await.map_err(Into::into) {
+        Ok(response) => response.map(Body::new),
+        Err(err) => {
+            tracing::warn!(error = %err, "the inner service failed");
+            handler_failed(config)
+        }
     }
 }
 
-fn handler_error(err: &BoxError) -> Response<Body> {
-    tracing::warn!(error = %err, "the inner service failed");
-    handler_failed()
+/// The request body, read within its limit.
+enum RequestBody {
+    Whole(Bytes),
+    /// Over the limit: the bytes read so far and the rest, as one body again.
+    TooLarge(Body),
+    Broken,
 }
 
-fn handler_failed() -> Response<Body> {
-    handler_failed_problem().into_response()
+async fn read_body<B>(body: B, limit: usize) -> RequestBody
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    if body.size_hint().lower() > limit as u64 {
+        // Content-Length says so: no need to read a byte.
+        return RequestBody::TooLarge(Body::new(body));
+    }
+    let mut chunks = VecDeque::new();
+    let mut read = 0usize;
+    loop {
+        match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+            None => break,
+            Some(Ok(frame)) => {
+                // Request trailers are not part of what is fingerprinted or replayed.
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                read = read.saturating_add(data.len());
+                chunks.push_back(data);
+                if read > limit {
+                    return RequestBody::TooLarge(Body::new(Prefixed { chunks, rest: body }));
+                }
+            }
+            Some(Err(_)) => return RequestBody::Broken,
+        }
+    }
+    RequestBody::Whole(concat(chunks.into()))
 }
 
-fn handler_failed_problem() -> Problem {
-    Problem::new(
+/// Chunks already read, then the rest of the body.
+struct Prefixed<B> {
+    chunks: VecDeque<Bytes>,
+    rest: Pin<Box<B>>,
+}
+
+impl<B: http_body::Body<Data = Bytes>> http_body::Body for Prefixed<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        if let Some(chunk) = self.chunks.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        self.rest.as_mut().poll_frame(cx)
+    }
+}
+
+fn concat(mut chunks: Vec<Bytes>) -> Bytes {
+    match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap_or_default(),
+        _ => {
+            let mut all = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+            for chunk in chunks {
+                all.extend_from_slice(&chunk);
+            }
+            all.freeze()
+        }
+    }
+}
+
+fn handler_failed(config: &Config) -> Response<Body> {
+    handler_failed_problem(config).into_response()
+}
+
+fn handler_failed_problem(config: &Config) -> crate::Problem {
+    config.problem(
         StatusCode::INTERNAL_SERVER_ERROR,
         "handler-failed",
         "The handler failed",
     )
 }
 
-/// The handler's response, read whole: what the first client gets.
-type Captured = Arc<Mutex<Option<(ResponseParts, Bytes)>>>;
+/// The driver's answer, in the work's future.
+type Executed = Result<Outcome<Vec<u8>, Vec<u8>>, Error>;
 
-impl<S, ResBody> Protected<S>
+/// The handler's whole response, when it was complete before anything was sent.
+type Captured = Arc<Mutex<Option<Response<Body>>>>;
+
+/// The rest of a body too large to store, to stream on after the record is finished.
+type Pump<ResBody> = Arc<Mutex<Option<(Pin<Box<ResBody>>, FrameSender)>>>;
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs a protected request: claims its key and runs the handler inline, streaming its
+/// response as it comes. The handler runs in a task of its own only when the client goes
+/// away first, so that it finishes and stores its response for the client's retry.
+async fn protect<S, ResBody>(
+    inner: S,
+    config: Arc<Config>,
+    key: Key,
+    fingerprint: Fingerprint,
+    head: http::request::Parts,
+    body: Bytes,
+) -> Response<Body>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
+    S: Inner<ResBody>,
+    ResBody: ResponseBody,
 {
-    async fn run(self) -> Response<Body> {
-        let Protected {
-            inner,
-            idem,
-            config,
-            key,
-            fingerprint,
-            head,
-            body,
-        } = self;
-        let request = Request::from_parts(head.clone(), full(body.clone()));
-        let captured: Captured = Arc::default();
-        let task = {
-            let (inner, config, captured) =
-                (inner.clone(), Arc::clone(&config), Arc::clone(&captured));
-            // The handler runs in a task of its own: a client that disconnects, or a
-            // timeout layer above, drops this future but not the work, whose response is
-            // then stored for the client's retry.
-            tokio::spawn(async move {
-                idem.execute_bytes(&key, fingerprint, |ctx| {
-                    handler_outcome(inner, request, ctx, config, captured)
-                })
-                .await
-            })
-        };
-        let Ok(result) = task.await else {
-            // The handler panicked: the key stays held until its lease ends.
-            observe::answer(Answer::Error);
-            return handler_failed();
-        };
-        let (answer, response) = answer(result, || take(&captured), &config);
-        if config.shadow && answer.answered_by_the_store() {
-            // Shadow mode: count what would have been answered, answer as the handler does.
-            observe::shadow(answer.name());
-            tracing::info!(would = answer.name(), "shadow mode: passing the request on");
-            observe::answer(Answer::PassedThrough);
-            return call_inner(inner, Request::from_parts(head, full(body))).await;
+    // Only shadow mode needs the request again, to hand it to the handler.
+    let shadow = config
+        .shadow
+        .then(|| (inner.clone(), head.clone(), body.clone(), key.clone()));
+    let request = Request::from_parts(head, full(body));
+    let (head_tx, mut head_rx) = oneshot::channel::<(ResponseParts, Frames)>();
+    let captured: Captured = Arc::default();
+    let pump: Pump<ResBody> = Arc::default();
+    let mut work: Option<Pin<Box<dyn Future<Output = Executed> + Send>>> = Some(Box::pin({
+        let (config, captured, pump) = (
+            Arc::clone(&config),
+            Arc::clone(&captured),
+            Arc::clone(&pump),
+        );
+        async move {
+            let run = |ctx| {
+                handler_outcome(
+                    inner,
+                    request,
+                    ctx,
+                    Arc::clone(&config),
+                    head_tx,
+                    captured,
+                    pump,
+                )
+            };
+            config.idem.execute_bytes(&key, fingerprint, run).await
         }
+    }));
+    // Dropped before the work ends (the client went away): the work finishes elsewhere.
+    struct Unfinished<'a, ResBody: ResponseBody> {
+        work: &'a mut Option<Pin<Box<dyn Future<Output = Executed> + Send>>>,
+        pump: &'a Pump<ResBody>,
+        config: &'a Arc<Config>,
+    }
+    impl<ResBody: ResponseBody> Drop for Unfinished<'_, ResBody> {
+        fn drop(&mut self) {
+            if let Some(work) = self.work.take() {
+                let tail = tail(work, Arc::clone(self.pump));
+                self.config.handlers.detach(tail);
+            }
+        }
+    }
+    let guard = Unfinished {
+        work: &mut work,
+        pump: &pump,
+        config: &config,
+    };
+    let mut head_open = true;
+    let first = poll_fn(|cx| {
+        if head_open {
+            match Pin::new(&mut head_rx).poll(cx) {
+                Poll::Ready(Ok(head)) => return Poll::Ready(First::Head(head)),
+                // A whole response, or none: the work's end says which.
+                Poll::Ready(Err(_)) => head_open = false,
+                Poll::Pending => {}
+            }
+        }
+        match guard.work.as_mut() {
+            Some(work) => work.as_mut().poll(cx).map(First::Done),
+            None => Poll::Pending,
+        }
+    })
+    .await;
+    let running = guard.work.take();
+    drop(guard);
+    let (head, tail) = match first {
+        First::Head(head) => {
+            let running = running.expect("the work runs until it answers");
+            (head, tail(running, pump))
+        }
+        First::Done(result) => match head_rx.try_recv() {
+            // The handler's response began and its work ended in the same poll.
+            Ok(head) => (head, Box::pin(tail_of(result, pump)) as Tail),
+            Err(_) => return answered(result, &captured, &config, shadow).await,
+        },
+    };
+    let (parts, frames) = head;
+    let streaming = Streaming::new(Detached::new(tail, config.handlers.clone()), frames);
+    Response::from_parts(parts, Body::new(streaming))
+}
+
+enum First {
+    Head((ResponseParts, Frames)),
+    Done(Executed),
+}
+
+/// What the client gets when the work ended before any response streamed: the
+/// handler's whole response, a replay, or a problem.
+async fn answered<S, ResBody>(
+    result: Executed,
+    captured: &Captured,
+    config: &Arc<Config>,
+    shadow: Option<(S, http::request::Parts, Bytes, Key)>,
+) -> Response<Body>
+where
+    S: Inner<ResBody>,
+    ResBody: ResponseBody,
+{
+    let first = || lock(captured).take();
+    let Some((inner, head, body, key)) = shadow else {
+        let (answer, response) = answer(result, first, config);
         observe::answer(answer);
-        response
+        return response;
+    };
+    // Shadow mode: the handler's answer, always; what the layer would have said is
+    // counted when it is not the handler's.
+    if let Some(response) = first() {
+        observe::answer(Answer::PassedThrough);
+        return response;
+    }
+    let (would, _) = answer(result, || None, config);
+    observe::shadow(would.name());
+    tracing::info!(would = would.name(), "shadow mode: passing the request on");
+    let mut request = Request::from_parts(head, full(body));
+    let fingerprint = Fingerprint::of_bytes(request.uri().path());
+    request
+        .extensions_mut()
+        .insert(config.idem.detached_context(&key, fingerprint));
+    observe::answer(Answer::PassedThrough);
+    match inner.oneshot(request).await.map_err(Into::into) {
+        Ok(response) => response.map(Body::new),
+        Err(err) => {
+            tracing::warn!(error = %err, "the inner service failed");
+            handler_failed(config)
+        }
     }
 }
 
-/// Runs the handler for the driver and decides what is stored.
-async fn handler_outcome<S, ResBody>(
-    inner: S,
-    mut request: Request<Body>,
-    ctx: idem_core::Context,
-    config: Arc<Config>,
-    captured: Captured,
-) -> Result<Vec<u8>, WorkError<Vec<u8>>>
-where
-    S: Service<Request<Body>, Response = Response<ResBody>>,
-    S::Error: Into<BoxError>,
-    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
-    ResBody::Error: Into<BoxError>,
-{
-    // Handlers reach steps, derived keys and the fencing token through the context.
-    request.extensions_mut().insert(ctx);
-    let (parts, body, disposition) = match inner.oneshot(request).await.map_err(Into::into) {
-        Ok(response) => {
-            let (parts, body) = response.into_parts();
-            match body.collect().await {
-                Ok(collected) => {
-                    let disposition = parts
-                        .extensions
-                        .get::<Disposition>()
-                        .copied()
-                        .unwrap_or_else(|| (config.disposition)(parts.status));
-                    (parts, collected.to_bytes(), disposition)
+/// The rest of the work after the response began: its end, a too-large body's rest,
+/// and the count.
+fn tail<ResBody: ResponseBody>(
+    work: Pin<Box<dyn Future<Output = Executed> + Send>>,
+    pump: Pump<ResBody>,
+) -> Tail {
+    Box::pin(async move {
+        let result = work.await;
+        tail_of(result, pump).await;
+    })
+}
+
+async fn tail_of<ResBody: ResponseBody>(result: Executed, pump: Pump<ResBody>) {
+    let rest = lock(&pump).take();
+    if let Some((body, frames)) = rest {
+        stream_rest(body, frames).await;
+    }
+    observe::answer(streamed_answer(&result));
+}
+
+/// What a request whose response went out as the handler gave it counts as.
+fn streamed_answer(result: &Executed) -> Answer {
+    match result {
+        Ok(Outcome::Completed { .. }) => Answer::Executed,
+        Ok(Outcome::Retryable(_)) => Answer::Released,
+        Ok(Outcome::Unknown(_)) => Answer::Held,
+        Ok(_) => Answer::Error,
+        Err(Error::Store(err)) => {
+            tracing::warn!(error = %err, "a response was sent but could not be stored");
+            Answer::Held
+        }
+        Err(Error::LeaseLost) => {
+            tracing::warn!("a response was sent, but another attempt took its key over");
+            Answer::LeaseLost
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "a response was sent, but its key failed");
+            Answer::Error
+        }
+    }
+}
+
+/// Sends the rest of a body to the client, after its record was finished without it.
+async fn stream_rest<ResBody: ResponseBody>(mut body: Pin<Box<ResBody>>, frames: FrameSender) {
+    loop {
+        match next_frame(&mut body).await {
+            None => return,
+            Some(frame) => {
+                let end = frame.is_err();
+                if frames.send(frame).await.is_err() || end {
+                    // The client is gone, and nothing more is stored: stop reading.
+                    return;
                 }
-                // The body broke off: whatever the handler did may have happened.
-                Err(err) => failed(&err.into()),
             }
         }
-        Err(err) => failed(&err),
+    }
+}
+
+/// The next frame of the handler's body, a panic while producing it an error.
+async fn next_frame<ResBody: ResponseBody>(
+    body: &mut Pin<Box<ResBody>>,
+) -> Option<Result<Frame<Bytes>, BoxError>> {
+    poll_fn(|cx| poll_frame(body, cx)).await
+}
+
+fn poll_frame<ResBody: ResponseBody>(
+    body: &mut Pin<Box<ResBody>>,
+    cx: &mut TaskContext<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll_frame(cx))) {
+        Ok(polled) => polled.map(|frame| frame.map(|frame| frame.map_err(Into::into))),
+        Err(_) => Poll::Ready(Some(Err("the handler's body panicked".into()))),
+    }
+}
+
+/// A response's body as read so far: what the client gets, and what may be stored.
+struct Read {
+    frames: Vec<Frame<Bytes>>,
+    /// Bytes of data read.
+    size: usize,
+    trailers: HeaderMap,
+}
+
+impl Read {
+    fn push(&mut self, frame: Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.size = self.size.saturating_add(data.len());
+        } else if let Some(trailers) = frame.trailers_ref() {
+            self.trailers.extend(trailers.clone());
+        }
+        self.frames.push(frame);
+    }
+
+    fn data(&self) -> Bytes {
+        concat(
+            self.frames
+                .iter()
+                .filter_map(|frame| frame.data_ref().cloned())
+                .collect(),
+        )
+    }
+}
+
+/// Extra bytes a codec may add to a stored value (AES-GCM's nonce and tag, with room).
+const CODEC_SLACK: usize = 64;
+
+/// Runs the handler for the driver: streams its response to the client as it comes and
+/// decides what is stored.
+async fn handler_outcome<S, ResBody>(
+    mut inner: S,
+    mut request: Request<Body>,
+    ctx: Context,
+    config: Arc<Config>,
+    head_tx: oneshot::Sender<(ResponseParts, Frames)>,
+    captured: Captured,
+    pump: Pump<ResBody>,
+) -> Result<Vec<u8>, WorkError<Vec<u8>>>
+where
+    S: Inner<ResBody>,
+    ResBody: ResponseBody,
+{
+    // Handlers reach steps, derived keys and the fencing token through the context.
+    request.extensions_mut().insert(ctx.clone());
+    let mut call = Box::pin(inner.call(request));
+    let called =
+        poll_fn(
+            |cx| match std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
+                Ok(polled) => polled.map(|result| result.map_err(Into::into)),
+                Err(_) => Poll::Ready(Err("the handler panicked".into())),
+            },
+        )
+        .await;
+    drop(call);
+    let response = match called {
+        Ok(response) => response,
+        Err(err) => return failed(&err, &config, &captured),
     };
-    let stored = || {
-        let headers: HeaderMap = parts
+    let (parts, body) = response.into_parts();
+    let mut body = Box::pin(body);
+    let status = parts.status;
+    let disposition = parts
+        .extensions
+        .get::<Disposition>()
+        .copied()
+        .unwrap_or_else(|| (config.disposition)(parts.status));
+    let storing = disposition == Disposition::Store;
+    let headers: HeaderMap = if storing {
+        parts
             .headers
             .iter()
             .filter(|(name, _)| config.stores_header(name))
             .map(|(name, value)| (name.clone(), value.clone()))
-            .collect();
-        if body.len() > config.max_response_body {
-            StoredResponse::without_body(parts.status, headers)
-        } else {
-            StoredResponse::new(parts.status, headers, body.clone())
+            .collect()
+    } else {
+        HeaderMap::new()
+    };
+    let head_size = 20
+        + headers
+            .iter()
+            .map(|(name, value)| 6 + name.as_str().len() + value.len())
+            .sum::<usize>();
+    // Never buffer more than the record can hold: a store's own limit lowers the layer's.
+    let room = config.max_response_body.min(
+        ctx.room_for_response()
+            .saturating_sub(head_size + CODEC_SLACK),
+    );
+    let mut read = Read {
+        frames: Vec::new(),
+        size: 0,
+        trailers: HeaderMap::new(),
+    };
+    // Whatever the body has ready now: most handlers answer a whole body at once, which
+    // is stored before it is sent, as one response.
+    let complete = loop {
+        match poll_fn(|cx| Poll::Ready(poll_frame(&mut body, cx))).await {
+            Poll::Ready(None) => break true,
+            Poll::Ready(Some(Ok(frame))) => {
+                read.push(frame);
+                if read.size > room.max(64 * 1024) {
+                    break false;
+                }
+            }
+            Poll::Ready(Some(Err(err))) => return failed(&err, &config, &captured),
+            Poll::Pending => break false,
         }
-        .encode()
     };
-    let outcome = match disposition {
-        Disposition::Store => Ok(stored()),
-        Disposition::Release => Err(WorkError::Retryable(Vec::new())),
-        Disposition::Hold => Err(WorkError::Unknown(Vec::new())),
+    let outcome = |read: &Read, whole: bool| -> Result<Vec<u8>, WorkError<Vec<u8>>> {
+        match disposition {
+            Disposition::Store => Ok(stored(status, headers.clone(), read, whole, &ctx, room)),
+            Disposition::Release => Err(WorkError::Retryable(Vec::new())),
+            Disposition::Hold => Err(WorkError::Unknown(Vec::new())),
+        }
     };
-    *captured.lock().unwrap_or_else(PoisonError::into_inner) = Some((parts, body));
-    outcome
+    if complete {
+        let result = outcome(&read, true);
+        let data = read.data();
+        let response = Response::from_parts(parts, Body::replayed(data, read.trailers));
+        *lock(&captured) = Some(response);
+        return result;
+    }
+    // A stream: the head goes now, each frame as it comes.
+    let (frames, receiver) = mpsc::channel(FRAMES_IN_FLIGHT);
+    let mut client = Client {
+        frames,
+        gone: false,
+    };
+    if head_tx.send((parts, receiver)).is_err() {
+        client.gone = true;
+    }
+    let mut kept = Read {
+        frames: Vec::new(),
+        size: 0,
+        trailers: HeaderMap::new(),
+    };
+    let mut over = false;
+    for frame in read.frames {
+        over |= keep(&mut kept, &frame, storing, room);
+        client.send(Ok(frame)).await;
+    }
+    loop {
+        if over && storing {
+            // Too large to store: the key is finished now, without the body, and the
+            // rest streams on after it.
+            *lock(&pump) = Some((body, client.frames));
+            return outcome(&kept, false);
+        }
+        match next_frame(&mut body).await {
+            None => break,
+            Some(Ok(frame)) => {
+                over |= keep(&mut kept, &frame, storing, room);
+                client.send(Ok(frame)).await;
+            }
+            Some(Err(err)) => {
+                // The body broke off: whatever the handler did may have happened.
+                tracing::warn!(error = %err, "the handler's response body failed");
+                client.send(Err(err)).await;
+                return Err(WorkError::Unknown(Vec::new()));
+            }
+        }
+    }
+    outcome(&kept, !over)
 }
 
-/// The handler failed (an error from the inner service, or a body that broke off): its
-/// effect may have happened, so the key is held.
-fn failed(err: &BoxError) -> (ResponseParts, Bytes, Disposition) {
+/// The client's side of a streamed response; a client gone still lets the body be read
+/// to its end, for the record.
+struct Client {
+    frames: FrameSender,
+    gone: bool,
+}
+
+impl Client {
+    async fn send(&mut self, frame: Result<Frame<Bytes>, BoxError>) {
+        if !self.gone && self.frames.send(frame).await.is_err() {
+            self.gone = true;
+        }
+    }
+}
+
+/// Keeps a copy of `frame` for the record while it fits; true once it no longer does.
+fn keep(kept: &mut Read, frame: &Frame<Bytes>, storing: bool, room: usize) -> bool {
+    if !storing {
+        return false;
+    }
+    if let Some(data) = frame.data_ref() {
+        if kept.size.saturating_add(data.len()) > room {
+            kept.frames.clear();
+            return true;
+        }
+        kept.push(Frame::data(data.clone()));
+    } else if let Some(trailers) = frame.trailers_ref() {
+        kept.trailers.extend(trailers.clone());
+    }
+    false
+}
+
+/// The stored form of a response: whole when it fits the record, else its status and
+/// headers only.
+fn stored(
+    status: StatusCode,
+    headers: HeaderMap,
+    read: &Read,
+    whole: bool,
+    ctx: &Context,
+    room: usize,
+) -> Vec<u8> {
+    let without_body = || StoredResponse::without_body(status, headers.clone()).encode();
+    if !whole || read.size > room {
+        return without_body();
+    }
+    let trailers = read
+        .trailers
+        .iter()
+        .filter(|(name, _)| !crate::layer::is_hop_by_hop(name))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let bytes = StoredResponse::new(status, headers.clone(), read.data())
+        .with_trailers(trailers)
+        .encode();
+    if bytes.len() + CODEC_SLACK > ctx.room_for_response() {
+        return without_body();
+    }
+    bytes
+}
+
+/// The handler failed (an error from the inner service, a panic, or a body that broke
+/// off before anything was sent): its effect may have happened, so the key is held, and
+/// the client gets 500.
+fn failed(
+    err: &BoxError,
+    config: &Config,
+    captured: &Captured,
+) -> Result<Vec<u8>, WorkError<Vec<u8>>> {
     tracing::warn!(error = %err, "the inner service failed");
-    let (parts, body) = handler_failed_problem().into_bytes_response().into_parts();
-    (parts, body, Disposition::Hold)
-}
-
-fn take(captured: &Captured) -> Option<Response<Body>> {
-    let (parts, body) = captured
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take()?;
-    Some(Response::from_parts(parts, full(body)))
+    *lock(captured) = Some(handler_failed(config));
+    Err(WorkError::Unknown(Vec::new()))
 }

@@ -7,12 +7,16 @@
 //! header count: u16
 //!   name length: u16, name bytes, value length: u32, value bytes    (per header)
 //! body length: u64
-//! body: exactly that many bytes, and nothing after them
+//! body: exactly that many bytes
+//! trailer count: u16, then the trailers as the headers above          (version 3 only)
+//! nothing after them
 //! ```
 //!
 //! The body's length makes a response cut short at rest (a truncated value, a bad copy)
-//! a [`DecodeError`], never a shorter body replayed to a client. Version 1 (no body
-//! length, the body ran to the end) still decodes, for records stored before.
+//! a [`DecodeError`], never a shorter body replayed to a client. A response with trailers
+//! (gRPC's `grpc-status`) is written as version 3; one without as version 2, which
+//! every earlier release reads. Version 1 (no body length, the body ran to the end)
+//! still decodes, for records stored before.
 //!
 //! No JSON arrays of numbers: a 10 KiB body takes 10 KiB plus its headers.
 
@@ -20,6 +24,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 const MAGIC: &[u8; 4] = b"IDH\x02";
+/// Version 2 followed by trailers.
+const MAGIC_V3: &[u8; 4] = b"IDH\x03";
 /// The first version, without a body length.
 const MAGIC_V1: &[u8; 4] = b"IDH\x01";
 const TOO_LARGE: u8 = 1;
@@ -45,6 +51,9 @@ pub struct StoredResponse {
     pub headers: HeaderMap,
     /// The body, byte for byte (empty when `body_too_large`).
     pub body: Bytes,
+    /// The trailers sent after the body (gRPC's status travels here); empty when there
+    /// were none.
+    pub trailers: HeaderMap,
     /// True when the body was over the replay limit: it was sent to the first client and
     /// not stored.
     pub body_too_large: bool,
@@ -90,6 +99,43 @@ impl<'a> Reader<'a> {
         let bytes = self.take(4, what)?;
         Ok(u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }
+
+    /// A count, then that many fields (headers or trailers).
+    fn fields(&mut self) -> Result<HeaderMap, DecodeError> {
+        let count = self.u16("no header count")?;
+        let mut fields = HeaderMap::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let name_len = self.u16("a truncated header")?;
+            let name =
+                HeaderName::from_bytes(self.take(usize::from(name_len), "a truncated header")?)
+                    .map_err(|_| corrupt("an invalid header name"))?;
+            let value_len = self.u32("a truncated header")? as usize;
+            let value = HeaderValue::from_bytes(self.take(value_len, "a truncated header")?)
+                .map_err(|_| corrupt("an invalid header value"))?;
+            fields.append(name, value);
+        }
+        Ok(fields)
+    }
+}
+
+/// A count, then each field; header maps hold far fewer than 65 536 entries of under
+/// 4 GiB each in practice, and the encoding refuses to go wrong if one ever does, by
+/// dropping what does not fit.
+fn write_fields(out: &mut Vec<u8>, map: &HeaderMap) {
+    let fields: Vec<_> = map
+        .iter()
+        .filter(|(name, value)| {
+            name.as_str().len() <= usize::from(u16::MAX) && u32::try_from(value.len()).is_ok()
+        })
+        .take(usize::from(u16::MAX))
+        .collect();
+    out.extend_from_slice(&(fields.len() as u16).to_be_bytes());
+    for (name, value) in fields {
+        out.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        out.extend_from_slice(value.as_bytes());
+    }
 }
 
 impl StoredResponse {
@@ -99,8 +145,28 @@ impl StoredResponse {
             status,
             headers,
             body,
+            trailers: HeaderMap::new(),
             body_too_large: false,
         }
+    }
+
+    /// The same response with these trailers after its body.
+    ///
+    /// ```
+    /// use http::{HeaderMap, HeaderValue, StatusCode};
+    /// use idem_http::StoredResponse;
+    ///
+    /// let mut trailers = HeaderMap::new();
+    /// trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    /// let stored = StoredResponse::new(StatusCode::OK, HeaderMap::new(), bytes::Bytes::new())
+    ///     .with_trailers(trailers);
+    /// assert_eq!(StoredResponse::decode(&stored.encode())?.trailers["grpc-status"], "0");
+    /// # Ok::<(), idem_http::DecodeError>(())
+    /// ```
+    #[must_use]
+    pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = trailers;
+        self
     }
 
     /// A response whose body was too large to store: its status and headers only.
@@ -109,40 +175,30 @@ impl StoredResponse {
             status,
             headers,
             body: Bytes::new(),
+            trailers: HeaderMap::new(),
             body_too_large: true,
         }
     }
 
     /// The bytes to store.
     pub fn encode(&self) -> Vec<u8> {
-        let headers_len: usize = self
-            .headers
-            .iter()
-            .map(|(name, value)| 6 + name.as_str().len() + value.len())
-            .sum();
-        let mut out = Vec::with_capacity(10 + headers_len + self.body.len());
-        out.extend_from_slice(MAGIC);
+        let size = |map: &HeaderMap| -> usize {
+            map.iter()
+                .map(|(name, value)| 6 + name.as_str().len() + value.len())
+                .sum()
+        };
+        let mut out =
+            Vec::with_capacity(12 + size(&self.headers) + self.body.len() + size(&self.trailers));
+        let trailers = !self.trailers.is_empty();
+        out.extend_from_slice(if trailers { MAGIC_V3 } else { MAGIC });
         out.push(if self.body_too_large { TOO_LARGE } else { 0 });
         out.extend_from_slice(&self.status.as_u16().to_be_bytes());
-        // Header maps hold far fewer than 65 536 entries of under 4 GiB each in practice;
-        // the encoding refuses to go wrong if one ever does, by dropping what does not fit.
-        let headers: Vec<_> = self
-            .headers
-            .iter()
-            .filter(|(name, value)| {
-                name.as_str().len() <= usize::from(u16::MAX) && u32::try_from(value.len()).is_ok()
-            })
-            .take(usize::from(u16::MAX))
-            .collect();
-        out.extend_from_slice(&(headers.len() as u16).to_be_bytes());
-        for (name, value) in headers {
-            out.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
-            out.extend_from_slice(value.as_bytes());
-        }
+        write_fields(&mut out, &self.headers);
         out.extend_from_slice(&(self.body.len() as u64).to_be_bytes());
         out.extend_from_slice(&self.body);
+        if trailers {
+            write_fields(&mut out, &self.trailers);
+        }
         out
     }
 
@@ -153,7 +209,8 @@ impl StoredResponse {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut reader = Reader(bytes);
         let magic = reader.take(4, "no header")?;
-        let sized = if magic == MAGIC {
+        let (sized, with_trailers) = (magic == MAGIC || magic == MAGIC_V3, magic == MAGIC_V3);
+        let sized = if sized {
             true
         } else if magic == MAGIC_V1 {
             false
@@ -165,29 +222,29 @@ impl StoredResponse {
         let flags = reader.take(1, "no flags")?[0];
         let status = StatusCode::from_u16(reader.u16("no status")?)
             .map_err(|_| corrupt("an invalid status code"))?;
-        let count = reader.u16("no header count")?;
-        let mut headers = HeaderMap::with_capacity(usize::from(count));
-        for _ in 0..count {
-            let name_len = reader.u16("a truncated header")?;
-            let name =
-                HeaderName::from_bytes(reader.take(usize::from(name_len), "a truncated header")?)
-                    .map_err(|_| corrupt("an invalid header name"))?;
-            let value_len = reader.u32("a truncated header")? as usize;
-            let value = HeaderValue::from_bytes(reader.take(value_len, "a truncated header")?)
-                .map_err(|_| corrupt("an invalid header value"))?;
-            headers.append(name, value);
-        }
-        if sized {
+        let headers = reader.fields()?;
+        let body = if sized {
             let length = reader.take(8, "no body length")?;
             let length = u64::from_be_bytes(length.try_into().unwrap_or([0xff; 8]));
-            if usize::try_from(length).ok() != Some(reader.0.len()) {
-                return Err(corrupt("a body of another length than recorded"));
-            }
+            let length = usize::try_from(length)
+                .map_err(|_| corrupt("a body of another length than recorded"))?;
+            reader.take(length, "a body of another length than recorded")?
+        } else {
+            std::mem::take(&mut reader.0)
+        };
+        let trailers = if with_trailers {
+            reader.fields()?
+        } else {
+            HeaderMap::new()
+        };
+        if !reader.0.is_empty() {
+            return Err(corrupt("bytes after the response"));
         }
         Ok(Self {
             status,
             headers,
-            body: Bytes::copy_from_slice(reader.0),
+            body: Bytes::copy_from_slice(body),
+            trailers,
             body_too_large: flags & TOO_LARGE != 0,
         })
     }
@@ -196,6 +253,25 @@ impl StoredResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trailers_survive_and_a_response_without_them_stays_version_2() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("5"));
+        trailers.insert("grpc-message", HeaderValue::from_static("not found"));
+        let plain = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from_static(b"x"));
+        assert_eq!(&plain.encode()[..4], MAGIC);
+        let with = plain.clone().with_trailers(trailers);
+        let bytes = with.encode();
+        assert_eq!(&bytes[..4], MAGIC_V3);
+        assert_eq!(StoredResponse::decode(&bytes).unwrap(), with);
+        for end in 0..bytes.len() {
+            assert!(StoredResponse::decode(&bytes[..end]).is_err(), "{end}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(StoredResponse::decode(&longer).is_err());
+    }
 
     #[test]
     fn every_byte_and_repeated_headers_survive() {

@@ -74,3 +74,57 @@ async fn shadow_mode_answers_as_the_handler_and_counts_what_it_would_have_done()
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_never_answers_for_the_handler_and_hands_it_a_context() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_secs(30))
+        .key_policy(idem_core::KeyPolicy::min_length(4))
+        .build()
+        .unwrap()
+        .into_dyn();
+    let effects = Effects::default();
+    let strict = idem_http::IdempotencyLayer::new(idem, |parts| {
+        let account = parts.headers.get("x-account").ok_or_else(|| {
+            idem_http::Problem::new(
+                http::StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "Sign in first",
+            )
+        })?;
+        Ok(format!(
+            "{}/{}",
+            account.to_str().unwrap_or("?"),
+            parts.uri.path()
+        ))
+    })
+    .max_request_body(64)
+    .shadow(true);
+    let server = Server::start(app(strict, effects.clone())).await;
+    let url = server.url("/payments");
+    let signed = [("x-account", "a"), ("x-step", "1")];
+    let large = "x".repeat(1000);
+    let answers = [
+        // Over the body limit: 413 when live.
+        post(&client(), &url, Some("key-1"), &large, &signed).await,
+        // The scope function refuses: 401 when live.
+        post(&client(), &url, Some("key-2"), "{}", &[("x-step", "1")]).await,
+        // Malformed and refused keys: 400 when live.
+        post(&client(), &url, Some("two words"), "{}", &signed).await,
+        post(&client(), &url, Some("k"), "{}", &signed).await,
+        // A duplicate and a reuse, whose handler reads the context for its step.
+        post(&client(), &url, Some("key-3"), "{}", &signed).await,
+        post(&client(), &url, Some("key-3"), "{}", &signed).await,
+        post(&client(), &url, Some("key-3"), "{\"other\":1}", &signed).await,
+    ];
+    for answer in &answers {
+        assert_eq!(answer.status, 201, "the handler's own answer: {answer:?}");
+        assert!(!answer.replayed());
+    }
+    assert_eq!(effects.runs(), answers.len());
+    assert_eq!(
+        effects.charges(),
+        answers.len(),
+        "every step ran: nothing is replayed in shadow mode"
+    );
+}

@@ -50,6 +50,8 @@ struct Inner {
     undos: Mutex<Vec<Undo>>,
     /// An earlier owner started compensating: no new step may run.
     compensating: bool,
+    /// Not backed by a claimed record: steps run every time and nothing is written.
+    detached: bool,
 }
 
 impl Context {
@@ -84,6 +86,39 @@ impl Context {
                 completion: Mutex::new(None),
                 undos: Mutex::new(Vec::new()),
                 compensating,
+                detached: false,
+            }),
+        }
+    }
+
+    /// A context backed by no record (see [`Idempotency::detached_context`]).
+    pub(crate) fn detached(
+        store: Arc<dyn Store>,
+        lease: Lease,
+        fingerprint: Fingerprint,
+        limits: Limits,
+        codec: Arc<dyn Codec>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                lease: Mutex::new(lease),
+                lease_deadline: Mutex::new(
+                    tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365),
+                ),
+                fingerprint,
+                resumed: false,
+                steps: Mutex::new(Steps::new()),
+                limits,
+                codec,
+                store_timeout: std::time::Duration::from_secs(1),
+                serde: false,
+                lost: AtomicBool::new(false),
+                lost_notify: Notify::new(),
+                completion: Mutex::new(None),
+                undos: Mutex::new(Vec::new()),
+                compensating: false,
+                detached: true,
             }),
         }
     }
@@ -407,6 +442,9 @@ impl Context {
     /// Runs a fenced write under this lease, retried while the lease lasts, in a task
     /// that survives the caller dropping `execute`.
     pub(crate) async fn durable(&self, write: Write) -> Result<WriteOutcome, StoreError> {
+        if self.inner.detached {
+            return Ok(WriteOutcome::Applied);
+        }
         durable::write(
             Arc::clone(&self.inner.store),
             self.lease(),
@@ -465,9 +503,24 @@ impl Context {
             .sum()
     }
 
-    /// The most bytes the result may take now: the cap, and what the record has left
-    /// beside the checkpoints.
-    pub(crate) fn room_for_response(&self) -> usize {
+    /// The most bytes the result may take now, as stored (after the codec): the driver's
+    /// cap, and what the store's record has left beside the checkpoints. Work that
+    /// streams a large result checks against it before buffering more.
+    ///
+    /// ```
+    /// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let idem = Idempotency::builder(MemoryStore::new()).max_response_bytes(4096).build()?;
+    /// let key = Key::new("reports", "r-1")?;
+    /// let room = idem
+    ///     .execute(&key, Fingerprint::of_bytes("q"), |ctx| async move { done(ctx.room_for_response()) })
+    ///     .await?;
+    /// assert_eq!(room.value(), Some(&4096));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn room_for_response(&self) -> usize {
         self.inner.limits.room(self.steps_size(), 0)
     }
 }

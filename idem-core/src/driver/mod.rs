@@ -191,6 +191,40 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         self.settings.retention
     }
 
+    /// A [`Context`] for work that runs outside any claim: shadow mode's handlers, dry
+    /// runs. Nothing is read from or written to the store:
+    ///
+    /// - [`Context::step`] runs its closure every time and checkpoints nothing.
+    /// - [`Context::token`] is 0 and [`Context::resumed`] is false.
+    /// - [`Context::derive`] answers keys of this context alone (the record's creation
+    ///   time is now), never a claimed record's: downstream calls are not deduplicated.
+    ///
+    /// ```
+    /// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, WorkError};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let key = Key::new("payments", "p-1")?;
+    /// let ctx = idem.detached_context(&key, Fingerprint::of_bytes("req"));
+    /// let charged: u32 = ctx.step("charge", || async { Ok::<_, WorkError<()>>(7) }).await.unwrap();
+    /// assert_eq!((charged, ctx.token()), (7, 0));
+    /// assert_eq!(idem.store().len(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn detached_context(&self, key: &Key, fingerprint: Fingerprint) -> Context {
+        let now = crate::Timestamp::now();
+        let lease =
+            crate::record::Lease::new(key.clone(), 0, crate::record::AttemptId::random(), now, now);
+        Context::detached(
+            Arc::clone(&self.shared),
+            lease,
+            fingerprint,
+            self.limits(),
+            Arc::clone(&self.settings.codec),
+        )
+    }
+
     /// What [`IdempotencyBuilder::build`] found worth a look in the settings (also
     /// logged then).
     pub fn warnings(&self) -> &[SettingsWarning] {

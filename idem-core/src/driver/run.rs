@@ -178,7 +178,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         Some((label.0)(key.scope()))
     }
 
-    fn limits(&self) -> Limits {
+    pub(super) fn limits(&self) -> Limits {
         Limits {
             response_cap: self.settings.max_response_bytes,
             record: self.store.max_record_bytes(),

@@ -1,0 +1,67 @@
+//! The handlers that outlived their request, for a graceful shutdown to wait for.
+
+use std::future::Future;
+
+use tokio_util::task::TaskTracker;
+
+/// The handlers a layer runs after their client went away (a disconnect, a timeout layer
+/// above): each keeps running to store its response for the client's retry. A graceful
+/// shutdown waits for them after the server stopped taking requests, so that none is cut
+/// off between its effect and its record.
+///
+/// Handlers still answering a connected client are the server's to wait for (axum's and
+/// hyper's graceful shutdown wait for open connections); these are the ones no
+/// connection holds.
+///
+/// ```no_run
+/// use axum::{Router, routing::post};
+/// use idem_core::{Idempotency, MemoryStore};
+/// use idem_http::IdempotencyLayer;
+///
+/// # async fn run() -> std::io::Result<()> {
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()));
+/// let handlers = layer.handlers();
+/// let app: Router = Router::new().route("/payments", post(|| async { "charged" })).layer(layer);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+/// axum::serve(listener, app)
+///     .with_graceful_shutdown(async { let _ = tokio::signal::ctrl_c().await; })
+///     .await?;
+/// handlers.wait().await; // every detached handler stored its answer
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct Handlers {
+    tracker: TaskTracker,
+}
+
+impl Handlers {
+    /// Waits until every handler detached so far (and any detached meanwhile) has
+    /// finished.
+    pub async fn wait(&self) {
+        self.tracker.close();
+        self.tracker.wait().await;
+        // Open again: the layer may serve on after a wait (tests, a drained listener).
+        self.tracker.reopen();
+    }
+
+    /// How many detached handlers are running now.
+    pub fn running(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Runs `work` to its end in a task of its own, counted until it ends.
+    pub(crate) fn detach<F>(&self, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(self.tracker.track_future(work));
+            }
+            // No runtime (the last one shut down): nothing can run the rest. The key stays
+            // held until its lease ends, then a retry takes over.
+            Err(_) => tracing::warn!("no runtime to finish a handler whose client went away"),
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! The HTTP layer against the bare handler: the same tiny POST handler behind axum on
 //! 127.0.0.1, once with `idem-http`'s layer over the memory store and once without, driven
-//! by the same HTTP client.
+//! by the same HTTP client. The handler reads the request body whole on both sides, so the
+//! comparison does not charge the layer for a read the bare side skips: behind the layer
+//! it reads the copy the layer hands on after fingerprinting it.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -9,6 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use axum::Router;
+use axum::body::Bytes;
+use axum::http::StatusCode;
 use axum::routing::post;
 use idem_core::{Idempotency, MemoryStore};
 use idem_http::IdempotencyLayer;
@@ -16,9 +20,25 @@ use tokio::net::TcpListener;
 
 use crate::target::{BoxError, Done, RESPONSE, Target};
 
-/// The handler: the work a payment endpoint does is elsewhere; this answers at once.
-async fn checkout() -> ([(&'static str, &'static str); 1], &'static [u8]) {
-    ([("content-type", "application/json")], RESPONSE)
+/// The request body every POST carries.
+const REQUEST: &[u8] = br#"{"amount":500,"currency":"EUR"}"#;
+
+/// The handler: the work a payment endpoint does is elsewhere; this reads the body whole,
+/// as a real one would before acting on it, and answers at once. A body that is not the one
+/// sent fails the run, so the layered side cannot pass on a body it lost.
+async fn checkout(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], &'static [u8]) {
+    if body.as_ref() != REQUEST {
+        return (
+            StatusCode::BAD_REQUEST,
+            [("content-type", "text/plain")],
+            b"not the request body sent",
+        );
+    }
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        RESPONSE,
+    )
 }
 
 /// Serves `app` on 127.0.0.1 for as long as the process runs.
@@ -50,7 +70,7 @@ impl Target for HttpTarget {
             .client
             .post(&self.url)
             .header("content-type", "application/json")
-            .body(r#"{"amount":500,"currency":"EUR"}"#);
+            .body(REQUEST);
         if self.layered {
             request = request.header("idempotency-key", key);
         }

@@ -62,6 +62,7 @@ type ScopeFn = Arc<dyn Fn(&Parts) -> Result<String, Refusal> + Send + Sync>;
 type DispositionFn = Arc<dyn Fn(StatusCode) -> Disposition + Send + Sync>;
 type RequirementFn = Arc<dyn Fn(&Parts) -> Option<KeyRequirement> + Send + Sync>;
 type ReplayFn = Arc<dyn Fn(&mut http::Response<Body>) + Send + Sync>;
+type KeyFn = Arc<dyn Fn(&Parts, &bytes::Bytes) -> Result<Option<String>, Refusal> + Send + Sync>;
 
 /// Everything a service needs, shared by every clone.
 #[derive(Clone)]
@@ -70,6 +71,7 @@ pub(crate) struct Config {
     pub(crate) handlers: Handlers,
     pub(crate) scope: ScopeFn,
     pub(crate) requirement: Option<RequirementFn>,
+    pub(crate) key_with: Option<KeyFn>,
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) problem_base: Arc<str>,
     pub(crate) on_replay: Option<ReplayFn>,
@@ -236,6 +238,7 @@ impl IdempotencyLayer {
                 handlers: Handlers::default(),
                 scope: Arc::new(scope),
                 requirement: None,
+                key_with: None,
                 in_flight_retry_after: DEFAULT_IN_FLIGHT_RETRY_AFTER,
                 problem_base: Arc::from(PROBLEM_TYPE_BASE),
                 on_replay: None,
@@ -346,6 +349,33 @@ impl IdempotencyLayer {
     /// graceful shutdown, after the server stopped taking requests (see [`Handlers`]).
     pub fn handlers(&self) -> Handlers {
         self.config.handlers.clone()
+    }
+
+    /// Takes each request's key from the request itself instead of a header: an event
+    /// id in a JSON body, say. The body is read (within
+    /// [`max_request_body`](IdempotencyLayer::max_request_body)) before the function
+    /// runs; `Ok(None)` means the request has no key (400 where the method requires
+    /// one, passed through where it is optional); `Err` answers with your refusal.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// // A webhook whose sender puts the event id in the body: each event runs once.
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+    ///     .key_with(|_parts, body| {
+    ///         let event: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    ///         Ok(event["id"].as_str().map(str::to_owned))
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn key_with<F>(mut self, key: F) -> Self
+    where
+        F: Fn(&Parts, &bytes::Bytes) -> Result<Option<String>, Refusal> + Send + Sync + 'static,
+    {
+        self.config.key_with = Some(Arc::new(key));
+        self
     }
 
     /// The header to read instead of `Idempotency-Key`.

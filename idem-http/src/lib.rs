@@ -84,6 +84,7 @@
 mod answer;
 mod body;
 mod disposition;
+mod grpc;
 mod handlers;
 mod key_header;
 mod layer;
@@ -96,6 +97,7 @@ mod streaming;
 
 pub use body::Body;
 pub use disposition::{Disposition, default_disposition};
+pub use grpc::grpc_disposition;
 pub use handlers::Handlers;
 pub use key_header::KeyHeaderError;
 pub use layer::{

@@ -179,35 +179,66 @@ where
     let requirement = config.requirement(&parts);
     let mut values = parts.headers.get_all(&config.header).iter();
     let (value, repeated) = (values.next(), values.next().is_some());
+    let body = Body::new(body);
+    let keyed_by_body = config.key_with.is_some();
     if requirement == KeyRequirement::Ignored
-        || (value.is_none() && requirement == KeyRequirement::Optional)
+        || (!keyed_by_body && value.is_none() && requirement == KeyRequirement::Optional)
     {
-        return pass(
-            inner,
-            &config,
-            Request::from_parts(parts, Body::new(body)),
-            None,
-        )
-        .await;
+        return pass(inner, &config, Request::from_parts(parts, body), None).await;
     }
-    let client_key = match (value, repeated) {
-        (None, _) => Err(missing_key(&config)),
-        (Some(value), false) => {
-            key_header::parse(value.as_bytes()).map_err(|err| malformed_key(&config, &err))
+    // Keys taken from the body need it read first; header keys are checked before a byte
+    // of it is read.
+    let (client_key, body) = match &config.key_with {
+        Some(key_with) => {
+            let body = match read_request(&config, body).await {
+                Ok(body) => body,
+                Err(refused) => return refused.answer(inner, &config, parts).await,
+            };
+            match key_with(&parts, &body) {
+                Ok(Some(key)) => (key, Pending::Read(body)),
+                Ok(None) if requirement == KeyRequirement::Optional => {
+                    return pass(inner, &config, Request::from_parts(parts, full(body)), None)
+                        .await;
+                }
+                Ok(None) => {
+                    let (answer, response) = missing_key(&config);
+                    return refuse(inner, &config, answer, response, parts, full(body)).await;
+                }
+                Err(refused) => {
+                    let response = refused.into_response();
+                    return refuse(
+                        inner,
+                        &config,
+                        Answer::MalformedKey,
+                        response,
+                        parts,
+                        full(body),
+                    )
+                    .await;
+                }
+            }
         }
-        (Some(_), true) => Err(malformed_key(&config, &KeyHeaderError::Repeated)),
-    };
-    let client_key = match client_key {
-        Ok(key) => key,
-        Err((answer, response)) => {
-            return refuse(inner, &config, answer, response, parts, Body::new(body)).await;
+        None => {
+            let client_key = match (value, repeated) {
+                (None, _) => Err(missing_key(&config)),
+                (Some(value), false) => {
+                    key_header::parse(value.as_bytes()).map_err(|err| malformed_key(&config, &err))
+                }
+                (Some(_), true) => Err(malformed_key(&config, &KeyHeaderError::Repeated)),
+            };
+            match client_key {
+                Ok(key) => (key, Pending::Unread(body)),
+                Err((answer, response)) => {
+                    return refuse(inner, &config, answer, response, parts, body).await;
+                }
+            }
         }
     };
     let scope = match (config.scope)(&parts) {
         Ok(scope) => scope,
         Err(refused) => {
             let response = refused.into_response();
-            let body = Body::new(body);
+            let body = body.into_body();
             return refuse(inner, &config, Answer::ScopeRefused, response, parts, body).await;
         }
     };
@@ -215,34 +246,17 @@ where
         Ok(key) => key,
         Err(err) => {
             let (answer, response) = invalid_key(&config, &err);
-            return refuse(inner, &config, answer, response, parts, Body::new(body)).await;
+            return refuse(inner, &config, answer, response, parts, body.into_body()).await;
         }
     };
     // Read the whole body before anything is claimed: a body over the limit, or a client
     // gone mid-upload, leaves no trace in the store.
-    let body = match read_body(body, config.max_request_body).await {
-        RequestBody::Whole(body) => body,
-        RequestBody::TooLarge(whole) => {
-            let response = config
-                .problem(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", "Request body too large")
-                .detail(format!(
-                    "An idempotent request's body is read whole to fingerprint it; this one is over {} bytes.",
-                    config.max_request_body
-                ))
-                .into_response();
-            return refuse(inner, &config, Answer::TooLarge, response, parts, whole).await;
-        }
-        RequestBody::Broken => {
-            // Nothing of the body can reach the handler either, shadow mode or not.
-            observe::answer(Answer::BadBody);
-            return config
-                .problem(
-                    StatusCode::BAD_REQUEST,
-                    "unreadable-body",
-                    "The request body could not be read",
-                )
-                .into_response();
-        }
+    let body = match body {
+        Pending::Read(body) => body,
+        Pending::Unread(body) => match read_request(&config, body).await {
+            Ok(body) => body,
+            Err(refused) => return refused.answer(inner, &config, parts).await,
+        },
     };
     let fingerprint = config.fingerprint.fingerprint(&parts, &body);
     protect(inner, config, key, fingerprint, parts, body).await
@@ -275,6 +289,73 @@ where
     }
     observe::answer(answer);
     response
+}
+
+/// A request body, read or not yet.
+enum Pending {
+    Read(Bytes),
+    Unread(Body),
+}
+
+impl Pending {
+    fn into_body(self) -> Body {
+        match self {
+            Pending::Read(bytes) => full(bytes),
+            Pending::Unread(body) => body,
+        }
+    }
+}
+
+/// A request body the layer could not read whole.
+enum Unreadable {
+    /// Over the limit: the body again, whole, for shadow mode to pass on.
+    TooLarge(Body),
+    Broken,
+}
+
+impl Unreadable {
+    async fn answer<S, ResBody>(
+        self,
+        inner: S,
+        config: &Config,
+        parts: http::request::Parts,
+    ) -> Response<Body>
+    where
+        S: Inner<ResBody>,
+        ResBody: ResponseBody,
+    {
+        match self {
+            Unreadable::TooLarge(whole) => {
+                let response = config
+                    .problem(StatusCode::PAYLOAD_TOO_LARGE, "request-too-large", "Request body too large")
+                    .detail(format!(
+                        "An idempotent request's body is read whole to fingerprint it; this one is over {} bytes.",
+                        config.max_request_body
+                    ))
+                    .into_response();
+                refuse(inner, config, Answer::TooLarge, response, parts, whole).await
+            }
+            Unreadable::Broken => {
+                // Nothing of the body can reach the handler either, shadow mode or not.
+                observe::answer(Answer::BadBody);
+                config
+                    .problem(
+                        StatusCode::BAD_REQUEST,
+                        "unreadable-body",
+                        "The request body could not be read",
+                    )
+                    .into_response()
+            }
+        }
+    }
+}
+
+async fn read_request(config: &Config, body: Body) -> Result<Bytes, Unreadable> {
+    match read_body(body, config.max_request_body).await {
+        RequestBody::Whole(body) => Ok(body),
+        RequestBody::TooLarge(whole) => Err(Unreadable::TooLarge(whole)),
+        RequestBody::Broken => Err(Unreadable::Broken),
+    }
 }
 
 /// A context for a request shadow mode passes on without a claim, so that a handler
@@ -697,17 +778,24 @@ where
     let (parts, body) = response.into_parts();
     let mut body = Box::pin(body);
     let status = parts.status;
-    let disposition = parts
-        .extensions
-        .get::<Disposition>()
-        .copied()
-        .unwrap_or_else(|| (config.disposition)(parts.status));
+    let chosen = parts.extensions.get::<Disposition>().copied();
+    // gRPC answers 200 and says how the call went in `grpc-status`: in the headers of a
+    // trailers-only answer, else in the trailers, known when the body ends.
+    let is_grpc = crate::grpc::is_grpc(&parts.headers);
+    let grpc = chosen.is_none() && is_grpc;
+    let disposition = chosen.unwrap_or_else(|| match grpc {
+        true => crate::grpc::disposition(&parts.headers).unwrap_or(Disposition::Store),
+        false => (config.disposition)(parts.status),
+    });
     let storing = disposition == Disposition::Store;
     let headers: HeaderMap = if storing {
         parts
             .headers
             .iter()
-            .filter(|(name, _)| config.stores_header(name))
+            // A trailers-only gRPC answer carries its status in the headers.
+            .filter(|(name, _)| {
+                config.stores_header(name) || (is_grpc && name.as_str().starts_with("grpc-"))
+            })
             .map(|(name, value)| (name.clone(), value.clone()))
             .collect()
     } else {
@@ -744,6 +832,10 @@ where
         }
     };
     let outcome = |read: &Read, whole: bool| -> Result<Vec<u8>, WorkError<Vec<u8>>> {
+        let disposition = match grpc {
+            true => crate::grpc::disposition(&read.trailers).unwrap_or(disposition),
+            false => disposition,
+        };
         match disposition {
             Disposition::Store => Ok(stored(status, headers.clone(), read, whole, &ctx, room)),
             Disposition::Release => Err(WorkError::Retryable(Vec::new())),

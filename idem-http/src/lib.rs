@@ -6,18 +6,30 @@
 //! gets the first response back, not a second charge.
 //!
 //! ```
-//! use axum::{Router, routing::post};
+//! use axum::{Router, extract::Request, middleware::{self, Next}, response::Response, routing::post};
 //! use idem_core::{Idempotency, MemoryStore};
-//! use idem_http::IdempotencyLayer;
+//! use idem_http::{IdempotencyLayer, scope};
+//!
+//! /// The caller your authentication verified.
+//! #[derive(Clone)]
+//! struct AccountId(String);
+//!
+//! async fn authenticate(mut request: Request, next: Next) -> Response {
+//!     if let Some(account) = verify(request.headers()) {
+//!         request.extensions_mut().insert(account);
+//!     }
+//!     next.run(request).await
+//! }
+//! # fn verify(_: &http::HeaderMap) -> Option<AccountId> { Some(AccountId("acct_42".into())) }
 //!
 //! let idem = Idempotency::new(MemoryStore::new()); // any idem store
 //! let app: Router = Router::new()
 //!     .route("/payments", post(|| async { "charged once" }))
-//!     .layer(IdempotencyLayer::new(idem, |parts| {
-//!         // The scope: who is asking, and for what. Keys of two scopes never meet.
-//!         let principal = parts.headers.get("x-account").and_then(|v| v.to_str().ok()).unwrap_or("anonymous");
-//!         Ok(format!("{principal}/{} {}", parts.method, parts.uri.path()))
-//!     }));
+//!     // The scope: who is asking, and for what ("acct_42/POST /payments"). Keys of two
+//!     // scopes never meet; a request without an account is refused with 401.
+//!     .layer(IdempotencyLayer::new(idem, scope::by_principal(|account: &AccountId| account.0.clone())))
+//!     // Authentication runs first: the last `.layer()` is the outermost (see `scope`).
+//!     .layer(middleware::from_fn(authenticate));
 //! # let _ = app;
 //! ```
 //!
@@ -78,10 +90,159 @@
 //!   requests the same; `disposition.rs`: what becomes of a response; `stored.rs`: how a
 //!   response is stored; `problem.rs`: the problem documents; `body.rs`: the body type.
 //! - [`observe`]: the metrics.
+//!
+//! ## Scopes, and where authentication goes
+//!
+//! The scope names whose key it is: build it from the principal your authentication layer
+//! verified, with [`scope::by_principal`] (or [`scope::principal`] in a function of your
+//! own), never from a raw header and never with a fallback such as `"anonymous"` that every
+//! unauthenticated request would share. A principal that is itself a secret (an API key) is
+//! named by its hash, [`scope::hashed`]. The authentication layer goes **outside** the
+//! idempotency layer: with `Router::layer` the last call is the outermost, with tower's
+//! `ServiceBuilder` the first; the [`scope`] module shows both.
+//!
+//! ## axum
+//!
+//! With the `axum` feature (on by default), [`Idempotent`] extracts the driver's
+//! [`Context`](idem_core::Context) (`Option<Idempotent>` where the key is optional),
+//! [`Problem`] and [`Refusal`] are axum responses, and a [`Disposition`] is a response part;
+//! see [`axum`]. Without the feature the crate needs only tower and http, and
+//! handlers read the context from the request's extensions.
+//!
+//! ## Handlers
+//!
+//! A handler reaches the world through steps: `ctx.step(name, run)` runs `run` once across
+//! retries and takeovers, and `ctx.derive(label)` is a key to send as the other system's own
+//! idempotency key, the same for every run of this request, so a step that a crash makes run
+//! twice is answered by that system, not repeated. The driver sees only the handler's
+//! response, never the step's error: what `ctx.step` returns is the handler's to answer, and
+//! the response's [`Disposition`] says what the layer does with it.
+//!
+//! | `ctx.step` returns | answer | [`Disposition`] | why |
+//! |---|---|---|---|
+//! | `Ok(value)` | the success (`201`) | `Store` (the default for 2xx) | the final answer, replayed to every retry |
+//! | [`WorkError::Permanent`](idem_core::WorkError::Permanent) (`run` said so: the card was declined) | a 4xx (`402`, `422`) | `Store` (the default for 4xx) | final: a retry gets the same refusal, nothing runs again |
+//! | [`WorkError::Retryable`](idem_core::WorkError::Retryable) (nothing took effect: the provider refused before acting) | `503` with `Retry-After` | `Release` (the default would hold a 5xx) | the key is released at once and a retry runs the handler again; steps already checkpointed are not run again |
+//! | [`WorkError::Unknown`](idem_core::WorkError::Unknown) (the effect may have happened: a timeout) | `502` or `504` | `Hold` (the default for 5xx) | the key stays held until the lease ends, then a retry takes over and runs the step again with the same `ctx.derive` key, which the provider answers without acting twice; `Release` would let a retry race the effect, `Store` would keep an answer nobody knows is true |
+//! | [`WorkError::Interrupted`](idem_core::WorkError::Interrupted), [`kind()`](idem_core::driver::Interrupted::kind) `LeaseLost` | `503` | `Hold` | another attempt took the key over (this run outlived its lease); that attempt's response is what retries get, and nothing this run answers may replace it |
+//! | `Interrupted`, `Store` | `503` with `Retry-After` | `Hold` | the step ran but its checkpoint could not be written: a takeover after the lease runs it again, under the same derived key |
+//! | `Interrupted`, `Unstorable` | `500` | `Store` | the step ran and its value can never be checkpointed (too large, does not serialise): holding would run it again at every takeover, and fail again; a stored failure ends it, as idem-core stores this as the execution's permanent failure |
+//! | `Interrupted`, `InvalidStepName`, `StepUndecodable`, `Codec`, `WrongEncoding` | `500` | `Hold` (the default) | a deployment's mistake (a step name breaking the rules, a step whose type changed: name it `charge.v2`; a retired codec key): hold, so that a fixed deployment takes over after the lease instead of a failure stored for good |
+//! | `Interrupted`, `Compensating` | `500` | any | an earlier owner failed for good and the driver is undoing the completed steps ([`step_with_undo`](idem_core::Context::step_with_undo)); it finishes that whatever the handler answers |
+//!
+//! Every other variant ([`WorkError`](idem_core::WorkError) and
+//! [`InterruptedKind`](idem_core::driver::InterruptedKind) are non-exhaustive): `500`, `Hold`.
+//! Two things follow from the driver seeing only the response: the undos of
+//! `step_with_undo` do not run on a handler's 4xx (undo in the handler, or answer `Hold` and
+//! let a takeover decide), and [`Context::prepare_completion`](idem_core::Context::prepare_completion)
+//! is not for handlers (the layer stores responses as raw bytes: it answers `WrongEncoding`).
+//!
+//! ```
+//! use axum::response::{IntoResponse, Response};
+//! use http::StatusCode;
+//! use idem_core::{WorkError, driver::InterruptedKind};
+//! use idem_http::{Disposition, Problem};
+//!
+//! /// What a handler answers when its provider call, run as a step, failed.
+//! fn step_failed(err: WorkError<String>) -> Response {
+//!     let (status, slug, disposition) = match &err {
+//!         WorkError::Permanent(_) => (StatusCode::PAYMENT_REQUIRED, "payment-declined", Disposition::Store),
+//!         WorkError::Retryable(_) => (StatusCode::SERVICE_UNAVAILABLE, "provider-unavailable", Disposition::Release),
+//!         WorkError::Unknown(_) => (StatusCode::GATEWAY_TIMEOUT, "provider-timeout", Disposition::Hold),
+//!         WorkError::Interrupted(i) => match i.kind() {
+//!             InterruptedKind::LeaseLost | InterruptedKind::Store => {
+//!                 (StatusCode::SERVICE_UNAVAILABLE, "interrupted", Disposition::Hold)
+//!             }
+//!             InterruptedKind::Unstorable => (StatusCode::INTERNAL_SERVER_ERROR, "unstorable", Disposition::Store),
+//!             _ => (StatusCode::INTERNAL_SERVER_ERROR, "interrupted", Disposition::Hold),
+//!         },
+//!         _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal", Disposition::Hold),
+//!     };
+//!     let problem = Problem::new(status, slug, "The payment did not complete");
+//!     let problem = if status == StatusCode::SERVICE_UNAVAILABLE { problem.retry_after(1) } else { problem };
+//!     (disposition, problem).into_response()
+//! }
+//! # assert_eq!(step_failed(WorkError::Retryable("down".into())).extensions().get(), Some(&Disposition::Release));
+//! ```
+//!
+//! `examples/payments.rs` is a whole service built this way.
+//!
+//! ## Testing a handler
+//!
+//! Put the handler behind the layer on a `idem_core::MemoryStore` whose clock
+//! is a [`ManualClock`](idem_core::ManualClock), call the router with tower's `oneshot`, and
+//! move the clock to end leases. Here the process "crashes" (the handler panics) after its
+//! charge step; the retry within the lease gets 409; once the lease is over the retry takes
+//! over, and the charge step is not run again: its checkpoint answers it.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+//! use std::time::Duration;
+//!
+//! use axum::{Router, body::Body, extract::State, routing::post};
+//! use http::{Request, StatusCode};
+//! use idem_core::{Idempotency, ManualClock, MemoryStore, WorkError};
+//! use idem_http::{Idempotent, IdempotencyLayer, scope};
+//! use tower::ServiceExt;
+//!
+//! #[derive(Clone, Default)]
+//! struct Provider {
+//!     charges: Arc<AtomicUsize>,
+//!     crash_after_charge: Arc<AtomicBool>,
+//! }
+//!
+//! async fn pay(State(provider): State<Provider>, Idempotent(ctx): Idempotent) -> (StatusCode, String) {
+//!     let provider_key = ctx.derive("provider");
+//!     let charge = ctx
+//!         .step("charge", || async {
+//!             provider.charges.fetch_add(1, Ordering::SeqCst); // the provider, called with provider_key
+//!             Ok::<_, WorkError<()>>(format!("ch_{}", &provider_key[..16]))
+//!         })
+//!         .await;
+//!     let Ok(charge) = charge else {
+//!         return (StatusCode::INTERNAL_SERVER_ERROR, String::new());
+//!     };
+//!     if provider.crash_after_charge.swap(false, Ordering::SeqCst) {
+//!         panic!("the process dies after the charge, before answering");
+//!     }
+//!     (StatusCode::CREATED, charge)
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(async {
+//! let clock = ManualClock::new();
+//! let idem = Idempotency::builder(MemoryStore::with_clock(clock.clone()))
+//!     .lease(Duration::from_secs(30))
+//!     .build()?;
+//! let provider = Provider::default();
+//! provider.crash_after_charge.store(true, Ordering::SeqCst);
+//! let app = Router::new()
+//!     .route("/payments", post(pay))
+//!     .layer(IdempotencyLayer::new(idem, |parts| scope::operation("acct_42", parts)))
+//!     .with_state(provider.clone());
+//! let send = || {
+//!     let request = Request::post("/payments").header("idempotency-key", "order-1187").body(Body::empty());
+//!     app.clone().oneshot(request.unwrap())
+//! };
+//!
+//! assert_eq!(send().await?.status(), StatusCode::INTERNAL_SERVER_ERROR); // the crash
+//! assert_eq!(send().await?.status(), StatusCode::CONFLICT); // the key is held for the lease
+//! clock.advance(Duration::from_secs(31));
+//! assert_eq!(send().await?.status(), StatusCode::CREATED); // taken over, resumed
+//! assert_eq!(provider.charges.load(Ordering::SeqCst), 1); // the step ran once
+//! assert_eq!(send().await?.headers()["idempotent-replayed"], "true");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # })?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! `tests/handlers.rs` runs the same scenario, and the scope and extractor cases.
 
 #![warn(missing_docs)]
 
 mod answer;
+#[cfg(feature = "axum")]
+pub mod axum;
 mod body;
 mod disposition;
 mod grpc;
@@ -91,10 +252,13 @@ mod layer;
 pub mod observe;
 mod problem;
 mod request_fingerprint;
+pub mod scope;
 mod service;
 mod stored;
 mod streaming;
 
+#[cfg(feature = "axum")]
+pub use axum::Idempotent;
 pub use body::Body;
 pub use disposition::{Disposition, default_disposition};
 pub use grpc::grpc_disposition;

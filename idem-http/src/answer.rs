@@ -27,7 +27,7 @@ pub(crate) fn answer(
             answer,
             config
                 .problem(StatusCode::INTERNAL_SERVER_ERROR, "internal", title)
-                .into_response(),
+                .into_http_response(),
         )
     };
     match result {
@@ -59,7 +59,7 @@ pub(crate) fn answer(
             config.problem(StatusCode::CONFLICT, "in-flight", "A request with this key is in progress")
                 .detail("The first request with this idempotency key has not finished; retry after the time in Retry-After.")
                 .retry_after(whole_seconds(retry_after.min(config.in_flight_retry_after)))
-                .into_response(),
+                .into_http_response(),
         ),
         Err(Error::Mismatch) => respond(
             Answer::Mismatch,
@@ -72,13 +72,13 @@ pub(crate) fn answer(
                 "A request with this {} had another method, path, query or body. Send a new key for a new request.",
                 config.header
             ))
-            .into_response(),
+            .into_http_response(),
         ),
         Err(Error::KeyRefused(err)) => respond(
             Answer::KeyRefused,
             config.problem(StatusCode::BAD_REQUEST, "key-refused", "This idempotency key is not accepted")
                 .detail(format!("The {} header's key was refused: {err}.", config.header))
-                .into_response(),
+                .into_http_response(),
         ),
         Err(Error::KeyBudgetExhausted { retry_after }) => respond(
             Answer::KeyBudgetExhausted,
@@ -89,14 +89,14 @@ pub(crate) fn answer(
             )
             .detail("This client created more new idempotency keys than it may in a period; nothing was done. Retry after the time in Retry-After, or retry earlier requests with their own keys.")
             .retry_after(whole_seconds(retry_after))
-            .into_response(),
+            .into_http_response(),
         ),
         Err(Error::LeaseLost) => respond(
             Answer::LeaseLost,
             config.problem(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")
                 .detail("Retry to get that attempt's response.")
                 .retry_after(1)
-                .into_response(),
+                .into_http_response(),
         ),
         Err(Error::Unstorable { part: ValuePart::Result | ValuePart::Failure, reason: Unstorable::TooLarge { .. }, replayed: false, .. }) => match first() {
             Some(response) => respond(Answer::Executed, response),
@@ -108,7 +108,7 @@ pub(crate) fn answer(
                 Answer::Replayed,
                 config.problem(StatusCode::INTERNAL_SERVER_ERROR, "response-not-stored", "The response was too large to keep")
                     .detail("The first request with this key was carried out and its response was sent to that request only. Nothing was done again.")
-                    .into_response(),
+                    .into_http_response(),
             )
         }
         // The handler ran, but its response could not be stored: it still goes to this
@@ -126,7 +126,7 @@ pub(crate) fn answer(
                     )
                     .detail("Nothing was done. Retry with the same key after the time in Retry-After.")
                     .retry_after(1)
-                    .into_response(),
+                    .into_http_response(),
                 )
             }
         },
@@ -151,7 +151,7 @@ pub(crate) fn replay(bytes: &[u8], replayed: bool, config: &Config) -> (Answer, 
                         "internal",
                         "The stored response is unreadable",
                     )
-                    .into_response(),
+                    .into_http_response(),
             );
         }
     };
@@ -205,7 +205,7 @@ pub(crate) fn missing_key(config: &Config) -> (Answer, Response<Body>) {
                 "This request must carry the {} header: a unique value per operation, such as a UUID, sent again unchanged on every retry.",
                 config.header
             ))
-            .into_response(),
+            .into_http_response(),
     )
 }
 
@@ -219,7 +219,7 @@ pub(crate) fn malformed_key(config: &Config, err: &KeyHeaderError) -> (Answer, R
                 "Malformed idempotency key",
             )
             .detail(format!("The {} header is malformed: {err}.", config.header))
-            .into_response(),
+            .into_http_response(),
     )
 }
 
@@ -241,7 +241,7 @@ pub(crate) fn invalid_key(config: &Config, err: &KeyError) -> (Answer, Response<
                     "internal",
                     "The request's scope is invalid",
                 )
-                .into_response(),
+                .into_http_response(),
         );
     }
     malformed_key(config, &KeyHeaderError::Key(err.clone()))

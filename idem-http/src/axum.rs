@@ -6,11 +6,9 @@
 //! a key from [`Context::derive`] (so the other system deduplicates the calls a crash
 //! repeats). See the crate docs' "Handlers" section for what to answer when a step fails.
 //!
-//! A handler can return `Result<_, Problem>` and use `?`. Note that
-//! [`Problem::into_response`] is an inherent method answering the layer's own
-//! `Response<idem_http::Body>`, and inherent methods win over trait methods: in a handler
-//! whose return type is axum's `Response`, write `IntoResponse::into_response(problem)`,
-//! or return the `Problem` itself (`Err(problem)`).
+//! A handler can return `Result<_, Problem>` and use `?`, or answer
+//! `problem.into_response()` as any axum response ([`Problem::into_http_response`] gives
+//! the plain `http` response, for tower services).
 //!
 //! ```
 //! use axum::{Json, Router, response::IntoResponse, routing::post};
@@ -29,9 +27,8 @@
 //!     Ok(amount)
 //! }
 //!
-//! // In a handler that answers axum's `Response`, name the trait.
 //! async fn gone() -> axum::response::Response {
-//!     IntoResponse::into_response(Problem::new(StatusCode::GONE, "gone", "This route is retired"))
+//!     Problem::new(StatusCode::GONE, "gone", "This route is retired").into_response()
 //! }
 //!
 //! let app: Router = Router::new().route("/refunds", post(refund)).route("/old", post(gone));
@@ -182,8 +179,7 @@ impl IntoResponse for Problem {
 /// The refusal's response, as an axum response.
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        // The inherent method: the layer's own response type.
-        Refusal::into_response(self).map(AxumBody::new)
+        self.into_http_response().map(AxumBody::new)
     }
 }
 

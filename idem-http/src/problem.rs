@@ -19,7 +19,7 @@ pub const PROBLEM_TYPE_BASE: &str = "tag:idem-http,2026:";
 ///
 /// let response = Problem::new(StatusCode::UNAUTHORIZED, "not-signed-in", "Sign in first")
 ///     .detail("An idempotent request needs a signed-in account.")
-///     .into_response();
+///     .into_http_response();
 /// assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
 /// ```
@@ -67,7 +67,7 @@ impl Problem {
     }
 
     /// The response.
-    pub fn into_response(self) -> Response<Body> {
+    pub fn into_http_response(self) -> Response<Body> {
         self.into_bytes_response().map(full)
     }
 
@@ -116,14 +116,14 @@ pub struct Refusal(Box<Response<Body>>);
 
 impl Refusal {
     /// The response to send.
-    pub fn into_response(self) -> Response<Body> {
+    pub fn into_http_response(self) -> Response<Body> {
         *self.0
     }
 }
 
 impl From<Problem> for Refusal {
     fn from(problem: Problem) -> Self {
-        Self(Box::new(problem.into_response()))
+        Self(Box::new(problem.into_http_response()))
     }
 }
 

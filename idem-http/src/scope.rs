@@ -99,7 +99,7 @@ use crate::{Problem, Refusal};
 ///
 /// let (mut parts, ()) = Request::post("/payments").body(()).unwrap().into_parts();
 /// // No principal: refused, never a shared scope.
-/// let refused = scope::principal::<AccountId>(&parts).unwrap_err().into_response();
+/// let refused = scope::principal::<AccountId>(&parts).unwrap_err().into_http_response();
 /// assert_eq!(refused.status(), 401);
 ///
 /// parts.extensions.insert(AccountId("acct_42".into()));
@@ -149,7 +149,7 @@ fn unauthenticated() -> Refusal {
 ///
 /// let scope = scope::by_principal(|user: &User| user.id);
 /// let (mut parts, ()) = Request::post("/payments").body(()).unwrap().into_parts();
-/// assert_eq!(scope(&parts).unwrap_err().into_response().status(), 401);
+/// assert_eq!(scope(&parts).unwrap_err().into_http_response().status(), 401);
 /// parts.extensions.insert(User { id: 7 });
 /// assert_eq!(scope(&parts).unwrap(), "7/POST /payments");
 /// ```
@@ -184,7 +184,7 @@ where
 ///
 /// let (parts, ()) = Request::post("/payments?dry_run=1").body(()).unwrap().into_parts();
 /// assert_eq!(scope::operation("acct_42", &parts).unwrap(), "acct_42/POST /payments");
-/// assert_eq!(scope::operation("", &parts).unwrap_err().into_response().status(), 401);
+/// assert_eq!(scope::operation("", &parts).unwrap_err().into_http_response().status(), 401);
 /// let long = "a".repeat(300);
 /// assert!(scope::operation(&long, &parts).unwrap().starts_with("sha256:"));
 /// ```

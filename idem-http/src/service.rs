@@ -205,7 +205,7 @@ where
                     return refuse(inner, &config, answer, response, parts, full(body)).await;
                 }
                 Err(refused) => {
-                    let response = refused.into_response();
+                    let response = refused.into_http_response();
                     return refuse(
                         inner,
                         &config,
@@ -237,7 +237,7 @@ where
     let scope = match (config.scope)(&parts) {
         Ok(scope) => scope,
         Err(refused) => {
-            let response = refused.into_response();
+            let response = refused.into_http_response();
             let body = body.into_body();
             return refuse(inner, &config, Answer::ScopeRefused, response, parts, body).await;
         }
@@ -332,7 +332,7 @@ impl Unreadable {
                         "An idempotent request's body is read whole to fingerprint it; this one is over {} bytes.",
                         config.max_request_body
                     ))
-                    .into_response();
+                    .into_http_response();
                 refuse(inner, config, Answer::TooLarge, response, parts, whole).await
             }
             Unreadable::Broken => {
@@ -344,7 +344,7 @@ impl Unreadable {
                         "unreadable-body",
                         "The request body could not be read",
                     )
-                    .into_response()
+                    .into_http_response()
             }
         }
     }
@@ -470,7 +470,7 @@ fn concat(mut chunks: Vec<Bytes>) -> Bytes {
 }
 
 fn handler_failed(config: &Config) -> Response<Body> {
-    handler_failed_problem(config).into_response()
+    handler_failed_problem(config).into_http_response()
 }
 
 fn handler_failed_problem(config: &Config) -> crate::Problem {

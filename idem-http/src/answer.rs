@@ -156,7 +156,7 @@ pub(crate) fn replay(bytes: &[u8], replayed: bool, config: &Config) -> (Answer, 
         }
     };
     let mut response = if stored.body_too_large {
-        not_stored(stored.status, stored.headers)
+        not_stored(stored.status, stored.headers, stored.trailers)
     } else {
         let mut response = Response::new(Body::replayed(stored.body, stored.trailers));
         *response.status_mut() = stored.status;
@@ -178,7 +178,11 @@ pub(crate) fn replay(bytes: &[u8], replayed: bool, config: &Config) -> (Answer, 
 /// A replay of a response whose body was not stored: its status and headers, an empty
 /// body, and a header saying so. The status stays: a payment that succeeded must not look
 /// failed to the client that retries it.
-pub(crate) fn not_stored(status: StatusCode, mut headers: HeaderMap) -> Response<Body> {
+pub(crate) fn not_stored(
+    status: StatusCode,
+    mut headers: HeaderMap,
+    trailers: HeaderMap,
+) -> Response<Body> {
     for name in [
         header::CONTENT_TYPE,
         header::CONTENT_ENCODING,
@@ -187,7 +191,8 @@ pub(crate) fn not_stored(status: StatusCode, mut headers: HeaderMap) -> Response
         headers.remove(&name);
     }
     headers.insert(BODY_NOT_STORED_HEADER, HeaderValue::from_static("true"));
-    let mut response = Response::new(Body::empty());
+    // A gRPC answer keeps its status, which travels in the trailers.
+    let mut response = Response::new(Body::replayed(bytes::Bytes::new(), trailers));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response

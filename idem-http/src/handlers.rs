@@ -4,14 +4,14 @@ use std::future::Future;
 
 use tokio_util::task::TaskTracker;
 
-/// The handlers a layer runs after their client went away (a disconnect, a timeout layer
-/// above): each keeps running to store its response for the client's retry. A graceful
-/// shutdown waits for them after the server stopped taking requests, so that none is cut
-/// off between its effect and its record.
+/// The handlers a layer runs in tasks of their own: those whose client went away (a
+/// disconnect, a timeout layer above), each running on to store its response for the
+/// client's retry, and those streaming a response, writing on while their client reads.
+/// A graceful shutdown waits for them after the server stopped taking requests, so that
+/// none is cut off between its effect and its record.
 ///
-/// Handlers still answering a connected client are the server's to wait for (axum's and
-/// hyper's graceful shutdown wait for open connections); these are the ones no
-/// connection holds.
+/// Handlers still answering a connected client with a whole response are the server's to
+/// wait for (axum's and hyper's graceful shutdown wait for open connections).
 ///
 /// ```no_run
 /// use axum::{Router, routing::post};
@@ -39,13 +39,20 @@ impl Handlers {
     /// Waits until every handler detached so far (and any detached meanwhile) has
     /// finished.
     pub async fn wait(&self) {
+        /// Opens the tracker again however the wait ends (a timeout may cancel it): the
+        /// layer may serve on after a wait.
+        struct Reopen<'a>(&'a TaskTracker);
+        impl Drop for Reopen<'_> {
+            fn drop(&mut self) {
+                self.0.reopen();
+            }
+        }
+        let _reopen = Reopen(&self.tracker);
         self.tracker.close();
         self.tracker.wait().await;
-        // Open again: the layer may serve on after a wait (tests, a drained listener).
-        self.tracker.reopen();
     }
 
-    /// How many detached handlers are running now.
+    /// How many handlers run in tasks of their own now.
     pub fn running(&self) -> usize {
         self.tracker.len()
     }

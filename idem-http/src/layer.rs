@@ -75,7 +75,7 @@ pub(crate) struct Config {
     pub(crate) in_flight_retry_after: Duration,
     pub(crate) problem_base: Arc<str>,
     pub(crate) on_replay: Option<ReplayFn>,
-    pub(crate) protect_unmatched: bool,
+    pub(crate) leave_unmatched: bool,
     pub(crate) methods: Vec<(Method, KeyRequirement)>,
     pub(crate) header: HeaderName,
     pub(crate) fingerprint: FingerprintRule,
@@ -89,12 +89,13 @@ pub(crate) struct Config {
 
 impl Config {
     /// Whether this request needs the header: the per-request function first, then
-    /// axum's fallback (with the `axum` feature), then the method's setting.
-    pub(crate) fn requirement(&self, parts: &Parts) -> KeyRequirement {
+    /// axum's fallback (when asked to leave those alone, and `routed`: the layer wraps
+    /// one of axum's routes), then the method's setting.
+    pub(crate) fn requirement(&self, parts: &Parts, routed: bool) -> KeyRequirement {
         if let Some(requirement) = self.requirement.as_ref().and_then(|f| f(parts)) {
             return requirement;
         }
-        if !self.protect_unmatched && unmatched_route(parts) {
+        if self.leave_unmatched && routed && unmatched_route(parts) {
             return KeyRequirement::Ignored;
         }
         self.methods
@@ -138,7 +139,8 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// Whether axum routed this request to a fallback: its router saw it (`OriginalUri`)
 /// and matched no route (`MatchedPath`). Only a router sets both, so a layer outside any
-/// router never takes a request for a fallback.
+/// router never takes a request for a fallback. A service mounted with `nest_service`
+/// looks the same (axum marks it with a private extension): hence opt-in.
 #[cfg(feature = "axum")]
 fn unmatched_route(parts: &Parts) -> bool {
     parts
@@ -153,6 +155,18 @@ fn unmatched_route(parts: &Parts) -> bool {
 
 #[cfg(not(feature = "axum"))]
 fn unmatched_route(_parts: &Parts) -> bool {
+    false
+}
+
+/// Whether the layer wraps one of axum's own routes (`Router::layer` wraps each route and
+/// each fallback as a `Route`), rather than a service a user wrapped by hand.
+#[cfg(feature = "axum")]
+pub(crate) fn is_axum_route<S: 'static>() -> bool {
+    std::any::TypeId::of::<S>() == std::any::TypeId::of::<axum::routing::Route>()
+}
+
+#[cfg(not(feature = "axum"))]
+pub(crate) fn is_axum_route<S: 'static>() -> bool {
     false
 }
 
@@ -183,7 +197,7 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
 /// | [`scope`](IdempotencyLayer::new) | required: the function you pass to `new` |
 /// | [`methods`](IdempotencyLayer::method) | POST and PATCH require the header; other methods pass through |
 /// | [`header`](IdempotencyLayer::header) | `Idempotency-Key` |
-/// | [`fingerprint`](IdempotencyLayer::ignore_json_fields) | method, path, query and body; JSON bodies canonicalised |
+/// | [`fingerprint`](IdempotencyLayer::ignore_json_fields) | method, path, query pairs in name order, and body: JSON canonicalised (numbers by their exact digits), form pairs in name order |
 /// | [`max_request_body`](IdempotencyLayer::max_request_body) | 1 MiB, then 413 before anything is claimed |
 /// | [`requirement_with`](IdempotencyLayer::requirement_with) | none: the methods decide |
 /// | [`max_response_body`](IdempotencyLayer::max_response_body) | 960 KiB or the store's room, then streamed once and stored without the body |
@@ -191,7 +205,7 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
 /// | [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after) | 1 s at most |
 /// | [`problem_type_base`](IdempotencyLayer::problem_type_base) | [`PROBLEM_TYPE_BASE`] |
 /// | [`on_replay`](IdempotencyLayer::on_replay) | none |
-/// | [`protect_unmatched_routes`](IdempotencyLayer::protect_unmatched_routes) | off: axum's fallbacks pass through |
+/// | [`leave_unmatched_routes`](IdempotencyLayer::leave_unmatched_routes) | off: every request the layer wraps is protected |
 /// | [`stored_headers`](IdempotencyLayer::stored_headers) | [`DEFAULT_STORED_HEADERS`]; never hop-by-hop; `Set-Cookie` only when [enabled](IdempotencyLayer::store_set_cookie) |
 /// | [`shadow`](IdempotencyLayer::shadow) | off |
 ///
@@ -201,20 +215,18 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
 /// ```
 /// use axum::{Router, routing::post};
 /// use idem_core::{Idempotency, MemoryStore};
-/// use idem_http::IdempotencyLayer;
+/// use idem_http::{IdempotencyLayer, scope};
+///
+/// /// What the authentication layer (placed outside this one) put in the extensions.
+/// #[derive(Clone)]
+/// struct AccountId(String);
 ///
 /// let idem = Idempotency::new(MemoryStore::new());
 /// let app: Router = Router::new()
 ///     .route("/payments", post(|| async { "charged" }))
-///     .layer(IdempotencyLayer::new(idem, |parts| {
-///         // One tenant's key never replays another's response: scope by principal.
-///         let account = parts
-///             .headers
-///             .get("x-account")
-///             .and_then(|v| v.to_str().ok())
-///             .unwrap_or("anonymous");
-///         Ok(format!("{account}/{} {}", parts.method, parts.uri.path()))
-///     }));
+///     // One tenant's key never replays another's response: scope by the verified
+///     // principal; a request without one is refused with 401, never shared.
+///     .layer(IdempotencyLayer::new(idem, scope::by_principal(|account: &AccountId| account.0.clone())));
 /// # let _ = app;
 /// ```
 #[derive(Clone)]
@@ -242,7 +254,7 @@ impl IdempotencyLayer {
                 in_flight_retry_after: DEFAULT_IN_FLIGHT_RETRY_AFTER,
                 problem_base: Arc::from(PROBLEM_TYPE_BASE),
                 on_replay: None,
-                protect_unmatched: false,
+                leave_unmatched: false,
                 methods: vec![
                     (Method::POST, KeyRequirement::Required),
                     (Method::PATCH, KeyRequirement::Required),
@@ -334,19 +346,40 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Whether requests that axum routed to a fallback (no route matched: a 404, or your
-    /// own fallback service) are protected too (default false, with the `axum` feature:
-    /// `POST /typo` answers axum's 404, not 400 for a missing key, and stores nothing).
-    /// Set it when a fallback does real work, such as forwarding to another service.
-    /// Without the `axum` feature the layer cannot tell and protects every request.
+    /// Passes requests that axum routed to a fallback (no route matched) through
+    /// untouched, with the `axum` feature (default off: every request the layer wraps is
+    /// protected). `POST /typo` then answers axum's 404, not 400 for a missing key.
+    ///
+    /// Prefer `Router::route_layer`, which wraps the routes and never the fallbacks, and
+    /// so needs no guess. This setting guesses: a request that axum's router saw
+    /// (`OriginalUri`) and matched to no route (no `MatchedPath`), in a layer placed with
+    /// `Router::layer` (its inner service is axum's `Route`). Do not use it on a router
+    /// with `nest_service` (axum marks those routes alike) or with a fallback that does
+    /// real work, such as forwarding to another service: those would go unprotected. A
+    /// 404 is released by the default status policy either way, never stored.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let scope = |parts: &http::request::Parts| Ok(format!("{} {}", parts.method, parts.uri.path()));
+    /// // The better way: the layer wraps the routes only.
+    /// let app: Router = Router::new()
+    ///     .route("/payments", post(|| async { "charged" }))
+    ///     .route_layer(IdempotencyLayer::new(idem, scope));
+    /// # let _ = app;
+    /// ```
     #[must_use]
-    pub fn protect_unmatched_routes(mut self, protect: bool) -> Self {
-        self.config.protect_unmatched = protect;
+    pub fn leave_unmatched_routes(mut self, leave: bool) -> Self {
+        self.config.leave_unmatched = leave;
         self
     }
 
-    /// The handlers this layer runs that outlived their request: wait for them in a
-    /// graceful shutdown, after the server stopped taking requests (see [`Handlers`]).
+    /// The handlers this layer runs in tasks of their own (their client went away, or
+    /// they stream): wait for them in a graceful shutdown, after the server stopped
+    /// taking requests (see [`Handlers`]).
     pub fn handlers(&self) -> Handlers {
         self.config.handlers.clone()
     }
@@ -385,9 +418,10 @@ impl IdempotencyLayer {
         self
     }
 
-    /// JSON fields left out of the fingerprint, so that a retry whose timestamp or trace
-    /// id changed is still the same request: a top-level member by name (`"sent_at"`), or
-    /// any member by JSON Pointer (`"/meta/trace_id"`).
+    /// Fields left out of the fingerprint, so that a retry whose timestamp or trace id
+    /// changed is still the same request: a top-level member of a JSON body or a field of
+    /// a form body by name (`"sent_at"`), or any member of a JSON body by JSON Pointer
+    /// (`"/meta/trace_id"`).
     #[must_use]
     pub fn ignore_json_fields<I, T>(mut self, fields: I) -> Self
     where
@@ -430,7 +464,9 @@ impl IdempotencyLayer {
     ///   stored headers only: a retry gets that status, those headers, an empty body,
     ///   [`BODY_NOT_STORED_HEADER`](crate::BODY_NOT_STORED_HEADER) and
     ///   `Idempotent-Replayed: true`. The work never runs twice, and an endless stream
-    ///   (server-sent events) does not hold the key while it lasts.
+    ///   (server-sent events) does not hold the key while it lasts; nor does one under
+    ///   the limit whose client stopped reading (its key is finished without the body).
+    ///   A gRPC answer waits for its trailers' status (see [`grpc_disposition`](crate::grpc_disposition)).
     #[must_use]
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.config.max_response_body = bytes;
@@ -467,9 +503,12 @@ impl IdempotencyLayer {
     }
 
     /// Shadow mode, for careful rollouts: keys are claimed and responses recorded as
-    /// usual, but every request reaches the handler and the answer is always the
-    /// handler's own. What the layer would have answered instead (a replay, 400, 409,
-    /// 422) is counted in `idem_http_shadow_total{would}` and traced at info level.
+    /// usual, but every request reaches the handler once and the answer is always the
+    /// handler's own. What the layer would have answered instead (a replay, 400, 401 from
+    /// the scope, 409, 413, 422, 429, 503) is counted in `idem_http_shadow_total{would}`
+    /// and traced at info level. A request the layer would have refused or replayed
+    /// reaches the handler with a detached context
+    /// ([`Idempotency::detached_context`]): its steps run, nothing is recorded.
     ///
     /// Switch it on per route by giving the routes under rollout a shadow layer and the
     /// others a normal one; watch the counters; then switch it off by dropping the
@@ -511,15 +550,16 @@ impl fmt::Debug for IdempotencyLayer {
             .field("shadow", &self.config.shadow)
             .field("in_flight_retry_after", &self.config.in_flight_retry_after)
             .field("problem_type_base", &self.config.problem_base)
-            .field("protect_unmatched_routes", &self.config.protect_unmatched)
+            .field("leave_unmatched_routes", &self.config.leave_unmatched)
             .finish_non_exhaustive()
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
+impl<S: 'static> Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, Arc::new(self.config.clone()))
+        let routed = is_axum_route::<S>();
+        IdempotencyService::new(inner, Arc::new(self.config.clone()), routed)
     }
 }

@@ -43,52 +43,104 @@
 //! | same key, same request, first time | the handler runs once; its response goes to the client and is stored |
 //! | same key, same request, again | the stored status, headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | same key, different request | 422, problem+json; never the original request, response or fingerprint |
-//! | same key while the first is still running | 409 with `Retry-After` (whole seconds, rounded up), or a wait under `InFlightPolicy::Wait` |
+//! | same key while the first is still running | 409 with `Retry-After` (the lease's end, at most [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after), 1 s by default), or a wait under `InFlightPolicy::Wait` |
 //! | key refused by the driver's [`KeyPolicy`](idem_core::KeyPolicy) | 400, problem+json naming the rule |
 //! | a new key over the scope's [`KeyBudget`](idem_core::driver::KeyBudget) | 429 with `Retry-After`; keys already stored still replay |
 //! | store unavailable | 503 with `Retry-After`; the handler does not run |
+//! | request body unreadable (the client went away mid-upload) | 400, nothing claimed |
+//! | a route axum did not match | under `route_layer`, never seen: axum's 404; under `Router::layer`, protected, and the 404 released, never stored (or passed on untouched with [`leave_unmatched_routes`](IdempotencyLayer::leave_unmatched_routes)) |
 //!
-//! Problem types are tag URIs under [`PROBLEM_TYPE_BASE`]: `missing-key`,
-//! `malformed-key`, `key-refused`, `too-many-new-keys`, `request-too-large`, `key-reused`,
-//! `in-flight`, `taken-over`,
-//! `store-unavailable`, `response-not-stored`, `handler-failed`, `internal`.
+//! Problem types are tag URIs under [`PROBLEM_TYPE_BASE`] (or a base of your own, a link to
+//! your documentation: [`problem_type_base`](IdempotencyLayer::problem_type_base)):
+//! `missing-key`, `malformed-key`, `key-refused`, `too-many-new-keys`,
+//! `request-too-large`, `unreadable-body`, `key-reused`, `in-flight`, `taken-over`,
+//! `store-unavailable`, `response-not-stored`, `handler-failed`, `internal`, and the
+//! extractor's `not-protected`.
 //!
 //! ## What a response becomes
 //!
 //! A [`Disposition`] per response: stored and replayed, released (nothing happened, a
 //! retry runs the handler again), or held (the effect may have happened: the key stays
 //! held until the lease ends, then a retry takes over). The status policy decides
-//! ([`default_disposition`]: 5xx held, 408/425/429 released, the rest stored); a handler
-//! overrides it by putting a `Disposition` in the response's extensions. The default never
-//! releases a key whose effect may have happened.
+//! ([`default_disposition`]: 5xx held; 4xx released, as nothing was done, but 402 stored;
+//! the rest stored, each status with its reason in the table there); gRPC answers go by
+//! their `grpc-status` ([`grpc_disposition`]); a handler overrides either by putting a
+//! `Disposition` in the response's extensions. The default never releases a key whose
+//! effect may have happened.
+//!
+//! A released key keeps the request's fingerprint: a retry of the same request runs the
+//! handler again, while a corrected request under the same key (another body) is 422.
+//! Send a corrected request with a new key.
 //!
 //! Stored headers are an allowlist ([`DEFAULT_STORED_HEADERS`]); hop-by-hop headers never,
-//! `Set-Cookie` only when enabled. Responses are stored as a compact binary encoding of
-//! status, headers and body ([`StoredResponse`]) through
-//! [`Idempotency::execute_bytes`](idem_core::Idempotency::execute_bytes).
+//! `Set-Cookie` only when enabled; trailers are stored whole but for hop-by-hop names.
+//! Responses are stored as a compact binary encoding of status, headers, body and
+//! trailers ([`StoredResponse`]) through
+//! [`Idempotency::execute_bytes`](idem_core::Idempotency::execute_bytes). A replay can be
+//! adjusted before it is sent ([`on_replay`](IdempotencyLayer::on_replay)).
+//!
+//! ## Streams
+//!
+//! A protected response goes to its client as the handler writes it, frame by frame, at
+//! the client's pace (a few frames buffered, no more): server-sent events arrive as they
+//! are sent, and a large download is never held in memory.
+//!
+//! - A body that ends within [`max_response_body`](IdempotencyLayer::max_response_body)
+//!   (and the store's room) is stored whole, trailers included, when it ends; retries
+//!   replay it byte for byte.
+//! - A body that passes the limit goes on streaming to its client, whole; its key is
+//!   finished at once with the status and stored headers only, so retries get that
+//!   status, an empty body and [`BODY_NOT_STORED_HEADER`] without waiting for the stream
+//!   (an endless stream does not hold its key while it lasts). An error after that point
+//!   reaches the client but not the record. A gRPC answer waits for the `grpc-status` in
+//!   its trailers, and is then stored without its body, trailers kept, or held.
+//! - A client that stops reading (it went away) finishes the key at once, the body not
+//!   kept: a stream that never ends never holds its key.
+//! - A body that breaks off before the record is finished is sent to the client as an
+//!   error (the connection is cut, not ended cleanly), and the key is held.
+//! - Trailers reach the client and the record: a tonic gRPC service keeps its
+//!   `grpc-status`, fresh and replayed.
 //!
 //! ## What it survives
 //!
-//! - **The client goes away.** The handler runs in a task of its own: a disconnect or a
-//!   timeout layer above does not cancel the work halfway; its response is stored and the
-//!   client's retry replays it.
+//! - **The client goes away.** The handler runs inline, in the request's own task, and is
+//!   moved to a task of its own the moment the client goes away (a disconnect, a timeout
+//!   layer above dropping the request), or when its response streams: the work is never
+//!   cancelled halfway; its response is stored and the client's retry replays it. A
+//!   graceful shutdown waits for those handlers with [`Handlers::wait`].
 //! - **Concurrent duplicates.** One runs the handler; the others get 409 (or wait).
 //! - **Crashes.** A process that dies mid-handler leaves the key held until the lease
-//!   ends; then a retry takes over. The handler reaches [`idem_core::Context`] through the
-//!   request's extensions (`axum::Extension<Context>`), for steps that run once across
-//!   takeovers and keys for downstream calls.
+//!   ends; then a retry takes over. The handler reaches [`idem_core::Context`] with the
+//!   [`Idempotent`] extractor (or from the request's extensions), for steps that run once
+//!   across takeovers and keys for downstream calls. A handler that panics answers 500
+//!   and holds its key.
+//! - **A slow inner service.** The layer is ready when the inner service is: its
+//!   backpressure (a concurrency limit, a load shedder) reaches the server.
 //!
-//! Request and response bodies of protected requests are read whole into memory (within
-//! their limits): the layer is for API calls, not file transfers.
+//! A protected request's body is read whole (within
+//! [`max_request_body`](IdempotencyLayer::max_request_body)) to fingerprint it; the
+//! response streams (see above).
+//!
+//! ## Keys from other places
+//!
+//! [`header`](IdempotencyLayer::header) reads another header (`webhook-id` for Standard
+//! Webhooks: `examples/webhooks` verifies the signature outside the layer, before anything
+//! is claimed, and runs each delivery once); [`key_with`](IdempotencyLayer::key_with)
+//! takes the key from the request itself (an event id in the body);
+//! [`requirement_with`](IdempotencyLayer::requirement_with) makes the key required,
+//! optional or exempt per route, in one layer.
 //!
 //! ## Where things live
 //!
 //! - `layer.rs`: [`IdempotencyLayer`] and its settings; `service.rs`: the service it
-//!   builds, one request from its header to its answer; `answer.rs`: the driver's answer
-//!   as a response or a problem.
+//!   builds, one request from its header to its answer; `streaming.rs`: a response
+//!   streamed while its record is finished; `handlers.rs`: the handlers that outlived
+//!   their request; `answer.rs`: the driver's answer as a response or a problem.
 //! - `key_header.rs`: reading `Idempotency-Key`; `request_fingerprint.rs`: what makes two
-//!   requests the same; `disposition.rs`: what becomes of a response; `stored.rs`: how a
-//!   response is stored; `problem.rs`: the problem documents; `body.rs`: the body type.
+//!   requests the same; `disposition.rs` and `grpc.rs`: what becomes of a response;
+//!   `stored.rs`: how a response is stored; `problem.rs`: the problem documents;
+//!   `body.rs`: the body type.
+//! - [`scope`]: scopes from a verified principal; [`axum`]: the extractor and responses.
 //! - [`observe`]: the metrics.
 //!
 //! ## Scopes, and where authentication goes
@@ -121,7 +173,7 @@
 //! | `ctx.step` returns | answer | [`Disposition`] | why |
 //! |---|---|---|---|
 //! | `Ok(value)` | the success (`201`) | `Store` (the default for 2xx) | the final answer, replayed to every retry |
-//! | [`WorkError::Permanent`](idem_core::WorkError::Permanent) (`run` said so: the card was declined) | a 4xx (`402`, `422`) | `Store` (the default for 4xx) | final: a retry gets the same refusal, nothing runs again |
+//! | [`WorkError::Permanent`](idem_core::WorkError::Permanent) (`run` said so: the card was declined) | a 4xx (`402`, `422`) | `Store` (the default for 402; put it in the extensions for another 4xx, which the default releases) | final: a retry gets the same refusal, nothing runs again |
 //! | [`WorkError::Retryable`](idem_core::WorkError::Retryable) (nothing took effect: the provider refused before acting) | `503` with `Retry-After` | `Release` (the default would hold a 5xx) | the key is released at once and a retry runs the handler again; steps already checkpointed are not run again |
 //! | [`WorkError::Unknown`](idem_core::WorkError::Unknown) (the effect may have happened: a timeout) | `502` or `504` | `Hold` (the default for 5xx) | the key stays held until the lease ends, then a retry takes over and runs the step again with the same `ctx.derive` key, which the provider answers without acting twice; `Release` would let a retry race the effect, `Store` would keep an answer nobody knows is true |
 //! | [`WorkError::Interrupted`](idem_core::WorkError::Interrupted), [`kind()`](idem_core::driver::Interrupted::kind) `LeaseLost` | `503` | `Hold` | another attempt took the key over (this run outlived its lease); that attempt's response is what retries get, and nothing this run answers may replace it |

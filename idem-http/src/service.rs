@@ -24,7 +24,7 @@ use crate::layer::{Config, KeyRequirement};
 use crate::observe::{self, Answer};
 use crate::problem::full;
 use crate::stored::StoredResponse;
-use crate::streaming::{Detached, FRAMES_IN_FLIGHT, FrameSender, Frames, Streaming, Tail};
+use crate::streaming::{FRAMES_IN_FLIGHT, FrameSender, Frames, Streaming, Tail};
 
 /// The header a replayed response carries, with the value `true`.
 ///
@@ -70,14 +70,17 @@ pub struct IdempotencyService<S> {
     config: Arc<Config>,
     /// The inner service failed its readiness: the next request is answered 500.
     broken: Option<Arc<BoxError>>,
+    /// The inner service is one of axum's routes (see `leave_unmatched_routes`).
+    routed: bool,
 }
 
 impl<S> IdempotencyService<S> {
-    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+    pub(crate) fn new(inner: S, config: Arc<Config>, routed: bool) -> Self {
         Self {
             inner,
             config,
             broken: None,
+            routed,
         }
     }
 }
@@ -131,7 +134,8 @@ where
         // The clone that was driven ready is the one to call (tower's convention).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(async move { Ok(handle(inner, config, request).await) })
+        let routed = self.routed;
+        Box::pin(async move { Ok(handle(inner, config, routed, request).await) })
     }
 }
 
@@ -168,7 +172,12 @@ impl<T> ResponseBody for T where
 {
 }
 
-async fn handle<S, B, ResBody>(inner: S, config: Arc<Config>, request: Request<B>) -> Response<Body>
+async fn handle<S, B, ResBody>(
+    inner: S,
+    config: Arc<Config>,
+    routed: bool,
+    request: Request<B>,
+) -> Response<Body>
 where
     S: Inner<ResBody>,
     B: http_body::Body<Data = Bytes> + Send + 'static,
@@ -176,7 +185,7 @@ where
     ResBody: ResponseBody,
 {
     let (parts, body) = request.into_parts();
-    let requirement = config.requirement(&parts);
+    let requirement = config.requirement(&parts, routed);
     let mut values = parts.headers.get_all(&config.header).iter();
     let (value, repeated) = (values.next(), values.next().is_some());
     let body = Body::new(body);
@@ -546,6 +555,10 @@ where
     }
     impl<ResBody: ResponseBody> Drop for Unfinished<'_, ResBody> {
         fn drop(&mut self) {
+            // A future that panicked cannot go on; its key is held until the lease ends.
+            if std::thread::panicking() {
+                return;
+            }
             if let Some(work) = self.work.take() {
                 let tail = tail(work, Arc::clone(self.pump));
                 self.config.handlers.detach(tail);
@@ -587,8 +600,10 @@ where
         },
     };
     let (parts, frames) = head;
-    let streaming = Streaming::new(Detached::new(tail, config.handlers.clone()), frames);
-    Response::from_parts(parts, Body::new(streaming))
+    // The rest runs in a task of its own: the server polls a body only as fast as it can
+    // send it, and the work's heartbeat must not wait for a slow client.
+    config.handlers.detach(tail);
+    Response::from_parts(parts, Body::new(Streaming::new(frames)))
 }
 
 enum First {
@@ -741,9 +756,6 @@ impl Read {
     }
 }
 
-/// Extra bytes a codec may add to a stored value (AES-GCM's nonce and tag, with room).
-const CODEC_SLACK: usize = 64;
-
 /// Runs the handler for the driver: streams its response to the client as it comes and
 /// decides what is stored.
 async fn handler_outcome<S, ResBody>(
@@ -761,7 +773,11 @@ where
 {
     // Handlers reach steps, derived keys and the fencing token through the context.
     request.extensions_mut().insert(ctx.clone());
-    let mut call = Box::pin(inner.call(request));
+    // A panic in the handler, its future or its body is the handler failing: 500, held.
+    let Ok(mut call) = std::panic::catch_unwind(AssertUnwindSafe(|| Box::pin(inner.call(request))))
+    else {
+        return failed(&"the handler panicked".into(), &config, &captured);
+    };
     let called =
         poll_fn(
             |cx| match std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
@@ -785,7 +801,8 @@ where
     let grpc = chosen.is_none() && is_grpc;
     let disposition = chosen.unwrap_or_else(|| match grpc {
         true => crate::grpc::disposition(&parts.headers).unwrap_or(Disposition::Store),
-        false => (config.disposition)(parts.status),
+        false => std::panic::catch_unwind(AssertUnwindSafe(|| (config.disposition)(status)))
+            .unwrap_or(Disposition::Hold),
     });
     let storing = disposition == Disposition::Store;
     let headers: HeaderMap = if storing {
@@ -807,10 +824,9 @@ where
             .map(|(name, value)| 6 + name.as_str().len() + value.len())
             .sum::<usize>();
     // Never buffer more than the record can hold: a store's own limit lowers the layer's.
-    let room = config.max_response_body.min(
-        ctx.room_for_response()
-            .saturating_sub(head_size + CODEC_SLACK),
-    );
+    let room = config
+        .max_response_body
+        .min(ctx.room_for_plain_response().saturating_sub(head_size));
     let mut read = Read {
         frames: Vec::new(),
         size: 0,
@@ -869,9 +885,18 @@ where
         client.send(Ok(frame)).await;
     }
     loop {
-        if over && storing {
+        if client.gone {
+            // Nobody reads any more, and a stream may never end: the key is finished now
+            // (a gRPC answer, whose status is still to come, is held).
+            return match grpc {
+                true => Err(WorkError::Unknown(Vec::new())),
+                false => outcome(&kept, false),
+            };
+        }
+        if over && storing && !grpc {
             // Too large to store: the key is finished now, without the body, and the
-            // rest streams on after it.
+            // rest streams on after it. (A gRPC answer waits for the status in its
+            // trailers, and is stored without its body then.)
             *lock(&pump) = Some((body, client.frames));
             return outcome(&kept, false);
         }
@@ -934,20 +959,24 @@ fn stored(
     ctx: &Context,
     room: usize,
 ) -> Vec<u8> {
-    let without_body = || StoredResponse::without_body(status, headers.clone()).encode();
-    if !whole || read.size > room {
-        return without_body();
-    }
-    let trailers = read
+    let trailers: HeaderMap = read
         .trailers
         .iter()
         .filter(|(name, _)| !crate::layer::is_hop_by_hop(name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
+    let without_body = || {
+        StoredResponse::without_body(status, headers.clone())
+            .with_trailers(trailers.clone())
+            .encode()
+    };
+    if !whole || read.size > room {
+        return without_body();
+    }
     let bytes = StoredResponse::new(status, headers.clone(), read.data())
-        .with_trailers(trailers)
+        .with_trailers(trailers.clone())
         .encode();
-    if bytes.len() + CODEC_SLACK > ctx.room_for_response() {
+    if bytes.len() > ctx.room_for_plain_response() {
         return without_body();
     }
     bytes

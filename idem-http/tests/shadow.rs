@@ -128,3 +128,31 @@ async fn shadow_mode_never_answers_for_the_handler_and_hands_it_a_context() {
         "every step ran: nothing is replayed in shadow mode"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_never_gives_two_requests_one_downstream_key() {
+    use axum::{Extension, Router, routing::post as route_post};
+    let idem = Idempotency::new(MemoryStore::new()).into_dyn();
+    let app = Router::new()
+        .route(
+            "/payments",
+            route_post(|Extension(ctx): Extension<idem_core::Context>| async move {
+                ctx.derive("charge")
+            }),
+        )
+        .layer(common::layer(idem).shadow(true));
+    let server = Server::start(app).await;
+    let url = server.url("/payments");
+    let mut keys = std::collections::HashSet::new();
+    for i in 0..40 {
+        // Keyless (the clients do not send keys yet) and with different bodies.
+        let answer = post(&client(), &url, None, &format!("{{\"amount\":{i}}}"), &[]).await;
+        assert_eq!(answer.status, 200);
+        keys.insert(answer.body.clone());
+    }
+    assert_eq!(
+        keys.len(),
+        40,
+        "every payment has a downstream key of its own"
+    );
+}

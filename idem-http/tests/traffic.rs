@@ -137,6 +137,13 @@ async fn the_409_hints_a_short_wait_not_the_whole_lease() {
             .await
         })
     };
+    // Poll only once the slow request runs, so that a poll never claims the key first.
+    for _ in 0..500 {
+        if effects.runs() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     let mut conflict = None;
     for _ in 0..200 {
         let answer = post(&client(), &url, Some("k-slow"), "{}", &[]).await;
@@ -154,9 +161,10 @@ async fn the_409_hints_a_short_wait_not_the_whole_lease() {
     );
     assert_eq!(slow.await.unwrap().status, 201);
 
+    let effects = Effects::default();
     let longer = Server::start(app(
         layer(idem(Duration::from_secs(60))).in_flight_retry_after(Duration::from_secs(5)),
-        Effects::default(),
+        effects.clone(),
     ))
     .await;
     let url = longer.url("/payments");
@@ -173,6 +181,12 @@ async fn the_409_hints_a_short_wait_not_the_whole_lease() {
             .await
         })
     };
+    for _ in 0..500 {
+        if effects.runs() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     for _ in 0..200 {
         let answer = post(&client(), &url, Some("k-slow"), "{}", &[]).await;
         if answer.status == 409 {
@@ -218,44 +232,91 @@ async fn download_headers_and_request_ids_are_replayed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn axum_fallbacks_are_left_alone() {
+async fn axum_fallbacks_are_left_alone_where_the_layer_can_tell() {
+    // `route_layer` wraps the routes only: a typo is axum's 404, nothing claimed.
     let idem = Idempotency::new(MemoryStore::new());
     let store = idem.store().clone();
     let effects = Effects::default();
-    let server = Server::start(app(layer(idem.into_dyn()), effects.clone())).await;
+    let routes = Router::new()
+        .route(
+            "/payments",
+            route_post(|| async { (StatusCode::CREATED, "charged") }),
+        )
+        .route_layer(layer(idem.into_dyn()));
+    let server = Server::start(routes).await;
+    let typo = server.url("/paymnets");
+    assert_eq!(post(&client(), &typo, None, "{}", &[]).await.status, 404);
+    assert_eq!(
+        post(&client(), &typo, Some("k-typo"), "{}", &[])
+            .await
+            .status,
+        404
+    );
+    assert_eq!(store.len(), 0);
+    let _ = effects;
+
+    // `Router::layer` wraps the fallback too: protected by default (a 404 is released,
+    // never kept), left alone when asked.
+    let idem = Idempotency::new(MemoryStore::new());
+    let store = idem.store().clone();
+    let server = Server::start(app(layer(idem.into_dyn()), Effects::default())).await;
+    let typo = server.url("/paymnets");
+    assert_eq!(post(&client(), &typo, None, "{}", &[]).await.status, 400);
+    let keyed = post(&client(), &typo, Some("k-typo"), "{}", &[]).await;
+    let again = post(&client(), &typo, Some("k-typo"), "{}", &[]).await;
+    assert_eq!((keyed.status, again.status), (404, 404));
+    assert!(!again.replayed(), "a 404 is never kept");
+    let _ = store;
+
+    let idem = Idempotency::new(MemoryStore::new());
+    let store = idem.store().clone();
+    let effects = Effects::default();
+    let server = Server::start(app(
+        layer(idem.into_dyn()).leave_unmatched_routes(true),
+        effects.clone(),
+    ))
+    .await;
     let typo = server.url("/paymnets");
     let keyless = post(&client(), &typo, None, "{}", &[]).await;
     assert_eq!(
         keyless.status, 404,
         "not 400 for a missing key: {keyless:?}"
     );
-    let keyed = post(&client(), &typo, Some("k-typo"), "{}", &[]).await;
-    assert_eq!(keyed.status, 404);
-    assert!(!keyed.replayed());
+    assert_eq!(
+        post(&client(), &typo, Some("k-typo"), "{}", &[])
+            .await
+            .status,
+        404
+    );
     assert_eq!(
         store.len(),
         0,
-        "no 404 is kept for a route that does not exist"
+        "nothing claimed for a route that does not exist"
     );
     // Routes are still protected.
     let missing = post(&client(), &server.url("/payments"), None, "{}", &[]).await;
     assert_eq!(missing.status, 400);
 
-    // A fallback that does real work asks to be protected.
+    // A service the user wrapped by hand is never taken for a fallback, even mounted as
+    // one: it is protected.
     let idem = Idempotency::new(MemoryStore::new());
     let store = idem.store().clone();
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&runs);
-    let forwarding = Router::new()
-        .fallback(move || {
-            let counted = Arc::clone(&counted);
-            async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                (StatusCode::CREATED, "forwarded")
-            }
-        })
-        .layer(layer(idem.into_dyn()).protect_unmatched_routes(true));
-    let server = Server::start(forwarding).await;
+    let forwarder = tower::service_fn(move |_request: Request<axum::body::Body>| {
+        let counted = Arc::clone(&counted);
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut response = Response::new(Body::from(bytes::Bytes::from_static(b"forwarded")));
+            *response.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let wrapped = layer(idem.into_dyn()).leave_unmatched_routes(true).layer(
+        tower::util::MapRequestLayer::new(|r: Request<Body>| r.map(axum::body::Body::new))
+            .layer(forwarder),
+    );
+    let server = Server::start(Router::new().fallback_service(wrapped)).await;
     let url = server.url("/anything");
     assert_eq!(post(&client(), &url, None, "{}", &[]).await.status, 400);
     post(&client(), &url, Some("k-f"), "{}", &[]).await;
@@ -420,4 +481,300 @@ async fn per_route_requirements_problem_links_and_replay_hooks() {
     let again = post(&client(), &url, Some("k-hook"), "{}", &[]).await;
     assert_eq!(again.header("cache-status"), Some("idem; hit"));
     assert_eq!(effects.runs(), 2);
+}
+
+/// A body that is not ready when first polled (so the layer streams it), then gives its
+/// frames at once.
+struct Staggered {
+    woke: bool,
+    frames: std::collections::VecDeque<http_body::Frame<bytes::Bytes>>,
+}
+
+impl Staggered {
+    fn new(frames: Vec<http_body::Frame<bytes::Bytes>>) -> Self {
+        Self {
+            woke: false,
+            frames: frames.into(),
+        }
+    }
+}
+
+impl http_body::Body for Staggered {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        if !self.woke {
+            self.woke = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+}
+
+fn chunk(byte: u8, len: usize) -> http_body::Frame<bytes::Bytes> {
+    http_body::Frame::data(bytes::Bytes::from(vec![byte; len]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_as_soon_as_it_starts_reaches_the_client_and_is_kept() {
+    // The head goes out and the work ends in the same poll: the frames already sent
+    // still reach the client, and the record keeps them.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/reports",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    let body =
+                        Staggered::new(vec![chunk(b'a', 10), chunk(b'b', 10), chunk(b'c', 10)]);
+                    Response::new(axum::body::Body::new(body))
+                }
+            }),
+        )
+        .layer(layer(idem(Duration::from_secs(30))));
+    let server = Server::start(app).await;
+    let url = server.url("/reports");
+    let first = post(&client(), &url, Some("k-s"), "{}", &[]).await;
+    let expected: Vec<u8> = [b'a', b'b', b'c']
+        .iter()
+        .flat_map(|b| vec![*b; 10])
+        .collect();
+    assert_eq!((first.status, first.body.to_vec()), (200, expected.clone()));
+    let again = post(&client(), &url, Some("k-s"), "{}", &[]).await;
+    assert!(again.replayed());
+    assert_eq!(again.body.to_vec(), expected);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+fn grpc_stream(status: &'static str) -> Response<axum::body::Body> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static(status));
+    let body = Staggered::new(vec![
+        chunk(b'x', 1000),
+        chunk(b'y', 1000),
+        chunk(b'z', 1000),
+        http_body::Frame::trailers(trailers),
+    ]);
+    let mut response = Response::new(axum::body::Body::new(body));
+    response
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_grpc_stream_is_kept_or_held_by_the_status_in_its_trailers() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/svc/Call",
+            route_post(move |headers: http::HeaderMap| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let status = if headers.contains_key("x-fail") {
+                    "14"
+                } else {
+                    "0"
+                };
+                async move { grpc_stream(status) }
+            }),
+        )
+        .layer(layer(idem(Duration::from_secs(30))).max_response_body(1500));
+    let server = Server::start(app).await;
+    let url = server.url("/svc/Call");
+    // UNAVAILABLE after 3000 bytes: the call may have had its effect, the key is held.
+    let failed = post(&client(), &url, Some("k-fail"), "{}", &[("x-fail", "1")]).await;
+    assert_eq!(failed.body.len(), 3000, "the first client gets it whole");
+    let retry = post(&client(), &url, Some("k-fail"), "{}", &[("x-fail", "1")]).await;
+    assert_eq!(retry.status, 409, "held, not kept as done: {retry:?}");
+    // OK after 3000 bytes: kept without the body.
+    let ok = post(&client(), &url, Some("k-ok"), "{}", &[]).await;
+    assert_eq!(ok.body.len(), 3000);
+    let replay = post(&client(), &url, Some("k-ok"), "{}", &[]).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header(BODY_NOT_STORED_HEADER), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_stream_whose_client_left_finishes_its_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_millis(500))
+        .build()
+        .unwrap()
+        .into_dyn();
+    let layer = layer(idem);
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/events",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    let ticks = futures_util::stream::unfold(0u64, |n| async move {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        Some((
+                            Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from(
+                                format!("data: {n}\n\n"),
+                            ))),
+                            n + 1,
+                        ))
+                    });
+                    let mut response = Response::new(axum::body::Body::new(
+                        http_body_util::StreamBody::new(ticks),
+                    ));
+                    response.headers_mut().insert(
+                        "content-type",
+                        HeaderValue::from_static("text/event-stream"),
+                    );
+                    response
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/events");
+    let mut first = client()
+        .post(&url)
+        .header("idempotency-key", "k-endless")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), first.chunk())
+        .await
+        .expect("an event comes")
+        .unwrap();
+    assert!(event.is_some());
+    drop(first);
+    // Well under the limit, and never ending: once nobody reads, the key is finished.
+    let mut finished = None;
+    for _ in 0..200 {
+        let answer = post(&client(), &url, Some("k-endless"), "{}", &[]).await;
+        if answer.status != 409 {
+            finished = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let finished = finished.expect("the key is finished after the client left");
+    assert_eq!(finished.status, 200);
+    assert!(finished.replayed());
+    assert_eq!(finished.header(BODY_NOT_STORED_HEADER), Some("true"));
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("no handler runs on for ever");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A codec that wraps every value in a 200-byte envelope.
+#[derive(Debug)]
+struct Envelope;
+
+impl idem_core::Codec for Envelope {
+    fn encode(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, idem_core::codec::CodecError> {
+        let mut out = vec![b'#'; 200];
+        out.extend_from_slice(&plain);
+        Ok(out)
+    }
+
+    fn decode<'a>(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, idem_core::codec::CodecError> {
+        Ok(std::borrow::Cow::Borrowed(
+            stored.get(200..).unwrap_or_default(),
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_that_adds_much_still_replays_a_success_as_a_success() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_response_bytes(4000)
+        .codec(Envelope)
+        .build()
+        .unwrap()
+        .into_dyn();
+    let effects = Effects::default();
+    let server = Server::start(app(layer(idem), effects.clone())).await;
+    let url = server.url("/payments");
+    let first = post(
+        &client(),
+        &url,
+        Some("k-env"),
+        "{}",
+        &[("x-response-bytes", "3800")],
+    )
+    .await;
+    assert_eq!((first.status, first.body.len()), (201, 3800));
+    let retry = post(&client(), &url, Some("k-env"), "{}", &[]).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(retry.header(BODY_NOT_STORED_HEADER), Some("true"));
+    let small = post(
+        &client(),
+        &url,
+        Some("k-small"),
+        "{}",
+        &[("x-response-bytes", "100")],
+    )
+    .await;
+    let again = post(&client(), &url, Some("k-small"), "{}", &[]).await;
+    assert_eq!(
+        again.body, small.body,
+        "under the room, kept whole through the codec"
+    );
+    assert_eq!(effects.runs(), 2);
+}
+
+/// A service whose `call` itself panics, before any future exists.
+#[derive(Clone)]
+struct PanicsInCall;
+
+impl Service<Request<Body>> for PanicsInCall {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut TaskContext<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _request: Request<Body>) -> Self::Future {
+        panic!("the handler broke in call");
+    }
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_in_call_answers_500_and_holds_the_key() {
+    use tower::ServiceExt;
+    let layer = IdempotencyLayer::new(idem(Duration::from_secs(30)), |parts| {
+        Ok(parts.uri.path().to_owned())
+    });
+    let service = layer.layer(PanicsInCall);
+    let request = || {
+        Request::post("/jobs")
+            .header("idempotency-key", "j-panic")
+            .body(Body::empty())
+            .unwrap()
+    };
+    let broke = service.clone().oneshot(request()).await.unwrap();
+    assert_eq!(broke.status(), 500);
+    let retry = service.oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), 409, "held: the effect may have happened");
 }

@@ -185,6 +185,17 @@ impl Context {
     /// ```
     pub fn derive(&self, label: &str) -> String {
         let lease = self.lease();
+        if self.inner.detached {
+            // No record ties two runs together: each detached context derives keys of
+            // its own, so two requests never share a downstream key.
+            let label = format!("{label}\u{0}{:?}", lease.attempt.as_bytes());
+            return crate::key::derive_key(
+                &lease.key,
+                &self.inner.fingerprint,
+                lease.created_at,
+                &label,
+            );
+        }
         crate::key::derive_key(&lease.key, &self.inner.fingerprint, lease.created_at, label)
     }
 
@@ -516,12 +527,36 @@ impl Context {
     /// let room = idem
     ///     .execute(&key, Fingerprint::of_bytes("q"), |ctx| async move { done(ctx.room_for_response()) })
     ///     .await?;
-    /// assert_eq!(room.value(), Some(&4096));
+    /// assert_eq!(room.value(), Some(4096));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();
     /// ```
     pub fn room_for_response(&self) -> usize {
         self.inner.limits.room(self.steps_size(), 0)
+    }
+
+    /// [`Context::room_for_response`] less what the codec adds to a value (AES-GCM's
+    /// nonce and tag; nothing for the plain codec): the most plain bytes a result may
+    /// take now, for a codec whose overhead does not grow with the value.
+    ///
+    /// ```
+    /// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let idem = Idempotency::builder(MemoryStore::new()).max_response_bytes(4096).build()?;
+    /// let key = Key::new("reports", "r-1")?;
+    /// let room = idem
+    ///     .execute(&key, Fingerprint::of_bytes("q"), |ctx| async move { done(ctx.room_for_plain_response()) })
+    ///     .await?;
+    /// assert_eq!(room.value(), Some(4096)); // the plain codec adds nothing
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn room_for_plain_response(&self) -> usize {
+        let overhead = self
+            .encode(ValuePart::Result, Vec::new())
+            .map_or(0, |empty| empty.len());
+        self.room_for_response().saturating_sub(overhead)
     }
 }
 

@@ -2,10 +2,14 @@
 //!
 //! Once the work returned, its effect happened: the result (or failure, or checkpoint)
 //! must reach the store even if the caller drops `execute` (a client timeout, an axum
-//! handler whose client disconnected). Each such write runs as a task of its own, which
-//! the caller awaits; dropping the caller leaves the task running to its end.
+//! handler whose client disconnected). Each such write is polled in place first, and the
+//! first time it would wait it moves to a task of its own, which the caller awaits;
+//! dropping the caller leaves the task running to its end. A store that answers at once
+//! (the memory store) costs no task and no wake-up.
 
+use std::future::{Future, poll_fn};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -49,7 +53,7 @@ pub(crate) async fn write(
     deadline: Option<Instant>,
 ) -> Result<WriteOutcome, StoreError> {
     let operation = write.operation();
-    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+    let task = survive(tracing::Instrument::in_current_span(async move {
         retry_store(operation, timeout, deadline, || async {
             match &write {
                 Write::Complete(bytes) => store.complete(&lease, bytes).await,
@@ -72,6 +76,21 @@ pub(crate) async fn write(
     }
 }
 
+/// Runs `work` to its end whatever becomes of the caller: polled here once, and moved to
+/// a task of its own if it is not done by then. Both happen within one poll of the
+/// caller, so no drop can come between them.
+async fn survive<T, F>(work: F) -> Result<T, tokio::task::JoinError>
+where
+    T: Send + 'static,
+    F: Future<Output = T> + Send + 'static,
+{
+    let mut work = Box::pin(work);
+    if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+        return Ok(done);
+    }
+    tokio::spawn(work).await
+}
+
 /// What storing a result or a failure came to.
 pub(crate) enum Finished {
     Applied,
@@ -91,7 +110,7 @@ pub(crate) async fn finish(
 ) -> Result<Finished, Error> {
     let operation = write.operation();
     let owner = context.clone();
-    let task = tokio::spawn(tracing::Instrument::in_current_span(async move {
+    let task = survive(tracing::Instrument::in_current_span(async move {
         // Whether the write is the work's failure, for the marker that may replace it.
         let failure = matches!(write, Write::Fail(_));
         let mut write = write;

@@ -196,8 +196,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     ///
     /// - [`Context::step`] runs its closure every time and checkpoints nothing.
     /// - [`Context::token`] is 0 and [`Context::resumed`] is false.
-    /// - [`Context::derive`] answers keys of this context alone (the record's creation
-    ///   time is now), never a claimed record's: downstream calls are not deduplicated.
+    /// - [`Context::derive`] answers keys of this context alone (a random attempt id goes
+    ///   into each), never a claimed record's and never another detached context's: two
+    ///   requests never share a downstream key, and downstream calls are not
+    ///   deduplicated across runs.
     ///
     /// ```
     /// use idem_core::{Fingerprint, Idempotency, Key, MemoryStore, WorkError};
@@ -208,6 +210,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// let ctx = idem.detached_context(&key, Fingerprint::of_bytes("req"));
     /// let charged: u32 = ctx.step("charge", || async { Ok::<_, WorkError<()>>(7) }).await.unwrap();
     /// assert_eq!((charged, ctx.token()), (7, 0));
+    /// let other = idem.detached_context(&key, Fingerprint::of_bytes("req"));
+    /// assert_ne!(ctx.derive("charge"), other.derive("charge"));
     /// assert_eq!(idem.store().len(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// # }).unwrap();

@@ -136,13 +136,7 @@ async fn a_duplicate_while_the_first_runs_is_409_with_retry_after(factory: Facto
             .await
         })
     };
-    // Bounded: until the first request is known to run.
-    for _ in 0..200 {
-        if effects.runs() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    effects.wait_for_runs(1).await;
     let duplicate = post(&client(), &url, Some("k-409"), "{}", &[]).await;
     assert_eq!(duplicate.status, 409);
     assert_eq!(duplicate.problem(), "in-flight");

@@ -119,10 +119,10 @@ async fn a_store_that_holds_less_than_the_default_still_replays_the_status() {
     assert_eq!(effects.runs(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_409_hints_a_short_wait_not_the_whole_lease() {
+/// The 409 a duplicate gets while a slow first request runs under `layer`.
+async fn conflict_beside_a_slow_request(layer: IdempotencyLayer) -> common::Answer {
     let effects = Effects::default();
-    let server = Server::start(app(layer(idem(Duration::from_secs(60))), effects.clone())).await;
+    let server = Server::start(app(layer, effects.clone())).await;
     let url = server.url("/payments");
     let slow = {
         let url = url.clone();
@@ -137,65 +137,27 @@ async fn the_409_hints_a_short_wait_not_the_whole_lease() {
             .await
         })
     };
-    // Poll only once the slow request runs, so that a poll never claims the key first.
-    for _ in 0..500 {
-        if effects.runs() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    let mut conflict = None;
-    for _ in 0..200 {
-        let answer = post(&client(), &url, Some("k-slow"), "{}", &[]).await;
-        if answer.status == 409 {
-            conflict = Some(answer);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let conflict = conflict.expect("a duplicate while the first runs is 409");
+    // Only once the slow request runs, so that the duplicate never claims the key first.
+    effects.wait_for_runs(1).await;
+    let duplicate = post(&client(), &url, Some("k-slow"), "{}", &[]).await;
+    assert_eq!(slow.await.unwrap().status, 201);
+    assert_eq!(effects.runs(), 1);
+    duplicate
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_409_hints_a_short_wait_not_the_whole_lease() {
+    let conflict = conflict_beside_a_slow_request(layer(idem(Duration::from_secs(60)))).await;
+    assert_eq!(conflict.status, 409);
     assert_eq!(
         conflict.header("retry-after"),
         Some("1"),
         "not the lease's 60 s"
     );
-    assert_eq!(slow.await.unwrap().status, 201);
-
-    let effects = Effects::default();
-    let longer = Server::start(app(
-        layer(idem(Duration::from_secs(60))).in_flight_retry_after(Duration::from_secs(5)),
-        effects.clone(),
-    ))
-    .await;
-    let url = longer.url("/payments");
-    let first = {
-        let url = url.clone();
-        tokio::spawn(async move {
-            post(
-                &client(),
-                &url,
-                Some("k-slow"),
-                "{}",
-                &[("x-sleep-ms", "1500")],
-            )
-            .await
-        })
-    };
-    for _ in 0..500 {
-        if effects.runs() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    for _ in 0..200 {
-        let answer = post(&client(), &url, Some("k-slow"), "{}", &[]).await;
-        if answer.status == 409 {
-            assert_eq!(answer.header("retry-after"), Some("5"));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(first.await.unwrap().status, 201);
+    let longer = layer(idem(Duration::from_secs(60))).in_flight_retry_after(Duration::from_secs(5));
+    let conflict = conflict_beside_a_slow_request(longer).await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.header("retry-after"), Some("5"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

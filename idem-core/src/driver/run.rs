@@ -83,8 +83,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         );
         let started = Instant::now();
         let every = self.settings.heartbeat.interval(self.settings.lease);
-        let result =
-            heartbeat::run(work(context.clone()), &context, every, self.settings.lease).await;
+        // Boxed: the work's future (a whole handler, for idem-http) would otherwise be
+        // part of this one, copied with it at every move and allocated even for replays.
+        let work = Box::pin(work(context.clone()));
+        let result = heartbeat::run(work, &context, every, self.settings.lease).await;
         observe::work_duration(started.elapsed());
         // An earlier owner started compensating: the failure is decided; finish undoing,
         // unless this run cannot write any more.

@@ -38,6 +38,17 @@ impl Effects {
     pub(crate) fn charges(&self) -> usize {
         self.charges.load(Ordering::SeqCst)
     }
+
+    /// Waits (bounded: 2 s) until the handler has started `runs` times.
+    pub(crate) async fn wait_for_runs(&self, runs: usize) {
+        for _ in 0..200 {
+            if self.runs() >= runs {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the handler did not start {runs} times within 2 s");
+    }
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {

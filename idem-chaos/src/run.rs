@@ -381,6 +381,24 @@ async fn crash_and_revive(
     Ok(())
 }
 
+/// Reads a record on the direct path, again after an error: the first call on a
+/// connection that a server restart broke fails, and that is not a lost result.
+async fn read_back(
+    direct: &dyn Store,
+    key: &idem_core::Key,
+) -> Result<Option<idem_core::Record>, idem_core::StoreError> {
+    let mut tries = 0;
+    loop {
+        match direct.get(key).await {
+            Err(_) if tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Ownership intervals may touch within this much (millisecond rounding of the clocks).
 const CLOCK_SLACK_MS: u64 = 5;
 
@@ -398,12 +416,16 @@ async fn check(ledger: &Ledger, direct: &dyn Store, report: &mut Report) {
             report.changed_results += 1;
             eprintln!("key {index}: clients were given different results: {seen:?}");
         }
-        let stored = match direct.get(&key(index)).await {
+        let stored = match read_back(direct, &key(index)).await {
             Ok(Some(record)) if record.state == idem_core::State::Completed => record
                 .response
                 .as_deref()
                 .and_then(|bytes| serde_json::from_slice::<String>(bytes).ok()),
-            _ => None,
+            Ok(_) => None,
+            Err(err) => {
+                eprintln!("key {index}: the record could not be read back: {err}");
+                None
+            }
         };
         if let Some(first) = seen.first()
             && stored.as_ref() != Some(first)

@@ -37,7 +37,8 @@ pub struct Handlers {
 
 impl Handlers {
     /// Waits until every handler detached so far (and any detached meanwhile) has
-    /// finished.
+    /// finished. One waiter at a time: a second, concurrent `wait` may not return until
+    /// the first has.
     pub async fn wait(&self) {
         /// Opens the tracker again however the wait ends (a timeout may cancel it): the
         /// layer may serve on after a wait.

@@ -356,7 +356,9 @@ impl IdempotencyLayer {
     /// `Router::layer` (its inner service is axum's `Route`). Do not use it on a router
     /// with `nest_service` (axum marks those routes alike) or with a fallback that does
     /// real work, such as forwarding to another service: those would go unprotected. A
-    /// 404 is released by the default status policy either way, never stored.
+    /// 404 is released by the default status policy either way, never stored. It acts
+    /// only where the layer wraps axum's `Route` itself: under a `ServiceBuilder` with
+    /// other layers beneath it, it does nothing (every request stays protected).
     ///
     /// ```
     /// use axum::{Router, routing::post};
@@ -458,14 +460,15 @@ impl IdempotencyLayer {
     /// to what the store's record has room for (the driver's `max_response_bytes`, and
     /// a store's own limit such as DynamoDB's 400 000-byte item).
     ///
-    /// - The layer never buffers more than this: a response streams to the client whose
-    ///   request made it as the handler writes it, whole, however large.
+    /// - The layer keeps no more than this for the record: a response streams to the
+    ///   client whose request made it as the handler writes it, whole, however large.
     /// - When the body passes the limit, the key is finished at once with the status and
     ///   stored headers only: a retry gets that status, those headers, an empty body,
     ///   [`BODY_NOT_STORED_HEADER`](crate::BODY_NOT_STORED_HEADER) and
     ///   `Idempotent-Replayed: true`. The work never runs twice, and an endless stream
-    ///   (server-sent events) does not hold the key while it lasts; nor does one under
-    ///   the limit whose client stopped reading (its key is finished without the body).
+    ///   (server-sent events) does not hold the key while it lasts; one under the limit
+    ///   whose client went away is read on for at most a lease, then its key is
+    ///   finished without the body.
     ///   A gRPC answer waits for its trailers' status (see [`grpc_disposition`](crate::grpc_disposition)).
     #[must_use]
     pub fn max_response_body(mut self, bytes: usize) -> Self {

@@ -94,8 +94,12 @@
 //!   (an endless stream does not hold its key while it lasts). An error after that point
 //!   reaches the client but not the record. A gRPC answer waits for the `grpc-status` in
 //!   its trailers, and is then stored without its body, trailers kept, or held.
-//! - A client that stops reading (it went away) finishes the key at once, the body not
-//!   kept: a stream that never ends never holds its key.
+//! - A client that goes away (before the response began, or while it streamed): the
+//!   body is read on for the record, for at most a lease. A stream that ends by then is
+//!   stored as above; one that does not finishes its key without the body (a gRPC
+//!   answer, whose status is still to come, is held), so a stream that never ends never
+//!   holds its key for long. A client that stays connected but stops reading holds it
+//!   while the connection lasts.
 //! - A body that breaks off before the record is finished is sent to the client as an
 //!   error (the connection is cut, not ended cleanly), and the key is held.
 //! - Trailers reach the client and the record: a tonic gRPC service keeps its

@@ -555,10 +555,8 @@ where
     }
     impl<ResBody: ResponseBody> Drop for Unfinished<'_, ResBody> {
         fn drop(&mut self) {
-            // A future that panicked cannot go on; its key is held until the lease ends.
-            if std::thread::panicking() {
-                return;
-            }
+            // Also while another future of the same task unwinds (a panic beside this
+            // request in a `join!`): this work is sound, and finishes elsewhere.
             if let Some(work) = self.work.take() {
                 let tail = tail(work, Arc::clone(self.pump));
                 self.config.handlers.detach(tail);
@@ -580,15 +578,28 @@ where
                 Poll::Pending => {}
             }
         }
-        match guard.work.as_mut() {
-            Some(work) => work.as_mut().poll(cx).map(First::Done),
-            None => Poll::Pending,
+        let Some(work) = guard.work.as_mut() else {
+            return Poll::Pending;
+        };
+        match std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx))) {
+            Ok(polled) => polled.map(First::Done),
+            // The driver or the store panicked: that future cannot go on, so it is not
+            // finished elsewhere; its key is held until the lease ends.
+            Err(_) => {
+                *guard.work = None;
+                Poll::Ready(First::Panicked)
+            }
         }
     })
     .await;
     let running = guard.work.take();
     drop(guard);
     let (head, tail) = match first {
+        First::Panicked => {
+            tracing::error!("the idempotency driver panicked");
+            observe::answer(Answer::Error);
+            return handler_failed(&config);
+        }
         First::Head(head) => {
             let running = running.expect("the work runs until it answers");
             (head, tail(running, pump))
@@ -609,6 +620,7 @@ where
 enum First {
     Head((ResponseParts, Frames)),
     Done(Executed),
+    Panicked,
 }
 
 /// What the client gets when the work ended before any response streamed: the
@@ -884,41 +896,85 @@ where
         over |= keep(&mut kept, &frame, storing, room);
         client.send(Ok(frame)).await;
     }
+    // Once the client is gone, the body is read on for the record, for at most a lease:
+    // a finite stream is kept whole, one that never ends stops holding its key.
+    let mut deadline = client
+        .gone
+        .then(|| tokio::time::Instant::now() + config.idem.lease());
     loop {
-        if client.gone {
-            // Nobody reads any more, and a stream may never end: the key is finished now
-            // (a gRPC answer, whose status is still to come, is held).
-            return match grpc {
-                true => Err(WorkError::Unknown(Vec::new())),
-                false => outcome(&kept, false),
-            };
-        }
         if over && storing && !grpc {
             // Too large to store: the key is finished now, without the body, and the
-            // rest streams on after it. (A gRPC answer waits for the status in its
-            // trailers, and is stored without its body then.)
-            *lock(&pump) = Some((body, client.frames));
+            // rest streams on after it to a client still reading. (A gRPC answer waits
+            // for the status in its trailers, and is stored without its body then.)
+            if !client.gone {
+                *lock(&pump) = Some((body, client.frames));
+            }
             return outcome(&kept, false);
         }
-        match next_frame(&mut body).await {
-            None => break,
-            Some(Ok(frame)) => {
+        let next = match deadline {
+            None => next_frame_or_gone(&mut body, &client.frames).await,
+            Some(at) => match tokio::time::timeout_at(at, next_frame(&mut body)).await {
+                Ok(frame) => Next::Frame(frame),
+                Err(_) => {
+                    // Nobody reads and the stream goes on: the key is finished now (a
+                    // gRPC answer, whose status is still to come, is held).
+                    return match grpc {
+                        true => Err(WorkError::Unknown(Vec::new())),
+                        false => outcome(&kept, false),
+                    };
+                }
+            },
+        };
+        match next {
+            Next::Gone => client.gone = true,
+            Next::Frame(None) => break,
+            Next::Frame(Some(Ok(frame))) => {
                 over |= keep(&mut kept, &frame, storing, room);
                 client.send(Ok(frame)).await;
             }
-            Some(Err(err)) => {
+            Next::Frame(Some(Err(err))) => {
                 // The body broke off: whatever the handler did may have happened.
                 tracing::warn!(error = %err, "the handler's response body failed");
                 client.send(Err(err)).await;
                 return Err(WorkError::Unknown(Vec::new()));
             }
         }
+        if client.gone && deadline.is_none() {
+            deadline = Some(tokio::time::Instant::now() + config.idem.lease());
+        }
     }
     outcome(&kept, !over)
 }
 
+/// What came of waiting on the handler's body.
+enum Next {
+    Frame(Option<Result<Frame<Bytes>, BoxError>>),
+    /// The client went away while the body was quiet.
+    Gone,
+}
+
+/// The next frame of the handler's body, or word that the client went away meanwhile (a
+/// stream that goes quiet must not hide that its reader is gone).
+async fn next_frame_or_gone<ResBody: ResponseBody>(
+    body: &mut Pin<Box<ResBody>>,
+    frames: &FrameSender,
+) -> Next {
+    let closed = frames.closed();
+    let mut closed = std::pin::pin!(closed);
+    poll_fn(|cx| {
+        if let Poll::Ready(frame) = poll_frame(body, cx) {
+            return Poll::Ready(Next::Frame(frame));
+        }
+        if closed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Next::Gone);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 /// The client's side of a streamed response; a client gone still lets the body be read
-/// to its end, for the record.
+/// on, for the record.
 struct Client {
     frames: FrameSender,
     gone: bool,
@@ -976,7 +1032,7 @@ fn stored(
     let bytes = StoredResponse::new(status, headers.clone(), read.data())
         .with_trailers(trailers.clone())
         .encode();
-    if bytes.len() > ctx.room_for_plain_response() {
+    if !ctx.fits_response(&bytes) {
         return without_body();
     }
     bytes

@@ -740,3 +740,298 @@ async fn a_handler_that_panics_in_call_answers_500_and_holds_the_key() {
     let retry = service.oneshot(request()).await.unwrap();
     assert_eq!(retry.status(), 409, "held: the effect may have happened");
 }
+
+/// A streamed body: each chunk after a pause, then its end.
+fn paced(chunks: &'static [&'static str], pause: Duration) -> axum::body::Body {
+    let frames = futures_util::stream::unfold(0usize, move |i| async move {
+        let chunk = chunks.get(i)?;
+        tokio::time::sleep(pause).await;
+        Some((
+            Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from_static(
+                chunk.as_bytes(),
+            ))),
+            i + 1,
+        ))
+    });
+    axum::body::Body::new(http_body_util::StreamBody::new(frames))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_left_before_it_began_is_kept_whole() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = layer(idem(Duration::from_secs(30)));
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/batches",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    Response::new(paced(
+                        &["payout 1\n", "payout 2\n"],
+                        Duration::from_millis(10),
+                    ))
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/batches");
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    assert!(
+        common::post_with(&impatient, &url, Some("k-batch"), "{}", &[])
+            .await
+            .is_err()
+    );
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("the handler ends");
+    let retry = post(&client(), &url, Some("k-batch"), "{}", &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(
+        &retry.body[..],
+        b"payout 1\npayout 2\n",
+        "the whole stream was kept"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_longer_than_its_content_length_says_is_kept_whole() {
+    // hyper stops reading a body once its Content-Length is sent; that is not a client
+    // going away.
+    let app = Router::new()
+        .route(
+            "/sized",
+            route_post(|| async {
+                let mut response =
+                    Response::new(paced(&["abc", "def", ""], Duration::from_millis(10)));
+                response
+                    .headers_mut()
+                    .insert("content-length", HeaderValue::from_static("6"));
+                response
+            }),
+        )
+        .layer(layer(idem(Duration::from_secs(30))));
+    let server = Server::start(app).await;
+    let url = server.url("/sized");
+    let first = post(&client(), &url, Some("k-len"), "{}", &[]).await;
+    assert_eq!(&first.body[..], b"abcdef");
+    let mut replay = None;
+    for _ in 0..200 {
+        let answer = post(&client(), &url, Some("k-len"), "{}", &[]).await;
+        if answer.status != 409 {
+            replay = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let replay = replay.expect("the record is finished");
+    assert!(replay.replayed());
+    assert_eq!(&replay.body[..], b"abcdef", "{replay:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_stream_whose_client_left_is_kept_by_its_status_not_run_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = layer(idem(Duration::from_millis(500)));
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/svc/Call",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    grpc_stream("0")
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/svc/Call");
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    assert!(
+        common::post_with(&impatient, &url, Some("k-rpc"), "{}", &[])
+            .await
+            .is_err()
+    );
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("the handler ends");
+    tokio::time::sleep(Duration::from_millis(600)).await; // past the lease
+    let retry = post(&client(), &url, Some("k-rpc"), "{}", &[]).await;
+    assert!(retry.replayed(), "kept by its grpc-status: {retry:?}");
+    assert_eq!(retry.body.len(), 3000);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_stream_whose_client_left_finishes_its_key_within_a_lease() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_millis(500))
+        .build()
+        .unwrap()
+        .into_dyn();
+    let layer = layer(idem);
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/events",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    // One event, then nothing, for ever (a long poll, a rare event).
+                    let once = futures_util::stream::once(async {
+                        Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from_static(
+                            b"data: 1\n\n",
+                        )))
+                    });
+                    let quiet =
+                        futures_util::StreamExt::chain(once, futures_util::stream::pending());
+                    Response::new(axum::body::Body::new(http_body_util::StreamBody::new(
+                        quiet,
+                    )))
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/events");
+    let mut first = client()
+        .post(&url)
+        .header("idempotency-key", "k-quiet")
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), first.chunk())
+        .await
+        .expect("the event comes")
+        .unwrap();
+    assert!(event.is_some());
+    drop(first);
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("a quiet stream does not hold its key for ever");
+    let retry = post(&client(), &url, Some("k-quiet"), "{}", &[]).await;
+    assert_eq!(retry.status, 200, "{retry:?}");
+    assert_eq!(retry.header(BODY_NOT_STORED_HEADER), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_beside_the_request_does_not_abandon_its_work() {
+    use tower::ServiceExt;
+    let effects = Effects::default();
+    let layer = layer(idem(Duration::from_secs(30)));
+    let handlers = layer.handlers();
+    let app = app(layer, effects.clone());
+    let request = || {
+        Request::post("/payments")
+            .header("idempotency-key", "k-beside")
+            .header("content-type", "application/json")
+            .header("x-sleep-ms", "200")
+            .body(axum::body::Body::from("{}"))
+            .unwrap()
+    };
+    // Another future of the same task panics while the request runs.
+    let task = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let request = app.oneshot(request());
+            let beside = async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                panic!("something else in this task broke");
+            };
+            tokio::join!(request, beside)
+        }
+    });
+    assert!(task.await.is_err(), "the task panicked");
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("the work finished elsewhere");
+    let retry = app.oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(effects.runs(), 1);
+}
+
+/// A codec that doubles every value (hex, as some envelopes do).
+#[derive(Debug)]
+struct Hex;
+
+impl idem_core::Codec for Hex {
+    fn encode(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, idem_core::codec::CodecError> {
+        Ok(plain
+            .iter()
+            .flat_map(|b| format!("{b:02x}").into_bytes())
+            .collect())
+    }
+
+    fn decode<'a>(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, idem_core::codec::CodecError> {
+        let plain = stored
+            .chunks(2)
+            .map(|pair| {
+                u8::from_str_radix(std::str::from_utf8(pair).unwrap_or("00"), 16).unwrap_or(0)
+            })
+            .collect();
+        Ok(std::borrow::Cow::Owned(plain))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codec_whose_overhead_grows_still_replays_a_success_as_a_success() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_response_bytes(4000)
+        .codec(Hex)
+        .build()
+        .unwrap()
+        .into_dyn();
+    let effects = Effects::default();
+    let server = Server::start(app(layer(idem), effects.clone())).await;
+    let url = server.url("/payments");
+    post(
+        &client(),
+        &url,
+        Some("k-hex"),
+        "{}",
+        &[("x-response-bytes", "2500")],
+    )
+    .await;
+    let retry = post(&client(), &url, Some("k-hex"), "{}", &[]).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(retry.header(BODY_NOT_STORED_HEADER), Some("true"));
+    let small = post(
+        &client(),
+        &url,
+        Some("k-hex-small"),
+        "{}",
+        &[("x-response-bytes", "500")],
+    )
+    .await;
+    let again = post(&client(), &url, Some("k-hex-small"), "{}", &[]).await;
+    assert_eq!(again.body, small.body);
+}

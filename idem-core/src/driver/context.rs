@@ -535,9 +535,43 @@ impl Context {
         self.inner.limits.room(self.steps_size(), 0)
     }
 
-    /// [`Context::room_for_response`] less what the codec adds to a value (AES-GCM's
-    /// nonce and tag; nothing for the plain codec): the most plain bytes a result may
-    /// take now, for a codec whose overhead does not grow with the value.
+    /// Whether a result of these plain bytes fits the record as stored, after the codec:
+    /// what the driver checks when the work returns it, asked beforehand so that work
+    /// can store something smaller instead of failing.
+    ///
+    /// ```
+    /// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let idem = Idempotency::builder(MemoryStore::new()).max_response_bytes(4096).build()?;
+    /// let key = Key::new("reports", "r-1")?;
+    /// let fits = idem
+    ///     .execute(&key, Fingerprint::of_bytes("q"), |ctx| async move {
+    ///         done((ctx.fits_response(&[0; 4096]), ctx.fits_response(&[0; 4097])))
+    ///     })
+    ///     .await?;
+    /// assert_eq!(fits.value(), Some((true, false)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn fits_response(&self, plain: &[u8]) -> bool {
+        let room = self.room_for_response();
+        let overhead = self
+            .encode(ValuePart::Result, Vec::new())
+            .map_or(0, |empty| empty.len());
+        // A codec that at most doubles a value (hex, base64, a cipher's nonce and tag)
+        // needs no trial when twice the value still fits; only values near the room
+        // are encoded to know.
+        if plain.len().saturating_mul(2).saturating_add(overhead) <= room {
+            return true;
+        }
+        self.encode(ValuePart::Result, plain.to_vec())
+            .is_ok_and(|stored| stored.len() <= room)
+    }
+
+    /// [`Context::room_for_response`] less what the codec adds to an empty value
+    /// (AES-GCM's nonce and tag; nothing for the plain codec): the room to buffer a
+    /// result in before [`Context::fits_response`] checks it.
     ///
     /// ```
     /// use idem_core::{done, Fingerprint, Idempotency, Key, MemoryStore};

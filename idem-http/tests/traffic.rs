@@ -66,6 +66,33 @@ impl Store for Capped {
     }
 }
 
+/// A client that gives up after `after`, as a timeout layer or an impatient caller does.
+fn impatient(after: Duration) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(after)
+        .build()
+        .unwrap()
+}
+
+/// Starts a streamed answer under `key`, reads its first chunk (bounded: 10 s) and
+/// goes away.
+async fn read_one_chunk_and_leave(url: &str, key: &str) {
+    let mut first = client()
+        .post(url)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let chunk = tokio::time::timeout(Duration::from_secs(10), first.chunk())
+        .await
+        .expect("a first chunk comes")
+        .unwrap();
+    assert!(chunk.is_some());
+}
+
 fn idem(lease: Duration) -> Idempotency {
     Idempotency::builder(MemoryStore::new())
         .lease(lease)
@@ -349,11 +376,7 @@ async fn a_graceful_shutdown_waits_for_handlers_whose_client_went_away() {
     let handlers = layer.handlers();
     let server = Server::start(app(layer, effects.clone())).await;
     let url = server.url("/payments");
-    let impatient = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
+    let impatient = impatient(Duration::from_millis(200));
     let gone = common::post_with(
         &impatient,
         &url,
@@ -569,12 +592,7 @@ async fn a_large_grpc_stream_is_kept_or_held_by_the_status_in_its_trailers() {
 async fn an_endless_stream_whose_client_left_finishes_its_key() {
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&runs);
-    let idem = Idempotency::builder(MemoryStore::new())
-        .lease(Duration::from_millis(500))
-        .build()
-        .unwrap()
-        .into_dyn();
-    let layer = layer(idem);
+    let layer = layer(idem(Duration::from_millis(500)));
     let handlers = layer.handlers();
     let app = Router::new()
         .route(
@@ -605,20 +623,7 @@ async fn an_endless_stream_whose_client_left_finishes_its_key() {
         .layer(layer);
     let server = Server::start(app).await;
     let url = server.url("/events");
-    let mut first = client()
-        .post(&url)
-        .header("idempotency-key", "k-endless")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let event = tokio::time::timeout(Duration::from_secs(10), first.chunk())
-        .await
-        .expect("an event comes")
-        .unwrap();
-    assert!(event.is_some());
-    drop(first);
+    read_one_chunk_and_leave(&url, "k-endless").await;
     // Well under the limit, and never ending: once nobody reads, the key is finished.
     let mut finished = None;
     for _ in 0..200 {
@@ -779,11 +784,7 @@ async fn a_stream_whose_client_left_before_it_began_is_kept_whole() {
         .layer(layer);
     let server = Server::start(app).await;
     let url = server.url("/batches");
-    let impatient = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(150))
-        .build()
-        .unwrap();
+    let impatient = impatient(Duration::from_millis(150));
     assert!(
         common::post_with(&impatient, &url, Some("k-batch"), "{}", &[])
             .await
@@ -857,11 +858,7 @@ async fn a_grpc_stream_whose_client_left_is_kept_by_its_status_not_run_again() {
         .layer(layer);
     let server = Server::start(app).await;
     let url = server.url("/svc/Call");
-    let impatient = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_millis(150))
-        .build()
-        .unwrap();
+    let impatient = impatient(Duration::from_millis(150));
     assert!(
         common::post_with(&impatient, &url, Some("k-rpc"), "{}", &[])
             .await
@@ -881,12 +878,7 @@ async fn a_grpc_stream_whose_client_left_is_kept_by_its_status_not_run_again() {
 async fn a_quiet_stream_whose_client_left_finishes_its_key_within_a_lease() {
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&runs);
-    let idem = Idempotency::builder(MemoryStore::new())
-        .lease(Duration::from_millis(500))
-        .build()
-        .unwrap()
-        .into_dyn();
-    let layer = layer(idem);
+    let layer = layer(idem(Duration::from_millis(500)));
     let handlers = layer.handlers();
     let app = Router::new()
         .route(
@@ -911,20 +903,7 @@ async fn a_quiet_stream_whose_client_left_finishes_its_key_within_a_lease() {
         .layer(layer);
     let server = Server::start(app).await;
     let url = server.url("/events");
-    let mut first = client()
-        .post(&url)
-        .header("idempotency-key", "k-quiet")
-        .header("content-type", "application/json")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    let event = tokio::time::timeout(Duration::from_secs(10), first.chunk())
-        .await
-        .expect("the event comes")
-        .unwrap();
-    assert!(event.is_some());
-    drop(first);
+    read_one_chunk_and_leave(&url, "k-quiet").await;
     tokio::time::timeout(Duration::from_secs(10), handlers.wait())
         .await
         .expect("a quiet stream does not hold its key for ever");

@@ -37,7 +37,7 @@
 //! |---|---|---|
 //! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::complete_stores_the_response`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent`, `cases::payloads::large_responses_replay_or_are_refused` |
 //! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::fail_stores_the_failure`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent` |
-//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::claim::tokens_strictly_increase` |
+//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over. With no step recorded, also `expires_at = now`: the record is absent at once and the next claim is fresh, under any fingerprint | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::fencing::release_without_steps_forgets_the_key`, `cases::claim::tokens_strictly_increase` |
 //! | `renew(lease, extend)` | `lease_until = now + extend` | `cases::fencing::renew_extends_the_lease`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::a_live_lease_is_never_absent`, `cases::retention::extreme_durations_work` |
 //! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` | `cases::fencing::checkpoint_records_steps`, `cases::payloads::steps_count_toward_the_record_limit` |
 //!
@@ -177,12 +177,23 @@ pub fn fail(
 }
 
 /// Release: end the lease now, keeping token and steps so the next claim takes over.
+///
+/// The work released because nothing took effect. A record that holds no step has
+/// nothing left to resume, so its lifetime ends too (`expires_at = now`): it is absent at
+/// once, and the next claim is fresh under any fingerprint (a corrected request under
+/// the same key is not a mismatch). A record with steps is kept for a takeover, since
+/// those steps did take effect for this request.
 pub fn release(
     existing: Option<&Record>,
     lease: &Lease,
     now: Timestamp,
 ) -> Transition<WriteOutcome> {
-    fenced_update(existing, lease, now, |record| record.lease_until = now)
+    fenced_update(existing, lease, now, |record| {
+        record.lease_until = now;
+        if record.steps.is_empty() {
+            record.expires_at = now;
+        }
+    })
 }
 
 /// Renew: the lease now ends at `now + extend`.
@@ -458,8 +469,29 @@ mod tests {
     #[test]
     fn release_renew_checkpoint() {
         let (lease, _, record) = claimed(claim(None, &request("a"), T0));
-        let released = release(Some(&record), &lease, T0).write.unwrap();
+        // Without a step, a release forgets the key: another request under it is fresh.
+        let forgotten = release(Some(&record), &lease, T0).write.unwrap();
+        assert_eq!(visible(Some(&forgotten), T0), None);
+        let (fresh, resumed, _) = claimed(claim(Some(&forgotten), &request("b"), T0));
+        assert!(!resumed);
+        assert_eq!(fresh.token, lease.token + 1);
+        assert_eq!(
+            release(Some(&forgotten), &lease, T0).outcome,
+            WriteOutcome::Fenced
+        );
+
+        // With one, it is kept for a takeover, under the same fingerprint only.
+        let step = StepName::new("charge").unwrap();
+        let stepped = checkpoint(Some(&record), &lease, &step, b"42", T0)
+            .write
+            .unwrap();
+        let released = release(Some(&stepped), &lease, T0).write.unwrap();
         assert!(!released.lease_is_live(T0));
+        assert_eq!(released.expires_at, record.expires_at);
+        assert_eq!(
+            claim(Some(&released), &request("b"), T0).outcome,
+            ClaimOutcome::Mismatch
+        );
         let t = claim(Some(&released), &request("a"), T0);
         assert!(matches!(
             t.outcome,

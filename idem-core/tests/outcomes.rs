@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::driver::Unstorable;
 use idem_core::{
-    ConfigError, Error, Fingerprint, Idempotency, Key, ManualClock, MemoryStore, Outcome, Record,
-    State, Store, StoreError, WorkError, key::StepName, record::Lease, record::ValuePart,
+    ConfigError, Context, Error, Fingerprint, Idempotency, Key, ManualClock, MemoryStore, Outcome,
+    Record, State, Store, StoreError, WorkError, key::StepName, record::Lease, record::ValuePart,
     store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
     store::WriteOutcome,
 };
@@ -142,16 +142,16 @@ async fn a_retryable_failure_releases_the_key_at_once() {
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Retryable(PaymentError::ProviderDown));
-    let record = idem.store().get(&key()).await.unwrap().unwrap();
-    assert_eq!(record.response, None, "nothing is stored");
-    // No waiting: the next attempt takes over immediately and runs the work.
+    // Nothing is stored, and with no step checkpointed the key is forgotten.
+    assert_eq!(idem.store().get(&key()).await.unwrap(), None);
+    // No waiting: the next attempt runs the work at once, even as another request.
     let runs = Arc::new(AtomicUsize::new(0));
     let runs2 = Arc::clone(&runs);
     let done = idem
-        .execute(&key(), fingerprint(500), move |ctx| async move {
+        .execute(&key(), fingerprint(900), move |ctx| async move {
             runs2.fetch_add(1, Ordering::SeqCst);
-            assert!(ctx.resumed());
-            assert_eq!(ctx.token(), 2);
+            assert!(!ctx.resumed(), "a forgotten key is claimed afresh");
+            assert_eq!(ctx.token(), 2, "the token goes on in the stored record");
             Ok::<_, WorkError<PaymentError>>(7)
         })
         .await
@@ -164,6 +164,41 @@ async fn a_retryable_failure_releases_the_key_at_once() {
         }
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_retryable_failure_after_a_step_keeps_the_key_for_that_request() {
+    let (idem, _) = setup();
+    let steps = Arc::new(AtomicUsize::new(0));
+    let work = |fail: bool| {
+        let steps = Arc::clone(&steps);
+        move |ctx: Context| async move {
+            let n: usize = ctx
+                .step("reserve", || async move {
+                    Ok(steps.fetch_add(1, Ordering::SeqCst) + 1)
+                })
+                .await?;
+            if fail {
+                return Err(WorkError::Retryable(PaymentError::ProviderDown));
+            }
+            Ok::<_, WorkError<PaymentError>>(n)
+        }
+    };
+    let outcome = idem.execute(&key(), fingerprint(500), work(true)).await;
+    assert_eq!(
+        outcome.unwrap(),
+        Outcome::Retryable(PaymentError::ProviderDown)
+    );
+    // The step was done for this request: another one under the key is a mismatch.
+    let other = idem.execute(&key(), fingerprint(900), work(false)).await;
+    assert!(matches!(other, Err(Error::Mismatch)), "{other:?}");
+    // The same request takes over at once and resumes past the step.
+    let done = idem
+        .execute(&key(), fingerprint(500), work(false))
+        .await
+        .unwrap();
+    assert_eq!(done.value(), Some(1));
+    assert_eq!(steps.load(Ordering::SeqCst), 1, "the step ran once");
 }
 
 #[tokio::test]

@@ -33,6 +33,11 @@ pub(crate) const FINISH_CREATED: &str = "#ca = :ca";
 /// rounded up, so it still covers the expiry.
 pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response, \
      #ea = #ea + :late, #ttl = #ttl + :late_s";
+/// A release, beside the fence, when the record holds no step: nothing took effect, so
+/// the record's lifetime ends too and the next claim is fresh under any fingerprint.
+pub(crate) const RELEASE_WITHOUT_STEPS: &str = "size(#stp) = :zero";
+pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :now, #ea = :now";
+/// A release of a record with steps: kept for a takeover.
 pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
 /// A renewal whose new lease end the item's TTL already covers: the common case, one
 /// conditional write.

@@ -448,6 +448,15 @@ impl Store for DynamoDbStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        // Most releases find no step: one write. One that finds steps (or a fence that
+        // fails) tries the plain release, whose condition is the fence alone.
+        let condition = format!("{} AND {}", x::FENCE, x::RELEASE_WITHOUT_STEPS);
+        let forget = self
+            .fenced(lease, x::RELEASE_FORGET_UPDATE, &condition, self.now())
+            .expression_attribute_values(":zero", n(0));
+        if self.fenced_write(Operation::Release, forget).await? == WriteOutcome::Applied {
+            return Ok(WriteOutcome::Applied);
+        }
         let builder = self.fenced(lease, x::RELEASE_UPDATE, x::FENCE, self.now());
         self.fenced_write(Operation::Release, builder).await
     }

@@ -68,9 +68,11 @@
 //! `Disposition` in the response's extensions. The default never releases a key whose
 //! effect may have happened.
 //!
-//! A released key keeps the request's fingerprint: a retry of the same request runs the
-//! handler again, while a corrected request under the same key (another body) is 422.
-//! Send a corrected request with a new key.
+//! A released key is forgotten: a retry runs the handler again, and so does a corrected
+//! request under the same key (another body, after a 400 or a 422), as Stripe does. A
+//! handler that checkpointed a step before answering released keeps the key for a
+//! takeover instead: its retry resumes past that step, and a corrected request under the
+//! key is 422, because the step was done for the first request.
 //!
 //! Stored headers are an allowlist ([`DEFAULT_STORED_HEADERS`]); hop-by-hop headers never,
 //! `Set-Cookie` only when enabled; trailers are stored whole but for hop-by-hop names.

@@ -120,6 +120,55 @@ async fn a_different_request_under_the_key_is_422(factory: Factory) {
     assert_eq!(effects.runs(), 1);
 }
 
+async fn a_corrected_request_after_a_refusal_runs(factory: Factory) {
+    let (server, effects) = fresh(&factory).await;
+    let url = server.url("/payments");
+    // The handler refused the body (as axum's `Json` does with 422): nothing happened, so
+    // the corrected body under the same key runs, and is then replayed.
+    let refused = post(
+        &client(),
+        &url,
+        Some("k-fix"),
+        r#"{"amount":"five"}"#,
+        &[("x-status", "422")],
+    )
+    .await;
+    assert_eq!(refused.status, 422);
+    let corrected = post(&client(), &url, Some("k-fix"), r#"{"amount":500}"#, &[]).await;
+    assert_eq!(corrected.status, 201, "{corrected:?}");
+    assert!(!corrected.replayed());
+    let again = post(&client(), &url, Some("k-fix"), r#"{"amount":500}"#, &[]).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, corrected.body);
+    assert_eq!(effects.runs(), 2);
+
+    // A refusal after a checkpointed step keeps the key for that request: the step was
+    // done for it. Another body is a mismatch; the same one resumes past the step.
+    let refused = post(
+        &client(),
+        &url,
+        Some("k-step"),
+        r#"{"amount":1}"#,
+        &[("x-step", "1"), ("x-status", "409")],
+    )
+    .await;
+    assert_eq!(refused.status, 409);
+    let other = post(&client(), &url, Some("k-step"), r#"{"amount":2}"#, &[]).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.problem(), "key-reused");
+    let same = post(
+        &client(),
+        &url,
+        Some("k-step"),
+        r#"{"amount":1}"#,
+        &[("x-step", "1")],
+    )
+    .await;
+    assert_eq!(same.status, 201, "{same:?}");
+    assert_eq!(effects.charges(), 1, "the step ran once");
+    assert_eq!(effects.runs(), 4);
+}
+
 async fn a_duplicate_while_the_first_runs_is_409_with_retry_after(factory: Factory) {
     let (server, effects) = fresh(&factory).await;
     let url = server.url("/payments");
@@ -330,6 +379,13 @@ macro_rules! suite {
             async fn a_different_request_under_the_key_is_422() {
                 if let Some(f) = factory() {
                     super::a_different_request_under_the_key_is_422(f).await;
+                }
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_corrected_request_after_a_refusal_runs() {
+                if let Some(f) = factory() {
+                    super::a_corrected_request_after_a_refusal_runs(f).await;
                 }
             }
 

@@ -1,4 +1,7 @@
 -- release. KEYS[1] record; ARGV token, attempt. 1 applied, 0 fenced.
+-- Without a step nothing took effect, so the record's lifetime ends too: keep() deletes
+-- it, and the next claim is fresh under any fingerprint. With steps it is kept for a
+-- takeover.
 local key = KEYS[1]
 local now = now_ms()
 local r = owned(key, tonumber(ARGV[1]), ARGV[2], now)
@@ -6,6 +9,9 @@ if r == nil or r.s ~= 'in_progress' then
   return 0
 end
 r.l = now
-redis.call('HSET', key, 'l', num(now))
+if #steps_of(key) == 0 then
+  r.e = now
+end
+redis.call('HSET', key, 'l', num(now), 'e', num(r.e))
 keep(key, r, now)
 return 1

@@ -155,10 +155,11 @@ async fn a_rollback_leaves_the_key_claimable_again() {
         .unwrap();
     assert_eq!(outcome, Outcome::Retryable("rolled back".into()));
     assert_eq!(debits(&ledger(&path)), 0, "the business row rolled back");
-    let record = store.get(&key).await.unwrap().unwrap();
+    // The completion rolled back too, and the release (no step was checkpointed) forgot
+    // the key: nothing is left of the first try.
     assert_eq!(
-        (record.state, record.response),
-        (State::InProgress, None),
+        store.get(&key).await.unwrap(),
+        None,
         "so did the completion"
     );
     // The driver released the key for the retryable error: a retry runs at once.
@@ -166,7 +167,10 @@ async fn a_rollback_leaves_the_key_claimable_again() {
         .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
             let (store, path) = (store.clone(), path.clone());
             async move {
-                assert!(ctx.resumed());
+                assert!(
+                    !ctx.resumed(),
+                    "released and forgotten: the retry runs afresh"
+                );
                 debit_in_one_transaction(&store, &path, &ctx, "order-2", true, || async {}).await
             }
         })

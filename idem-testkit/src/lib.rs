@@ -158,7 +158,9 @@ macro_rules! __with_cases {
             fail_stores_the_failure => FailStoresTheFailure:
                 "fail stores the failure as a permanent result.";
             release_lets_the_next_claim_take_over => ReleaseLetsTheNextClaimTakeOver:
-                "release ends the lease now, keeping token and steps.";
+                "release of a record with steps ends the lease now, keeping token and steps.";
+            release_without_steps_forgets_the_key => ReleaseWithoutStepsForgetsTheKey:
+                "release of a record with no step ends its lifetime: absent at once, and the next claim is fresh under any fingerprint.";
             renew_extends_the_lease => RenewExtendsTheLease:
                 "renew sets the lease end to now + extend.";
             checkpoint_records_steps => CheckpointRecordsSteps:

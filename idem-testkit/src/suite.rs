@@ -163,6 +163,9 @@ impl Suite {
             Case::ReleaseLetsTheNextClaimTakeOver => {
                 fencing::release_lets_the_next_claim_take_over(s).await
             }
+            Case::ReleaseWithoutStepsForgetsTheKey => {
+                fencing::release_without_steps_forgets_the_key(s).await
+            }
             Case::RenewExtendsTheLease => fencing::renew_extends_the_lease(s).await,
             Case::CheckpointRecordsSteps => fencing::checkpoint_records_steps(s).await,
             Case::StaleOwnerIsFencedAfterTakeover => {

@@ -65,6 +65,12 @@ enum Flaw {
     /// `complete` and `fail` keep `expires_at` as it was: a result stored after the
     /// retention ended is absent the moment it is stored.
     KeepsExpiryOnFinish,
+    /// A release keeps a record with no step until its retention ends (an earlier
+    /// contract): a corrected request under the key is a mismatch.
+    ReleaseKeepsAnEmptyRecord,
+    /// A release ends the record's lifetime even when it holds steps: the next claim
+    /// starts afresh and runs those steps again.
+    ReleaseForgetsSteps,
 }
 
 /// The record limit of the stores that declare one here: small, so the cases stay quick.
@@ -346,7 +352,20 @@ impl Store for FlawedStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
-        Ok(self.apply(&lease.key, |r, now| machine::release(r, lease, now)))
+        let kept = self.has(Flaw::ReleaseKeepsAnEmptyRecord);
+        let forgets = self.has(Flaw::ReleaseForgetsSteps);
+        Ok(self.apply(&lease.key, |r, now| {
+            let mut step = machine::release(r, lease, now);
+            if let (Some(written), Some(before)) = (step.write.as_mut(), r) {
+                if kept {
+                    written.expires_at = before.expires_at;
+                }
+                if forgets {
+                    written.expires_at = now;
+                }
+            }
+            step
+        }))
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
@@ -654,6 +673,7 @@ async fn a_store_that_skips_the_fence_on_complete_is_reported() {
             Case::RetriedTerminalWritesAreApplied,
             Case::StaleCompletesRaceTakeovers,
             Case::LateResultsStayReplayable,
+            Case::ReleaseWithoutStepsForgetsTheKey,
         ],
     );
 }
@@ -706,6 +726,32 @@ async fn a_store_whose_takeover_forgets_steps_is_reported() {
             Case::MatchesTheStateMachine,
         ],
         &[Case::ReleaseLetsTheNextClaimTakeOver],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_that_keeps_an_empty_record_is_reported() {
+    let report = suite(Some(Flaw::ReleaseKeepsAnEmptyRecord)).run_all().await;
+    assert_reported(
+        &report,
+        &[Case::ReleaseWithoutStepsForgetsTheKey],
+        &[Case::MatchesTheStateMachine],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_that_forgets_steps_is_reported() {
+    let report = suite(Some(Flaw::ReleaseForgetsSteps)).run_all().await;
+    assert_reported(
+        &report,
+        &[
+            Case::ReleaseLetsTheNextClaimTakeOver,
+            Case::TokensStrictlyIncrease,
+        ],
+        &[
+            Case::MatchesTheStateMachine,
+            Case::StepsRunOnceAcrossTakeovers,
+        ],
     );
 }
 
@@ -877,6 +923,7 @@ const LEASE_ENDS_MEET: &[Case] = &[
     Case::ExpiredLeaseIsTakenOver,
     Case::TokensStrictlyIncrease,
     Case::ReleaseLetsTheNextClaimTakeOver,
+    Case::ReleaseWithoutStepsForgetsTheKey,
     Case::RenewExtendsTheLease,
     Case::StaleOwnerIsFencedAfterTakeover,
     Case::WritesAfterTheEndAreFenced,
@@ -899,6 +946,7 @@ const EXPIRY_ENDS_MEET: &[Case] = &[
     Case::AbsentRecordIsClaimedFresh,
     Case::ALiveLeaseIsNeverAbsent,
     Case::LateResultsStayReplayable,
+    Case::ReleaseWithoutStepsForgetsTheKey,
     Case::WritesAfterTheEndAreFenced,
     Case::NamespacesAreIsolated,
     Case::GetHidesAbsentRecords,

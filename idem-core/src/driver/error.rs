@@ -36,7 +36,8 @@ pub enum WorkError<E> {
     /// The operation failed for good: the error is stored and every retry gets it back.
     Permanent(E),
     /// Nothing took effect: the lease is released and nothing is stored, so the next retry
-    /// runs the work again at once.
+    /// runs the work again at once. With no step checkpointed, the key is forgotten: a
+    /// different request under it runs too, instead of being a mismatch.
     Retryable(E),
     /// The work may or may not have taken effect (a downstream call timed out). The lease is
     /// kept until it expires: duplicates see in-flight until then, and a later retry takes

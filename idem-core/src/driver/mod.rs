@@ -253,7 +253,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// - The claim fails in the store: [`Error::Store`]; `work` does not run (fail closed).
     /// - `work` returns [`WorkError::Permanent`]: the error is stored, [`Outcome::Failed`].
     /// - [`WorkError::Retryable`]: the lease is released, nothing is stored,
-    ///   [`Outcome::Retryable`].
+    ///   [`Outcome::Retryable`]. With no step checkpointed the key is forgotten, so the
+    ///   next call runs under any fingerprint; with steps, the next call with the same
+    ///   fingerprint takes over and resumes.
     /// - [`WorkError::Unknown`]: the lease is kept until it expires, [`Outcome::Unknown`].
     /// - A result or error that does not serialise, does not read back as its type, or
     ///   does not fit: stored as a permanent failure ([`Error::Unstorable`]) and

@@ -224,10 +224,12 @@ pub(crate) async fn tokens_strictly_increase(store: &dyn Store) {
         assert!(lease.token > last, "token {} after {last}", lease.token);
         last = lease.token;
     }
-    // Release, then takeover.
+    // Release (of a record with a step, kept for a takeover), then takeover.
     let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
     assert!(lease.token > last);
     last = lease.token;
+    let debit = idem_core::key::StepName::new("debit").expect("valid step name");
+    let _ = ok(store.checkpoint(&lease, &debit, b"1").await, "checkpoint");
     assert_eq!(
         ok(store.release(&lease).await, "release"),
         WriteOutcome::Applied

@@ -5,7 +5,7 @@ use idem_core::{
     store::WriteOutcome,
 };
 
-use crate::support::{HOUR, ZERO, claim, claimed, get_some, key, ok, request};
+use crate::support::{HOUR, ZERO, claim, claimed, get, get_some, key, ok, request};
 
 fn step(name: &str) -> StepName {
     StepName::new(name).expect("valid step name")
@@ -81,6 +81,37 @@ pub(crate) async fn release_lets_the_next_claim_take_over(store: &dyn Store) {
     assert!(resumed, "the claim after a release takes over at once");
     assert_eq!(next.token, lease.token + 1);
     assert!(steps.contains_key("debit"), "release keeps the steps");
+}
+
+pub(crate) async fn release_without_steps_forgets_the_key(store: &dyn Store) {
+    let k = key("orders", "k1");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    assert_eq!(
+        ok(store.release(&lease).await, "release"),
+        WriteOutcome::Applied
+    );
+    assert!(
+        get(store, &k).await.is_none(),
+        "a release with no step ends the record's lifetime: get finds nothing"
+    );
+    // Nothing took effect, so a corrected request under the key runs as new.
+    let (next, resumed, steps) = claimed(store, &request(&k, "b", HOUR, HOUR)).await;
+    assert!(!resumed, "the claim after a release with no step is fresh");
+    assert!(steps.is_empty());
+    assert_ne!(next.attempt, lease.attempt);
+    assert_eq!(
+        ok(store.complete(&lease, b"stale").await, "complete"),
+        WriteOutcome::Fenced,
+        "the released owner is fenced from the new lifetime"
+    );
+    assert_eq!(
+        ok(store.complete(&next, b"done").await, "complete"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        get_some(store, &k).await.response.as_deref(),
+        Some(&b"done"[..])
+    );
 }
 
 pub(crate) async fn renew_extends_the_lease(store: &dyn Store) {

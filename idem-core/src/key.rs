@@ -176,12 +176,41 @@ fn validate(part: KeyPart, value: &str) -> Result<(), KeyError> {
 /// assert!(Key::new("acct_42/payments.create", "").is_err());
 /// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct Key {
-    // Shared, so the many copies a key goes through (lease, record, map entry) cost a
-    // reference count, not an allocation.
-    scope: Arc<str>,
-    key: Arc<str>,
+    // Scope then key in one shared allocation, so the many copies a key goes through
+    // (lease, record, map entry) cost a reference count, and making one costs one
+    // allocation. `split` is where the key begins.
+    text: Arc<str>,
+    split: usize,
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.split == other.split && self.text == other.text
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.scope().hash(state);
+        self.key().hash(state);
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// By scope, then by key.
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.scope(), self.key()).cmp(&(other.scope(), other.key()))
+    }
 }
 
 impl Key {
@@ -190,23 +219,25 @@ impl Key {
     /// # Errors
     /// [`KeyError`] naming the part and the rule it broke.
     pub fn new(scope: impl Into<String>, key: impl Into<String>) -> Result<Self, KeyError> {
-        let (scope, key): (String, String) = (scope.into(), key.into());
+        let (mut scope, key): (String, String) = (scope.into(), key.into());
         validate(KeyPart::Scope, &scope)?;
         validate(KeyPart::Key, &key)?;
+        let split = scope.len();
+        scope.push_str(&key);
         Ok(Self {
-            scope: scope.into(),
-            key: key.into(),
+            text: scope.into(),
+            split,
         })
     }
 
     /// The scope: the owner plus the operation.
     pub fn scope(&self) -> &str {
-        &self.scope
+        &self.text[..self.split]
     }
 
     /// The key within the scope.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.text[self.split..]
     }
 
     /// A short, stable hash of scope and key for logs and metrics labels: 8 hex digits of
@@ -220,8 +251,12 @@ impl Key {
     /// # Ok::<(), idem_core::key::KeyError>(())
     /// ```
     pub fn short_hash(&self) -> ShortHash {
-        let scope_len = (self.scope.len() as u64).to_be_bytes();
-        let parts = [&scope_len[..], self.scope.as_bytes(), self.key.as_bytes()];
+        let scope_len = (self.split as u64).to_be_bytes();
+        let parts = [
+            &scope_len[..],
+            self.scope().as_bytes(),
+            self.key().as_bytes(),
+        ];
         let digest: [u8; 32] = match LOG_HASH.get() {
             Some(keyed) => {
                 let mut mac = keyed.clone();

@@ -79,16 +79,21 @@ pub(crate) async fn write(
 /// Runs `work` to its end whatever becomes of the caller: polled here once, and moved to
 /// a task of its own if it is not done by then. Both happen within one poll of the
 /// caller, so no drop can come between them.
-async fn survive<T, F>(work: F) -> Result<T, tokio::task::JoinError>
+///
+/// `work` is boxed before this future exists, so that the futures awaiting it hold a
+/// pointer, not a copy of every write's state nested in theirs.
+fn survive<T, F>(work: F) -> impl Future<Output = Result<T, tokio::task::JoinError>> + Send
 where
     T: Send + 'static,
     F: Future<Output = T> + Send + 'static,
 {
     let mut work = Box::pin(work);
-    if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
-        return Ok(done);
+    async move {
+        if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
+            return Ok(done);
+        }
+        tokio::spawn(work).await
     }
-    tokio::spawn(work).await
 }
 
 /// What storing a result or a failure came to.

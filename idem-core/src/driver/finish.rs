@@ -73,8 +73,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     )
                 }
                 Err(source) => {
-                    return self
-                        .unserializable::<W>(context, ValuePart::Result, source)
+                    return Box::pin(self.unserializable::<W>(context, ValuePart::Result, source))
                         .await;
                 }
             },
@@ -83,8 +82,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let stored = match stored {
             Ok(stored) => stored,
             Err(source) => {
-                return self
-                    .unserializable::<W>(context, ValuePart::Result, source)
+                return Box::pin(self.unserializable::<W>(context, ValuePart::Result, source))
                     .await;
             }
         };
@@ -95,9 +93,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 limit,
                 failure: false,
             };
-            return self
-                .fail::<W>(context, StoredFailure::Marker(marker), None)
-                .await;
+            return Box::pin(self.fail::<W>(context, StoredFailure::Marker(marker), None)).await;
         }
         match durable::finish(context, durable::Write::Complete(bytes), W::marker).await? {
             durable::Finished::Applied => Ok(Outcome::Completed {

@@ -41,13 +41,20 @@ pub(super) async fn run_while<Fut: Future>(
         return work.await;
     };
     let mut work = pin!(work);
-    let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let started = Instant::now();
+    // Made when the work first waits: most work that finishes in its first poll (an
+    // answer from memory, a replayed handler) never needs a timer.
+    let mut ticks: Option<tokio::time::Interval> = None;
     let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
     poll_fn(|cx| {
         if let Poll::Ready(output) = work.as_mut().poll(cx) {
             return Poll::Ready(output);
         }
+        let ticks = ticks.get_or_insert_with(|| {
+            let mut ticks = tokio::time::interval_at(started + every, every);
+            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ticks
+        });
         loop {
             if let Some(pending) = renewal.as_mut() {
                 if pending.as_mut().poll(cx).is_pending() {

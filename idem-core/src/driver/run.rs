@@ -100,18 +100,18 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     | Err(WorkError::Interrupted(Interrupted(Reason::Compensating)))
             );
             drop(result);
-            return self.compensate::<W>(&context, None, whole, every).await;
+            return Box::pin(self.compensate::<W>(&context, None, whole, every)).await;
         }
+        // Every path but the completion is boxed: their futures would otherwise make
+        // this one (and every future awaiting it) as large as the largest of them.
         match result {
             Err(WorkError::Permanent(error)) if context.has_undos() => {
                 let failure = StoredFailure::Work(error);
-                self.compensate::<W>(&context, Some(failure), true, every)
-                    .await
+                Box::pin(self.compensate::<W>(&context, Some(failure), true, every)).await
             }
             Ok(value) => self.complete::<W>(&context, value).await,
             Err(WorkError::Permanent(error)) => {
-                self.fail::<W>(&context, StoredFailure::Work(error), None)
-                    .await
+                Box::pin(self.fail::<W>(&context, StoredFailure::Work(error), None)).await
             }
             Err(WorkError::Retryable(error)) => {
                 // Best effort, bounded like every store call (no lease deadline: a
@@ -123,7 +123,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     self.settings.store_timeout,
                     None,
                 );
-                if let Err(err) = release.await {
+                if let Err(err) = Box::pin(release).await {
                     tracing::warn!(error = %err, "could not release the lease; it will expire");
                 }
                 Ok(Outcome::Retryable(error))
@@ -142,10 +142,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     // before it are undone.
                     let marker = StoredFailure::Marker(Marker::from_unstorable(unstorable));
                     if context.has_undos() {
-                        self.compensate::<W>(&context, Some(marker), true, every)
-                            .await
+                        Box::pin(self.compensate::<W>(&context, Some(marker), true, every)).await
                     } else {
-                        self.fail::<W>(&context, marker, None).await
+                        Box::pin(self.fail::<W>(&context, marker, None)).await
                     }
                 }
                 other => Err(Error::Interrupted(Interrupted(other))),
@@ -163,10 +162,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Ok(()) => Ok(Some(budget)),
             Err(retry_after) => {
                 let timeout = self.settings.store_timeout;
-                if retry_store(Operation::Get, timeout, None, || self.store.get(key))
-                    .await?
-                    .is_some()
-                {
+                let get = retry_store(Operation::Get, timeout, None, || self.store.get(key));
+                if Box::pin(get).await?.is_some() {
                     return Ok(None);
                 }
                 observe::count_scoped(observe::KEY_BUDGET_REJECTIONS, self.scope_label(key));

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::{Key, Timestamp};
 
-/// Identifies one claim attempt (128 random bits), stored on the record.
+/// Identifies one claim attempt (128 bits, unique per claim), stored on the record.
 ///
 /// A claim whose answer was lost on the network can be sent again with the same attempt
 /// id: it gets the same lease back instead of an in-flight answer.
@@ -13,11 +13,33 @@ use crate::{Key, Timestamp};
 pub struct AttemptId([u8; 16]);
 
 impl AttemptId {
-    /// A fresh random attempt id from the operating system's generator.
+    /// A fresh attempt id, unique among every process's.
     ///
-    /// Falls back to a time-and-counter id in the (unheard of) case the generator fails,
-    /// since an attempt id only has to be unique, not secret.
+    /// Each thread starts from 128 random bits of the operating system's generator, drawn
+    /// once, and counts up from there: an attempt id only has to be unique, not secret, and
+    /// a system call per claim (replays included) was a measurable part of a replay's cost.
+    /// Two threads or processes collide only if their random starting points fall within
+    /// 2^64 claims of each other in both halves. A child forked from a process that claimed
+    /// before the fork would repeat its parent's ids: fork before using idem, or exec.
+    ///
+    /// Falls back to a time-and-counter start in the (unheard of) case the generator fails.
     pub fn random() -> Self {
+        use std::cell::Cell;
+        thread_local! {
+            static NEXT: Cell<Option<(u64, u64)>> = const { Cell::new(None) };
+        }
+        NEXT.with(|next| {
+            let (high, low) = next.get().unwrap_or_else(Self::start);
+            next.set(Some((high, low.wrapping_add(1))));
+            let mut bytes = [0u8; 16];
+            bytes[..8].copy_from_slice(&high.to_be_bytes());
+            bytes[8..].copy_from_slice(&low.to_be_bytes());
+            Self(bytes)
+        })
+    }
+
+    /// A thread's random starting point.
+    fn start() -> (u64, u64) {
         let mut bytes = [0u8; 16];
         if getrandom::fill(&mut bytes).is_err() {
             use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,9 +48,11 @@ impl AttemptId {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
             bytes[..8].copy_from_slice(&nanos.to_be_bytes());
-            bytes[8..].copy_from_slice(&COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+            let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+            bytes[8..].copy_from_slice(&(count << 40).to_be_bytes());
         }
-        Self(bytes)
+        let start = u128::from_be_bytes(bytes);
+        ((start >> 64) as u64, start as u64)
     }
 
     /// Rebuilds an attempt id read back from storage.
@@ -113,5 +137,28 @@ impl Lease {
     pub fn with_lease_until(mut self, lease_until: Timestamp) -> Self {
         self.lease_until = lease_until;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::AttemptId;
+
+    #[test]
+    fn attempt_ids_are_unique_within_and_across_threads() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| (0..10_000).map(|_| AttemptId::random()).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        for thread in threads {
+            for id in thread.join().expect("no panic") {
+                assert!(seen.insert(id), "{id:?} was given twice");
+            }
+        }
+        assert_eq!(seen.len(), 40_000);
     }
 }

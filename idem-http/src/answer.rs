@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use idem_core::driver::Unstorable;
 use idem_core::record::ValuePart;
 use idem_core::{Error, Outcome, key::KeyError, key::KeyPart};
@@ -13,6 +13,10 @@ use crate::key_header::KeyHeaderError;
 use crate::layer::Config;
 use crate::observe::Answer;
 use crate::service::{BODY_NOT_STORED_HEADER, REPLAYED_HEADER};
+
+// As names, so that inserting them copies nothing.
+const REPLAYED: HeaderName = HeaderName::from_static(REPLAYED_HEADER);
+const BODY_NOT_STORED: HeaderName = HeaderName::from_static(BODY_NOT_STORED_HEADER);
 use crate::stored::StoredResponse;
 
 /// The answer for what the driver said, and what it counts as.
@@ -36,12 +40,12 @@ pub(crate) fn answer(
             value,
         }) => match first() {
             Some(response) => respond(Answer::Executed, response),
-            None => replay(&value, false, config),
+            None => replay(value, false, config),
         },
         Ok(Outcome::Completed {
             replayed: true,
             value,
-        }) => replay(&value, true, config),
+        }) => replay(value, true, config),
         Ok(Outcome::Retryable(_)) => match first() {
             Some(response) => respond(Answer::Released, response),
             None => internal(Answer::Error, "The handler's response was lost"),
@@ -138,8 +142,8 @@ pub(crate) fn answer(
 }
 
 /// A stored response, sent again.
-pub(crate) fn replay(bytes: &[u8], replayed: bool, config: &Config) -> (Answer, Response<Body>) {
-    let stored = match StoredResponse::decode(bytes) {
+pub(crate) fn replay(bytes: Vec<u8>, replayed: bool, config: &Config) -> (Answer, Response<Body>) {
+    let stored = match StoredResponse::decode_shared(bytes) {
         Ok(stored) => stored,
         Err(err) => {
             tracing::warn!(error = %err, "a stored response does not decode");
@@ -168,7 +172,7 @@ pub(crate) fn replay(bytes: &[u8], replayed: bool, config: &Config) -> (Answer, 
     }
     response
         .headers_mut()
-        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+        .insert(REPLAYED, HeaderValue::from_static("true"));
     if let Some(adjust) = &config.on_replay {
         adjust(&mut response);
     }
@@ -190,7 +194,7 @@ pub(crate) fn not_stored(
     ] {
         headers.remove(&name);
     }
-    headers.insert(BODY_NOT_STORED_HEADER, HeaderValue::from_static("true"));
+    headers.insert(BODY_NOT_STORED, HeaderValue::from_static("true"));
     // A gRPC answer keeps its status, which travels in the trailers.
     let mut response = Response::new(Body::replayed(bytes::Bytes::new(), trailers));
     *response.status_mut() = status;

@@ -231,7 +231,9 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
 /// ```
 #[derive(Clone)]
 pub struct IdempotencyLayer {
-    config: Config,
+    // Shared: axum may call `layer` once per request (a layered handler with state), so
+    // each service takes a reference, not a copy.
+    config: Arc<Config>,
 }
 
 impl IdempotencyLayer {
@@ -245,7 +247,7 @@ impl IdempotencyLayer {
         F: Fn(&Parts) -> Result<String, Refusal> + Send + Sync + 'static,
     {
         Self {
-            config: Config {
+            config: Arc::new(Config {
                 idem: idem.into(),
                 handlers: Handlers::default(),
                 scope: Arc::new(scope),
@@ -267,15 +269,20 @@ impl IdempotencyLayer {
                 stored_headers: DEFAULT_STORED_HEADERS.to_vec(),
                 store_set_cookie: false,
                 shadow: false,
-            },
+            }),
         }
+    }
+
+    /// The settings to change: this layer's own copy once a clone shares them.
+    fn config_mut(&mut self) -> &mut Config {
+        Arc::make_mut(&mut self.config)
     }
 
     /// Whether requests of `method` need the header (see [`KeyRequirement`]).
     #[must_use]
     pub fn method(mut self, method: Method, requirement: KeyRequirement) -> Self {
-        self.config.methods.retain(|(m, _)| *m != method);
-        self.config.methods.push((method, requirement));
+        self.config_mut().methods.retain(|(m, _)| *m != method);
+        self.config_mut().methods.push((method, requirement));
         self
     }
 
@@ -301,7 +308,7 @@ impl IdempotencyLayer {
     where
         F: Fn(&Parts) -> Option<KeyRequirement> + Send + Sync + 'static,
     {
-        self.config.requirement = Some(Arc::new(requirement));
+        self.config_mut().requirement = Some(Arc::new(requirement));
         self
     }
 
@@ -310,7 +317,7 @@ impl IdempotencyLayer {
     /// is sooner. At least one second: the header counts whole seconds.
     #[must_use]
     pub fn in_flight_retry_after(mut self, longest: Duration) -> Self {
-        self.config.in_flight_retry_after = longest;
+        self.config_mut().in_flight_retry_after = longest;
         self
     }
 
@@ -319,7 +326,7 @@ impl IdempotencyLayer {
     /// which each slug (`in-flight`, `key-reused`, ...) is appended.
     #[must_use]
     pub fn problem_type_base(mut self, base: impl Into<String>) -> Self {
-        self.config.problem_base = Arc::from(base.into());
+        self.config_mut().problem_base = Arc::from(base.into());
         self
     }
 
@@ -342,7 +349,7 @@ impl IdempotencyLayer {
     where
         F: Fn(&mut http::Response<Body>) + Send + Sync + 'static,
     {
-        self.config.on_replay = Some(Arc::new(adjust));
+        self.config_mut().on_replay = Some(Arc::new(adjust));
         self
     }
 
@@ -375,7 +382,7 @@ impl IdempotencyLayer {
     /// ```
     #[must_use]
     pub fn leave_unmatched_routes(mut self, leave: bool) -> Self {
-        self.config.leave_unmatched = leave;
+        self.config_mut().leave_unmatched = leave;
         self
     }
 
@@ -409,14 +416,14 @@ impl IdempotencyLayer {
     where
         F: Fn(&Parts, &bytes::Bytes) -> Result<Option<String>, Refusal> + Send + Sync + 'static,
     {
-        self.config.key_with = Some(Arc::new(key));
+        self.config_mut().key_with = Some(Arc::new(key));
         self
     }
 
     /// The header to read instead of `Idempotency-Key`.
     #[must_use]
     pub fn header(mut self, name: HeaderName) -> Self {
-        self.config.header = name;
+        self.config_mut().header = name;
         self
     }
 
@@ -431,7 +438,7 @@ impl IdempotencyLayer {
         T: Into<String>,
     {
         let ignored: Vec<String> = fields.into_iter().map(Into::into).collect();
-        self.config.fingerprint = FingerprintRule::Default {
+        self.config_mut().fingerprint = FingerprintRule::Default {
             ignored: ignored.into(),
         };
         self
@@ -444,7 +451,7 @@ impl IdempotencyLayer {
     where
         F: Fn(&Parts, &bytes::Bytes) -> Fingerprint + Send + Sync + 'static,
     {
-        self.config.fingerprint = FingerprintRule::Custom(Arc::new(fingerprint));
+        self.config_mut().fingerprint = FingerprintRule::Custom(Arc::new(fingerprint));
         self
     }
 
@@ -452,7 +459,7 @@ impl IdempotencyLayer {
     /// anything is claimed.
     #[must_use]
     pub fn max_request_body(mut self, bytes: usize) -> Self {
-        self.config.max_request_body = bytes;
+        self.config_mut().max_request_body = bytes;
         self
     }
 
@@ -472,7 +479,7 @@ impl IdempotencyLayer {
     ///   A gRPC answer waits for its trailers' status (see [`grpc_disposition`](crate::grpc_disposition)).
     #[must_use]
     pub fn max_response_body(mut self, bytes: usize) -> Self {
-        self.config.max_response_body = bytes;
+        self.config_mut().max_response_body = bytes;
         self
     }
 
@@ -484,7 +491,7 @@ impl IdempotencyLayer {
     where
         F: Fn(StatusCode) -> Disposition + Send + Sync + 'static,
     {
-        self.config.disposition = Arc::new(policy);
+        self.config_mut().disposition = Arc::new(policy);
         self
     }
 
@@ -493,7 +500,7 @@ impl IdempotencyLayer {
     /// [`store_set_cookie`](IdempotencyLayer::store_set_cookie).
     #[must_use]
     pub fn stored_headers<I: IntoIterator<Item = HeaderName>>(mut self, headers: I) -> Self {
-        self.config.stored_headers = headers.into_iter().collect();
+        self.config_mut().stored_headers = headers.into_iter().collect();
         self
     }
 
@@ -501,7 +508,7 @@ impl IdempotencyLayer {
     /// request's session to whoever retries).
     #[must_use]
     pub fn store_set_cookie(mut self, store: bool) -> Self {
-        self.config.store_set_cookie = store;
+        self.config_mut().store_set_cookie = store;
         self
     }
 
@@ -534,7 +541,7 @@ impl IdempotencyLayer {
     /// ```
     #[must_use]
     pub fn shadow(mut self, shadow: bool) -> Self {
-        self.config.shadow = shadow;
+        self.config_mut().shadow = shadow;
         self
     }
 }
@@ -563,6 +570,6 @@ impl<S: 'static> Layer<S> for IdempotencyLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         let routed = is_axum_route::<S>();
-        IdempotencyService::new(inner, Arc::new(self.config.clone()), routed)
+        IdempotencyService::new(inner, Arc::clone(&self.config), routed)
     }
 }

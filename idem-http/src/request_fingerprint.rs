@@ -43,12 +43,19 @@ impl fmt::Debug for FingerprintRule {
 }
 
 /// The media type of the body, lowercased, without parameters.
-fn media_type(headers: &HeaderMap) -> Option<String> {
+fn media_type(headers: &HeaderMap) -> Option<Cow<'_, str>> {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
-        .map(|mime| mime.trim().to_ascii_lowercase())
+        .map(|mime| {
+            let mime = mime.trim();
+            if mime.bytes().any(|b| b.is_ascii_uppercase()) {
+                Cow::Owned(mime.to_ascii_lowercase())
+            } else {
+                Cow::Borrowed(mime)
+            }
+        })
 }
 
 fn is_json(mime: &str) -> bool {
@@ -102,11 +109,12 @@ enum Json<'a> {
     Null,
     Bool(bool),
     Number(&'a str),
-    String(String),
+    /// Borrowed from the body unless it has escapes.
+    String(Cow<'a, str>),
     Array(Vec<Json<'a>>),
     /// Sorted as `idem_core::Fingerprint::of_json` sorts; a repeated name keeps its last
     /// value, as serde_json does.
-    Object(BTreeMap<String, Json<'a>>),
+    Object(BTreeMap<Cow<'a, str>, Json<'a>>),
 }
 
 /// Containers nested deeper than this are refused, as serde_json refuses them (its
@@ -255,7 +263,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A string, its escapes decoded; a lone surrogate is refused, as serde_json does.
-    fn string(&mut self) -> Option<String> {
+    fn string(&mut self) -> Option<Cow<'a, str>> {
         self.at += 1;
         let mut out = String::new();
         loop {
@@ -264,13 +272,19 @@ impl<'a> Parser<'a> {
                 self.at += 1;
             }
             // `at` stops on an ASCII byte or the end, a character boundary.
-            out.push_str(self.text.get(start..self.at)?);
+            let run = self.text.get(start..self.at)?;
             match self.peek()? {
                 b'"' => {
                     self.at += 1;
-                    return Some(out);
+                    // Most strings have no escape: the body's own text, no copy.
+                    if out.is_empty() {
+                        return Some(Cow::Borrowed(run));
+                    }
+                    out.push_str(run);
+                    return Some(Cow::Owned(out));
                 }
                 b'\\' => {
+                    out.push_str(run);
                     self.at += 1;
                     let escape = self.peek()?;
                     self.at += 1;
@@ -328,6 +342,15 @@ impl<'a> Parser<'a> {
 /// Two numbers are written alike only when serde_json printed them alike and both are
 /// exactly that value; serde_json's print tells an integer (`1`) from a float (`1.0`).
 fn canonical_number(text: &str) -> Cow<'_, str> {
+    // The common case, without parsing: an integer of at most 18 digits (within i64 and
+    // u64 both) that serde_json prints digit for digit. "-0" is not one: it prints as "0".
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if (1..=18).contains(&digits.len())
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" && digits.len() == text.len() || !digits.starts_with('0'))
+    {
+        return Cow::Borrowed(text);
+    }
     let Ok(number) = serde_json::from_str::<serde_json::Number>(text) else {
         // Out of an f64's range.
         return Cow::Borrowed(text);
@@ -460,7 +483,7 @@ fn remove(value: &mut Json<'_>, field: &str) {
     for token in parent.into_iter().flat_map(|parent| parent.split('/')) {
         let token = unescape(token);
         let next = match target {
-            Json::Object(members) => members.get_mut(&token),
+            Json::Object(members) => members.get_mut(token.as_str()),
             Json::Array(items) => pointer_index(&token).and_then(|index| items.get_mut(index)),
             _ => None,
         };
@@ -470,7 +493,7 @@ fn remove(value: &mut Json<'_>, field: &str) {
     let last = unescape(last);
     match target {
         Json::Object(members) => {
-            members.remove(&last);
+            members.remove(last.as_str());
         }
         Json::Array(items) => {
             if let Ok(index) = last.parse::<usize>() {
@@ -710,6 +733,26 @@ mod tests {
             with_type(&rule, "/pay", FORM, "{}"),
             with_type(&rule, "/pay", "application/json", "{}")
         );
+    }
+
+    #[test]
+    fn integers_read_without_parsing_print_as_serde_json_prints_them() {
+        for text in [
+            "0",
+            "-0",
+            "7",
+            "-5",
+            "500",
+            "999999999999999999",
+            "-999999999999999999",
+            "1000000000000000000",
+            "18446744073709551615",
+        ] {
+            let printed = serde_json::from_str::<serde_json::Number>(text)
+                .unwrap()
+                .to_string();
+            assert_eq!(canonical_number(text), printed, "{text}");
+        }
     }
 
     #[test]

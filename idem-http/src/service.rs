@@ -184,6 +184,8 @@ where
     B::Error: Into<BoxError>,
     ResBody: ResponseBody,
 {
+    // Only the protected path runs inline: every other one is boxed, so that this
+    // future (allocated and copied for every request) holds none of their states.
     let (parts, body) = request.into_parts();
     let requirement = config.requirement(&parts, routed);
     let mut values = parts.headers.get_all(&config.header).iter();
@@ -193,7 +195,7 @@ where
     if requirement == KeyRequirement::Ignored
         || (!keyed_by_body && value.is_none() && requirement == KeyRequirement::Optional)
     {
-        return pass(inner, &config, Request::from_parts(parts, body), None).await;
+        return Box::pin(pass(inner, &config, Request::from_parts(parts, body), None)).await;
     }
     // Keys taken from the body need it read first; header keys are checked before a byte
     // of it is read.
@@ -201,28 +203,29 @@ where
         Some(key_with) => {
             let body = match read_request(&config, body).await {
                 Ok(body) => body,
-                Err(refused) => return refused.answer(inner, &config, parts).await,
+                Err(refused) => return Box::pin(refused.answer(inner, &config, parts)).await,
             };
             match key_with(&parts, &body) {
                 Ok(Some(key)) => (key, Pending::Read(body)),
                 Ok(None) if requirement == KeyRequirement::Optional => {
-                    return pass(inner, &config, Request::from_parts(parts, full(body)), None)
-                        .await;
+                    let request = Request::from_parts(parts, full(body));
+                    return Box::pin(pass(inner, &config, request, None)).await;
                 }
                 Ok(None) => {
                     let (answer, response) = missing_key(&config);
-                    return refuse(inner, &config, answer, response, parts, full(body)).await;
+                    return Box::pin(refuse(inner, &config, answer, response, parts, full(body)))
+                        .await;
                 }
                 Err(refused) => {
                     let response = refused.into_http_response();
-                    return refuse(
+                    return Box::pin(refuse(
                         inner,
                         &config,
                         Answer::MalformedKey,
                         response,
                         parts,
                         full(body),
-                    )
+                    ))
                     .await;
                 }
             }
@@ -238,7 +241,7 @@ where
             match client_key {
                 Ok(key) => (key, Pending::Unread(body)),
                 Err((answer, response)) => {
-                    return refuse(inner, &config, answer, response, parts, body).await;
+                    return Box::pin(refuse(inner, &config, answer, response, parts, body)).await;
                 }
             }
         }
@@ -248,14 +251,16 @@ where
         Err(refused) => {
             let response = refused.into_http_response();
             let body = body.into_body();
-            return refuse(inner, &config, Answer::ScopeRefused, response, parts, body).await;
+            let refusal = refuse(inner, &config, Answer::ScopeRefused, response, parts, body);
+            return Box::pin(refusal).await;
         }
     };
     let key = match Key::new(scope, client_key) {
         Ok(key) => key,
         Err(err) => {
             let (answer, response) = invalid_key(&config, &err);
-            return refuse(inner, &config, answer, response, parts, body.into_body()).await;
+            let refusal = refuse(inner, &config, answer, response, parts, body.into_body());
+            return Box::pin(refusal).await;
         }
     };
     // Read the whole body before anything is claimed: a body over the limit, or a client
@@ -264,7 +269,7 @@ where
         Pending::Read(body) => body,
         Pending::Unread(body) => match read_request(&config, body).await {
             Ok(body) => body,
-            Err(refused) => return refused.answer(inner, &config, parts).await,
+            Err(refused) => return Box::pin(refused.answer(inner, &config, parts)).await,
         },
     };
     let fingerprint = config.fingerprint.fingerprint(&parts, &body);
@@ -607,7 +612,17 @@ where
         First::Done(result) => match head_rx.try_recv() {
             // The handler's response began and its work ended in the same poll.
             Ok(head) => (head, Box::pin(tail_of(result, pump)) as Tail),
-            Err(_) => return answered(result, &captured, &config, shadow).await,
+            Err(_) => {
+                let first = || lock(&captured).take();
+                let Some(shadow) = shadow else {
+                    let (answer, response) = answer(result, first, &config);
+                    observe::answer(answer);
+                    return response;
+                };
+                // Boxed: shadow mode may call the handler again, whose future is not
+                // part of this one.
+                return Box::pin(shadow_answer(result, &captured, &config, shadow)).await;
+            }
         },
     };
     let (parts, frames) = head;
@@ -623,24 +638,20 @@ enum First {
     Panicked,
 }
 
-/// What the client gets when the work ended before any response streamed: the
-/// handler's whole response, a replay, or a problem.
-async fn answered<S, ResBody>(
+/// What the client gets in shadow mode when the work ended before any response
+/// streamed: the handler's whole response, or the handler's answer to the request
+/// passed on again.
+async fn shadow_answer<S, ResBody>(
     result: Executed,
     captured: &Captured,
     config: &Arc<Config>,
-    shadow: Option<(S, http::request::Parts, Bytes, Key)>,
+    (inner, head, body, key): (S, http::request::Parts, Bytes, Key),
 ) -> Response<Body>
 where
     S: Inner<ResBody>,
     ResBody: ResponseBody,
 {
     let first = || lock(captured).take();
-    let Some((inner, head, body, key)) = shadow else {
-        let (answer, response) = answer(result, first, config);
-        observe::answer(answer);
-        return response;
-    };
     // Shadow mode: the handler's answer, always; what the layer would have said is
     // counted when it is not the handler's.
     if let Some(response) = first() {

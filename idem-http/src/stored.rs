@@ -77,17 +77,15 @@ fn corrupt(what: &'static str) -> DecodeError {
     DecodeError { what }
 }
 
-/// Reads the encoding front to back.
-struct Reader<'a>(&'a [u8]);
+/// Reads the encoding front to back, handing out parts of the one buffer (no copies).
+struct Reader(Bytes);
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
+impl Reader {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
         if self.0.len() < n {
             return Err(corrupt(what));
         }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
+        Ok(self.0.split_to(n))
     }
 
     fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
@@ -107,10 +105,10 @@ impl<'a> Reader<'a> {
         for _ in 0..count {
             let name_len = self.u16("a truncated header")?;
             let name =
-                HeaderName::from_bytes(self.take(usize::from(name_len), "a truncated header")?)
+                HeaderName::from_bytes(&self.take(usize::from(name_len), "a truncated header")?)
                     .map_err(|_| corrupt("an invalid header name"))?;
             let value_len = self.u32("a truncated header")? as usize;
-            let value = HeaderValue::from_bytes(self.take(value_len, "a truncated header")?)
+            let value = HeaderValue::from_maybe_shared(self.take(value_len, "a truncated header")?)
                 .map_err(|_| corrupt("an invalid header value"))?;
             fields.append(name, value);
         }
@@ -207,8 +205,28 @@ impl StoredResponse {
     /// # Errors
     /// [`DecodeError`] for anything else.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let mut reader = Reader(bytes);
+        Self::decode_shared(Bytes::copy_from_slice(bytes))
+    }
+
+    /// [`StoredResponse::decode`] of bytes the response may share: its body and header
+    /// values are parts of `bytes`, not copies (a `Vec<u8>` converts without a copy).
+    ///
+    /// ```
+    /// use http::{HeaderMap, StatusCode};
+    /// use idem_http::StoredResponse;
+    ///
+    /// let stored = StoredResponse::new(StatusCode::CREATED, HeaderMap::new(), "ok".into());
+    /// let decoded = StoredResponse::decode_shared(stored.encode())?;
+    /// assert_eq!((decoded.status, &decoded.body[..]), (StatusCode::CREATED, &b"ok"[..]));
+    /// # Ok::<(), idem_http::DecodeError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`DecodeError`] for anything but what [`StoredResponse::encode`] wrote.
+    pub fn decode_shared(bytes: impl Into<Bytes>) -> Result<Self, DecodeError> {
+        let mut reader = Reader(bytes.into());
         let magic = reader.take(4, "no header")?;
+        let magic = &magic[..];
         let (sized, with_trailers) = (magic == MAGIC || magic == MAGIC_V3, magic == MAGIC_V3);
         let sized = if sized {
             true
@@ -225,7 +243,7 @@ impl StoredResponse {
         let headers = reader.fields()?;
         let body = if sized {
             let length = reader.take(8, "no body length")?;
-            let length = u64::from_be_bytes(length.try_into().unwrap_or([0xff; 8]));
+            let length = u64::from_be_bytes(length[..].try_into().unwrap_or([0xff; 8]));
             let length = usize::try_from(length)
                 .map_err(|_| corrupt("a body of another length than recorded"))?;
             reader.take(length, "a body of another length than recorded")?
@@ -243,7 +261,7 @@ impl StoredResponse {
         Ok(Self {
             status,
             headers,
-            body: Bytes::copy_from_slice(body),
+            body,
             trailers,
             body_too_large: flags & TOO_LARGE != 0,
         })

@@ -1,8 +1,8 @@
 //! The driver on the memory store with a manual clock: deterministic, no sleeping.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -164,6 +164,40 @@ async fn a_retryable_failure_releases_the_key_at_once() {
         }
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_retryable_failure_after_deriving_a_key_keeps_the_key_for_that_request() {
+    let (idem, _) = setup();
+    // The work sent a derived key elsewhere, then failed as retryable: the retry must
+    // derive the same key, so the other system can deduplicate the two calls.
+    let derived = Arc::new(Mutex::new(Vec::new()));
+    let work = |fail: bool| {
+        let derived = Arc::clone(&derived);
+        move |ctx: Context| async move {
+            derived.lock().unwrap().push(ctx.derive("provider"));
+            if fail {
+                return Err(WorkError::Retryable(PaymentError::ProviderDown));
+            }
+            Ok::<_, WorkError<PaymentError>>(ctx.resumed())
+        }
+    };
+    let outcome = idem.execute(&key(), fingerprint(500), work(true)).await;
+    assert_eq!(
+        outcome.unwrap(),
+        Outcome::Retryable(PaymentError::ProviderDown)
+    );
+    assert!(idem.store().get(&key()).await.unwrap().is_some(), "kept");
+    let other = idem.execute(&key(), fingerprint(900), work(false)).await;
+    assert!(matches!(other, Err(Error::Mismatch)), "{other:?}");
+    let done = idem
+        .execute(&key(), fingerprint(500), work(false))
+        .await
+        .unwrap();
+    assert_eq!(done.value(), Some(true), "the retry took the record over");
+    let derived = derived.lock().unwrap();
+    assert_eq!(derived.len(), 2);
+    assert_eq!(derived[0], derived[1], "the same derived key on the retry");
 }
 
 #[tokio::test]

@@ -34,9 +34,11 @@ pub(crate) const FINISH_CREATED: &str = "#ca = :ca";
 pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response, \
      #ea = #ea + :late, #ttl = #ttl + :late_s";
 /// A release, beside the fence, when the record holds no step: nothing took effect, so
-/// the record's lifetime ends too and the next claim is fresh under any fingerprint.
-pub(crate) const RELEASE_WITHOUT_STEPS: &str = "size(#stp) = :zero";
-pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :now, #ea = :now";
+/// the record's lifetime ends too and the next claim is fresh under any fingerprint. The
+/// lease ends at the cutoff, not now: its owner let go, so no claim waits out the skew
+/// margin for it, and the record is absent at once.
+pub(crate) const RELEASE_WITHOUT_STEPS: &str = "(attribute_not_exists(#stp) OR size(#stp) = :zero)";
+pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :cutoff, #ea = :now";
 /// A release of a record with steps: kept for a takeover.
 pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
 /// A renewal whose new lease end the item's TTL already covers: the common case, one

@@ -62,6 +62,84 @@ async fn a_takeover_waits_for_the_skew_margin() {
     }
 }
 
+#[tokio::test]
+async fn a_release_without_steps_forgets_the_key_at_once_despite_the_skew_margin() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let client = common::client(&endpoint);
+    idem_dynamodb::create_table(&client, &common::table())
+        .await
+        .unwrap();
+    let clock = ManualClock::starting_at(Timestamp::now());
+    let store = DynamoDbStore::builder(client, &common::table())
+        .unwrap()
+        .prefix(&common::unique_prefix())
+        .unwrap()
+        .skew_margin(Duration::from_secs(2))
+        .clock(clock.clone())
+        .build();
+    let key = Key::new("margin", "forgotten").unwrap();
+    let request = |body: &str| {
+        ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes(body),
+            Duration::from_secs(10),
+            Duration::from_secs(3600),
+        )
+    };
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request("a")).await.unwrap() else {
+        panic!("the first claim")
+    };
+    assert_eq!(store.release(&lease).await.unwrap(), WriteOutcome::Applied);
+    // No time passes: the owner let go, so nothing waits out the margin.
+    assert_eq!(store.get(&key).await.unwrap(), None);
+    assert_eq!(
+        store.release(&lease).await.unwrap(),
+        WriteOutcome::Fenced,
+        "a release retried after it forgot the record"
+    );
+    match store.claim(&request("b")).await.unwrap() {
+        ClaimOutcome::Claimed {
+            lease: next,
+            resumed: false,
+            ..
+        } => assert!(next.token > lease.token),
+        other => panic!("a corrected request after a release: {other:?}"),
+    }
+
+    // With a step, the record stays for a takeover after the margin, as before.
+    let key = Key::new("margin", "kept").unwrap();
+    // A new attempt id each time: another process's retry.
+    let request = || {
+        ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes("a"),
+            Duration::from_secs(10),
+            Duration::from_secs(3600),
+        )
+    };
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request()).await.unwrap() else {
+        panic!("the first claim")
+    };
+    let step = StepName::new("debit").unwrap();
+    assert_eq!(
+        store.checkpoint(&lease, &step, b"1").await.unwrap(),
+        WriteOutcome::Applied
+    );
+    assert_eq!(store.release(&lease).await.unwrap(), WriteOutcome::Applied);
+    assert!(store.get(&key).await.unwrap().is_some());
+    assert!(matches!(
+        store.claim(&request()).await.unwrap(),
+        ClaimOutcome::InFlight { .. }
+    ));
+    clock.advance(Duration::from_secs(2));
+    assert!(matches!(
+        store.claim(&request()).await.unwrap(),
+        ClaimOutcome::Claimed { resumed: true, .. }
+    ));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn thirty_two_tasks_per_key_execute_once() {
     const TASKS: usize = 32;

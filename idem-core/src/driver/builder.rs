@@ -196,6 +196,10 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// Caps how fast each scope may create new keys (default: no cap); the excess is
     /// [`Error::KeyBudgetExhausted`]. See [`KeyBudget`] and [`TokenBucket`].
     ///
+    /// A retry after [`WorkError::Retryable`](crate::WorkError::Retryable) with no step
+    /// recorded claims a forgotten key, so it is charged as a new key (and refused once
+    /// the scope's budget is spent).
+    ///
     /// ```
     /// use idem_core::{Idempotency, MemoryStore, driver::TokenBucket};
     /// use std::time::Duration;

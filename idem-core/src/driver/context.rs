@@ -52,6 +52,8 @@ struct Inner {
     compensating: bool,
     /// Not backed by a claimed record: steps run every time and nothing is written.
     detached: bool,
+    /// The work derived a key for another system ([`Context::derive`]).
+    derived: AtomicBool,
 }
 
 impl Context {
@@ -87,6 +89,7 @@ impl Context {
                 undos: Mutex::new(Vec::new()),
                 compensating,
                 detached: false,
+                derived: AtomicBool::new(false),
             }),
         }
     }
@@ -119,6 +122,7 @@ impl Context {
                 undos: Mutex::new(Vec::new()),
                 compensating: false,
                 detached: true,
+                derived: AtomicBool::new(false),
             }),
         }
     }
@@ -161,7 +165,10 @@ impl Context {
     /// A stable idempotency key for calling another system on behalf of this execution.
     ///
     /// - The same for every retry and takeover of this request within the record's
-    ///   lifetime, so the downstream system deduplicates them.
+    ///   lifetime, so the downstream system deduplicates them. A run that derived a key
+    ///   and then fails with [`WorkError::Retryable`](crate::WorkError::Retryable) keeps
+    ///   the record for its retry (a release would otherwise end the lifetime of a record
+    ///   with no step), so the retry derives the same key.
     /// - Different for each `label`, for another request (fingerprint) under the same key,
     ///   and for another lifetime of the key (after the record expired and was deleted,
     ///   told apart by its creation time): a downstream system never merges two different
@@ -196,7 +203,15 @@ impl Context {
                 &label,
             );
         }
+        self.inner.derived.store(true, Ordering::Relaxed);
         crate::key::derive_key(&lease.key, &self.inner.fingerprint, lease.created_at, label)
+    }
+
+    /// Whether a release would end the record's lifetime (no step is recorded) although
+    /// the work derived a key for another system, which the next lifetime would derive
+    /// anew.
+    pub(crate) fn derived_without_steps(&self) -> bool {
+        self.inner.derived.load(Ordering::Relaxed) && lock(&self.inner.steps).is_empty()
     }
 
     /// Runs the step `name` once across retries and takeovers, unless the process dies

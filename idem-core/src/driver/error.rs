@@ -36,8 +36,11 @@ pub enum WorkError<E> {
     /// The operation failed for good: the error is stored and every retry gets it back.
     Permanent(E),
     /// Nothing took effect: the lease is released and nothing is stored, so the next retry
-    /// runs the work again at once. With no step checkpointed, the key is forgotten: a
-    /// different request under it runs too, instead of being a mismatch.
+    /// runs the work again at once. With no step checkpointed and no key derived
+    /// ([`Context::derive`](crate::Context::derive)), the key is forgotten: a different
+    /// request under it runs too, instead of being a mismatch. A run that derived a key
+    /// keeps the record (it checkpoints a mark of its own first), so its retry derives the
+    /// same key.
     Retryable(E),
     /// The work may or may not have taken effect (a downstream call timed out). The lease is
     /// kept until it expires: duplicates see in-flight until then, and a later retry takes

@@ -253,9 +253,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// - The claim fails in the store: [`Error::Store`]; `work` does not run (fail closed).
     /// - `work` returns [`WorkError::Permanent`]: the error is stored, [`Outcome::Failed`].
     /// - [`WorkError::Retryable`]: the lease is released, nothing is stored,
-    ///   [`Outcome::Retryable`]. With no step checkpointed the key is forgotten, so the
-    ///   next call runs under any fingerprint; with steps, the next call with the same
-    ///   fingerprint takes over and resumes.
+    ///   [`Outcome::Retryable`]. With no step checkpointed and no key derived the key is
+    ///   forgotten, so the next call runs under any fingerprint; otherwise the next call
+    ///   with the same fingerprint takes over, resumes and derives the same keys.
     /// - [`WorkError::Unknown`]: the lease is kept until it expires, [`Outcome::Unknown`].
     /// - A result or error that does not serialise, does not read back as its type, or
     ///   does not fit: stored as a permanent failure ([`Error::Unstorable`]) and

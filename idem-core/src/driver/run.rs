@@ -114,6 +114,22 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 Box::pin(self.fail::<W>(&context, StoredFailure::Work(error), None)).await
             }
             Err(WorkError::Retryable(error)) => {
+                // A release of a record with no step ends its lifetime, and the next
+                // lifetime derives other keys: one the work already sent elsewhere would
+                // not be sent again. A checkpoint first keeps the record (and its keys) for
+                // the retry; if it cannot be written, the lease is left to run out.
+                if context.derived_without_steps() {
+                    let marked = match super::error::step_name(super::saga::DERIVED_STEP) {
+                        Ok(step) => Box::pin(context.checkpoint_own(&step, b"")).await.is_ok(),
+                        Err(_) => false,
+                    };
+                    if !marked {
+                        tracing::warn!(
+                            "could not keep the derived keys' record; the lease will expire"
+                        );
+                        return Ok(Outcome::Retryable(error));
+                    }
+                }
                 // Best effort, bounded like every store call (no lease deadline: a
                 // release that fails just lets the lease run out).
                 let release = durable::write(

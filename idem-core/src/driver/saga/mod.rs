@@ -18,6 +18,11 @@ pub(crate) const SAGA_STEP: &str = "idem.saga";
 const UNDO_PREFIX: &str = "idem.undo:";
 /// Step names starting with this are idem's own.
 pub(crate) const RESERVED_PREFIX: &str = "idem.";
+/// The checkpoint a run leaves before releasing its key when it derived a key for another
+/// system but recorded no step: a release keeps a record with steps, so the next retry
+/// takes over and derives the same key, instead of starting a lifetime that derives
+/// another.
+pub(crate) const DERIVED_STEP: &str = "idem.derived";
 
 /// What compensating a failed execution did; stored with the failure and replayed with it
 /// ([`Outcome::Compensated`](crate::Outcome::Compensated)).

@@ -39,8 +39,11 @@ pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response, \
 /// margin for it, and the record is absent at once.
 pub(crate) const RELEASE_WITHOUT_STEPS: &str = "(attribute_not_exists(#stp) OR size(#stp) = :zero)";
 pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :cutoff, #ea = :now";
-/// A release of a record with steps: kept for a takeover.
-pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
+/// A release of a record with steps, beside the fence and `FINISH_CREATED`: kept for a
+/// takeover, for one retention after now at least, moved as `FINISH_UPDATE` moves a late
+/// result's expiry.
+pub(crate) const RELEASE_KEEP_UPDATE: &str =
+    "SET #lu = :now, #ea = #ea + :late, #ttl = #ttl + :late_s";
 /// A renewal whose new lease end the item's TTL already covers: the common case, one
 /// conditional write.
 pub(crate) const RENEW_UPDATE: &str = "SET #lu = :lu";
@@ -77,7 +80,7 @@ mod tests {
 
     #[test]
     fn only_used_names_are_sent() {
-        let names = names(&[FENCE, RELEASE_UPDATE]);
+        let names = names(&[FENCE, RELEASE_FORGET_UPDATE]);
         let mut keys: Vec<_> = names.keys().map(String::as_str).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["#at", "#ea", "#lu", "#st", "#tk"]);

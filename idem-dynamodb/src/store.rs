@@ -448,17 +448,52 @@ impl Store for DynamoDbStore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
-        // Most releases find no step: one write. One that finds steps (or a fence that
-        // fails) tries the plain release, whose condition is the fence alone.
+        let operation = Operation::Release;
+        // Most releases find no step: one write.
         let condition = format!("{} AND {}", x::FENCE, x::RELEASE_WITHOUT_STEPS);
         let forget = self
             .fenced(lease, x::RELEASE_FORGET_UPDATE, &condition, self.now())
             .expression_attribute_values(":zero", n(0));
-        if self.fenced_write(Operation::Release, forget).await? == WriteOutcome::Applied {
-            return Ok(WriteOutcome::Applied);
+        let mut old = match forget.send().await {
+            Ok(_) => return Ok(WriteOutcome::Applied),
+            Err(err) => condition_failed(err, operation)?,
+        };
+        // Steps, or a fence that failed: the old item tells which, and its creation time
+        // moves the expiry as a late result's moves.
+        let condition = format!("{} AND {}", x::FENCE, x::FINISH_CREATED);
+        for _ in 0..FINISH_ATTEMPTS {
+            let item = match old {
+                Some(item) => Some(item),
+                // Some servers send no old item: read it, strongly consistent.
+                None => self.read(&lease.key, operation).await?,
+            };
+            let Some(item) = item else {
+                return Ok(WriteOutcome::Fenced);
+            };
+            let (seen, _) = item::decode(&lease.key, &item)?;
+            let now = self.now();
+            let mut counted = seen.clone();
+            counted.lease_until = counted.lease_until.saturating_add(self.skew_margin);
+            if machine::release(Some(&counted), lease, now).outcome == WriteOutcome::Fenced {
+                return Ok(WriteOutcome::Fenced);
+            }
+            let late = duration_millis(now.saturating_duration_since(seen.created_at));
+            let result = self
+                .fenced(lease, x::RELEASE_KEEP_UPDATE, &condition, now)
+                .expression_attribute_values(":ca", n(seen.created_at.as_unix_millis()))
+                .expression_attribute_values(":late", n(late))
+                .expression_attribute_values(":late_s", n(late.div_ceil(1000)))
+                .send()
+                .await;
+            match result {
+                Ok(_) => return Ok(WriteOutcome::Applied),
+                Err(err) => old = condition_failed(err, operation)?,
+            }
         }
-        let builder = self.fenced(lease, x::RELEASE_UPDATE, x::FENCE, self.now());
-        self.fenced_write(Operation::Release, builder).await
+        Err(StoreError::Busy {
+            operation,
+            source: "the item kept changing under the release; retry".into(),
+        })
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {

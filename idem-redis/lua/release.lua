@@ -11,6 +11,9 @@ end
 r.l = now
 if #steps_of(key) == 0 then
   r.e = now
+else
+  -- Kept for a takeover, for one retention after now at least (as a late result is).
+  r.e = math.max(r.e, now + math.max(r.e - r.c, 0))
 end
 redis.call('HSET', key, 'l', num(now), 'e', num(r.e))
 keep(key, r, now)

@@ -133,6 +133,8 @@ macro_rules! __with_cases {
                 "Claiming an absent record (expired, no live lease) is a fresh claim: token + 1, steps and response cleared, any fingerprint.";
             a_live_lease_is_never_absent => ALiveLeaseIsNeverAbsent:
                 "A record whose retention ended but whose lease lives is in flight, not claimed afresh; its owner still writes.";
+            a_release_after_the_retention_keeps_its_steps => AReleaseAfterTheRetentionKeepsItsSteps:
+                "A release of a record with steps after its retention ended (a live lease held it) keeps the record for one retention after the release: the next claim takes over with the steps.";
             late_results_stay_replayable => LateResultsStayReplayable:
                 "A result or failure stored after the record's retention ended (a live lease held it) is replayed and shown by get for one whole retention after it is stored.";
             different_fingerprint_is_a_mismatch => DifferentFingerprintIsAMismatch:

@@ -194,6 +194,9 @@ impl Suite {
             Case::LateResultsStayReplayable => {
                 retention::late_results_stay_replayable(s, caps).await
             }
+            Case::AReleaseAfterTheRetentionKeepsItsSteps => {
+                retention::a_release_after_the_retention_keeps_its_steps(s, caps).await
+            }
             Case::GetHidesAbsentRecords => retention::get_hides_absent_records(s, caps).await,
             Case::LifetimesAreToldApart => retention::lifetimes_are_told_apart(store, caps).await,
             Case::ExtremeDurationsWork => retention::extreme_durations_work(s, caps).await,

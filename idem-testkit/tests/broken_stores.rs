@@ -71,6 +71,9 @@ enum Flaw {
     /// A release ends the record's lifetime even when it holds steps: the next claim
     /// starts afresh and runs those steps again.
     ReleaseForgetsSteps,
+    /// A release of a record with steps keeps `expires_at` as it was: after the retention
+    /// ended, the record is absent at once and its steps run again.
+    ReleaseKeepsExpiry,
 }
 
 /// The record limit of the stores that declare one here: small, so the cases stay quick.
@@ -354,10 +357,12 @@ impl Store for FlawedStore {
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
         let kept = self.has(Flaw::ReleaseKeepsAnEmptyRecord);
         let forgets = self.has(Flaw::ReleaseForgetsSteps);
+        let keeps_expiry = self.has(Flaw::ReleaseKeepsExpiry);
         Ok(self.apply(&lease.key, |r, now| {
             let mut step = machine::release(r, lease, now);
             if let (Some(written), Some(before)) = (step.write.as_mut(), r) {
-                if kept {
+                let stepless = before.steps.is_empty();
+                if kept && stepless || keeps_expiry && !stepless {
                     written.expires_at = before.expires_at;
                 }
                 if forgets {
@@ -725,7 +730,10 @@ async fn a_store_whose_takeover_forgets_steps_is_reported() {
             Case::EncryptedRecordsRefuseCopiesAndTampering,
             Case::MatchesTheStateMachine,
         ],
-        &[Case::ReleaseLetsTheNextClaimTakeOver],
+        &[
+            Case::ReleaseLetsTheNextClaimTakeOver,
+            Case::AReleaseAfterTheRetentionKeepsItsSteps,
+        ],
     );
 }
 
@@ -746,12 +754,23 @@ async fn a_release_that_forgets_steps_is_reported() {
         &report,
         &[
             Case::ReleaseLetsTheNextClaimTakeOver,
+            Case::AReleaseAfterTheRetentionKeepsItsSteps,
             Case::TokensStrictlyIncrease,
         ],
         &[
             Case::MatchesTheStateMachine,
             Case::StepsRunOnceAcrossTakeovers,
         ],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_that_keeps_the_expiry_is_reported() {
+    let report = suite(Some(Flaw::ReleaseKeepsExpiry)).run_all().await;
+    assert_reported(
+        &report,
+        &[Case::AReleaseAfterTheRetentionKeepsItsSteps],
+        &[Case::MatchesTheStateMachine],
     );
 }
 
@@ -806,6 +825,7 @@ async fn a_store_that_forgets_a_live_lease_past_retention_is_reported() {
             Case::PurgeRemovesOnlyAbsentRecords,
             Case::ExtremeDurationsWork,
             Case::LateResultsStayReplayable,
+            Case::AReleaseAfterTheRetentionKeepsItsSteps,
         ],
     );
 }
@@ -924,6 +944,7 @@ const LEASE_ENDS_MEET: &[Case] = &[
     Case::TokensStrictlyIncrease,
     Case::ReleaseLetsTheNextClaimTakeOver,
     Case::ReleaseWithoutStepsForgetsTheKey,
+    Case::AReleaseAfterTheRetentionKeepsItsSteps,
     Case::RenewExtendsTheLease,
     Case::StaleOwnerIsFencedAfterTakeover,
     Case::WritesAfterTheEndAreFenced,

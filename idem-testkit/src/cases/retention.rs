@@ -187,6 +187,41 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
 /// on a server's clock, long enough to claim and read within it after storing.
 const SHORT_RETENTION: Duration = Duration::from_secs(1);
 
+pub(crate) async fn a_release_after_the_retention_keeps_its_steps(
+    store: &dyn Store,
+    caps: &Capabilities,
+) {
+    // An hour's lease holds the record past a retention of a second (as heartbeats
+    // would); the work checkpointed a step, then released.
+    let k = key("late-release", "stepped");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, SHORT_RETENTION)).await;
+    let debit = StepName::new("debit").expect("valid step name");
+    let _ = ok(store.checkpoint(&lease, &debit, b"1").await, "checkpoint");
+    let_time_pass(caps, SHORT_RETENTION).await;
+    assert_eq!(
+        ok(store.release(&lease).await, "release"),
+        WriteOutcome::Applied
+    );
+    let record = get(store, &k).await.unwrap_or_else(|| {
+        panic!("a release after the retention ended must keep a record with steps")
+    });
+    let kept = record
+        .expires_at
+        .saturating_duration_since(record.created_at);
+    assert!(
+        kept >= 2 * SHORT_RETENTION,
+        "expires_at must be at least one retention after the release; it is {kept:?} after creation"
+    );
+    let (next, resumed, steps) = claimed(store, &request(&k, "a", HOUR, SHORT_RETENTION)).await;
+    assert!(resumed, "the next claim takes over");
+    assert_eq!(next.token, lease.token + 1);
+    assert_eq!(
+        steps.get("debit").map(Vec::as_slice),
+        Some(&b"1"[..]),
+        "the step is kept, so it does not run again"
+    );
+}
+
 pub(crate) async fn late_results_stay_replayable(store: &dyn Store, caps: &Capabilities) {
     // Leases of an hour hold both records past a retention of a second: the work goes on
     // (as heartbeats would keep it going) and stores its result after the retention ended.

@@ -37,7 +37,7 @@
 //! |---|---|---|
 //! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::complete_stores_the_response`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent`, `cases::payloads::large_responses_replay_or_are_refused` |
 //! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::fail_stores_the_failure`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent` |
-//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over, and `expires_at = max(expires_at, now + retention)` ([`replayable_until`]). With no step recorded, `expires_at = now` instead: the record is absent at once and the next claim is fresh, under any fingerprint | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::fencing::release_without_steps_forgets_the_key`, `cases::retention::a_release_after_the_retention_keeps_its_steps`, `cases::claim::tokens_strictly_increase` |
+//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over; a record already expired (a live lease held it) gets `expires_at = now + retention` ([`replayable_until`]). With no step recorded, `expires_at = now` instead: the record is absent at once and the next claim is fresh, under any fingerprint | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::fencing::release_without_steps_forgets_the_key`, `cases::retention::a_release_after_the_retention_keeps_its_steps`, `cases::claim::tokens_strictly_increase` |
 //! | `renew(lease, extend)` | `lease_until = now + extend` | `cases::fencing::renew_extends_the_lease`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::a_live_lease_is_never_absent`, `cases::retention::extreme_durations_work` |
 //! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` | `cases::fencing::checkpoint_records_steps`, `cases::payloads::steps_count_toward_the_record_limit` |
 //!
@@ -182,20 +182,21 @@ pub fn fail(
 /// nothing left to resume, so its lifetime ends too (`expires_at = now`): it is absent at
 /// once, and the next claim is fresh under any fingerprint (a corrected request under
 /// the same key is not a mismatch). A record with steps is kept for a takeover, since
-/// those steps did take effect for this request: for one retention after the release
-/// ([`replayable_until`]), so that work kept alive past its retention does not leave a
-/// record absent at once whose steps would run again.
+/// those steps did take effect for this request, with its expiry as it was; only a
+/// record already past its expiry (work kept alive by heartbeats past its retention) is
+/// kept one retention more ([`replayable_until`]), so that it is not absent at once and
+/// its steps do not run again. A release repeated changes nothing more.
 pub fn release(
     existing: Option<&Record>,
     lease: &Lease,
     now: Timestamp,
 ) -> Transition<WriteOutcome> {
     fenced_update(existing, lease, now, |record| {
-        record.expires_at = if record.steps.is_empty() {
-            now
-        } else {
-            replayable_until(record, now)
-        };
+        if record.steps.is_empty() {
+            record.expires_at = now;
+        } else if record.is_expired(now) {
+            record.expires_at = replayable_until(record, now);
+        }
         record.lease_until = now;
     })
 }

@@ -166,6 +166,29 @@ async fn a_retryable_failure_releases_the_key_at_once() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// `failing` fails retryably under the key; the record is kept, so `other` under it for
+/// another request is a mismatch.
+async fn fails_then_is_kept_for_its_request<T, F, Fut, G, Gut>(
+    idem: &Idempotency<MemoryStore>,
+    failing: F,
+    other: G,
+) where
+    T: Serialize + serde::de::DeserializeOwned + std::fmt::Debug + PartialEq + 'static,
+    F: FnOnce(Context) -> Fut,
+    Fut: std::future::Future<Output = Result<T, WorkError<PaymentError>>>,
+    G: FnOnce(Context) -> Gut,
+    Gut: std::future::Future<Output = Result<T, WorkError<PaymentError>>>,
+{
+    let outcome = idem.execute(&key(), fingerprint(500), failing).await;
+    assert_eq!(
+        outcome.unwrap(),
+        Outcome::Retryable(PaymentError::ProviderDown)
+    );
+    assert!(idem.store().get(&key()).await.unwrap().is_some(), "kept");
+    let other = idem.execute(&key(), fingerprint(900), other).await;
+    assert!(matches!(other, Err(Error::Mismatch)), "{other:?}");
+}
+
 #[tokio::test]
 async fn a_retryable_failure_after_deriving_a_key_keeps_the_key_for_that_request() {
     let (idem, _) = setup();
@@ -182,14 +205,7 @@ async fn a_retryable_failure_after_deriving_a_key_keeps_the_key_for_that_request
             Ok::<_, WorkError<PaymentError>>(ctx.resumed())
         }
     };
-    let outcome = idem.execute(&key(), fingerprint(500), work(true)).await;
-    assert_eq!(
-        outcome.unwrap(),
-        Outcome::Retryable(PaymentError::ProviderDown)
-    );
-    assert!(idem.store().get(&key()).await.unwrap().is_some(), "kept");
-    let other = idem.execute(&key(), fingerprint(900), work(false)).await;
-    assert!(matches!(other, Err(Error::Mismatch)), "{other:?}");
+    fails_then_is_kept_for_its_request(&idem, work(true), work(false)).await;
     let done = idem
         .execute(&key(), fingerprint(500), work(false))
         .await
@@ -218,14 +234,8 @@ async fn a_retryable_failure_after_a_step_keeps_the_key_for_that_request() {
             Ok::<_, WorkError<PaymentError>>(n)
         }
     };
-    let outcome = idem.execute(&key(), fingerprint(500), work(true)).await;
-    assert_eq!(
-        outcome.unwrap(),
-        Outcome::Retryable(PaymentError::ProviderDown)
-    );
     // The step was done for this request: another one under the key is a mismatch.
-    let other = idem.execute(&key(), fingerprint(900), work(false)).await;
-    assert!(matches!(other, Err(Error::Mismatch)), "{other:?}");
+    fails_then_is_kept_for_its_request(&idem, work(true), work(false)).await;
     // The same request takes over at once and resumes past the step.
     let done = idem
         .execute(&key(), fingerprint(500), work(false))

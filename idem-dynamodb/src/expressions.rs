@@ -39,11 +39,14 @@ pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response, \
 /// margin for it, and the record is absent at once.
 pub(crate) const RELEASE_WITHOUT_STEPS: &str = "(attribute_not_exists(#stp) OR size(#stp) = :zero)";
 pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :cutoff, #ea = :now";
-/// A release of a record with steps, beside the fence and `FINISH_CREATED`: kept for a
-/// takeover, for one retention after now at least, moved as `FINISH_UPDATE` moves a late
-/// result's expiry.
-pub(crate) const RELEASE_KEEP_UPDATE: &str =
-    "SET #lu = :now, #ea = #ea + :late, #ttl = #ttl + :late_s";
+/// A release of a record with steps, beside the fence: kept for a takeover, its expiry
+/// as it was.
+pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
+/// The same for a record past its expiry already (a live lease held it), kept one
+/// retention more, beside the fence and `RELEASE_EXPIRY_SEEN` (the expiry the new one was
+/// computed from, so that a retry whose first try landed does not move it twice).
+pub(crate) const RELEASE_EXTEND_UPDATE: &str = "SET #lu = :now, #ea = :ea, #ttl = :ttl";
+pub(crate) const RELEASE_EXPIRY_SEEN: &str = "#ea = :seen_ea";
 /// A renewal whose new lease end the item's TTL already covers: the common case, one
 /// conditional write.
 pub(crate) const RENEW_UPDATE: &str = "SET #lu = :lu";

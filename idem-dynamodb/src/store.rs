@@ -458,9 +458,8 @@ impl Store for DynamoDbStore {
             Ok(_) => return Ok(WriteOutcome::Applied),
             Err(err) => condition_failed(err, operation)?,
         };
-        // Steps, or a fence that failed: the old item tells which, and its creation time
-        // moves the expiry as a late result's moves.
-        let condition = format!("{} AND {}", x::FENCE, x::FINISH_CREATED);
+        // Steps, or a fence that failed: the old item tells which, and whether the record
+        // is past its expiry already.
         for _ in 0..FINISH_ATTEMPTS {
             let item = match old {
                 Some(item) => Some(item),
@@ -474,18 +473,25 @@ impl Store for DynamoDbStore {
             let now = self.now();
             let mut counted = seen.clone();
             counted.lease_until = counted.lease_until.saturating_add(self.skew_margin);
-            if machine::release(Some(&counted), lease, now).outcome == WriteOutcome::Fenced {
+            let Some(released) = machine::release(Some(&counted), lease, now).write else {
+                return Ok(WriteOutcome::Fenced);
+            };
+            // No step: a forget that landed before (its retry fails the first condition),
+            // on a clock that went back since. Forgotten already.
+            if seen.steps.is_empty() {
                 return Ok(WriteOutcome::Fenced);
             }
-            let late = duration_millis(now.saturating_duration_since(seen.created_at));
-            let result = self
-                .fenced(lease, x::RELEASE_KEEP_UPDATE, &condition, now)
-                .expression_attribute_values(":ca", n(seen.created_at.as_unix_millis()))
-                .expression_attribute_values(":late", n(late))
-                .expression_attribute_values(":late_s", n(late.div_ceil(1000)))
-                .send()
-                .await;
-            match result {
+            let builder = if released.expires_at == seen.expires_at {
+                self.fenced(lease, x::RELEASE_UPDATE, x::FENCE, now)
+            } else {
+                let condition = format!("{} AND {}", x::FENCE, x::RELEASE_EXPIRY_SEEN);
+                let ttl = item::ttl_seconds(released.expires_at, now, self.skew_margin);
+                self.fenced(lease, x::RELEASE_EXTEND_UPDATE, &condition, now)
+                    .expression_attribute_values(":ea", n(released.expires_at.as_unix_millis()))
+                    .expression_attribute_values(":ttl", n(ttl))
+                    .expression_attribute_values(":seen_ea", n(seen.expires_at.as_unix_millis()))
+            };
+            match builder.send().await {
                 Ok(_) => return Ok(WriteOutcome::Applied),
                 Err(err) => old = condition_failed(err, operation)?,
             }

@@ -13,11 +13,9 @@ use idem_core::{
 use idem_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use idem_dynamodb::{DynamoDbStore, MAX_RECORD_BYTES, TableNameError};
 
-#[tokio::test]
-async fn a_takeover_waits_for_the_skew_margin() {
-    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
-        return;
-    };
+/// A store on a manual clock with a skew margin of 2 s, in a fresh namespace.
+async fn store_with_a_margin() -> Option<(DynamoDbStore, ManualClock)> {
+    let endpoint = idem_testkit::service_url(common::ENDPOINT)?;
     let client = common::client(&endpoint);
     idem_dynamodb::create_table(&client, &common::table())
         .await
@@ -30,6 +28,14 @@ async fn a_takeover_waits_for_the_skew_margin() {
         .skew_margin(Duration::from_secs(2))
         .clock(clock.clone())
         .build();
+    Some((store, clock))
+}
+
+#[tokio::test]
+async fn a_takeover_waits_for_the_skew_margin() {
+    let Some((store, clock)) = store_with_a_margin().await else {
+        return;
+    };
     let key = Key::new("margin", "k").unwrap();
     let request = |()| {
         ClaimRequest::new(
@@ -64,21 +70,9 @@ async fn a_takeover_waits_for_the_skew_margin() {
 
 #[tokio::test]
 async fn a_release_without_steps_forgets_the_key_at_once_despite_the_skew_margin() {
-    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+    let Some((store, clock)) = store_with_a_margin().await else {
         return;
     };
-    let client = common::client(&endpoint);
-    idem_dynamodb::create_table(&client, &common::table())
-        .await
-        .unwrap();
-    let clock = ManualClock::starting_at(Timestamp::now());
-    let store = DynamoDbStore::builder(client, &common::table())
-        .unwrap()
-        .prefix(&common::unique_prefix())
-        .unwrap()
-        .skew_margin(Duration::from_secs(2))
-        .clock(clock.clone())
-        .build();
     let key = Key::new("margin", "forgotten").unwrap();
     let request = |body: &str| {
         ClaimRequest::new(

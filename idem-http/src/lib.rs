@@ -70,9 +70,11 @@
 //!
 //! A released key is forgotten: a retry runs the handler again, and so does a corrected
 //! request under the same key (another body, after a 400 or a 422), as Stripe does. A
-//! handler that checkpointed a step before answering released keeps the key for a
-//! takeover instead: its retry resumes past that step, and a corrected request under the
-//! key is 422, because the step was done for the first request.
+//! handler that checkpointed a step, or derived a key for another system
+//! (`ctx.derive`), before answering released keeps the key for a takeover instead: its
+//! retry resumes past that step with the same derived keys, and a corrected request under
+//! the key is 422, because that work was done for the first request. Validate before
+//! deriving keys, so that a refused request leaves nothing behind.
 //!
 //! Stored headers are an allowlist ([`DEFAULT_STORED_HEADERS`]); hop-by-hop headers never,
 //! `Set-Cookie` only when enabled; trailers are stored whole but for hop-by-hop names.

@@ -11,9 +11,10 @@ end
 r.l = now
 if #steps_of(key) == 0 then
   r.e = now
-else
-  -- Kept for a takeover, for one retention after now at least (as a late result is).
-  r.e = math.max(r.e, now + math.max(r.e - r.c, 0))
+elseif now >= r.e then
+  -- Kept for a takeover: past its expiry already (a live lease held it), it is kept one
+  -- retention more so that its steps do not run again.
+  r.e = math.min(now + math.max(r.e - r.c, 0), MAX_INTEGER)
 end
 redis.call('HSET', key, 'l', num(now), 'e', num(r.e))
 keep(key, r, now)

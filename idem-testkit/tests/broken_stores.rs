@@ -968,6 +968,7 @@ const EXPIRY_ENDS_MEET: &[Case] = &[
     Case::ALiveLeaseIsNeverAbsent,
     Case::LateResultsStayReplayable,
     Case::ReleaseWithoutStepsForgetsTheKey,
+    Case::AReleaseAfterTheRetentionKeepsItsSteps,
     Case::WritesAfterTheEndAreFenced,
     Case::NamespacesAreIsolated,
     Case::GetHidesAbsentRecords,

@@ -157,7 +157,9 @@ impl Context {
         lock(&self.inner.lease).clone()
     }
 
-    /// The names of the steps checkpointed so far, by earlier owners or by this run.
+    /// The names of the steps checkpointed so far, by earlier owners or by this run,
+    /// idem's own included (named `idem.`: the saga's, the undos' marks, and
+    /// `idem.derived`, left by a run that derived a key and released).
     pub fn completed_steps(&self) -> Vec<String> {
         lock(&self.inner.steps).keys().cloned().collect()
     }

@@ -212,6 +212,23 @@ pub(crate) async fn a_release_after_the_retention_keeps_its_steps(
         kept >= 2 * SHORT_RETENTION,
         "expires_at must be at least one retention after the release; it is {kept:?} after creation"
     );
+    if caps.manual_clock.is_some() {
+        assert_eq!(
+            kept,
+            2 * SHORT_RETENTION,
+            "released one retention after creation: kept one retention after that"
+        );
+    }
+    // Released again (a retry whose first try landed): nothing moves twice.
+    assert_eq!(
+        ok(store.release(&lease).await, "release"),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        get_some(store, &k).await.expires_at,
+        record.expires_at,
+        "a release repeated must not move the expiry again"
+    );
     let (next, resumed, steps) = claimed(store, &request(&k, "a", HOUR, SHORT_RETENTION)).await;
     assert!(resumed, "the next claim takes over");
     assert_eq!(next.token, lease.token + 1);

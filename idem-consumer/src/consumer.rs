@@ -1,0 +1,403 @@
+//! [`Consumer`]: one message, one key, the effect once, the broker told what happened.
+
+use std::fmt;
+use std::future::Future;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::{Backoff, Cause, DeadLetterReason, Message, SettleError, Settled};
+
+type KeyFn = dyn Fn(&[u8]) -> Option<String> + Send + Sync;
+type FingerprintFn = dyn Fn(&[u8]) -> Fingerprint + Send + Sync;
+
+/// The default bound on a batch's messages in flight at once.
+pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
+
+/// Handles each delivery of a message under one idempotency key, and settles it with the
+/// broker only once its answer is stored.
+///
+/// Each delivery is keyed by the message's id (or a function of its payload), scoped by
+/// its source (stream or queue), and fingerprinted by its payload. The work runs through
+/// [`Idempotency::execute`]: once per key, whatever the redeliveries, and its result is
+/// stored before the message is acknowledged. How each answer is settled:
+///
+/// | answer | settled |
+/// |---|---|
+/// | completed, now or before | ack |
+/// | failed permanently, now or before | dead letter (`failed`) |
+/// | retryable failure | nak after the [`Backoff`] |
+/// | effect unknown, or interrupted | nak after the lease, when a redelivery can take over |
+/// | another delivery in flight | nak after its `retry_after` (or a wait, with [`InFlightPolicy::Wait`](idem_core::InFlightPolicy::Wait) on the driver) |
+/// | key reused for another payload | dead letter (`key-reused`) |
+/// | no key, an invalid key, a refused key | dead letter (`no-key`, `bad-key`, `key-refused`) |
+/// | unstorable result, unreadable stored answer | dead letter (`unstorable`, `unreadable`) |
+/// | the store failed, the lease was lost | nak after the backoff |
+///
+/// A crash anywhere loses nothing: before the result is stored, the redelivery takes over
+/// once the lease ends (resuming through [`Context::step`] checkpoints); after, it replays
+/// the result and acks.
+///
+/// ```
+/// use bytes::Bytes;
+/// use idem_consumer::{Consumer, DeadLetterReason, Message, SettleError};
+/// use idem_core::{Idempotency, MemoryStore, WorkResultExt};
+/// # use std::time::Duration;
+/// # struct Delivery(Bytes);
+/// # #[async_trait::async_trait]
+/// # impl Message for Delivery {
+/// #     fn id(&self) -> Option<&str> { Some("msg-1") }
+/// #     fn source(&self) -> &str { "payments" }
+/// #     fn payload(&self) -> &Bytes { &self.0 }
+/// #     async fn ack(&self) -> Result<(), SettleError> { Ok(()) }
+/// #     async fn nak(&self, _: Duration) -> Result<(), SettleError> { Ok(()) }
+/// #     async fn dead_letter(&self, _: DeadLetterReason) -> Result<(), SettleError> { Ok(()) }
+/// # }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+/// let delivery = Delivery(Bytes::from_static(b"{\"cents\":500}"));
+/// // Redelivered: the second time the work does not run, and the message is acked.
+/// for _ in 0..2 {
+///     let settled = consumer
+///         .handle(&delivery, |_ctx, payload| async move {
+///             Ok::<_, std::convert::Infallible>(payload.len()).permanent()
+///         })
+///         .await?;
+///     assert!(settled.is_acked());
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct Consumer<S: ?Sized = dyn Store> {
+    idem: Idempotency<S>,
+    key: Option<Arc<KeyFn>>,
+    fingerprint: Option<Arc<FingerprintFn>>,
+    scope: Option<String>,
+    backoff: Backoff,
+    concurrency: NonZeroUsize,
+}
+
+impl<S: ?Sized> Clone for Consumer<S> {
+    fn clone(&self) -> Self {
+        Self {
+            idem: self.idem.clone(),
+            key: self.key.clone(),
+            fingerprint: self.fingerprint.clone(),
+            scope: self.scope.clone(),
+            backoff: self.backoff,
+            concurrency: self.concurrency,
+        }
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for Consumer<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Consumer")
+            .field(
+                "key",
+                &if self.key.is_some() {
+                    "payload"
+                } else {
+                    "message id"
+                },
+            )
+            .field("scope", &self.scope)
+            .field("backoff", &self.backoff)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a delivery comes to before the broker is told.
+enum Decision<T, E> {
+    Ack {
+        value: T,
+        replayed: bool,
+    },
+    Nak {
+        delay: Duration,
+        cause: Cause<E>,
+    },
+    DeadLetter {
+        reason: DeadLetterReason,
+        cause: Cause<E>,
+    },
+}
+
+impl<S: Store + ?Sized + 'static> Consumer<S> {
+    /// A consumer keyed by message id, scoped by source, retrying with the default
+    /// [`Backoff`] and running batches [`DEFAULT_CONCURRENCY`] at a time.
+    pub fn new(idem: Idempotency<S>) -> Self {
+        Self {
+            idem,
+            key: None,
+            fingerprint: None,
+            scope: None,
+            backoff: Backoff::default(),
+            concurrency: DEFAULT_CONCURRENCY,
+        }
+    }
+
+    /// Keys messages by a function of their payload instead of their id: for publishers
+    /// that set no id, or whose ids change across resends (an order number in the body,
+    /// a webhook's event id). `None` dead-letters the message ([`DeadLetterReason::NoKey`]).
+    ///
+    /// ```
+    /// # use idem_core::{Idempotency, MemoryStore};
+    /// let consumer = idem_consumer::Consumer::new(Idempotency::new(MemoryStore::new()))
+    ///     .key_from_payload(|payload| {
+    ///         let event: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    ///         Some(event.get("event_id")?.as_str()?.to_owned())
+    ///     });
+    /// # let _ = consumer;
+    /// ```
+    pub fn key_from_payload(
+        mut self,
+        key: impl Fn(&[u8]) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.key = Some(Arc::new(key));
+        self
+    }
+
+    /// Fingerprints messages by a function of their payload instead of its bytes, so that
+    /// resends that differ only in what does not matter (a timestamp, field order) are the
+    /// same message, not a reused key.
+    pub fn fingerprint_with(
+        mut self,
+        fingerprint: impl Fn(&[u8]) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
+        self.fingerprint = Some(Arc::new(fingerprint));
+        self
+    }
+
+    /// One scope for every message instead of each message's source: for one logical
+    /// consumer reading several queues or streams that carry the same messages.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// The delay before a retryable failure is delivered again.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How many messages of a batch run at once ([`Consumer::handle_batch`]).
+    pub fn concurrency(mut self, concurrency: NonZeroUsize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// The driver.
+    pub fn idempotency(&self) -> &Idempotency<S> {
+        &self.idem
+    }
+
+    /// The key a delivery is handled under.
+    ///
+    /// # Errors
+    /// [`Cause::NoKey`] or [`Cause::BadKey`].
+    pub fn key_of<M: Message + ?Sized>(&self, message: &M) -> Result<Key, Cause<()>> {
+        let key = match &self.key {
+            Some(key) => key(message.payload()),
+            None => message.id().map(str::to_owned),
+        }
+        .ok_or(Cause::NoKey)?;
+        let scope = self.scope.as_deref().unwrap_or(message.source());
+        Key::new(scope, key).map_err(Cause::BadKey)
+    }
+
+    /// Runs `work` for one delivery, at most once per key across all deliveries, and
+    /// settles the delivery with the broker as the table above says.
+    ///
+    /// - `work` gets the driver's [`Context`] (steps, derived keys, the fencing token)
+    ///   and the payload.
+    /// - The delivery is settled exactly once, after the answer is stored.
+    /// - Dropping the returned future while `work` runs settles nothing: the broker
+    ///   redelivers when its acknowledgement timeout ends, and that delivery takes over
+    ///   once the lease ends (a crash is the same).
+    ///
+    /// # Errors
+    /// [`SettleError`] when the broker did not take the settlement; what was stored stays
+    /// stored, and the broker's redelivery is answered from it.
+    pub async fn handle<M, T, E, F, Fut>(
+        &self,
+        message: &M,
+        work: F,
+    ) -> Result<Settled<T, E>, SettleError>
+    where
+        M: Message + ?Sized,
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: FnOnce(Context, Bytes) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let decision = self.decide(message, work).await;
+        self.settle(message, decision).await
+    }
+
+    /// [`Consumer::handle`] for each message of a batch, at most
+    /// [`concurrency`](Consumer::concurrency) at a time, each under its own key; answers
+    /// in the batch's order.
+    ///
+    /// - Each message is settled on its own: one failure never holds back, acks or
+    ///   redelivers another.
+    /// - Two deliveries of one message in a batch run it once: the second waits or is
+    ///   retried as in flight, and a later delivery replays.
+    ///
+    /// ```
+    /// # use bytes::Bytes;
+    /// # use idem_consumer::{Consumer, DeadLetterReason, Message, SettleError};
+    /// # use idem_core::{Idempotency, MemoryStore, done};
+    /// # use std::time::Duration;
+    /// # struct Delivery(String, Bytes);
+    /// # #[async_trait::async_trait]
+    /// # impl Message for Delivery {
+    /// #     fn id(&self) -> Option<&str> { Some(&self.0) }
+    /// #     fn source(&self) -> &str { "payments" }
+    /// #     fn payload(&self) -> &Bytes { &self.1 }
+    /// #     async fn ack(&self) -> Result<(), SettleError> { Ok(()) }
+    /// #     async fn nak(&self, _: Duration) -> Result<(), SettleError> { Ok(()) }
+    /// #     async fn dead_letter(&self, _: DeadLetterReason) -> Result<(), SettleError> { Ok(()) }
+    /// # }
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    /// let batch: Vec<Delivery> = (0..10)
+    ///     .map(|i| Delivery(format!("msg-{i}"), Bytes::from(format!("{i}"))))
+    ///     .collect();
+    /// let settled = consumer.handle_batch(&batch, |_ctx, payload| async move { done(payload.len()) }).await;
+    /// assert!(settled.iter().all(|s| matches!(s, Ok(s) if s.is_acked())));
+    /// # });
+    /// ```
+    pub async fn handle_batch<'m, M, T, E, F, Fut>(
+        &self,
+        messages: impl IntoIterator<Item = &'m M>,
+        work: F,
+    ) -> Vec<Result<Settled<T, E>, SettleError>>
+    where
+        M: Message + 'm,
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: Fn(Context, Bytes) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let work = &work;
+        futures_util::stream::iter(messages)
+            .map(|message| self.handle(message, work))
+            .buffered(self.concurrency.get())
+            .collect()
+            .await
+    }
+
+    async fn decide<M, T, E, F, Fut>(&self, message: &M, work: F) -> Decision<T, E>
+    where
+        M: Message + ?Sized,
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: FnOnce(Context, Bytes) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let key = match self.key_of(message) {
+            Ok(key) => key,
+            Err(Cause::BadKey(err)) => {
+                return Decision::DeadLetter {
+                    reason: DeadLetterReason::BadKey,
+                    cause: Cause::BadKey(err),
+                };
+            }
+            Err(_) => {
+                return Decision::DeadLetter {
+                    reason: DeadLetterReason::NoKey,
+                    cause: Cause::NoKey,
+                };
+            }
+        };
+        let payload = message.payload();
+        let fingerprint = match &self.fingerprint {
+            Some(fingerprint) => fingerprint(payload),
+            None => Fingerprint::of_bytes(payload),
+        };
+        let payload = payload.clone();
+        let answer = self
+            .idem
+            .execute(&key, fingerprint, |ctx| work(ctx, payload))
+            .await;
+        let decision = self.decision(answer, message.delivery_count());
+        if let Decision::DeadLetter { reason, .. } = &decision {
+            tracing::warn!(key = %key.short_hash(), %reason, "idem-consumer: dead-lettering a message");
+        }
+        decision
+    }
+
+    /// The table in [`Consumer`]'s docs.
+    fn decision<T, E>(
+        &self,
+        answer: Result<Outcome<T, E>, Error>,
+        delivered: Option<u64>,
+    ) -> Decision<T, E> {
+        let backoff = self.backoff.delay(delivered);
+        let lease = self.idem.lease();
+        let nak = |delay, cause| Decision::Nak { delay, cause };
+        let dead = |reason, cause| Decision::DeadLetter { reason, cause };
+        match answer {
+            Ok(Outcome::Completed { value, replayed }) => Decision::Ack { value, replayed },
+            Ok(Outcome::Failed { error, .. }) | Ok(Outcome::Compensated { error, .. }) => {
+                dead(DeadLetterReason::Failed, Cause::Work(error))
+            }
+            Ok(Outcome::Retryable(error)) => nak(backoff, Cause::Work(error)),
+            Ok(Outcome::Unknown(error)) => nak(lease, Cause::Work(error)),
+            // A future kind of outcome: the safe side is to leave the message to the broker.
+            Ok(_) => nak(lease, Cause::Idem(Error::LeaseLost)),
+            Err(err) => match &err {
+                Error::InFlight { retry_after } | Error::KeyBudgetExhausted { retry_after } => nak(
+                    (*retry_after).max(Duration::from_millis(1)),
+                    Cause::Idem(err),
+                ),
+                Error::CompensationPending { .. } | Error::Interrupted(_) => {
+                    nak(lease, Cause::Idem(err))
+                }
+                Error::Mismatch => dead(DeadLetterReason::KeyReused, Cause::Idem(err)),
+                Error::KeyRefused(_) => dead(DeadLetterReason::KeyRefused, Cause::Idem(err)),
+                Error::Unstorable { .. } => dead(DeadLetterReason::Unstorable, Cause::Idem(err)),
+                Error::Decode(_) | Error::Codec { .. } => {
+                    dead(DeadLetterReason::Unreadable, Cause::Idem(err))
+                }
+                // The store failing, a lost lease: the message waits for a redelivery,
+                // never the dead-letter path for a failure of our own.
+                _ if err.is_retryable() || matches!(err, Error::Store(_)) => {
+                    nak(backoff, Cause::Idem(err))
+                }
+                _ => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
+            },
+        }
+    }
+
+    async fn settle<M: Message + ?Sized, T, E>(
+        &self,
+        message: &M,
+        decision: Decision<T, E>,
+    ) -> Result<Settled<T, E>, SettleError> {
+        Ok(match decision {
+            Decision::Ack { value, replayed } => {
+                message.ack().await?;
+                Settled::Acked { value, replayed }
+            }
+            Decision::Nak { delay, cause } => {
+                message.nak(delay).await?;
+                Settled::Retried { delay, cause }
+            }
+            Decision::DeadLetter { reason, cause } => {
+                message.dead_letter(reason).await?;
+                Settled::DeadLettered { reason, cause }
+            }
+        })
+    }
+}

@@ -1,0 +1,350 @@
+//! [`ScheduledJob`]: a job run once per slot of its schedule, however many schedulers
+//! fire it.
+
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The most slots one catch-up window may hold: each is a store call on every tick.
+pub const MAX_CATCH_UP_SLOTS: u64 = 1000;
+
+/// A job that runs once per slot of a fixed period, across every scheduler that fires it.
+///
+/// A slot is the time the job was due (a multiple of the period since the Unix epoch,
+/// plus an offset), never the clock when a scheduler got round to it, so two schedulers,
+/// an overlapping run or a restarted process all name the same slot the same way: the key
+/// is the slot's time (RFC 3339, in the scope `schedule/<name>`), and it runs once.
+///
+/// - Each tick runs every slot of the catch-up window (by default the lease plus one
+///   period): a slot whose scheduler crashed is taken over when its lease ends, and
+///   resumes through its [`Context::step`] checkpoints.
+/// - A slot finished before is a replay: its work does not run again.
+/// - A slot another scheduler is running is left to it ([`Error::InFlight`]); the tick
+///   after its lease ends looks again.
+/// - A new deployment also runs the slots of the window that never ran (like a
+///   Kubernetes CronJob's starting deadline); [`ScheduledJob::catch_up`] with zero runs
+///   only the current slot.
+///
+/// ```
+/// use idem_consumer::ScheduledJob;
+/// use idem_core::{Idempotency, MemoryStore, done};
+/// use std::time::{Duration, SystemTime};
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let idem = Idempotency::new(MemoryStore::new());
+/// let report = ScheduledJob::new(idem, "hourly-report", Duration::from_secs(3600))?;
+/// let now = SystemTime::now();
+/// // Two schedulers fire the same hour: it runs once.
+/// let first = report.run_slot(report.slot_at(now), |_ctx, slot| async move { done(slot) }).await?;
+/// let second = report.run_slot(report.slot_at(now), |_ctx, slot| async move { done(slot) }).await?;
+/// assert!(!first.replayed() && second.replayed());
+/// // In a service: tokio::spawn(async move { report.run(|ctx, slot| async move { ... }).await });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct ScheduledJob<S: ?Sized = dyn Store> {
+    idem: Idempotency<S>,
+    name: String,
+    scope: String,
+    period: Duration,
+    offset: Duration,
+    catch_up: Duration,
+}
+
+impl<S: ?Sized> Clone for ScheduledJob<S> {
+    fn clone(&self) -> Self {
+        Self {
+            idem: self.idem.clone(),
+            name: self.name.clone(),
+            scope: self.scope.clone(),
+            period: self.period,
+            offset: self.offset,
+            catch_up: self.catch_up,
+        }
+    }
+}
+
+impl<S: ?Sized> fmt::Debug for ScheduledJob<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScheduledJob")
+            .field("name", &self.name)
+            .field("period", &self.period)
+            .field("offset", &self.offset)
+            .field("catch_up", &self.catch_up)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A schedule that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The job's name makes no valid scope.
+    #[error("the job name is not usable: {0}")]
+    Name(#[source] idem_core::key::KeyError),
+    /// The period is under a millisecond, or not a whole number of milliseconds (slots
+    /// are named to the millisecond).
+    #[error("the period {0:?} is not a whole number of milliseconds of at least 1 ms")]
+    Period(Duration),
+    /// The offset is not shorter than the period, or not whole milliseconds.
+    #[error("the offset {offset:?} must be whole milliseconds shorter than the period {period:?}")]
+    Offset {
+        /// The offset given.
+        offset: Duration,
+        /// The period.
+        period: Duration,
+    },
+    /// The catch-up window holds more than [`MAX_CATCH_UP_SLOTS`] slots.
+    #[error(
+        "the catch-up window {catch_up:?} holds more than {MAX_CATCH_UP_SLOTS} slots of {period:?}; shorten it"
+    )]
+    CatchUpTooLong {
+        /// The window given.
+        catch_up: Duration,
+        /// The period.
+        period: Duration,
+    },
+    /// Records are not kept as long as a slot can be run again: a finished slot's record
+    /// would expire while the slot is still in the window, and it would run twice.
+    #[error(
+        "the retention {retention:?} is shorter than the catch-up window plus a period ({needed:?}): a finished slot could run again; raise the retention"
+    )]
+    RetentionTooShort {
+        /// The driver's retention.
+        retention: Duration,
+        /// What it must exceed.
+        needed: Duration,
+    },
+}
+
+/// One slot's run, as a tick answers it.
+#[derive(Debug)]
+pub struct SlotRun<T, E> {
+    /// The slot's time.
+    pub slot: SystemTime,
+    /// Its answer: fresh, replayed, or why there is none ([`Error::InFlight`] while
+    /// another scheduler runs it).
+    pub answer: Result<Outcome<T, E>, Error>,
+}
+
+impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
+    /// A job named `name` due every `period`, at multiples of it since the Unix epoch (an
+    /// hourly job on the hour). The catch-up window is the driver's lease plus one period.
+    ///
+    /// # Errors
+    /// [`ScheduleError`] for a name that makes no valid scope, a period under a
+    /// millisecond or not whole milliseconds, or a retention too short for the window.
+    pub fn new(
+        idem: Idempotency<S>,
+        name: impl Into<String>,
+        period: Duration,
+    ) -> Result<Self, ScheduleError> {
+        let name = name.into();
+        let scope = format!("schedule/{name}");
+        // Validates the scope once, with a slot key of the longest form.
+        Key::new(scope.as_str(), "1970-01-01T00:00:00.000Z").map_err(ScheduleError::Name)?;
+        if period < Duration::from_millis(1) || period.subsec_nanos() % 1_000_000 != 0 {
+            return Err(ScheduleError::Period(period));
+        }
+        let catch_up = idem.lease().saturating_add(period);
+        Self {
+            idem,
+            name,
+            scope,
+            period,
+            offset: Duration::ZERO,
+            catch_up,
+        }
+        .validated()
+    }
+
+    /// Moves the slots `offset` past each multiple of the period: a daily job at 02:30
+    /// UTC is a period of a day and an offset of 2 h 30 min.
+    ///
+    /// # Errors
+    /// [`ScheduleError::Offset`] unless `offset` is whole milliseconds shorter than the
+    /// period.
+    pub fn offset(mut self, offset: Duration) -> Result<Self, ScheduleError> {
+        if offset >= self.period || offset.subsec_nanos() % 1_000_000 != 0 {
+            return Err(ScheduleError::Offset {
+                offset,
+                period: self.period,
+            });
+        }
+        self.offset = offset;
+        Ok(self)
+    }
+
+    /// How far back each tick looks for slots that did not finish. Zero runs only the
+    /// current slot, and a slot whose scheduler crashed is then lost.
+    ///
+    /// # Errors
+    /// [`ScheduleError::CatchUpTooLong`] or [`ScheduleError::RetentionTooShort`].
+    pub fn catch_up(mut self, window: Duration) -> Result<Self, ScheduleError> {
+        self.catch_up = window;
+        self.validated()
+    }
+
+    fn validated(self) -> Result<Self, ScheduleError> {
+        let period_ms = self.period.as_millis().max(1);
+        if self.catch_up.as_millis() / period_ms > u128::from(MAX_CATCH_UP_SLOTS) {
+            return Err(ScheduleError::CatchUpTooLong {
+                catch_up: self.catch_up,
+                period: self.period,
+            });
+        }
+        let needed = self.catch_up.saturating_add(self.period);
+        if self.idem.retention() <= needed {
+            return Err(ScheduleError::RetentionTooShort {
+                retention: self.idem.retention(),
+                needed,
+            });
+        }
+        Ok(self)
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The latest slot at or before `now` (the Unix epoch itself before the first slot).
+    pub fn slot_at(&self, now: SystemTime) -> SystemTime {
+        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let period = self.period.as_millis();
+        let Some(shifted) = since.as_millis().checked_sub(self.offset.as_millis()) else {
+            return UNIX_EPOCH;
+        };
+        let slot = shifted / period * period + self.offset.as_millis();
+        UNIX_EPOCH + Duration::from_millis(u64::try_from(slot).unwrap_or(u64::MAX))
+    }
+
+    /// The first slot after `now`.
+    pub fn next_slot_after(&self, now: SystemTime) -> SystemTime {
+        self.slot_at(now) + self.period
+    }
+
+    /// The slots a tick at `now` runs, oldest first: those of the catch-up window, the
+    /// current one last.
+    pub fn due_slots(&self, now: SystemTime) -> Vec<SystemTime> {
+        let current = self.slot_at(now);
+        let earliest = now.checked_sub(self.catch_up).unwrap_or(UNIX_EPOCH);
+        let mut slots = Vec::new();
+        let mut slot = current;
+        while slot >= earliest && slots.len() as u64 <= MAX_CATCH_UP_SLOTS {
+            slots.push(slot);
+            match slot.checked_sub(self.period) {
+                Some(earlier) if earlier >= UNIX_EPOCH => slot = earlier,
+                _ => break,
+            }
+        }
+        if slots.is_empty() {
+            slots.push(current);
+        }
+        slots.reverse();
+        slots
+    }
+
+    /// The key of a slot: the scope `schedule/<name>` and the slot's RFC 3339 time.
+    pub fn key_of(&self, slot: SystemTime) -> Key {
+        let time = humantime::format_rfc3339_millis(self.slot_at(slot)).to_string();
+        Key::new(self.scope.as_str(), time)
+            .expect("the scope was validated with a key of this form")
+    }
+
+    /// Runs `work` for `slot` (rounded down to a slot), once across every scheduler.
+    ///
+    /// - Not run before: claims the slot, runs `work`, stores its answer.
+    /// - Finished before: the stored answer, `replayed`; `work` does not run.
+    /// - Another scheduler runs it: [`Error::InFlight`] (or a wait, with
+    ///   [`InFlightPolicy::Wait`](idem_core::InFlightPolicy::Wait) on the driver).
+    /// - Its scheduler crashed and the lease ended: taken over, resuming through its
+    ///   steps.
+    ///
+    /// # Errors
+    /// As [`Idempotency::execute`].
+    pub async fn run_slot<T, E, F, Fut>(
+        &self,
+        slot: SystemTime,
+        work: F,
+    ) -> Result<Outcome<T, E>, Error>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: FnOnce(Context, SystemTime) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let slot = self.slot_at(slot);
+        let fingerprint = Fingerprint::of_bytes(self.name.as_bytes());
+        self.idem
+            .execute(&self.key_of(slot), fingerprint, |ctx| work(ctx, slot))
+            .await
+    }
+
+    /// Runs every slot due at `now` ([`ScheduledJob::due_slots`]), oldest first.
+    pub async fn run_due<T, E, F, Fut>(&self, now: SystemTime, work: &F) -> Vec<SlotRun<T, E>>
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: Fn(Context, SystemTime) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let mut runs = Vec::new();
+        for slot in self.due_slots(now) {
+            let answer = self.run_slot(slot, work).await;
+            runs.push(SlotRun { slot, answer });
+        }
+        runs
+    }
+
+    /// Runs the job for ever: a tick at each slot, and sooner when a slot another
+    /// scheduler held may be taken over, or a retryable failure may run again. Abort the
+    /// task to stop it: a slot cut off mid-work is taken over when its lease ends.
+    pub async fn run<T, E, F, Fut>(&self, work: F) -> std::convert::Infallible
+    where
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: Fn(Context, SystemTime) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        loop {
+            let now = SystemTime::now();
+            let runs = self.run_due(now, &work).await;
+            let wake = self.wake_after(now, &runs);
+            let pause = wake.duration_since(SystemTime::now()).unwrap_or_default();
+            tokio::time::sleep(pause.max(Duration::from_millis(1))).await;
+        }
+    }
+
+    /// When the next tick is due after a tick at `now` that answered `runs`.
+    fn wake_after<T, E>(&self, now: SystemTime, runs: &[SlotRun<T, E>]) -> SystemTime {
+        let mut wake = self.next_slot_after(now);
+        for run in runs {
+            let again = match &run.answer {
+                Ok(Outcome::Completed {
+                    replayed: false, ..
+                }) => {
+                    tracing::info!(job = %self.name, slot = %humantime::format_rfc3339_millis(run.slot), "idem-consumer: slot ran");
+                    None
+                }
+                Ok(Outcome::Retryable(_)) => Some(self.period.min(Duration::from_secs(1))),
+                Ok(Outcome::Unknown(_)) => Some(self.idem.lease()),
+                Err(Error::InFlight { retry_after }) => Some(*retry_after),
+                Err(err) if err.is_retryable() => Some(Duration::from_secs(1)),
+                Err(err) => {
+                    tracing::warn!(job = %self.name, slot = %humantime::format_rfc3339_millis(run.slot), error = %err, "idem-consumer: slot failed");
+                    None
+                }
+                Ok(_) => None,
+            };
+            if let Some(after) = again {
+                wake = wake.min(now + after.max(Duration::from_millis(1)));
+            }
+        }
+        wake
+    }
+}

@@ -1,0 +1,621 @@
+//! The consumer's settle table, row by row, on the memory store and a message double.
+
+mod common;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{Settle, TestMessage};
+use idem_consumer::{Backoff, BackoffError, Cause, Consumer, DeadLetterReason, Settled};
+use idem_core::{
+    Context, Error, Fingerprint, Idempotency, InFlightPolicy, ManualClock, MemoryStore, WorkError,
+    WorkResult, done,
+};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn consumer() -> Consumer<MemoryStore> {
+    Consumer::new(
+        Idempotency::builder(MemoryStore::new())
+            .lease(LEASE)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Work that counts its runs and answers the payload's length.
+fn counted(
+    runs: &Arc<AtomicUsize>,
+) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
+    let runs = Arc::clone(runs);
+    move |_ctx, payload| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(payload.len()))
+    }
+}
+
+#[tokio::test]
+async fn a_redelivery_replays_and_is_acked_without_running_again() {
+    let consumer = consumer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = TestMessage::new("m-1", "2 mugs");
+    let redelivery = TestMessage::new("m-1", "2 mugs").delivered(2);
+
+    let settled = consumer.handle(&first, counted(&runs)).await.unwrap();
+    assert!(matches!(
+        settled,
+        Settled::Acked {
+            value: 6,
+            replayed: false
+        }
+    ));
+    let settled = consumer.handle(&redelivery, counted(&runs)).await.unwrap();
+    assert!(matches!(
+        settled,
+        Settled::Acked {
+            value: 6,
+            replayed: true
+        }
+    ));
+
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(first.settlements(), [Settle::Ack]);
+    assert_eq!(redelivery.settlements(), [Settle::Ack]);
+}
+
+#[tokio::test]
+async fn a_permanent_failure_is_dead_lettered_and_stays_so_on_redelivery() {
+    let consumer = consumer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let fail = |runs: Arc<AtomicUsize>| {
+        move |_ctx: Context, _payload: Bytes| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Err::<u8, _>(WorkError::Permanent("unknown product".to_owned())) }
+        }
+    };
+    for delivery in 1..=2 {
+        let message = TestMessage::new("m-1", "a unicorn").delivered(delivery);
+        match consumer
+            .handle(&message, fail(Arc::clone(&runs)))
+            .await
+            .unwrap()
+        {
+            Settled::DeadLettered {
+                reason: DeadLetterReason::Failed,
+                cause: Cause::Work(error),
+            } => {
+                assert_eq!(error, "unknown product")
+            }
+            other => panic!("delivery {delivery}: {other:?}"),
+        }
+        assert_eq!(
+            message.settlements(),
+            [Settle::DeadLetter(DeadLetterReason::Failed)]
+        );
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the failure is stored and replayed"
+    );
+}
+
+#[tokio::test]
+async fn a_retryable_failure_is_redelivered_after_the_backoff_and_then_runs_again() {
+    let consumer = consumer()
+        .backoff(Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).unwrap());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let flaky = |runs: Arc<AtomicUsize>| {
+        move |_ctx: Context, _payload: Bytes| {
+            let run = runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if run < 3 {
+                    Err(WorkError::Retryable(format!("warehouse busy ({run})")))
+                } else {
+                    Ok(run)
+                }
+            }
+        }
+    };
+    // Deliveries 1, 2, 3 fail and back off 100, 200, 400 ms; the fourth runs and acks.
+    for (delivery, delay) in [(1, 100), (2, 200), (3, 400)] {
+        let message = TestMessage::new("m-1", "x").delivered(delivery);
+        let settled = consumer
+            .handle(&message, flaky(Arc::clone(&runs)))
+            .await
+            .unwrap();
+        assert!(
+            matches!(settled, Settled::Retried { delay: d, cause: Cause::Work(_) } if d == Duration::from_millis(delay)),
+            "delivery {delivery}: {settled:?}"
+        );
+        assert_eq!(
+            message.settlements(),
+            [Settle::Nak(Duration::from_millis(delay))]
+        );
+    }
+    let message = TestMessage::new("m-1", "x").delivered(4);
+    let settled = consumer
+        .handle(&message, flaky(Arc::clone(&runs)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Acked {
+                value: 3,
+                replayed: false
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn an_unknown_effect_waits_for_the_lease_and_the_redelivery_takes_over_resuming() {
+    let clock = ManualClock::new();
+    let idem = Idempotency::builder(MemoryStore::with_clock(clock.clone()))
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    let consumer = Consumer::new(idem);
+    let debits = Arc::new(AtomicUsize::new(0));
+    let work = |timeout: bool, debits: Arc<AtomicUsize>| {
+        move |ctx: Context, _payload: Bytes| async move {
+            ctx.step("debit", || async {
+                debits.fetch_add(1, Ordering::SeqCst);
+                done(())
+            })
+            .await
+            .map_err(|e| e.map_err(|()| String::new()))?;
+            if timeout {
+                return Err(WorkError::Unknown("the carrier timed out".to_owned()));
+            }
+            Ok(ctx.resumed())
+        }
+    };
+    let message = TestMessage::new("m-1", "x");
+    let settled = consumer
+        .handle(&message, work(true, Arc::clone(&debits)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, Settled::Retried { delay: LEASE, .. }),
+        "{settled:?}"
+    );
+
+    // Redelivered early: still held.
+    let early = TestMessage::new("m-1", "x").delivered(2);
+    let settled = consumer
+        .handle(&early, work(false, Arc::clone(&debits)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Retried {
+                cause: Cause::Idem(Error::InFlight { .. }),
+                ..
+            }
+        ),
+        "{settled:?}"
+    );
+
+    clock.advance(LEASE + Duration::from_secs(1));
+    let late = TestMessage::new("m-1", "x").delivered(3);
+    let settled = consumer
+        .handle(&late, work(false, Arc::clone(&debits)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Acked {
+                value: true,
+                replayed: false
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(
+        debits.load(Ordering::SeqCst),
+        1,
+        "the checkpointed step is not run again"
+    );
+}
+
+trait MapWorkError<E> {
+    fn map_err<F>(self, f: impl FnOnce(E) -> F) -> WorkError<F>;
+}
+
+impl<E> MapWorkError<E> for WorkError<E> {
+    fn map_err<F>(self, f: impl FnOnce(E) -> F) -> WorkError<F> {
+        match self {
+            WorkError::Permanent(e) => WorkError::Permanent(f(e)),
+            WorkError::Retryable(e) => WorkError::Retryable(f(e)),
+            WorkError::Unknown(e) => WorkError::Unknown(f(e)),
+            WorkError::Interrupted(i) => WorkError::Interrupted(i),
+            _ => unreachable!("no other kind of work error exists"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_in_flight_is_naked_for_the_rest_of_the_lease() {
+    let consumer = consumer();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = TestMessage::new("m-1", "x");
+    let slow = consumer.handle(&first, |_ctx, _payload| async move {
+        started_tx.send(()).unwrap();
+        release_rx.await.unwrap();
+        done(1u8)
+    });
+    let duplicate = TestMessage::new("m-1", "x").delivered(2);
+    let other = async {
+        started_rx.await.unwrap();
+        let settled = consumer
+            .handle(&duplicate, |_ctx, _payload| async { done(2u8) })
+            .await
+            .unwrap();
+        release_tx.send(()).unwrap();
+        settled
+    };
+    let (first_settled, second_settled) = tokio::join!(slow, other);
+    assert!(matches!(
+        first_settled.unwrap(),
+        Settled::Acked {
+            value: 1,
+            replayed: false
+        }
+    ));
+    match second_settled {
+        Settled::Retried {
+            delay,
+            cause: Cause::Idem(Error::InFlight { retry_after }),
+        } => {
+            assert_eq!(delay, retry_after);
+            assert!(delay > Duration::ZERO && delay <= LEASE, "{delay:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(duplicate.settlements()[..], [Settle::Nak(_)]));
+}
+
+#[tokio::test]
+async fn with_a_waiting_driver_a_duplicate_gets_the_first_result_and_is_acked() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .in_flight(InFlightPolicy::Wait {
+            timeout: Duration::from_secs(10),
+        })
+        .build()
+        .unwrap();
+    let consumer = Consumer::new(idem);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = TestMessage::new("m-1", "x");
+    let duplicate = TestMessage::new("m-1", "x").delivered(2);
+    let slow = |runs: Arc<AtomicUsize>| {
+        move |_ctx: Context, _payload: Bytes| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            done(7u8)
+        }
+    };
+    let (a, b) = tokio::join!(
+        consumer.handle(&first, slow(Arc::clone(&runs))),
+        consumer.handle(&duplicate, slow(Arc::clone(&runs)))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert!(a.is_acked() && b.is_acked(), "{a:?} {b:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(u8::from(a.replayed()) + u8::from(b.replayed()), 1);
+}
+
+#[tokio::test]
+async fn an_id_reused_for_another_payload_is_dead_lettered_and_the_first_result_kept() {
+    let consumer = consumer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    consumer
+        .handle(&TestMessage::new("m-1", "2 mugs"), counted(&runs))
+        .await
+        .unwrap();
+    let reused = TestMessage::new("m-1", "9 plates");
+    match consumer.handle(&reused, counted(&runs)).await.unwrap() {
+        Settled::DeadLettered {
+            reason: DeadLetterReason::KeyReused,
+            cause: Cause::Idem(Error::Mismatch),
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        reused.settlements(),
+        [Settle::DeadLetter(DeadLetterReason::KeyReused)]
+    );
+    let again = TestMessage::new("m-1", "2 mugs");
+    assert!(
+        consumer
+            .handle(&again, counted(&runs))
+            .await
+            .unwrap()
+            .replayed()
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_message_without_a_usable_key_is_dead_lettered_without_running() {
+    let consumer = consumer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let no_id = TestMessage::new("", "x").without_id();
+    let settled = consumer.handle(&no_id, counted(&runs)).await.unwrap();
+    assert!(matches!(
+        settled,
+        Settled::DeadLettered {
+            reason: DeadLetterReason::NoKey,
+            cause: Cause::NoKey
+        }
+    ));
+    for bad in ["", "line\nbreak", &"x".repeat(10_000)] {
+        let message = TestMessage::new(bad, "x");
+        let settled = consumer.handle(&message, counted(&runs)).await.unwrap();
+        assert!(
+            matches!(
+                settled,
+                Settled::DeadLettered {
+                    reason: DeadLetterReason::BadKey,
+                    cause: Cause::BadKey(_)
+                }
+            ),
+            "{bad:?}: {settled:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(
+        consumer.idempotency().store().is_empty(),
+        "nothing is stored for a refused key"
+    );
+}
+
+#[tokio::test]
+async fn a_key_from_the_payload_and_a_fingerprint_that_ignores_a_timestamp() {
+    // The publisher sets no id and stamps each resend with its send time.
+    let consumer = consumer()
+        .key_from_payload(|payload| {
+            let event: serde_json::Value = serde_json::from_slice(payload).ok()?;
+            Some(event.get("event")?.as_str()?.to_owned())
+        })
+        .fingerprint_with(|payload| {
+            let mut event: serde_json::Value = serde_json::from_slice(payload).unwrap_or_default();
+            if let Some(event) = event.as_object_mut() {
+                event.remove("sent_at");
+            }
+            Fingerprint::of_json(&event).expect("a JSON value")
+        });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = TestMessage::new("", r#"{"event":"evt_1","cents":500,"sent_at":1}"#).without_id();
+    let resend = TestMessage::new("", r#"{"event":"evt_1","cents":500,"sent_at":2}"#).without_id();
+    assert!(
+        !consumer
+            .handle(&first, counted(&runs))
+            .await
+            .unwrap()
+            .replayed()
+    );
+    assert!(
+        consumer
+            .handle(&resend, counted(&runs))
+            .await
+            .unwrap()
+            .replayed()
+    );
+    let changed = TestMessage::new("", r#"{"event":"evt_1","cents":900,"sent_at":3}"#).without_id();
+    assert!(matches!(
+        consumer.handle(&changed, counted(&runs)).await.unwrap(),
+        Settled::DeadLettered {
+            reason: DeadLetterReason::KeyReused,
+            ..
+        }
+    ));
+    let keyless = TestMessage::new("", r#"{"cents":1}"#).without_id();
+    assert!(matches!(
+        consumer.handle(&keyless, counted(&runs)).await.unwrap(),
+        Settled::DeadLettered {
+            reason: DeadLetterReason::NoKey,
+            ..
+        }
+    ));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn equal_ids_from_two_sources_are_two_messages_unless_one_scope_is_set() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let consumer = consumer();
+    consumer
+        .handle(&TestMessage::new("m-1", "x").from("eu"), counted(&runs))
+        .await
+        .unwrap();
+    consumer
+        .handle(&TestMessage::new("m-1", "x").from("us"), counted(&runs))
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    let consumer = consumer.scope("orders-everywhere");
+    consumer
+        .handle(&TestMessage::new("m-2", "x").from("eu"), counted(&runs))
+        .await
+        .unwrap();
+    let settled = consumer
+        .handle(&TestMessage::new("m-2", "x").from("us"), counted(&runs))
+        .await
+        .unwrap();
+    assert!(settled.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn an_ack_the_broker_refused_loses_nothing_the_redelivery_replays() {
+    let consumer = consumer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let refused = TestMessage::new("m-1", "x").refusing();
+    let err = consumer.handle(&refused, counted(&runs)).await.unwrap_err();
+    assert_eq!(err.action(), idem_consumer::Settlement::Ack);
+    assert!(err.to_string().contains("delivered again"), "{err}");
+    let redelivery = TestMessage::new("m-1", "x").delivered(2);
+    assert!(
+        consumer
+            .handle(&redelivery, counted(&runs))
+            .await
+            .unwrap()
+            .replayed()
+    );
+    assert_eq!(redelivery.settlements(), [Settle::Ack]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_consumer_cut_off_mid_work_settles_nothing_and_the_redelivery_takes_over() {
+    let clock = ManualClock::new();
+    let idem = Idempotency::builder(MemoryStore::with_clock(clock.clone()))
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    let consumer = Consumer::new(idem);
+    let message = TestMessage::new("m-1", "x");
+    let cut = tokio::time::timeout(
+        Duration::from_millis(20),
+        consumer.handle(&message, |_ctx, _payload| async {
+            std::future::pending::<()>().await;
+            done(0u8)
+        }),
+    )
+    .await;
+    assert!(cut.is_err(), "the work never finishes");
+    assert!(message.settlements().is_empty(), "a crash settles nothing");
+
+    clock.advance(LEASE + Duration::from_millis(1));
+    let redelivery = TestMessage::new("m-1", "x").delivered(2);
+    let settled = consumer
+        .handle(&redelivery, |ctx, _payload| async move {
+            done(u8::from(ctx.resumed()))
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Acked {
+                value: 1,
+                replayed: false
+            }
+        ),
+        "{settled:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_settles_each_message_on_its_own_in_order_within_its_bound() {
+    let consumer = consumer().concurrency(NonZeroUsize::new(3).unwrap());
+    let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Messages 0..12: every fourth fails for good, and message 5 comes twice in a row,
+    // so both deliveries are in the window at once.
+    let mut batch: Vec<TestMessage> = (0..12)
+        .map(|i| TestMessage::new(&format!("m-{i}"), &i.to_string()))
+        .collect();
+    batch.insert(6, TestMessage::new("m-5", "5").delivered(2));
+    let work = |_ctx: Context, payload: Bytes| {
+        let (running, most, runs) = (Arc::clone(&running), Arc::clone(&most), Arc::clone(&runs));
+        async move {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            running.fetch_sub(1, Ordering::SeqCst);
+            let n: u32 = std::str::from_utf8(&payload).unwrap().parse().unwrap();
+            if n % 4 == 3 {
+                Err(WorkError::Permanent(n))
+            } else {
+                Ok(n)
+            }
+        }
+    };
+    let settled = consumer.handle_batch(&batch, work).await;
+    assert_eq!(settled.len(), batch.len());
+    for (position, (message, settled)) in batch.iter().zip(&settled).enumerate() {
+        let settled = settled.as_ref().unwrap();
+        if position == 6 {
+            // The second delivery of m-5 ran beside the first: in flight, naked.
+            assert!(
+                matches!(
+                    settled,
+                    Settled::Retried {
+                        cause: Cause::Idem(Error::InFlight { .. }),
+                        ..
+                    }
+                ),
+                "{settled:?}"
+            );
+            assert!(
+                matches!(message.settlements()[..], [Settle::Nak(_)]),
+                "{:?}",
+                message.settlements()
+            );
+            continue;
+        }
+        let i = if position > 6 { position - 1 } else { position } as u32;
+        if i % 4 == 3 {
+            assert!(
+                matches!(
+                    settled,
+                    Settled::DeadLettered {
+                        reason: DeadLetterReason::Failed,
+                        ..
+                    }
+                ),
+                "{i}: {settled:?}"
+            );
+            assert_eq!(
+                message.settlements(),
+                [Settle::DeadLetter(DeadLetterReason::Failed)]
+            );
+        } else {
+            assert!(
+                matches!(settled, Settled::Acked { value, .. } if *value == i),
+                "{i}: {settled:?}"
+            );
+            assert_eq!(message.settlements(), [Settle::Ack]);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 12, "each message once");
+    assert!(
+        most.load(Ordering::SeqCst) <= 3,
+        "at most 3 at once: {}",
+        most.load(Ordering::SeqCst)
+    );
+    assert!(
+        most.load(Ordering::SeqCst) >= 2,
+        "the batch ran concurrently"
+    );
+}
+
+#[test]
+fn a_backoff_that_cannot_work_is_refused() {
+    assert_eq!(
+        Backoff::new(Duration::ZERO, Duration::from_secs(1)),
+        Err(BackoffError::ZeroDelay)
+    );
+    assert!(matches!(
+        Backoff::new(Duration::from_secs(2), Duration::from_secs(1)),
+        Err(BackoffError::FirstOverMax { .. })
+    ));
+    let backoff =
+        Backoff::new(Duration::from_millis(1), Duration::from_secs(u64::MAX / 2)).unwrap();
+    // A huge delivery count never overflows.
+    assert!(backoff.delay(Some(u64::MAX)) > Duration::ZERO);
+    assert_eq!(backoff.delay(Some(0)), Duration::from_millis(1));
+}

@@ -1,0 +1,389 @@
+//! The JetStream adapter against a real nats-server on 127.0.0.1 (scripts/services.sh
+//! starts it; `IDEM_TEST_NATS_URL`). Every wait is bounded.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::PullConsumer};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use idem_consumer::nats::{DEAD_LETTER_REASON, JetStreamMessage, ORIGINAL_ID, ORIGINAL_STREAM};
+use idem_consumer::{Backoff, Consumer, DeadLetterReason, Message, SettleError, Settled};
+use idem_core::{Context, Idempotency, MemoryStore, WorkError, WorkResult, done};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A stream of its own (`<name>.>`), its pull consumer with a short ack wait, and a
+/// dead-letter stream (`<name>_DLQ`, subject `<name>_dlq`).
+async fn setup(
+    name: &str,
+) -> Option<(jetstream::Context, PullConsumer, jetstream::stream::Stream)> {
+    let url = idem_testkit::service_url("IDEM_TEST_NATS_URL")?;
+    let client = async_nats::connect(url)
+        .await
+        .expect("connect to the test nats-server");
+    let js = jetstream::new(client);
+    let name = format!("{name}_{}", std::process::id());
+    for stream in [name.clone(), format!("{name}_DLQ")] {
+        let _ = js.delete_stream(&stream).await;
+    }
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.>")],
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream");
+    let dlq = js
+        .create_stream(jetstream::stream::Config {
+            name: format!("{name}_DLQ"),
+            subjects: vec![format!("{name}_dlq")],
+            ..Default::default()
+        })
+        .await
+        .expect("create the dead-letter stream");
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("billing".to_owned()),
+            ack_wait: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await
+        .expect("create the consumer");
+    Some((js, consumer, dlq))
+}
+
+async fn publish(js: &jetstream::Context, subject: String, id: Option<&str>, payload: &str) {
+    let mut headers = HeaderMap::new();
+    if let Some(id) = id {
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+    }
+    js.publish_with_headers(subject, headers, Bytes::from(payload.to_owned()))
+        .await
+        .expect("publish")
+        .await
+        .expect("the stream stored the message");
+}
+
+async fn next(messages: &mut jetstream::consumer::pull::Stream) -> JetStreamMessage {
+    let message = tokio::time::timeout(WAIT, messages.next())
+        .await
+        .expect("a delivery within the wait")
+        .expect("the stream goes on")
+        .expect("a delivery");
+    JetStreamMessage::new(message)
+}
+
+fn subject(consumer: &PullConsumer, leaf: &str) -> String {
+    format!("{}.{leaf}", consumer.cached_info().stream_name)
+}
+
+fn counted(
+    runs: &Arc<AtomicUsize>,
+) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
+    let runs = Arc::clone(runs);
+    move |_ctx, payload| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(payload.len()))
+    }
+}
+
+/// A consumer that dies after the result is stored and before its ack reaches the broker.
+struct AckLost<'a>(&'a JetStreamMessage);
+
+#[async_trait::async_trait]
+impl Message for AckLost<'_> {
+    fn id(&self) -> Option<&str> {
+        self.0.id()
+    }
+    fn source(&self) -> &str {
+        self.0.source()
+    }
+    fn payload(&self) -> &Bytes {
+        self.0.payload()
+    }
+    fn delivery_count(&self) -> Option<u64> {
+        self.0.delivery_count()
+    }
+    async fn ack(&self) -> Result<(), SettleError> {
+        Ok(())
+    }
+    async fn nak(&self, delay: Duration) -> Result<(), SettleError> {
+        self.0.nak(delay).await
+    }
+    async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
+        self.0.dead_letter(reason).await
+    }
+}
+
+async fn assert_settled(consumer: &mut PullConsumer) {
+    for _ in 0..100 {
+        let info = consumer.info().await.expect("consumer info");
+        if info.num_ack_pending == 0 && info.num_pending == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "deliveries left unsettled: {:?}",
+        consumer
+            .info()
+            .await
+            .map(|i| (i.num_ack_pending, i.num_pending))
+    );
+}
+
+#[tokio::test]
+async fn an_ack_lost_in_a_crash_is_redelivered_and_replayed_never_run_twice() {
+    let Some((js, mut pull, _)) = setup("IDEM_ACK_LOST").await else {
+        return;
+    };
+    publish(&js, subject(&pull, "orders"), Some("order-1"), "2 mugs").await;
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut messages = pull.messages().await.expect("subscribe");
+
+    let first = next(&mut messages).await;
+    assert_eq!(first.id(), Some("order-1"));
+    assert_eq!(first.delivery_count(), Some(1));
+    let settled = consumer
+        .handle(&AckLost(&first), counted(&runs))
+        .await
+        .unwrap();
+    assert!(matches!(
+        settled,
+        Settled::Acked {
+            value: 6,
+            replayed: false
+        }
+    ));
+
+    // JetStream redelivers once the ack wait (1 s) ends.
+    let again = next(&mut messages).await;
+    assert_eq!(again.id(), Some("order-1"));
+    assert_eq!(again.delivery_count(), Some(2));
+    let settled = consumer.handle(&again, counted(&runs)).await.unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Acked {
+                value: 6,
+                replayed: true
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_settled(&mut pull).await;
+}
+
+#[tokio::test]
+async fn a_retryable_failure_is_naked_with_its_delay_and_redelivered() {
+    let Some((js, mut pull, _)) = setup("IDEM_NAK").await else {
+        return;
+    };
+    publish(&js, subject(&pull, "orders"), Some("order-1"), "x").await;
+    let delay = Duration::from_millis(300);
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()))
+        .backoff(Backoff::new(delay, delay).unwrap());
+    let mut messages = pull.messages().await.expect("subscribe");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let flaky = |runs: Arc<AtomicUsize>| {
+        move |_ctx: Context, _payload: Bytes| {
+            let run = runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if run == 0 {
+                    Err(WorkError::Retryable("warehouse busy".to_owned()))
+                } else {
+                    done(run).map_err(|_| WorkError::Permanent(String::new()))
+                }
+            }
+        }
+    };
+    let first = next(&mut messages).await;
+    let naked_at = tokio::time::Instant::now();
+    let settled = consumer
+        .handle(&first, flaky(Arc::clone(&runs)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, Settled::Retried { delay: d, .. } if d == delay),
+        "{settled:?}"
+    );
+
+    let again = next(&mut messages).await;
+    assert!(
+        naked_at.elapsed() >= delay,
+        "redelivered before its delay: {:?}",
+        naked_at.elapsed()
+    );
+    assert_eq!(again.delivery_count(), Some(2));
+    let settled = consumer
+        .handle(&again, flaky(Arc::clone(&runs)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Acked {
+                value: 1,
+                replayed: false
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_settled(&mut pull).await;
+}
+
+#[tokio::test]
+async fn dead_letters_go_to_their_subject_with_the_reason_and_are_not_redelivered() {
+    let Some((js, mut pull, mut dlq)) = setup("IDEM_DEAD").await else {
+        return;
+    };
+    let stream = pull.cached_info().stream_name.clone();
+    // Two publishers reuse one order id for two payloads (distinct message ids, so
+    // JetStream's own duplicate window lets both in); a third message fails for good.
+    publish(
+        &js,
+        subject(&pull, "orders"),
+        Some("a"),
+        r#"{"order":"o-1","cents":500}"#,
+    )
+    .await;
+    publish(
+        &js,
+        subject(&pull, "orders"),
+        Some("b"),
+        r#"{"order":"o-1","cents":900}"#,
+    )
+    .await;
+    publish(
+        &js,
+        subject(&pull, "orders"),
+        Some("c"),
+        r#"{"order":"o-2","cents":-1}"#,
+    )
+    .await;
+    let consumer =
+        Consumer::new(Idempotency::new(MemoryStore::new())).key_from_payload(|payload| {
+            let order: serde_json::Value = serde_json::from_slice(payload).ok()?;
+            Some(order.get("order")?.as_str()?.to_owned())
+        });
+    let work = |_ctx: Context, payload: Bytes| async move {
+        let order: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        match order["cents"].as_i64() {
+            Some(cents) if cents > 0 => Ok(cents),
+            _ => Err(WorkError::Permanent("a negative amount".to_owned())),
+        }
+    };
+    let mut messages = pull.messages().await.expect("subscribe");
+    let mut reasons = Vec::new();
+    for _ in 0..3 {
+        let message = next(&mut messages)
+            .await
+            .dead_letter_to(format!("{stream}_dlq"));
+        match consumer.handle(&message, work).await.unwrap() {
+            Settled::Acked {
+                value: 500,
+                replayed: false,
+            } => reasons.push("acked"),
+            Settled::DeadLettered { reason, .. } => reasons.push(reason.as_str()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(reasons, ["acked", "key-reused", "failed"]);
+    assert_settled(&mut pull).await;
+
+    // Nothing is redelivered past the ack wait.
+    let quiet = tokio::time::timeout(Duration::from_millis(1500), messages.next()).await;
+    assert!(quiet.is_err(), "a terminated message came back: {quiet:?}");
+
+    let info = dlq.info().await.expect("dead-letter stream info");
+    assert_eq!(info.state.messages, 2);
+    let dead = dlq.get_raw_message(1).await.expect("the first dead letter");
+    assert_eq!(
+        dead.headers.get(DEAD_LETTER_REASON).map(|v| v.as_str()),
+        Some("key-reused")
+    );
+    assert_eq!(dead.headers.get(ORIGINAL_ID).map(|v| v.as_str()), Some("b"));
+    assert_eq!(
+        dead.headers.get(ORIGINAL_STREAM).map(|v| v.as_str()),
+        Some(stream.as_str())
+    );
+    assert_eq!(&dead.payload[..], br#"{"order":"o-1","cents":900}"#);
+}
+
+#[tokio::test]
+async fn a_fetched_batch_is_settled_per_message() {
+    let Some((js, mut pull, _)) = setup("IDEM_BATCH").await else {
+        return;
+    };
+    for i in 0..20 {
+        let payload = if i % 5 == 4 {
+            String::new()
+        } else {
+            format!("order {i}")
+        };
+        publish(
+            &js,
+            subject(&pull, "orders"),
+            Some(&format!("m-{i}")),
+            &payload,
+        )
+        .await;
+    }
+    // A redelivered duplicate: the publisher resent m-0 after its dedupe window.
+    publish(&js, subject(&pull, "orders"), None, "order 0").await;
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = |runs: Arc<AtomicUsize>| {
+        move |_ctx: Context, payload: Bytes| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if payload.is_empty() {
+                    Err(WorkError::Permanent("an empty order".to_owned()))
+                } else {
+                    Ok(payload.len())
+                }
+            }
+        }
+    };
+    let mut batch = Vec::new();
+    while batch.len() < 21 {
+        let mut fetched = pull
+            .fetch()
+            .max_messages(21 - batch.len())
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .expect("fetch");
+        while let Some(message) = tokio::time::timeout(WAIT, fetched.next())
+            .await
+            .expect("a batch within the wait")
+        {
+            batch.push(JetStreamMessage::new(message.expect("a delivery")));
+        }
+    }
+    let settled = consumer.handle_batch(&batch, work(Arc::clone(&runs))).await;
+    let (mut acked, mut dead, mut keyless) = (0, 0, 0);
+    for settled in settled {
+        match settled.unwrap() {
+            Settled::Acked { .. } => acked += 1,
+            Settled::DeadLettered {
+                reason: DeadLetterReason::Failed,
+                ..
+            } => dead += 1,
+            Settled::DeadLettered {
+                reason: DeadLetterReason::NoKey,
+                ..
+            } => keyless += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((acked, dead, keyless), (16, 4, 1));
+    assert_eq!(runs.load(Ordering::SeqCst), 20);
+    assert_settled(&mut pull).await;
+}

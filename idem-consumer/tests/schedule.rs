@@ -1,0 +1,291 @@
+//! Scheduled jobs: one run per slot across schedulers, crashes taken over, settings
+//! that cannot work refused.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem_consumer::{ScheduleError, ScheduledJob};
+use idem_core::{Context, Error, Idempotency, ManualClock, MemoryStore, Outcome, done};
+
+const LEASE: Duration = Duration::from_secs(30);
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn at(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn job(store: MemoryStore, period: Duration) -> ScheduledJob<MemoryStore> {
+    // A week's retention: a daily job's window (a day and a lease) must fit in it.
+    let idem = Idempotency::builder(store)
+        .lease(LEASE)
+        .retention(Duration::from_secs(7 * 86_400))
+        .build()
+        .unwrap();
+    ScheduledJob::new(idem, "report", period).unwrap()
+}
+
+#[test]
+fn slots_are_due_times_never_the_clock_of_the_run() {
+    let hourly = job(MemoryStore::new(), Duration::from_secs(3600));
+    // 22:59:59.999 and 22:00:00 are both the 22:00 slot.
+    let ten = at(1_796_162_400); // 2026-12-01T22:00:00Z
+    assert_eq!(hourly.slot_at(ten), ten);
+    assert_eq!(hourly.slot_at(ten + Duration::from_millis(3_599_999)), ten);
+    assert_eq!(hourly.next_slot_after(ten), ten + Duration::from_secs(3600));
+    assert_eq!(
+        hourly.key_of(ten + Duration::from_secs(5)).key(),
+        "2026-12-01T22:00:00.000Z"
+    );
+    assert_eq!(hourly.key_of(ten).scope(), "schedule/report");
+
+    // Daily at 02:30.
+    let daily = job(MemoryStore::new(), Duration::from_secs(86_400))
+        .offset(Duration::from_secs(9000))
+        .unwrap();
+    let midnight = at(1_796_169_600); // 2026-12-02T00:00:00Z
+    assert_eq!(
+        daily.slot_at(midnight + Duration::from_secs(9000)),
+        midnight + Duration::from_secs(9000)
+    );
+    assert_eq!(
+        daily.slot_at(midnight + Duration::from_secs(8999)),
+        midnight - Duration::from_secs(86_400) + Duration::from_secs(9000)
+    );
+    // Before the epoch's first slot nothing goes negative.
+    assert_eq!(
+        daily.slot_at(UNIX_EPOCH),
+        UNIX_EPOCH + Duration::from_secs(9000) - Duration::from_secs(9000)
+    );
+}
+
+#[test]
+fn a_tick_covers_the_lease_and_a_period_of_earlier_slots() {
+    let every_minute = job(MemoryStore::new(), MINUTE);
+    let now = at(1_796_162_400 + 30);
+    // Window: lease (30 s) + period (60 s) = 90 s back from 22:00:30 = 21:59:00.
+    assert_eq!(
+        every_minute.due_slots(now),
+        [at(1_796_162_400 - 60), at(1_796_162_400)]
+    );
+    let only_now = every_minute.clone().catch_up(Duration::ZERO).unwrap();
+    assert_eq!(only_now.due_slots(now), [at(1_796_162_400)]);
+}
+
+#[test]
+fn settings_that_cannot_work_are_refused() {
+    let idem = || {
+        Idempotency::builder(MemoryStore::new())
+            .lease(LEASE)
+            .build()
+            .unwrap()
+    };
+    assert!(matches!(
+        ScheduledJob::new(idem(), "r", Duration::ZERO),
+        Err(ScheduleError::Period(_))
+    ));
+    assert!(matches!(
+        ScheduledJob::new(idem(), "r", Duration::from_micros(1500)),
+        Err(ScheduleError::Period(_))
+    ));
+    assert!(matches!(
+        ScheduledJob::new(idem(), "bad\nname", MINUTE),
+        Err(ScheduleError::Name(_))
+    ));
+    assert!(matches!(
+        ScheduledJob::new(idem(), "x".repeat(5000), MINUTE),
+        Err(ScheduleError::Name(_))
+    ));
+    let every_minute = ScheduledJob::new(idem(), "r", MINUTE).unwrap();
+    assert!(matches!(
+        every_minute.clone().offset(MINUTE),
+        Err(ScheduleError::Offset { .. })
+    ));
+    assert!(matches!(
+        every_minute.clone().catch_up(MINUTE * 5000),
+        Err(ScheduleError::CatchUpTooLong { .. })
+    ));
+    // Records kept an hour cannot guard a day-long window.
+    let short = Idempotency::builder(MemoryStore::new())
+        .retention(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    let err = ScheduledJob::new(short, "r", Duration::from_secs(86_400)).unwrap_err();
+    assert!(
+        matches!(err, ScheduleError::RetentionTooShort { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("raise the retention"), "{err}");
+}
+
+#[tokio::test]
+async fn two_schedulers_firing_one_slot_run_it_once() {
+    let store = MemoryStore::new();
+    let idem = Idempotency::builder(store).lease(LEASE).build().unwrap();
+    let (a, b) = (
+        ScheduledJob::new(idem.clone(), "report", MINUTE).unwrap(),
+        ScheduledJob::new(idem, "report", MINUTE).unwrap(),
+    );
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = |runs: Arc<AtomicUsize>| {
+        move |_ctx: Context, slot: SystemTime| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            done(slot)
+        }
+    };
+    // The second scheduler fires a little late, within the same slot.
+    let now = at(1_796_162_400 + 5);
+    let (first, second) = tokio::join!(
+        a.run_slot(now, work(Arc::clone(&runs))),
+        b.run_slot(now + Duration::from_secs(20), work(Arc::clone(&runs)))
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(
+        matches!(
+            first,
+            Ok(Outcome::Completed {
+                replayed: false,
+                ..
+            })
+        ),
+        "{first:?}"
+    );
+    assert!(matches!(second, Err(Error::InFlight { .. })), "{second:?}");
+    let later = b.run_slot(now, work(Arc::clone(&runs))).await.unwrap();
+    assert!(later.replayed());
+    assert_eq!(later.value(), Some(at(1_796_162_400)));
+}
+
+#[tokio::test]
+async fn a_slot_whose_scheduler_crashed_is_taken_over_by_a_later_tick() {
+    let clock = ManualClock::new();
+    let every_minute = job(MemoryStore::with_clock(clock.clone()), MINUTE);
+    let sent: Arc<Mutex<HashMap<SystemTime, usize>>> = Arc::default();
+    let work = |crash: bool, sent: Arc<Mutex<HashMap<SystemTime, usize>>>| {
+        move |ctx: Context, slot: SystemTime| {
+            let sent = Arc::clone(&sent);
+            async move {
+                ctx.step("send", || async {
+                    *sent.lock().unwrap().entry(slot).or_default() += 1;
+                    done(())
+                })
+                .await
+                .map_err(|_| idem_core::WorkError::Unknown(()))?;
+                if crash {
+                    std::future::pending::<()>().await;
+                }
+                done(ctx.resumed()).map_err(|_| idem_core::WorkError::Unknown(()))
+            }
+        }
+    };
+    let ten = at(1_796_162_400);
+    // Scheduler A crashes at 22:00:01, after its step.
+    let crashed = tokio::time::timeout(
+        Duration::from_millis(20),
+        every_minute.run_slot(ten + Duration::from_secs(1), work(true, Arc::clone(&sent))),
+    )
+    .await;
+    assert!(crashed.is_err());
+
+    // Scheduler B's first tick at 22:00:10: 21:59 never ran (caught up), 22:00's lease
+    // is live, so that slot is left to A.
+    let runs = every_minute
+        .run_due(
+            ten + Duration::from_secs(10),
+            &work(false, Arc::clone(&sent)),
+        )
+        .await;
+    assert_eq!(
+        runs.iter().map(|run| run.slot).collect::<Vec<_>>(),
+        [ten - MINUTE, ten]
+    );
+    assert!(
+        matches!(
+            runs[0].answer,
+            Ok(Outcome::Completed {
+                value: false,
+                replayed: false
+            })
+        ),
+        "{:?}",
+        runs[0].answer
+    );
+    assert!(
+        matches!(runs[1].answer, Err(Error::InFlight { .. })),
+        "{:?}",
+        runs[1].answer
+    );
+
+    // B's tick at 22:01:00, after the lease: 22:00 is still in the window, taken over and
+    // resumed past its step; 22:01 runs; 21:59 has left the window.
+    clock.advance(LEASE + Duration::from_secs(1));
+    let runs = every_minute
+        .run_due(ten + MINUTE, &work(false, Arc::clone(&sent)))
+        .await;
+    assert_eq!(
+        runs.iter().map(|run| run.slot).collect::<Vec<_>>(),
+        [ten, ten + MINUTE]
+    );
+    assert!(
+        matches!(
+            runs[0].answer,
+            Ok(Outcome::Completed {
+                value: true,
+                replayed: false
+            })
+        ),
+        "{:?}",
+        runs[0].answer
+    );
+    assert!(
+        matches!(
+            runs[1].answer,
+            Ok(Outcome::Completed {
+                value: false,
+                replayed: false
+            })
+        ),
+        "{:?}",
+        runs[1].answer
+    );
+    let sent = sent.lock().unwrap();
+    assert_eq!(
+        *sent,
+        HashMap::from([(ten - MINUTE, 1), (ten, 1), (ten + MINUTE, 1)]),
+        "each slot's step once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_running_schedulers_run_every_slot_once() {
+    // Real time, a 20 ms period, two schedulers for at most 600 ms: each slot once.
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let ran: Arc<Mutex<HashMap<SystemTime, usize>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let job = ScheduledJob::new(idem.clone(), "tick", Duration::from_millis(20)).unwrap();
+        let ran = Arc::clone(&ran);
+        tasks.push(tokio::spawn(async move {
+            job.run(move |_ctx, slot| {
+                let ran = Arc::clone(&ran);
+                async move {
+                    *ran.lock().unwrap().entry(slot).or_default() += 1;
+                    done(())
+                }
+            })
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for task in &tasks {
+        task.abort();
+    }
+    let ran = ran.lock().unwrap();
+    assert!(ran.len() >= 5, "slots ran: {}", ran.len());
+    assert!(ran.values().all(|&n| n == 1), "a slot ran twice: {ran:?}");
+}

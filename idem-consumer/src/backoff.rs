@@ -42,7 +42,8 @@ pub enum BackoffError {
 }
 
 impl Backoff {
-    /// A backoff from `first` up to `max`.
+    /// A backoff from `first` up to `max` (at most [`MAX_DURATION`](idem_core::raw::MAX_DURATION),
+    /// a hundred years: a larger `max` is taken as that).
     ///
     /// # Errors
     /// [`BackoffError`] when `first` is zero or longer than `max`.
@@ -53,7 +54,13 @@ impl Backoff {
         if first > max {
             return Err(BackoffError::FirstOverMax { first, max });
         }
-        Ok(Self { first, max })
+        // Brokers take delays in 64-bit nanoseconds (JetStream reads a larger one as no
+        // delay at all): "no cap" means the longest duration idem stores.
+        let max = max.min(idem_core::raw::MAX_DURATION);
+        Ok(Self {
+            first: first.min(max),
+            max,
+        })
     }
 
     /// The delay before delivery number `delivered + 1`, `delivered` being the count the

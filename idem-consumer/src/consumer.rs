@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use idem_core::codec::CodecError;
+use idem_core::key::{KeyError, KeyPart};
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -33,12 +35,20 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// | completed, now or before | ack |
 /// | failed permanently, now or before | dead letter (`failed`) |
 /// | retryable failure | nak after the [`Backoff`] |
-/// | effect unknown, or interrupted | nak after the lease, when a redelivery can take over |
+/// | effect unknown, interrupted, compensation pending | nak after the lease, when a redelivery can take over |
 /// | another delivery in flight | nak after its `retry_after` (or a wait, with [`InFlightPolicy::Wait`](idem_core::InFlightPolicy::Wait) on the driver) |
 /// | key reused for another payload | dead letter (`key-reused`) |
 /// | no key, an invalid key, a refused key | dead letter (`no-key`, `bad-key`, `key-refused`) |
-/// | unstorable result, unreadable stored answer | dead letter (`unstorable`, `unreadable`) |
-/// | the store failed, the lease was lost | nak after the backoff |
+/// | an invalid scope (the consumer's setting, not the message's fault) | nak after the backoff, logged as an error |
+/// | unstorable result, a stored answer altered or malformed | dead letter (`unstorable`, `unreadable`) |
+/// | a stored answer this process cannot read yet (a codec key id it lacks, a type from a newer release) | nak after the lease |
+/// | the store failed, the lease was lost, the key budget ran out | nak after the backoff (or the budget's `retry_after`) |
+///
+/// Only answers that redelivery cannot change go to the dead-letter path; a failure of the
+/// consumer's own side (store, codec keys, configuration) is always a nak, and logged.
+/// Brokers stop redelivering after a limit of their own (JetStream `max_deliver`, a
+/// quorum queue's `x-delivery-limit`): leave those unlimited, or above what a store outage
+/// can take, so that our own failure never drops a message.
 ///
 /// A crash anywhere loses nothing: before the result is stored, the redelivery takes over
 /// once the lease ends (resuming through [`Context::step`] checkpoints); after, it replays
@@ -47,7 +57,7 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// ```
 /// use bytes::Bytes;
 /// use idem_consumer::{Consumer, DeadLetterReason, Message, SettleError};
-/// use idem_core::{Idempotency, MemoryStore, WorkResultExt};
+/// use idem_core::{Idempotency, MemoryStore, done};
 /// # use std::time::Duration;
 /// # struct Delivery(Bytes);
 /// # #[async_trait::async_trait]
@@ -66,9 +76,7 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// // Redelivered: the second time the work does not run, and the message is acked.
 /// for _ in 0..2 {
 ///     let settled = consumer
-///         .handle(&delivery, |_ctx, payload| async move {
-///             Ok::<_, std::convert::Infallible>(payload.len()).permanent()
-///         })
+///         .handle(&delivery, |_ctx, payload| async move { done(payload.len()) })
 ///         .await?;
 ///     assert!(settled.is_acked());
 /// }
@@ -221,9 +229,11 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     /// - `work` gets the driver's [`Context`] (steps, derived keys, the fencing token)
     ///   and the payload.
     /// - The delivery is settled exactly once, after the answer is stored.
-    /// - Dropping the returned future while `work` runs settles nothing: the broker
-    ///   redelivers when its acknowledgement timeout ends, and that delivery takes over
-    ///   once the lease ends (a crash is the same).
+    /// - Dropping the returned future while `work` runs settles nothing, and the lease is
+    ///   kept. A crash is the same. JetStream redelivers once its `ack_wait` ends, and that
+    ///   delivery takes over when the lease ends. RabbitMQ has no acknowledgement timeout:
+    ///   the delivery stays unacknowledged until its channel closes, so drop the channel,
+    ///   or end the process, when you abandon a delivery.
     ///
     /// # Errors
     /// [`SettleError`] when the broker did not take the settlement; what was stored stays
@@ -249,7 +259,7 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     /// in the batch's order.
     ///
     /// - Each message is settled on its own: one failure never holds back, acks or
-    ///   redelivers another.
+    ///   redelivers another, and a slow message never keeps the next from starting.
     /// - Two deliveries of one message in a batch run it once: the second waits or is
     ///   retried as in flight, and a later delivery replays.
     ///
@@ -283,18 +293,50 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         work: F,
     ) -> Vec<Result<Settled<T, E>, SettleError>>
     where
-        M: Message + 'm,
+        M: Message + ?Sized + 'm,
         T: Serialize + DeserializeOwned + 'static,
         E: Serialize + DeserializeOwned + 'static,
         F: Fn(Context, Bytes) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let work = &work;
-        futures_util::stream::iter(messages)
-            .map(|message| self.handle(message, work))
-            .buffered(self.concurrency.get())
-            .collect()
-            .await
+        // A loop over `FuturesUnordered` of a method's futures rather than stream
+        // combinators over closures: those make the future unprovably `Send` (rustc's
+        // "FnOnce is not general enough"), and a consumer loop must be spawnable.
+        let limit = self.concurrency.get();
+        let mut waiting = messages.into_iter().enumerate();
+        let mut running = futures_util::stream::FuturesUnordered::new();
+        let mut settled = Vec::new();
+        loop {
+            while running.len() < limit {
+                let Some((index, message)) = waiting.next() else {
+                    break;
+                };
+                running.push(self.handle_at(index, message, &work));
+            }
+            match running.next().await {
+                Some(answer) => settled.push(answer),
+                None => break,
+            }
+        }
+        settled.sort_unstable_by_key(|(index, _)| *index);
+        settled.into_iter().map(|(_, settled)| settled).collect()
+    }
+
+    /// [`Consumer::handle`], answered with the message's place in its batch.
+    async fn handle_at<M, T, E, F, Fut>(
+        &self,
+        index: usize,
+        message: &M,
+        work: &F,
+    ) -> (usize, Result<Settled<T, E>, SettleError>)
+    where
+        M: Message + ?Sized,
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: Fn(Context, Bytes) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        (index, self.handle(message, work).await)
     }
 
     async fn decide<M, T, E, F, Fut>(&self, message: &M, work: F) -> Decision<T, E>
@@ -307,6 +349,15 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     {
         let key = match self.key_of(message) {
             Ok(key) => key,
+            Err(Cause::BadKey(err)) if key_part(&err) == Some(KeyPart::Scope) => {
+                // The consumer's scope, not the message, is at fault: fixing the setting
+                // must find the message still there.
+                tracing::error!(error = %err, "idem-consumer: the scope is not a valid idem scope; fix the consumer's source or scope setting");
+                return Decision::Nak {
+                    delay: self.backoff.delay(message.delivery_count()),
+                    cause: Cause::BadKey(err),
+                };
+            }
             Err(Cause::BadKey(err)) => {
                 return Decision::DeadLetter {
                     reason: DeadLetterReason::BadKey,
@@ -331,8 +382,25 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
             .execute(&key, fingerprint, |ctx| work(ctx, payload))
             .await;
         let decision = self.decision(answer, message.delivery_count());
-        if let Decision::DeadLetter { reason, .. } = &decision {
-            tracing::warn!(key = %key.short_hash(), %reason, "idem-consumer: dead-lettering a message");
+        match &decision {
+            Decision::DeadLetter { reason, .. } => {
+                tracing::warn!(key = %key.short_hash(), %reason, "idem-consumer: dead-lettering a message");
+            }
+            // Naks that no redelivery of the message itself will cure: say so.
+            Decision::Nak {
+                cause:
+                    Cause::Idem(
+                        err @ (Error::Store(_)
+                        | Error::Interrupted(_)
+                        | Error::CompensationPending { .. }
+                        | Error::Codec { .. }
+                        | Error::Decode(_)),
+                    ),
+                delay,
+            } => {
+                tracing::warn!(key = %key.short_hash(), error = %err, ?delay, "idem-consumer: redelivering a message after a failure on the consumer's side");
+            }
+            _ => {}
         }
         decision
     }
@@ -354,8 +422,9 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
             }
             Ok(Outcome::Retryable(error)) => nak(backoff, Cause::Work(error)),
             Ok(Outcome::Unknown(error)) => nak(lease, Cause::Work(error)),
-            // A future kind of outcome: the safe side is to leave the message to the broker.
-            Ok(_) => nak(lease, Cause::Idem(Error::LeaseLost)),
+            // A kind of outcome this version does not know: the safe side is to leave the
+            // message to the broker until the lease ends.
+            Ok(_) => nak(lease, Cause::Unrecognised),
             Err(err) => match &err {
                 Error::InFlight { retry_after } | Error::KeyBudgetExhausted { retry_after } => nak(
                     (*retry_after).max(Duration::from_millis(1)),
@@ -367,15 +436,22 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                 Error::Mismatch => dead(DeadLetterReason::KeyReused, Cause::Idem(err)),
                 Error::KeyRefused(_) => dead(DeadLetterReason::KeyRefused, Cause::Idem(err)),
                 Error::Unstorable { .. } => dead(DeadLetterReason::Unstorable, Cause::Idem(err)),
-                Error::Decode(_) | Error::Codec { .. } => {
-                    dead(DeadLetterReason::Unreadable, Cause::Idem(err))
-                }
+                // Altered or malformed bytes never read back, whoever reads them.
+                Error::Codec {
+                    source: CodecError::Unauthentic { .. } | CodecError::Malformed { .. },
+                    ..
+                } => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
+                // A key id this process lacks (a rotation half rolled out), no randomness,
+                // a stored type from a newer release: another consumer, or this one later,
+                // can read it. Half-done work under it must not be dropped.
+                Error::Codec { .. } | Error::Decode(_) => nak(lease, Cause::Idem(err)),
                 // The store failing, a lost lease: the message waits for a redelivery,
                 // never the dead-letter path for a failure of our own.
                 _ if err.is_retryable() || matches!(err, Error::Store(_)) => {
                     nak(backoff, Cause::Idem(err))
                 }
-                _ => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
+                // An error this version does not know: the safe side, as for outcomes.
+                _ => nak(lease, Cause::Idem(err)),
             },
         }
     }
@@ -399,5 +475,30 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                 Settled::DeadLettered { reason, cause }
             }
         })
+    }
+}
+
+impl<S: Store + 'static> Consumer<S> {
+    /// The same consumer over `dyn Store`: one type whatever the store.
+    pub fn into_dyn(self) -> Consumer {
+        Consumer {
+            idem: self.idem.into_dyn(),
+            key: self.key,
+            fingerprint: self.fingerprint,
+            scope: self.scope,
+            backoff: self.backoff,
+            concurrency: self.concurrency,
+        }
+    }
+}
+
+/// Which part of a key a [`KeyError`] is about.
+fn key_part(err: &KeyError) -> Option<KeyPart> {
+    match err {
+        KeyError::Empty { part }
+        | KeyError::TooLong { part, .. }
+        | KeyError::Reserved { part, .. }
+        | KeyError::ControlCharacter { part, .. } => Some(*part),
+        _ => None,
     }
 }

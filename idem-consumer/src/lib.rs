@@ -10,8 +10,8 @@
 //!   batch concurrently, each message settled on its own.
 //! - [`ScheduledJob`] runs a job once per slot of its schedule, keyed by the slot's time,
 //!   however many schedulers fire it; a slot whose scheduler crashed is taken over.
-//! - [`Message`] is what the consumer needs of a broker; adapters: [`nats`] (NATS
-//!   JetStream, feature `nats`) and [`rabbitmq`] (feature `rabbitmq`).
+//! - [`Message`] is what the consumer needs of a broker; adapters: `nats` (NATS
+//!   JetStream, feature `nats`) and `rabbitmq` (feature `rabbitmq`).
 //!
 //! Exactly-once effect needs the effect and the result to land together: write the
 //! effect in the store's own transaction ([`Context::prepare_completion`] with
@@ -82,3 +82,8 @@ pub use consumer::{Consumer, DEFAULT_CONCURRENCY};
 pub use message::{DeadLetterReason, Message, SettleError, Settlement};
 pub use schedule::{MAX_CATCH_UP_SLOTS, ScheduleError, ScheduledJob, SlotRun};
 pub use settled::{Cause, Settled};
+
+/// The crate README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -10,8 +10,8 @@ use idem_core::BoxError;
 ///
 /// The consumer reads the id, the payload and the source to build the key and the
 /// fingerprint, then settles the delivery exactly once with one of `ack`, `nak` or
-/// `dead_letter`. Adapters: [`nats::JetStreamMessage`](crate::nats::JetStreamMessage)
-/// (feature `nats`) and [`rabbitmq::RabbitMessage`](crate::rabbitmq::RabbitMessage)
+/// `dead_letter`. Adapters: `nats::JetStreamMessage`
+/// (feature `nats`) and `rabbitmq::RabbitMessage`
 /// (feature `rabbitmq`). Implement it for another broker, or for a test double:
 ///
 /// ```
@@ -195,6 +195,22 @@ pub enum SettleError {
         /// What was asked.
         action: Settlement,
     },
+    /// The delivery was settled before (a settlement retried after its first try landed);
+    /// nothing more was sent.
+    #[error("the message was already settled; nothing more was sent to {action} it")]
+    AlreadySettled {
+        /// What was asked.
+        action: Settlement,
+    },
+    /// The setup cannot work: the broker was not asked. Fix the setting; the message
+    /// stays unsettled and is delivered again.
+    #[error("cannot {action} the message: {problem}")]
+    Misconfigured {
+        /// What was asked.
+        action: Settlement,
+        /// What is wrong and what to do.
+        problem: &'static str,
+    },
 }
 
 impl SettleError {
@@ -209,7 +225,10 @@ impl SettleError {
     /// What was asked of the broker.
     pub fn action(&self) -> Settlement {
         match self {
-            SettleError::Broker { action, .. } | SettleError::Closed { action } => *action,
+            SettleError::Broker { action, .. }
+            | SettleError::Closed { action }
+            | SettleError::AlreadySettled { action }
+            | SettleError::Misconfigured { action, .. } => *action,
         }
     }
 }

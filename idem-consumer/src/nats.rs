@@ -14,8 +14,12 @@
 //!
 //! let mut messages = pull.messages().await?;
 //! while let Some(message) = messages.next().await {
-//!     let message = JetStreamMessage::new(message?).dead_letter_to("ORDERS.dead");
-//!     consumer.handle(&message, |_ctx, payload| async move { done(payload.len()) }).await?;
+//!     // Dead letters go to a stream of their own (DLQ.>), never back into ORDERS.
+//!     let message = JetStreamMessage::new(message?).dead_letter_to("DLQ.orders");
+//!     // A settlement the broker refused is delivered again: log it and go on.
+//!     if let Err(err) = consumer.handle(&message, |_ctx, payload| async move { done(payload.len()) }).await {
+//!         tracing::warn!(error = %err, "not settled");
+//!     }
 //! }
 //! # Ok(())
 //! # }
@@ -24,13 +28,24 @@
 //! - The key is the `Nats-Msg-Id` header, which publishers also set for JetStream's own
 //!   duplicate window: the window drops a resend within minutes, idem catches every
 //!   redelivery and every resend for the whole retention.
-//! - The scope is the stream's name; the delivery count is JetStream's.
+//! - The scope is `<stream>/<consumer>`: two durable consumers of one stream (billing and
+//!   shipping) each handle every message once, even on one store. An ephemeral consumer's
+//!   name changes with each connection: give such consumers one scope of their own
+//!   ([`Consumer::scope`](crate::Consumer::scope)).
+//! - The delivery count is JetStream's.
 //! - A nak carries its delay (`-NAK {"delay": ...}`), so the server redelivers it later.
+//! - An ack is a plain `+ACK`, not confirmed by the server: one that is lost only means a
+//!   redelivery, which replays.
 //! - A dead letter is published to the subject of [`JetStreamMessage::dead_letter_to`]
-//!   (with the reason and the original's stream, sequence and id in headers, and a
-//!   `Nats-Msg-Id` of its own so a repeat is dropped by the duplicate window), then
-//!   terminated (`+TERM`); without a subject it is only terminated, which JetStream
-//!   reports as a `MSG_TERMINATED` advisory.
+//!   (with the reason and the original's stream, consumer, sequence and id in headers,
+//!   and a `Nats-Msg-Id` of its own so a repeat within the dead-letter stream's duplicate
+//!   window is dropped), then terminated (`+TERM`); without a subject it is only
+//!   terminated, which JetStream reports as a `MSG_TERMINATED` advisory. The subject must
+//!   belong to another stream than the message's: a copy stored back in the same stream
+//!   would be a new message, run again ([`SettleError::Misconfigured`]).
+//! - Leave the consumer's `max_deliver` unlimited (the default), or above what a store
+//!   outage can take: naks count as deliveries. Set `ack_wait` above the longest work: a
+//!   delivery redelivered while its work still runs is answered as in flight.
 
 use std::fmt;
 use std::time::Duration;
@@ -45,6 +60,8 @@ use crate::{DeadLetterReason, Message, SettleError, Settlement};
 pub const DEAD_LETTER_REASON: &str = "Idem-Dead-Letter-Reason";
 /// The header that carries the original's stream on a dead-lettered copy.
 pub const ORIGINAL_STREAM: &str = "Idem-Original-Stream";
+/// The header that carries the consumer that dead-lettered the copy.
+pub const ORIGINAL_CONSUMER: &str = "Idem-Original-Consumer";
 /// The header that carries the original's stream sequence on a dead-lettered copy.
 pub const ORIGINAL_SEQUENCE: &str = "Idem-Original-Sequence";
 /// The header that carries the original's `Nats-Msg-Id` on a dead-lettered copy.
@@ -54,6 +71,9 @@ pub const ORIGINAL_ID: &str = "Idem-Original-Msg-Id";
 pub struct JetStreamMessage {
     message: jetstream::Message,
     stream: String,
+    consumer: Option<String>,
+    /// `<stream>/<consumer>`: the scope.
+    source: String,
     sequence: Option<u64>,
     delivered: Option<u64>,
     dead_letter_subject: Option<String>,
@@ -63,6 +83,7 @@ impl fmt::Debug for JetStreamMessage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JetStreamMessage")
             .field("stream", &self.stream)
+            .field("consumer", &self.consumer)
             .field("sequence", &self.sequence)
             .field("delivered", &self.delivered)
             .field("payload_len", &self.message.payload.len())
@@ -74,17 +95,24 @@ impl JetStreamMessage {
     /// Wraps a delivery from a JetStream consumer. A message that did not come through
     /// JetStream (no ack subject) is scoped by its subject, and settling it fails.
     pub fn new(message: jetstream::Message) -> Self {
-        let (stream, sequence, delivered) = match message.info() {
+        let (stream, consumer, sequence, delivered) = match message.info() {
             Ok(info) => (
                 info.stream.to_owned(),
+                Some(info.consumer.to_owned()),
                 Some(info.stream_sequence),
                 u64::try_from(info.delivered).ok(),
             ),
-            Err(_) => (message.subject.to_string(), None, None),
+            Err(_) => (message.subject.to_string(), None, None, None),
+        };
+        let source = match &consumer {
+            Some(consumer) => format!("{stream}/{consumer}"),
+            None => stream.clone(),
         };
         Self {
             message,
             stream,
+            consumer,
+            source,
             sequence,
             delivered,
             dead_letter_subject: None,
@@ -124,16 +152,33 @@ impl JetStreamMessage {
         reason: DeadLetterReason,
     ) -> Result<(), SettleError> {
         let broker = |err: idem_core::BoxError| SettleError::broker(Settlement::DeadLetter, err);
+        // A copy stored in the message's own stream would come back as a new message
+        // and run again: refuse before publishing.
+        let target = self
+            .message
+            .context
+            .stream_by_subject(subject)
+            .await
+            .map_err(|err| broker(err.into()))?;
+        if target == self.stream {
+            return Err(SettleError::Misconfigured {
+                action: Settlement::DeadLetter,
+                problem: "the dead-letter subject belongs to the message's own stream, where a copy would run again; use a subject of another stream",
+            });
+        }
+        let consumer = self.consumer.as_deref().unwrap_or_default();
         let mut headers = HeaderMap::new();
         headers.insert(DEAD_LETTER_REASON, reason.as_str());
         headers.insert(ORIGINAL_STREAM, self.stream.as_str());
+        headers.insert(ORIGINAL_CONSUMER, consumer);
         if let Some(sequence) = self.sequence {
             headers.insert(ORIGINAL_SEQUENCE, sequence.to_string().as_str());
-            // A repeated dead-lettering of the same delivery is dropped by the
-            // dead-letter stream's duplicate window.
+            // A repeated dead-lettering of the same delivery by the same consumer is
+            // dropped by the dead-letter stream's duplicate window; another consumer's
+            // is its own.
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
-                format!("idem-dead-letter/{}/{sequence}", self.stream).as_str(),
+                format!("idem-dead-letter/{}/{consumer}/{sequence}", self.stream).as_str(),
             );
         }
         if let Some(id) = self.id() {
@@ -161,7 +206,7 @@ impl Message for JetStreamMessage {
     }
 
     fn source(&self) -> &str {
-        &self.stream
+        &self.source
     }
 
     fn payload(&self) -> &Bytes {

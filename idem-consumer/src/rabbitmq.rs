@@ -15,7 +15,10 @@
 //! let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
 //! while let Some(delivery) = deliveries.next().await {
 //!     let message = RabbitMessage::new(delivery?, "orders");
-//!     consumer.handle(&message, |_ctx, payload| async move { done(payload.len()) }).await?;
+//!     // A settlement the broker refused is delivered again: log it and go on.
+//!     if let Err(err) = consumer.handle(&message, |_ctx, payload| async move { done(payload.len()) }).await {
+//!         tracing::warn!(error = %err, "not settled");
+//!     }
 //! }
 //! # Ok(())
 //! # }
@@ -28,7 +31,14 @@
 //! - AMQP has no delayed redelivery: a nak waits its delay in a task of its own, then
 //!   requeues (`basic.nack`, requeue). The delivery stays unacknowledged meanwhile, so a
 //!   crash requeues it anyway, and it holds one prefetch slot (`basic.qos`): give the
-//!   channel room for the naks in waiting.
+//!   channel room for the naks in waiting. RabbitMQ closes a channel whose delivery
+//!   stays unacknowledged past its `consumer_timeout` (30 minutes by default): keep the
+//!   driver's lease and the backoff's largest delay well under it.
+//! - A quorum queue's `x-delivery-limit` drops or dead-letters a message after that many
+//!   deliveries, naks included: set it above what a store outage can take, or leave it
+//!   unset on classic queues.
+//! - A `handle` future dropped mid-work leaves its delivery unacknowledged until the
+//!   channel closes (AMQP has no acknowledgement timeout).
 //! - A dead letter is rejected without requeue (`basic.reject`), which RabbitMQ routes to
 //!   the queue's dead-letter exchange (`x-dead-letter-exchange`) with an `x-death`
 //!   header; a queue without one drops it. The reason is logged.
@@ -78,11 +88,17 @@ impl RabbitMessage {
     }
 }
 
-/// A lapin answer as a settlement: `Ok(false)` means the acker's channel is gone.
-fn settled(action: Settlement, answer: lapin::Result<bool>) -> Result<(), SettleError> {
+/// A lapin answer as a settlement: `Ok(false)` means the acker was used before, or its
+/// channel is gone (poisoned).
+fn settled(
+    action: Settlement,
+    acker: &lapin::Acker,
+    answer: lapin::Result<bool>,
+) -> Result<(), SettleError> {
     match answer {
         Ok(true) => Ok(()),
-        Ok(false) => Err(SettleError::Closed { action }),
+        Ok(false) if acker.poisoned() => Err(SettleError::Closed { action }),
+        Ok(false) => Err(SettleError::AlreadySettled { action }),
         Err(err) => Err(SettleError::broker(action, err)),
     }
 }
@@ -134,8 +150,12 @@ impl Message for RabbitMessage {
     }
 
     async fn ack(&self) -> Result<(), SettleError> {
-        let answer = self.delivery.acker.ack(BasicAckOptions::default()).await;
-        settled(Settlement::Ack, answer)
+        let acker = &self.delivery.acker;
+        settled(
+            Settlement::Ack,
+            acker,
+            acker.ack(BasicAckOptions::default()).await,
+        )
     }
 
     async fn nak(&self, delay: Duration) -> Result<(), SettleError> {
@@ -143,13 +163,13 @@ impl Message for RabbitMessage {
             requeue: true,
             multiple: false,
         };
-        if delay.is_zero() {
-            return settled(Settlement::Nak, self.delivery.acker.nack(requeue).await);
-        }
         let acker = self.delivery.acker.clone();
+        if delay.is_zero() {
+            return settled(Settlement::Nak, &acker, acker.nack(requeue).await);
+        }
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            if let Err(err) = settled(Settlement::Nak, acker.nack(requeue).await) {
+            if let Err(err) = settled(Settlement::Nak, &acker, acker.nack(requeue).await) {
                 // The channel closed meanwhile: the broker requeued the delivery itself.
                 tracing::debug!(error = %err, "idem-consumer: a delayed nak found its channel gone");
             }
@@ -159,11 +179,8 @@ impl Message for RabbitMessage {
 
     async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
         tracing::warn!(queue = %self.queue, %reason, "idem-consumer: rejecting a message to the dead-letter exchange");
-        let answer = self
-            .delivery
-            .acker
-            .reject(BasicRejectOptions { requeue: false })
-            .await;
-        settled(Settlement::DeadLetter, answer)
+        let acker = &self.delivery.acker;
+        let answer = acker.reject(BasicRejectOptions { requeue: false }).await;
+        settled(Settlement::DeadLetter, acker, answer)
     }
 }

@@ -1,6 +1,7 @@
 //! [`ScheduledJob`]: a job run once per slot of its schedule, however many schedulers
 //! fire it.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,11 +24,15 @@ pub const MAX_CATCH_UP_SLOTS: u64 = 1000;
 ///   period): a slot whose scheduler crashed is taken over when its lease ends, and
 ///   resumes through its [`Context::step`] checkpoints.
 /// - A slot finished before is a replay: its work does not run again.
-/// - A slot another scheduler is running is left to it ([`Error::InFlight`]); the tick
-///   after its lease ends looks again.
+/// - A slot another scheduler is running is left to it ([`Error::InFlight`]);
+///   [`ScheduledJob::run`] remembers it and looks again when its lease ends, however long
+///   the work heartbeated, even once the slot has left the window.
 /// - A new deployment also runs the slots of the window that never ran (like a
-///   Kubernetes CronJob's starting deadline); [`ScheduledJob::catch_up`] with zero runs
-///   only the current slot.
+///   Kubernetes CronJob's starting deadline), and always the current slot, however late
+///   in its period: a daily job deployed at 15:00 runs that day's 02:30 slot at once.
+/// - The slot's key changes with the job's name only; its fingerprint holds the period
+///   and offset too, so schedulers that disagree on them meet as [`Error::Mismatch`] on
+///   the slots they share instead of running beside each other unseen.
 ///
 /// ```
 /// use idem_consumer::ScheduledJob;
@@ -100,7 +105,7 @@ pub enum ScheduleError {
     },
     /// The catch-up window holds more than [`MAX_CATCH_UP_SLOTS`] slots.
     #[error(
-        "the catch-up window {catch_up:?} holds more than {MAX_CATCH_UP_SLOTS} slots of {period:?}; shorten it"
+        "the catch-up window {catch_up:?} holds more than {MAX_CATCH_UP_SLOTS} slots of {period:?}; shorten the window or lengthen the period"
     )]
     CatchUpTooLong {
         /// The window given.
@@ -133,7 +138,9 @@ pub struct SlotRun<T, E> {
 
 impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// A job named `name` due every `period`, at multiples of it since the Unix epoch (an
-    /// hourly job on the hour). The catch-up window is the driver's lease plus one period.
+    /// hourly job on the hour). The catch-up window is the driver's lease plus one period,
+    /// at most [`MAX_CATCH_UP_SLOTS`] periods (a slot seen unfinished is still looked at
+    /// again by [`ScheduledJob::run`] after it leaves the window).
     ///
     /// # Errors
     /// [`ScheduleError`] for a name that makes no valid scope, a period under a
@@ -147,10 +154,11 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         let scope = format!("schedule/{name}");
         // Validates the scope once, with a slot key of the longest form.
         Key::new(scope.as_str(), "1970-01-01T00:00:00.000Z").map_err(ScheduleError::Name)?;
-        if period < Duration::from_millis(1) || period.subsec_nanos() % 1_000_000 != 0 {
+        if period < Duration::from_millis(1) || !period.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(ScheduleError::Period(period));
         }
-        let catch_up = idem.lease().saturating_add(period);
+        let most = period.saturating_mul(u32::try_from(MAX_CATCH_UP_SLOTS).unwrap_or(u32::MAX));
+        let catch_up = idem.lease().saturating_add(period).min(most);
         Self {
             idem,
             name,
@@ -169,7 +177,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// [`ScheduleError::Offset`] unless `offset` is whole milliseconds shorter than the
     /// period.
     pub fn offset(mut self, offset: Duration) -> Result<Self, ScheduleError> {
-        if offset >= self.period || offset.subsec_nanos() % 1_000_000 != 0 {
+        if offset >= self.period || !offset.subsec_nanos().is_multiple_of(1_000_000) {
             return Err(ScheduleError::Offset {
                 offset,
                 period: self.period,
@@ -179,8 +187,9 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         Ok(self)
     }
 
-    /// How far back each tick looks for slots that did not finish. Zero runs only the
-    /// current slot, and a slot whose scheduler crashed is then lost.
+    /// How far back each tick looks for slots that did not finish. Keep it at least the
+    /// longest run plus the lease: shorter, a slot whose scheduler crashed before another
+    /// one saw it in flight is never taken over. Zero runs only the current slot.
     ///
     /// # Errors
     /// [`ScheduleError::CatchUpTooLong`] or [`ScheduleError::RetentionTooShort`].
@@ -212,9 +221,13 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         &self.name
     }
 
-    /// The latest slot at or before `now` (the Unix epoch itself before the first slot).
+    /// The latest slot at or before `now` (the Unix epoch itself before the first slot;
+    /// times past the year 9999 count as its last millisecond).
     pub fn slot_at(&self, now: SystemTime) -> SystemTime {
-        let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let since = now
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .min(LAST_MILLISECOND);
         let period = self.period.as_millis();
         let Some(shifted) = since.as_millis().checked_sub(self.offset.as_millis()) else {
             return UNIX_EPOCH;
@@ -249,11 +262,20 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         slots
     }
 
-    /// The key of a slot: the scope `schedule/<name>` and the slot's RFC 3339 time.
+    /// The key of a slot: the scope `schedule/<name>` and the slot's RFC 3339 time in
+    /// UTC, to the millisecond (`2026-12-01T02:30:00.000Z`).
     pub fn key_of(&self, slot: SystemTime) -> Key {
-        let time = humantime::format_rfc3339_millis(self.slot_at(slot)).to_string();
+        let time = rfc3339_millis(self.slot_at(slot));
         Key::new(self.scope.as_str(), time)
             .expect("the scope was validated with a key of this form")
+    }
+
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::builder()
+            .field(self.name.as_bytes())
+            .field(self.period.as_millis().to_be_bytes())
+            .field(self.offset.as_millis().to_be_bytes())
+            .finish()
     }
 
     /// Runs `work` for `slot` (rounded down to a slot), once across every scheduler.
@@ -279,9 +301,10 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
         let slot = self.slot_at(slot);
-        let fingerprint = Fingerprint::of_bytes(self.name.as_bytes());
         self.idem
-            .execute(&self.key_of(slot), fingerprint, |ctx| work(ctx, slot))
+            .execute(&self.key_of(slot), self.fingerprint(), |ctx| {
+                work(ctx, slot)
+            })
             .await
     }
 
@@ -304,6 +327,12 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// Runs the job for ever: a tick at each slot, and sooner when a slot another
     /// scheduler held may be taken over, or a retryable failure may run again. Abort the
     /// task to stop it: a slot cut off mid-work is taken over when its lease ends.
+    ///
+    /// - Slots with a final answer are remembered and not asked again while in the window.
+    /// - Slots seen unfinished (in flight elsewhere, retryable, unknown) are asked again
+    ///   until they finish, even after leaving the window (at most
+    ///   [`MAX_CATCH_UP_SLOTS`] of them).
+    /// - Each slot's run and each final failure is logged once, by the key's short hash.
     pub async fn run<T, E, F, Fut>(&self, work: F) -> std::convert::Infallible
     where
         T: Serialize + DeserializeOwned + 'static,
@@ -311,40 +340,143 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         F: Fn(Context, SystemTime) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
+        let mut finished = BTreeSet::new();
+        let mut unfinished = BTreeSet::new();
         loop {
             let now = SystemTime::now();
-            let runs = self.run_due(now, &work).await;
-            let wake = self.wake_after(now, &runs);
+            let mut slots: BTreeSet<SystemTime> = self.due_slots(now).into_iter().collect();
+            slots.extend(unfinished.iter().copied());
+            let mut wake = self.next_slot_after(now);
+            for slot in slots {
+                if finished.contains(&slot) {
+                    continue;
+                }
+                let answer = self.run_slot(slot, &work).await;
+                match self.again_after(slot, &answer) {
+                    Some(after) => {
+                        unfinished.insert(slot);
+                        wake = wake.min(now + after.max(Duration::from_millis(1)));
+                    }
+                    None => {
+                        unfinished.remove(&slot);
+                        finished.insert(slot);
+                    }
+                }
+            }
+            // What left the window is never asked again: forget it.
+            let earliest = self.due_slots(now).first().copied().unwrap_or(now);
+            finished.retain(|slot| *slot >= earliest);
+            while unfinished.len() as u64 > MAX_CATCH_UP_SLOTS {
+                let oldest = unfinished.pop_first().expect("the set is not empty");
+                tracing::warn!(job = %self.name, key = %self.key_of(oldest).short_hash(), "idem-consumer: too many unfinished slots; no longer looking at the oldest");
+            }
             let pause = wake.duration_since(SystemTime::now()).unwrap_or_default();
             tokio::time::sleep(pause.max(Duration::from_millis(1))).await;
         }
     }
 
-    /// When the next tick is due after a tick at `now` that answered `runs`.
-    fn wake_after<T, E>(&self, now: SystemTime, runs: &[SlotRun<T, E>]) -> SystemTime {
-        let mut wake = self.next_slot_after(now);
-        for run in runs {
-            let again = match &run.answer {
-                Ok(Outcome::Completed {
-                    replayed: false, ..
-                }) => {
-                    tracing::info!(job = %self.name, slot = %humantime::format_rfc3339_millis(run.slot), "idem-consumer: slot ran");
-                    None
+    /// `None` when `answer` is final for `slot` (logged once here), else how soon to ask
+    /// again.
+    fn again_after<T, E>(
+        &self,
+        slot: SystemTime,
+        answer: &Result<Outcome<T, E>, Error>,
+    ) -> Option<Duration> {
+        let key = self.key_of(slot).short_hash();
+        match answer {
+            Ok(Outcome::Completed { replayed, .. }) => {
+                if !replayed {
+                    tracing::info!(job = %self.name, %key, "idem-consumer: slot ran");
                 }
-                Ok(Outcome::Retryable(_)) => Some(self.period.min(Duration::from_secs(1))),
-                Ok(Outcome::Unknown(_)) => Some(self.idem.lease()),
-                Err(Error::InFlight { retry_after }) => Some(*retry_after),
-                Err(err) if err.is_retryable() => Some(Duration::from_secs(1)),
-                Err(err) => {
-                    tracing::warn!(job = %self.name, slot = %humantime::format_rfc3339_millis(run.slot), error = %err, "idem-consumer: slot failed");
-                    None
+                None
+            }
+            Ok(Outcome::Failed { replayed, .. }) | Ok(Outcome::Compensated { replayed, .. }) => {
+                if !replayed {
+                    tracing::warn!(job = %self.name, %key, "idem-consumer: slot failed for good");
                 }
-                Ok(_) => None,
-            };
-            if let Some(after) = again {
-                wake = wake.min(now + after.max(Duration::from_millis(1)));
+                None
+            }
+            Ok(Outcome::Retryable(_)) => Some(self.period.min(Duration::from_secs(1))),
+            Ok(Outcome::Unknown(_)) => Some(self.idem.lease()),
+            Ok(_) => Some(self.idem.lease()),
+            Err(Error::InFlight { retry_after }) => Some(*retry_after),
+            Err(err) if err.is_retryable() => Some(Duration::from_secs(1)),
+            Err(err) => {
+                tracing::warn!(job = %self.name, %key, error = %err, "idem-consumer: slot cannot run");
+                None
             }
         }
-        wake
+    }
+}
+
+/// The last millisecond an RFC 3339 time can name: 9999-12-31T23:59:59.999Z.
+const LAST_MILLISECOND: Duration = Duration::from_millis(253_402_300_799_999);
+
+/// `time` as RFC 3339 in UTC to the millisecond, from the civil calendar (no formatting
+/// crate: they refuse times their platform's `time_t` cannot hold).
+fn rfc3339_millis(time: SystemTime) -> String {
+    let millis = time
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .min(LAST_MILLISECOND)
+        .as_millis() as u64;
+    let (days, ms_of_day) = (millis / 86_400_000, millis % 86_400_000);
+    // Howard Hinnant's days-to-civil, for days since 1970-01-01 (never negative here).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    let (hours, minutes) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60);
+    let (seconds, ms) = (ms_of_day / 1000 % 60, ms_of_day % 1000);
+    format!("{year:04}-{month:02}-{day:02}T{hours:02}:{minutes:02}:{seconds:02}.{ms:03}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_names_every_millisecond_it_can() {
+        let at = |ms: u64| rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms));
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(1_796_162_400_123), "2026-12-01T22:00:00.123Z");
+        assert_eq!(at(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
+        assert_eq!(at(4_107_542_400_000), "2100-03-01T00:00:00.000Z");
+        assert_eq!(at(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(at(u64::MAX), "9999-12-31T23:59:59.999Z");
+        // Every day for 1600 years against a plain day count, month by month.
+        let mut day = 0u64;
+        for year in 1970..3570u64 {
+            let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+            for (month, length) in [
+                31,
+                28 + u64::from(leap),
+                31,
+                30,
+                31,
+                30,
+                31,
+                31,
+                30,
+                31,
+                30,
+                31,
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                assert_eq!(
+                    &at(day * 86_400_000)[..10],
+                    format!("{year:04}-{:02}-01", month + 1)
+                );
+                day += length;
+            }
+        }
     }
 }

@@ -73,7 +73,12 @@ pub enum Cause<E> {
     /// The message has no id and no key function gave one.
     #[error("the message has no id to key it by; set a key function or have publishers set an id")]
     NoKey,
-    /// The message's key is not a valid idem key.
+    /// The message's key is not a valid idem key (or the consumer's scope is not, when
+    /// the error names the scope).
     #[error("the message's key is not valid: {0}")]
     BadKey(#[source] idem_core::key::KeyError),
+    /// The driver answered a kind of outcome this version of idem-consumer does not know;
+    /// the message was left to the broker.
+    #[error("the driver answered an outcome this version does not know; upgrade idem-consumer")]
+    Unrecognised,
 }

@@ -522,8 +522,7 @@ async fn a_batch_settles_each_message_on_its_own_in_order_within_its_bound() {
     let consumer = consumer().concurrency(NonZeroUsize::new(3).unwrap());
     let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let runs = Arc::new(AtomicUsize::new(0));
-    // Messages 0..12: every fourth fails for good, and message 5 comes twice in a row,
-    // so both deliveries are in the window at once.
+    // Messages 0..12: every fourth fails for good, and message 5 comes twice in a row.
     let mut batch: Vec<TestMessage> = (0..12)
         .map(|i| TestMessage::new(&format!("m-{i}"), &i.to_string()))
         .collect();
@@ -549,22 +548,23 @@ async fn a_batch_settles_each_message_on_its_own_in_order_within_its_bound() {
     for (position, (message, settled)) in batch.iter().zip(&settled).enumerate() {
         let settled = settled.as_ref().unwrap();
         if position == 6 {
-            // The second delivery of m-5 ran beside the first: in flight, naked.
-            assert!(
-                matches!(
-                    settled,
-                    Settled::Retried {
-                        cause: Cause::Idem(Error::InFlight { .. }),
-                        ..
-                    }
-                ),
-                "{settled:?}"
-            );
-            assert!(
-                matches!(message.settlements()[..], [Settle::Nak(_)]),
-                "{:?}",
-                message.settlements()
-            );
+            // The second delivery of m-5: in flight beside the first (naked), or after it
+            // (a replay, acked); never run.
+            match settled {
+                Settled::Retried {
+                    cause: Cause::Idem(Error::InFlight { .. }),
+                    ..
+                } => {
+                    assert!(matches!(message.settlements()[..], [Settle::Nak(_)]))
+                }
+                Settled::Acked {
+                    value: 5,
+                    replayed: true,
+                } => {
+                    assert_eq!(message.settlements(), [Settle::Ack])
+                }
+                other => panic!("{other:?}"),
+            }
             continue;
         }
         let i = if position > 6 { position - 1 } else { position } as u32;
@@ -618,4 +618,135 @@ fn a_backoff_that_cannot_work_is_refused() {
     // A huge delivery count never overflows.
     assert!(backoff.delay(Some(u64::MAX)) > Duration::ZERO);
     assert_eq!(backoff.delay(Some(0)), Duration::from_millis(1));
+}
+
+#[tokio::test]
+async fn an_answer_this_process_cannot_decrypt_yet_is_redelivered_not_dead_lettered() {
+    // One consumer already encrypts with key 2; this one only holds key 1 (a rotation
+    // half rolled out). It must leave the message for a consumer that can read it.
+    let store = Arc::new(MemoryStore::new());
+    let with = |id: u32, secret: [u8; 32]| {
+        Consumer::new(
+            Idempotency::builder(Arc::clone(&store))
+                .lease(LEASE)
+                .codec(idem_core::Aes256GcmCodec::new(id, secret))
+                .build()
+                .unwrap(),
+        )
+    };
+    let (new, old) = (with(2, [2; 32]), with(1, [1; 32]));
+    let runs = Arc::new(AtomicUsize::new(0));
+    assert!(
+        new.handle(&TestMessage::new("m-1", "x"), counted(&runs))
+            .await
+            .unwrap()
+            .is_acked()
+    );
+    let redelivery = TestMessage::new("m-1", "x").delivered(2);
+    let settled = old.handle(&redelivery, counted(&runs)).await.unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Retried {
+                delay: LEASE,
+                cause: Cause::Idem(Error::Codec { .. })
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(redelivery.settlements(), [Settle::Nak(LEASE)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_invalid_scope_setting_redelivers_instead_of_dead_lettering_everything() {
+    let scoped = consumer().scope("");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let message = TestMessage::new("m-1", "x").delivered(1);
+    let settled = scoped.handle(&message, counted(&runs)).await.unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Retried {
+                cause: Cause::BadKey(_),
+                ..
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(message.settlements(), [Settle::Nak(Duration::from_secs(1))]);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The source can be the culprit too: a queue named with a control character.
+    let settled = consumer()
+        .handle(
+            &TestMessage::new("m-1", "x").from("bad\nqueue"),
+            counted(&runs),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(settled, Settled::Retried { .. }), "{settled:?}");
+}
+
+#[tokio::test]
+async fn a_slow_message_never_keeps_the_rest_of_its_batch_from_starting() {
+    let consumer = consumer().concurrency(NonZeroUsize::new(2).unwrap());
+    let fast_done = Arc::new(AtomicUsize::new(0));
+    let batch: Vec<TestMessage> = std::iter::once(TestMessage::new("slow", "slow"))
+        .chain((0..5).map(|i| TestMessage::new(&format!("fast-{i}"), "fast")))
+        .collect();
+    let work = |_ctx: Context, payload: Bytes| {
+        let fast_done = Arc::clone(&fast_done);
+        async move {
+            if &payload[..] == b"slow" {
+                // Finishes only once every fast message has, so a batch that waited for
+                // its head before starting more would never end (bounded below).
+                while fast_done.load(Ordering::SeqCst) < 5 {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            } else {
+                fast_done.fetch_add(1, Ordering::SeqCst);
+            }
+            done(payload.len())
+        }
+    };
+    let settled =
+        tokio::time::timeout(Duration::from_secs(10), consumer.handle_batch(&batch, work))
+            .await
+            .expect("the fast messages ran past the slow one");
+    let values: Vec<usize> = settled
+        .into_iter()
+        .map(|s| match s.unwrap() {
+            Settled::Acked { value, .. } => value,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(values, [4, 4, 4, 4, 4, 4], "answers in the batch's order");
+}
+
+/// The futures a consumer loop spawns are `Send` for both adapters (checked when this
+/// file compiles; never called).
+#[allow(dead_code)]
+fn consumers_futures_are_send(
+    consumer: &Consumer,
+    jetstream: &idem_consumer::nats::JetStreamMessage,
+    rabbit: &[idem_consumer::rabbitmq::RabbitMessage],
+    dyn_messages: &[Box<dyn idem_consumer::Message>],
+) {
+    fn send<T: Send>(_: T) {}
+    send(consumer.handle(
+        jetstream,
+        |_ctx, payload| async move { done(payload.len()) },
+    ));
+    send(consumer.handle_batch(rabbit, |_ctx, payload| async move { done(payload.len()) }));
+    send(consumer.handle_batch(
+        dyn_messages.iter().map(Box::as_ref),
+        |_ctx, payload| async move { done(payload.len()) },
+    ));
+}
+
+#[test]
+fn no_cap_on_the_backoff_means_the_longest_duration_idem_stores() {
+    let backoff = Backoff::new(Duration::from_secs(5), Duration::MAX).unwrap();
+    assert_eq!(backoff.delay(Some(1_000)), idem_core::raw::MAX_DURATION);
+    assert_eq!(backoff.delay(Some(1)), Duration::from_secs(5));
 }

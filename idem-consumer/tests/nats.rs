@@ -9,7 +9,9 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::PullConsumer};
 use bytes::Bytes;
 use futures_util::StreamExt;
-use idem_consumer::nats::{DEAD_LETTER_REASON, JetStreamMessage, ORIGINAL_ID, ORIGINAL_STREAM};
+use idem_consumer::nats::{
+    DEAD_LETTER_REASON, JetStreamMessage, ORIGINAL_CONSUMER, ORIGINAL_ID, ORIGINAL_STREAM,
+};
 use idem_consumer::{Backoff, Consumer, DeadLetterReason, Message, SettleError, Settled};
 use idem_core::{Context, Idempotency, MemoryStore, WorkError, WorkResult, done};
 
@@ -313,6 +315,10 @@ async fn dead_letters_go_to_their_subject_with_the_reason_and_are_not_redelivere
         dead.headers.get(ORIGINAL_STREAM).map(|v| v.as_str()),
         Some(stream.as_str())
     );
+    assert_eq!(
+        dead.headers.get(ORIGINAL_CONSUMER).map(|v| v.as_str()),
+        Some("billing")
+    );
     assert_eq!(&dead.payload[..], br#"{"order":"o-1","cents":900}"#);
 }
 
@@ -386,4 +392,78 @@ async fn a_fetched_batch_is_settled_per_message() {
     assert_eq!((acked, dead, keyless), (16, 4, 1));
     assert_eq!(runs.load(Ordering::SeqCst), 20);
     assert_settled(&mut pull).await;
+}
+
+#[tokio::test]
+async fn two_durable_consumers_of_one_stream_each_run_every_message_on_one_store() {
+    let Some((js, pull, _)) = setup("IDEM_TWO_CONSUMERS").await else {
+        return;
+    };
+    let stream = pull.cached_info().stream_name.clone();
+    let shipping: PullConsumer = js
+        .get_stream(&stream)
+        .await
+        .expect("the stream")
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("shipping".to_owned()),
+            ack_wait: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .await
+        .expect("a second consumer");
+    publish(&js, format!("{stream}.orders"), Some("order-1"), "2 mugs").await;
+    // One store for both, as one service would have.
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    for pull in [&pull, &shipping] {
+        let mut messages = pull.messages().await.expect("subscribe");
+        let message = next(&mut messages).await;
+        let settled = consumer.handle(&message, counted(&runs)).await.unwrap();
+        assert!(
+            matches!(
+                settled,
+                Settled::Acked {
+                    replayed: false,
+                    ..
+                }
+            ),
+            "{settled:?}"
+        );
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "billing and shipping each ran it"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letter_subject_inside_the_message_s_own_stream_is_refused() {
+    let Some((js, mut pull, _)) = setup("IDEM_DEAD_LOOP").await else {
+        return;
+    };
+    let stream = pull.cached_info().stream_name.clone();
+    publish(&js, format!("{stream}.orders"), Some("o-1"), "").await;
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let mut messages = pull.messages().await.expect("subscribe");
+    let message = next(&mut messages)
+        .await
+        .dead_letter_to(format!("{stream}.dead"));
+    let fail = |_ctx: Context, _payload: Bytes| async {
+        Err::<u8, _>(WorkError::Permanent("empty".to_owned()))
+    };
+    let err = consumer.handle(&message, fail).await.unwrap_err();
+    assert!(matches!(err, SettleError::Misconfigured { .. }), "{err}");
+    assert!(err.to_string().contains("another stream"), "{err}");
+    // No copy was stored back into the stream.
+    let info = js
+        .get_stream(&stream)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(info.state.messages, 1);
+    let _ = pull.info().await;
 }

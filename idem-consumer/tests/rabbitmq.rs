@@ -356,6 +356,12 @@ async fn a_batch_is_settled_per_message() {
         .count();
     assert_eq!((acked, dead), (16, 4));
     assert_eq!(runs.load(Ordering::SeqCst), 20);
+    // A settlement retried after its first try landed sends nothing and says so.
+    let again = batch[0].ack().await.unwrap_err();
+    assert!(
+        matches!(again, idem_consumer::SettleError::AlreadySettled { .. }),
+        "{again}"
+    );
     drop(deliveries);
     channel.close(200, "done".into()).await.unwrap();
     assert_eq!(depth(&connection, &queue).await, 0);

@@ -97,6 +97,13 @@ fn settings_that_cannot_work_are_refused() {
         ScheduledJob::new(idem(), "x".repeat(5000), MINUTE),
         Err(ScheduleError::Name(_))
     ));
+    // A period far shorter than the lease is fine: the default window stops at its most.
+    let fast = ScheduledJob::new(
+        Idempotency::new(MemoryStore::new()),
+        "r",
+        Duration::from_millis(50),
+    );
+    assert!(fast.is_ok(), "{fast:?}");
     let every_minute = ScheduledJob::new(idem(), "r", MINUTE).unwrap();
     assert!(matches!(
         every_minute.clone().offset(MINUTE),
@@ -288,4 +295,80 @@ async fn two_running_schedulers_run_every_slot_once() {
     let ran = ran.lock().unwrap();
     assert!(ran.len() >= 5, "slots ran: {}", ran.len());
     assert!(ran.values().all(|&n| n == 1), "a slot ran twice: {ran:?}");
+}
+
+#[tokio::test]
+async fn schedulers_that_disagree_on_the_period_meet_as_a_mismatch() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(LEASE)
+        .build()
+        .unwrap();
+    let hourly = ScheduledJob::new(idem.clone(), "report", Duration::from_secs(3600)).unwrap();
+    let half_hourly = ScheduledJob::new(idem, "report", Duration::from_secs(1800)).unwrap();
+    let ten = at(1_796_162_400);
+    assert!(
+        hourly
+            .run_slot(ten, |_ctx, _slot| async { done(()) })
+            .await
+            .is_ok()
+    );
+    let other = half_hourly
+        .run_slot(ten, |_ctx, _slot| async { done(()) })
+        .await;
+    assert!(matches!(other, Err(Error::Mismatch)), "{other:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_past_the_window_is_taken_over_once_its_lease_ends() {
+    // Scheduler A runs one slot for 400 ms, heartbeating, far past the window (lease 100
+    // ms + period 20 ms), then dies. Scheduler B's loop saw the slot in flight, and takes
+    // it over when the lease ends, though the slot left its window long before.
+    let lease = Duration::from_millis(100);
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let period = Duration::from_millis(20);
+    let a = ScheduledJob::new(idem.clone(), "long", period).unwrap();
+    let b = ScheduledJob::new(idem, "long", period).unwrap();
+    let held = a.slot_at(SystemTime::now());
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let dying = tokio::spawn(async move {
+        a.run_slot(held, |_ctx, _slot| async move {
+            started_tx.send(()).unwrap();
+            std::future::pending::<()>().await;
+            done(false)
+        })
+        .await
+    });
+    started_rx.await.unwrap();
+    let resumed: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let seen = Arc::clone(&resumed);
+    let survivor = tokio::spawn(async move {
+        b.run(move |ctx, slot| {
+            let seen = Arc::clone(&seen);
+            async move {
+                if slot == held {
+                    seen.lock().unwrap().push(ctx.resumed());
+                }
+                done(())
+            }
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    dying.abort();
+    // The lease ends about 100 ms after the abort: wait for the takeover, bounded.
+    for _ in 0..200 {
+        if !resumed.lock().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    survivor.abort();
+    assert_eq!(
+        *resumed.lock().unwrap(),
+        [true],
+        "taken over once, resuming"
+    );
 }

@@ -106,9 +106,15 @@ pub(crate) struct StatsArgs {
     /// How many of the largest scopes to show.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub(crate) top: usize,
-    /// Prometheus text exposition (for a textfile collector or a pushgateway).
+    /// Prometheus text exposition (for a textfile collector or a pushgateway). Scopes are
+    /// labelled by their short hash, as `idem stats` shows beside each scope: a scope often
+    /// holds an account id, which has no place in a metrics system.
     #[arg(long, conflicts_with = "json")]
     pub(crate) prometheus: bool,
+    /// With --prometheus: label scopes with the scopes themselves, for stores whose scopes
+    /// name operations only (no account or user ids).
+    #[arg(long, requires = "prometheus")]
+    pub(crate) raw_scope_labels: bool,
     /// JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,

@@ -282,19 +282,35 @@ fn migrate_then_stats_count_by_state(backend: Backend) {
     let text = backend.ok(&["stats"]).stdout;
     assert!(text.contains("lease live 1, lease ended 1"), "{text}");
     let prometheus = backend.ok(&["stats", "--prometheus", "--top", "1"]).stdout;
+    // The scope's short hash, never the scope, is its label; `idem stats` shows both.
+    let hash = idem_core::key::scope_short_hash("acct_1/charge").to_string();
+    assert!(text.contains(&format!("{hash}  acct_1/charge")), "{text}");
+    assert!(
+        !prometheus.contains("acct_1"),
+        "a raw scope in a label: {prometheus}"
+    );
+    let scope_line = format!("idem_store_scope_records{{scope=\"{hash}\"}} 3");
     for line in [
         "idem_store_records{state=\"completed\"} 2",
         "idem_store_records{state=\"in_progress\"} 2",
         "idem_store_in_progress_records{lease=\"ended\"} 1",
         "idem_store_expired_records 0",
-        "idem_store_scope_records{scope=\"acct_1/charge\"} 3",
+        scope_line.as_str(),
     ] {
         assert!(
             prometheus.lines().any(|l| l == line),
             "{line} in {prometheus}"
         );
     }
-    assert!(!prometheus.contains("acct_2"), "--top 1: {prometheus}");
+    let raw = backend
+        .ok(&["stats", "--prometheus", "--raw-scope-labels", "--top", "1"])
+        .stdout;
+    assert!(
+        raw.lines()
+            .any(|l| l == "idem_store_scope_records{scope=\"acct_1/charge\"} 3"),
+        "{raw}"
+    );
+    assert!(!raw.contains("acct_2"), "--top 1: {raw}");
 }
 
 fn list_filters_pages_and_hides_keys(backend: Backend) {
@@ -448,6 +464,55 @@ fn inspect_shows_one_record(backend: Backend) {
     let missing = backend.idem(&["inspect", "acct_1/charge", "never-claimed"]);
     assert_eq!(missing.code, 3, "{missing:?}");
     assert!(missing.stderr.contains("no record"), "{missing:?}");
+    assert!(!missing.stderr.contains("in quotes"), "{missing:?}");
+    // Copied from the Idempotency-Key header, quotes and all.
+    let quoted = backend.idem(&["inspect", "acct_1/charge", "\"secret-a\""]);
+    assert_eq!(quoted.code, 3, "{quoted:?}");
+    assert!(quoted.stderr.contains("try `secret-a`"), "{quoted:?}");
+
+    // An idem-http record reads as the response its client got.
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    let stored = idem_http::StoredResponse::new(
+        http::StatusCode::CREATED,
+        headers,
+        bytes::Bytes::from_static(b"{\"id\":7}"),
+    );
+    let lease = backend.claim("acct_6/POST /payments", "k-http", LONG, LONG);
+    let done = backend.block(backend.store.complete(&lease, &stored.encode()));
+    assert_eq!(done.unwrap(), WriteOutcome::Applied);
+    let shown = backend
+        .ok(&[
+            "inspect",
+            "acct_6/POST /payments",
+            "k-http",
+            "--show-response",
+        ])
+        .stdout;
+    assert!(shown.contains("response:    HTTP 201 Created"), "{shown}");
+    assert!(
+        shown.contains("  content-type: application/json"),
+        "{shown}"
+    );
+    assert!(shown.contains("{\"id\":7}"), "{shown}");
+    let json = backend
+        .ok(&[
+            "inspect",
+            "acct_6/POST /payments",
+            "k-http",
+            "--show-response",
+            "--json",
+        ])
+        .json();
+    assert_eq!(json["http_response"]["status"], 201, "{json}");
+    assert_eq!(json["http_response"]["body"], "{\"id\":7}", "{json}");
+    assert_eq!(
+        json["http_response"]["headers"][0][0], "content-type",
+        "{json}"
+    );
     let bad = backend.idem(&["inspect", "acct_1/charge", ""]);
     assert_eq!(bad.code, 2, "{bad:?}");
 }

@@ -252,25 +252,45 @@ impl Key {
     /// ```
     pub fn short_hash(&self) -> ShortHash {
         let scope_len = (self.split as u64).to_be_bytes();
-        let parts = [
+        short_hash_of(&[
             &scope_len[..],
             self.scope().as_bytes(),
             self.key().as_bytes(),
-        ];
-        let digest: [u8; 32] = match LOG_HASH.get() {
-            Some(keyed) => {
-                let mut mac = keyed.clone();
-                parts.iter().for_each(|part| mac.update(part));
-                mac.finalize().into_bytes().into()
-            }
-            None => {
-                let mut hash = Sha256::new();
-                parts.iter().for_each(|part| hash.update(part));
-                hash.finalize().into()
-            }
-        };
-        ShortHash([digest[0], digest[1], digest[2], digest[3]])
+        ])
     }
+}
+
+/// A short, stable hash of a scope alone, for metric labels and logs where the scope may
+/// hold an account id: 8 hex digits, keyed like [`Key::short_hash`] once
+/// [`set_log_hash_secret`] ran, and never equal to a key's hash of the same text.
+///
+/// ```
+/// use idem_core::key::scope_short_hash;
+///
+/// let label = scope_short_hash("acct_42/payments.create").to_string();
+/// assert_eq!(label.len(), 8);
+/// assert_eq!(label, scope_short_hash("acct_42/payments.create").to_string());
+/// ```
+pub fn scope_short_hash(scope: &str) -> ShortHash {
+    // The marker keeps a scope's hash apart from any key's: a key's hash starts with the
+    // scope's length, never with u64::MAX.
+    short_hash_of(&[&u64::MAX.to_be_bytes()[..], b"scope", scope.as_bytes()])
+}
+
+fn short_hash_of(parts: &[&[u8]]) -> ShortHash {
+    let digest: [u8; 32] = match LOG_HASH.get() {
+        Some(keyed) => {
+            let mut mac = keyed.clone();
+            parts.iter().for_each(|part| mac.update(part));
+            mac.finalize().into_bytes().into()
+        }
+        None => {
+            let mut hash = Sha256::new();
+            parts.iter().for_each(|part| hash.update(part));
+            hash.finalize().into()
+        }
+    };
+    ShortHash([digest[0], digest[1], digest[2], digest[3]])
 }
 
 impl fmt::Debug for Key {

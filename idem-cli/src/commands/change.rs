@@ -19,7 +19,7 @@ pub(super) async fn release(
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
     let Some(record) = store.get(key).await.map_err(Failure::store(target))? else {
-        return Err(not_found(target));
+        return Err(not_found(target, key));
     };
     let now = Timestamp::now();
     if record.state != State::InProgress {
@@ -53,7 +53,7 @@ pub(super) async fn release(
             Ok(())
         }
         ReleaseKeyOutcome::Finished(state) => Err(refused(state, record.token)),
-        ReleaseKeyOutcome::NotFound => Err(not_found(target)),
+        ReleaseKeyOutcome::NotFound => Err(not_found(target, key)),
         _ => Err(Failure::Refused {
             what: "the store answered in a way this version of idem does not know; nothing was assumed".into(),
         }),
@@ -76,7 +76,7 @@ pub(super) async fn delete(
             writeln!(out, "deleted an expired record that was awaiting purge")?;
             Ok(())
         } else {
-            Err(not_found(target))
+            Err(not_found(target, key))
         };
     };
     let consequence = match record.state {
@@ -109,7 +109,7 @@ pub(super) async fn delete(
         )?;
         Ok(())
     } else {
-        Err(not_found(target))
+        Err(not_found(target, key))
     }
 }
 

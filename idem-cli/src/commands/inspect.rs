@@ -6,6 +6,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use idem_core::connect::Location;
 use idem_core::{Key, Record, StoreError, Timestamp};
+use idem_http::StoredResponse;
 
 use super::Store;
 use crate::cli::InspectArgs;
@@ -21,7 +22,7 @@ pub(super) async fn run(
 ) -> Result<(), Failure> {
     let mut record = match store.get(key).await {
         Ok(Some(record)) => record,
-        Ok(None) => return Err(not_found(target)),
+        Ok(None) => return Err(not_found(target, key)),
         // A record idem did not write: show it as stored, then fail with why.
         Err(err @ StoreError::Corrupt { .. }) => {
             let raw = store.raw(key).await.map_err(Failure::store(target))?;
@@ -47,6 +48,13 @@ pub(super) async fn run(
     if args.json {
         let mut json = serde_json::to_value(RecordJson::new(&record, response_len, true, now))
             .map_err(|err| Failure::Output(err.into()))?;
+        if let Some(http) = record
+            .response
+            .as_deref()
+            .and_then(|r| StoredResponse::decode(r).ok())
+        {
+            json["http_response"] = http_json(&http);
+        }
         if !derived.is_empty() {
             json["derived_keys"] = derived
                 .iter()
@@ -74,9 +82,48 @@ pub(super) async fn run(
         writeln!(out, "{:<12} {label}: {key}", "derived key")?;
     }
     if let Some(response) = &record.response {
-        writeln!(out, "response body:\n{}", text_or_base64(response))?;
+        match StoredResponse::decode(response) {
+            Ok(http) => write!(out, "{}", http_response(&http))?,
+            Err(_) => writeln!(out, "response body:\n{}", text_or_base64(response))?,
+        }
     }
     Ok(())
+}
+
+/// An idem-http record's response as the client got it: status, headers, body, trailers.
+fn http_response(response: &StoredResponse) -> String {
+    let mut text = format!("response:    HTTP {}\n", response.status);
+    for (name, value) in &response.headers {
+        text += &format!("  {name}: {}\n", text_or_base64(value.as_bytes()));
+    }
+    if response.body_too_large {
+        text += "  (body not stored: it was over the replay limit; retries get the status and headers)\n";
+    } else if !response.body.is_empty() {
+        text += &format!("\n{}\n", text_or_base64(&response.body));
+    }
+    for (name, value) in &response.trailers {
+        text += &format!("  trailer {name}: {}\n", text_or_base64(value.as_bytes()));
+    }
+    text
+}
+
+/// An idem-http record's response for `--json`: text stays text, other bytes are base64.
+fn http_json(response: &StoredResponse) -> serde_json::Value {
+    let fields = |headers: &http::HeaderMap| {
+        headers
+            .iter()
+            .map(|(name, value)| {
+                serde_json::json!([name.as_str(), text_or_base64(value.as_bytes())])
+            })
+            .collect::<Vec<_>>()
+    };
+    serde_json::json!({
+        "status": response.status.as_u16(),
+        "headers": fields(&response.headers),
+        "body": text_or_base64(&response.body),
+        "body_stored": !response.body_too_large,
+        "trailers": fields(&response.trailers),
+    })
 }
 
 /// A record that does not decode, field by field as stored.
@@ -113,11 +160,28 @@ fn text_or_base64(bytes: &[u8]) -> String {
     }
 }
 
-pub(super) fn not_found(target: &dyn Location) -> Failure {
+pub(super) fn not_found(target: &dyn Location, key: &Key) -> Failure {
     Failure::NotFound {
         what: format!(
-            "no record for that key in {target}: never claimed, deleted, or expired (check the scope, the key and --table/--prefix)"
+            "no record for that key in {target}: never claimed, deleted, or expired (check the scope, the key and --table/--prefix){}",
+            quoted_hint(key)
         ),
+    }
+}
+
+/// A hint for a key or scope pasted with the quotes of an `Idempotency-Key` header: the
+/// header's value is a Structured Field string, and idem-http stores it without them.
+fn quoted_hint(key: &Key) -> String {
+    let unquoted = |text: &str| {
+        (text.len() >= 2 && text.starts_with('"') && text.ends_with('"'))
+            .then(|| text[1..text.len() - 1].to_owned())
+    };
+    match (unquoted(key.scope()), unquoted(key.key())) {
+        (_, Some(bare)) => format!(
+            "; the key is in quotes, as in the Idempotency-Key header, but records keep it without them: try `{bare}`"
+        ),
+        (Some(bare), None) => format!("; the scope is in quotes: try `{bare}`"),
+        (None, None) => String::new(),
     }
 }
 

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 use std::io::Write;
 
 use idem_core::connect::Location;
+use idem_core::key::scope_short_hash;
 use idem_core::{admin::Stats, store::Expiry};
 use serde::Serialize;
 
@@ -23,7 +24,7 @@ pub(super) async fn run(
         .await
         .map_err(Failure::store(target))?;
     let text = if args.prometheus {
-        prometheus(&stats)
+        prometheus(&stats, args.raw_scope_labels)
     } else if args.json {
         let mut json = serde_json::to_string_pretty(&StatsJson::new(&stats, store.expiry()))
             .map_err(|err| Failure::Output(err.into()))?;
@@ -67,16 +68,18 @@ fn text(stats: &Stats, target: &dyn Location, expiry: Expiry) -> String {
         }
     }
     if !stats.top_scopes.is_empty() {
-        let _ = writeln!(s, "largest scopes");
+        // The hash is the scope's label in `--prometheus`: an alert names it, this finds it.
+        let _ = writeln!(s, "largest scopes (label: scope)");
         for (scope, count) in &stats.top_scopes {
-            let _ = writeln!(s, "  {count:>12}  {scope}");
+            let _ = writeln!(s, "  {count:>12}  {}  {scope}", scope_short_hash(scope));
         }
     }
     s
 }
 
-/// Prometheus text exposition format 0.0.4: gauges only, one family per name.
-fn prometheus(stats: &Stats) -> String {
+/// Prometheus text exposition format 0.0.4: gauges only, one family per name. Scopes are
+/// labelled by their short hash unless `raw_scopes`.
+fn prometheus(stats: &Stats, raw_scopes: bool) -> String {
     let mut s = String::new();
     let mut family = |name: &str, help: &str, samples: &[(String, String)]| {
         let _ = writeln!(s, "# HELP {name} {help}");
@@ -132,11 +135,17 @@ fn prometheus(stats: &Stats) -> String {
     );
     family(
         "idem_store_scope_records",
-        "Records of the largest scopes (key flooding shows here).",
+        "Records of the largest scopes, labelled by the scope's short hash (key flooding shows here).",
         &stats
             .top_scopes
             .iter()
-            .map(|(scope, count)| (format!("{{scope=\"{}\"}}", label(scope)), count.to_string()))
+            .map(|(scope, count)| {
+                let scope = match raw_scopes {
+                    true => label(scope),
+                    false => scope_short_hash(scope).to_string(),
+                };
+                (format!("{{scope=\"{scope}\"}}"), count.to_string())
+            })
             .collect::<Vec<_>>(),
     );
     family(
@@ -217,6 +226,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn scopes_are_labelled_by_their_short_hash_unless_asked() {
+        let mut stats = Stats::default();
+        stats.top_scopes = vec![("acct_42/POST /payments".into(), 9)];
+        let text = prometheus(&stats, false);
+        let hash = scope_short_hash("acct_42/POST /payments").to_string();
+        assert!(
+            text.contains(&format!("idem_store_scope_records{{scope=\"{hash}\"}} 9\n")),
+            "{text}"
+        );
+        assert!(!text.contains("acct_42"), "a raw scope in a label: {text}");
+        assert!(prometheus(&stats, true).contains("scope=\"acct_42/POST /payments\""));
+    }
+
+    #[test]
     fn prometheus_text_is_well_formed() {
         let mut stats = Stats::default();
         stats.in_progress = 3;
@@ -226,7 +249,7 @@ mod tests {
         stats.now = Timestamp::from_unix_millis(10_000);
         stats.oldest_in_progress = Some(Timestamp::from_unix_millis(4_500));
         stats.top_scopes = vec![("tenant \"a\"\\b\n".into(), 9)];
-        let text = prometheus(&stats);
+        let text = prometheus(&stats, true);
         assert!(
             text.contains("idem_store_records{state=\"in_progress\"} 3\n"),
             "{text}"

@@ -15,6 +15,9 @@
 //!   `checkout.rs`: what the clients talk to and what the summary reads; `shop.rs`: the
 //!   checkout service and its SQLite ledger; `http.rs`: the same storm over HTTP;
 //!   `progress.rs`: the progress bar.
+//! - `bin/consumers/`: the same storm for queue consumers on NATS JetStream and RabbitMQ
+//!   and a scheduled job, their processes SIGKILLed mid-work
+//!   (`cargo run --release -p idem-demo --bin consumers`).
 
 mod checkout;
 mod client;

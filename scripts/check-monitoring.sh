@@ -19,7 +19,11 @@ if ! command -v promtool >/dev/null; then
   if [[ ! -e $policy ]]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2 || {
+    ((made_policy)) && rm -f "$policy"
+    echo "check-monitoring: apt-get install prometheus failed" >&2
+    exit 1
+  }
   ((made_policy)) && rm -f "$policy"
 fi
 

@@ -327,8 +327,14 @@ running_dynamodb_durable() { dynamodb_running_instance dynamodb-durable "$DYNAMO
 
 # ---- NATS and RabbitMQ -----------------------------------------------------------------
 
-stop_pidfile() { # name, pid file: SIGTERM (both shut down cleanly on it), bounded wait
+stop_pidfile() { # name, pid file, a word of its command line: SIGTERM, bounded wait
   pid_alive "$2" || { rm -f "$2"; return 0; }
+  # A pid file that outlived a reboot may name another program's process now: leave it.
+  if [[ -n ${3:-} ]] && ! tr '\0' ' ' <"/proc/$(cat "$2")/cmdline" 2>/dev/null | grep -q -- "$3"; then
+    say "$1's pid file names another program now; not stopping it"
+    rm -f "$2"
+    return 0
+  fi
   say "stopping $1"
   kill "$(cat "$2")" 2>/dev/null || true
   for ((i = 0; i < PATIENCE; i++)); do pid_alive "$2" || break; sleep 0.1; done
@@ -369,7 +375,7 @@ CONF
   wait_until nats nats_answers
 }
 
-stop_nats() { stop_pidfile nats "$STATE/nats/nats.pid"; }
+stop_nats() { stop_pidfile nats "$STATE/nats/nats.pid" nats-server; }
 env_nats() { echo "export IDEM_TEST_NATS_URL=nats://127.0.0.1:$NATS_PORT"; }
 running_nats() { pid_alive "$STATE/nats/nats.pid" && nats_answers 2>/dev/null; }
 
@@ -435,10 +441,10 @@ CONF
 }
 
 stop_rabbitmq() {
-  stop_pidfile rabbitmq "$STATE/rabbitmq/rabbitmq.pid"
+  stop_pidfile rabbitmq "$STATE/rabbitmq/rabbitmq.pid" rabbitmq
   # Gone with the script above, unless something killed the script alone.
-  stop_pidfile "rabbitmq's Erlang VM" "$STATE/rabbitmq/beam.pid"
-  stop_pidfile "rabbitmq's epmd" "$STATE/rabbitmq/epmd.pid"
+  stop_pidfile "rabbitmq's Erlang VM" "$STATE/rabbitmq/beam.pid" beam
+  stop_pidfile "rabbitmq's epmd" "$STATE/rabbitmq/epmd.pid" epmd
 }
 # %2f: the default virtual host, /. The guest user may log in from loopback only.
 env_rabbitmq() { echo "export IDEM_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RMQ_PORT/%2f"; }

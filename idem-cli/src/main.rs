@@ -30,6 +30,17 @@ fn main() -> ExitCode {
         eprintln!("idem: --log-hash-secret: {err}");
         return ExitCode::from(failure::code::USAGE);
     }
+    // Unkeyed, an 8-digit hash of a scope that holds an account id can be reversed by
+    // trying the ids: say so where the hashes go to a metrics system.
+    if cli.store.log_hash_secret.is_none()
+        && let cli::Command::Stats(stats) = &cli.command
+        && stats.prometheus
+        && !stats.raw_scope_labels
+    {
+        eprintln!(
+            "idem: warning: scope labels are unkeyed hashes; set IDEM_LOG_HASH_SECRET (the service's log hash secret) so they cannot be reversed by trying account ids"
+        );
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

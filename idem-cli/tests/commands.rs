@@ -509,6 +509,7 @@ fn inspect_shows_one_record(backend: Backend) {
         .json();
     assert_eq!(json["http_response"]["status"], 201, "{json}");
     assert_eq!(json["http_response"]["body"], "{\"id\":7}", "{json}");
+    assert_eq!(json["http_response"]["body_encoding"], "utf-8", "{json}");
     assert_eq!(
         json["http_response"]["headers"][0][0], "content-type",
         "{json}"

@@ -42,7 +42,8 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// | an invalid scope (the consumer's setting, not the message's fault) | nak after the backoff, logged as an error |
 /// | unstorable result, a stored answer altered or malformed | dead letter (`unstorable`, `unreadable`) |
 /// | a stored answer this process cannot read yet (a codec key id it lacks, a type from a newer release) | nak after the lease |
-/// | the store failed, the lease was lost, the key budget ran out | nak after the backoff (or the budget's `retry_after`) |
+/// | the store failed, the lease was lost | nak after the backoff |
+/// | the key budget ran out | nak after the budget's `retry_after` |
 ///
 /// Only answers that redelivery cannot change go to the dead-letter path; a failure of the
 /// consumer's own side (store, codec keys, configuration) is always a nak, and logged.

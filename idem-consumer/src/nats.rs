@@ -32,6 +32,8 @@
 //!   shipping) each handle every message once, even on one store. An ephemeral consumer's
 //!   name changes with each connection: give such consumers one scope of their own
 //!   ([`Consumer::scope`](crate::Consumer::scope)).
+//!   Renaming a durable consumer starts a new scope: messages still in the stream run
+//!   again under the new name.
 //! - The delivery count is JetStream's.
 //! - A nak carries its delay (`-NAK {"delay": ...}`), so the server redelivers it later.
 //! - An ack is a plain `+ACK`, not confirmed by the server: one that is lost only means a
@@ -153,14 +155,14 @@ impl JetStreamMessage {
     ) -> Result<(), SettleError> {
         let broker = |err: idem_core::BoxError| SettleError::broker(Settlement::DeadLetter, err);
         // A copy stored in the message's own stream would come back as a new message
-        // and run again: refuse before publishing.
-        let target = self
-            .message
-            .context
-            .stream_by_subject(subject)
-            .await
-            .map_err(|err| broker(err.into()))?;
-        if target == self.stream {
+        // and run again: refuse before publishing. A user without the permission to look
+        // streams up (or a lookup that failed) still dead-letters: the check is a guard
+        // against a mistake, not the dead-lettering itself.
+        let target = self.message.context.stream_by_subject(subject).await;
+        if let Err(err) = &target {
+            tracing::debug!(error = %err, "idem-consumer: could not look up the dead-letter subject's stream");
+        }
+        if target.is_ok_and(|target| target == self.stream) {
             return Err(SettleError::Misconfigured {
                 action: Settlement::DeadLetter,
                 problem: "the dead-letter subject belongs to the message's own stream, where a copy would run again; use a subject of another stream",

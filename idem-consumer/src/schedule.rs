@@ -1,11 +1,12 @@
 //! [`ScheduledJob`]: a job run once per slot of its schedule, however many schedulers
 //! fire it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idem_core::codec::CodecError;
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -328,10 +329,17 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// scheduler held may be taken over, or a retryable failure may run again. Abort the
     /// task to stop it: a slot cut off mid-work is taken over when its lease ends.
     ///
+    /// - Every slot due since the previous tick is asked, however long that tick's work
+    ///   took, besides the catch-up window.
     /// - Slots with a final answer are remembered and not asked again while in the window.
-    /// - Slots seen unfinished (in flight elsewhere, retryable, unknown) are asked again
-    ///   until they finish, even after leaving the window (at most
-    ///   [`MAX_CATCH_UP_SLOTS`] of them).
+    /// - Slots seen unfinished (in flight elsewhere, retryable, unknown, a store that
+    ///   failed) are asked again until they finish, even after leaving the window, for at
+    ///   most half the retention since they were last seen unfinished: a record finished
+    ///   after that sighting is kept a whole retention, so asking again never runs a slot
+    ///   twice (at most [`MAX_CATCH_UP_SLOTS`] of them).
+    /// - Final answers: a result or failure, now or before; a mismatch (schedulers
+    ///   disagreeing on the schedule), a refused key, an unstorable result, a stored
+    ///   answer altered or malformed. Anything else is asked again.
     /// - Each slot's run and each final failure is logged once, by the key's short hash.
     pub async fn run<T, E, F, Fut>(&self, work: F) -> std::convert::Infallible
     where
@@ -341,20 +349,41 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
         let mut finished = BTreeSet::new();
-        let mut unfinished = BTreeSet::new();
+        // Each unfinished slot, with when it was last seen unfinished.
+        let mut unfinished: BTreeMap<SystemTime, SystemTime> = BTreeMap::new();
+        let mut next_due: Option<SystemTime> = None;
+        let forget_after = self.idem.retention() / 2;
         loop {
             let now = SystemTime::now();
+            let current = self.slot_at(now);
             let mut slots: BTreeSet<SystemTime> = self.due_slots(now).into_iter().collect();
-            slots.extend(unfinished.iter().copied());
+            // Slots that came and went while the last tick's work ran.
+            let oldest_safe = now.checked_sub(forget_after).unwrap_or(UNIX_EPOCH);
+            let mut slot = next_due.unwrap_or(current).max(oldest_safe);
+            while slot <= current && (slots.len() as u64) < 2 * MAX_CATCH_UP_SLOTS {
+                slots.insert(self.slot_at(slot));
+                slot += self.period;
+            }
+            next_due = Some(current + self.period);
+            slots.extend(unfinished.keys().copied());
             let mut wake = self.next_slot_after(now);
             for slot in slots {
                 if finished.contains(&slot) {
                     continue;
                 }
+                // Checked now, not at the tick's start: this tick's earlier work may have
+                // run long, and the slot's record may be gone.
+                if let Some(seen) = unfinished.get(&slot)
+                    && SystemTime::now().duration_since(*seen).unwrap_or_default() >= forget_after
+                {
+                    unfinished.remove(&slot);
+                    tracing::warn!(job = %self.name, key = %self.key_of(slot).short_hash(), "idem-consumer: a slot stayed unfinished for half the retention; no longer looking at it");
+                    continue;
+                }
                 let answer = self.run_slot(slot, &work).await;
                 match self.again_after(slot, &answer) {
                     Some(after) => {
-                        unfinished.insert(slot);
+                        unfinished.insert(slot, SystemTime::now());
                         wake = wake.min(now + after.max(Duration::from_millis(1)));
                     }
                     None => {
@@ -366,8 +395,16 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
             // What left the window is never asked again: forget it.
             let earliest = self.due_slots(now).first().copied().unwrap_or(now);
             finished.retain(|slot| *slot >= earliest);
+            let checked = SystemTime::now();
+            unfinished.retain(|slot, seen| {
+                let keep = checked.duration_since(*seen).unwrap_or_default() < forget_after;
+                if !keep {
+                    tracing::warn!(job = %self.name, key = %self.key_of(*slot).short_hash(), "idem-consumer: a slot stayed unfinished for half the retention; no longer looking at it");
+                }
+                keep
+            });
             while unfinished.len() as u64 > MAX_CATCH_UP_SLOTS {
-                let oldest = unfinished.pop_first().expect("the set is not empty");
+                let (oldest, _) = unfinished.pop_first().expect("the map is not empty");
                 tracing::warn!(job = %self.name, key = %self.key_of(oldest).short_hash(), "idem-consumer: too many unfinished slots; no longer looking at the oldest");
             }
             let pause = wake.duration_since(SystemTime::now()).unwrap_or_default();
@@ -400,10 +437,27 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
             Ok(Outcome::Unknown(_)) => Some(self.idem.lease()),
             Ok(_) => Some(self.idem.lease()),
             Err(Error::InFlight { retry_after }) => Some(*retry_after),
-            Err(err) if err.is_retryable() => Some(Duration::from_secs(1)),
-            Err(err) => {
+            // Answers no retry can change.
+            Err(
+                err @ (Error::Mismatch
+                | Error::KeyRefused(_)
+                | Error::Unstorable { .. }
+                | Error::Codec {
+                    source: CodecError::Unauthentic { .. } | CodecError::Malformed { .. },
+                    ..
+                }),
+            ) => {
                 tracing::warn!(job = %self.name, %key, error = %err, "idem-consumer: slot cannot run");
                 None
+            }
+            Err(err) if err.is_retryable() || matches!(err, Error::Store(_)) => {
+                Some(Duration::from_secs(1))
+            }
+            // Our own side (a codec key this process lacks, a newer stored type, an
+            // interruption): another look once the lease ends.
+            Err(err) => {
+                tracing::warn!(job = %self.name, %key, error = %err, "idem-consumer: slot not run yet; asking again after the lease");
+                Some(self.idem.lease())
             }
         }
     }

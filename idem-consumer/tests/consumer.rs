@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Settle, TestMessage};
+use common::{Settle, TestMessage, counted};
 use idem_consumer::{Backoff, BackoffError, Cause, Consumer, DeadLetterReason, Settled};
 use idem_core::{
     Context, Error, Fingerprint, Idempotency, InFlightPolicy, ManualClock, MemoryStore, WorkError,
-    WorkResult, done,
+    done,
 };
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -24,17 +24,6 @@ fn consumer() -> Consumer<MemoryStore> {
             .build()
             .unwrap(),
     )
-}
-
-/// Work that counts its runs and answers the payload's length.
-fn counted(
-    runs: &Arc<AtomicUsize>,
-) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
-    let runs = Arc::clone(runs);
-    move |_ctx, payload| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(payload.len()))
-    }
 }
 
 #[tokio::test]

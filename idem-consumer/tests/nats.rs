@@ -13,7 +13,10 @@ use idem_consumer::nats::{
     DEAD_LETTER_REASON, JetStreamMessage, ORIGINAL_CONSUMER, ORIGINAL_ID, ORIGINAL_STREAM,
 };
 use idem_consumer::{Backoff, Consumer, DeadLetterReason, Message, SettleError, Settled};
-use idem_core::{Context, Idempotency, MemoryStore, WorkError, WorkResult, done};
+use idem_core::{Context, Idempotency, MemoryStore, WorkError, done};
+
+mod common;
+use common::{counted, refusing_empty};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -27,7 +30,9 @@ async fn setup(
         .await
         .expect("connect to the test nats-server");
     let js = jetstream::new(client);
-    let name = format!("{name}_{}", std::process::id());
+    // A fixed name per test: the next run deletes what this one leaves, so a broker kept
+    // running between runs holds at most one stream per test.
+    let name = name.to_owned();
     for stream in [name.clone(), format!("{name}_DLQ")] {
         let _ = js.delete_stream(&stream).await;
     }
@@ -81,16 +86,6 @@ async fn next(messages: &mut jetstream::consumer::pull::Stream) -> JetStreamMess
 
 fn subject(consumer: &PullConsumer, leaf: &str) -> String {
     format!("{}.{leaf}", consumer.cached_info().stream_name)
-}
-
-fn counted(
-    runs: &Arc<AtomicUsize>,
-) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
-    let runs = Arc::clone(runs);
-    move |_ctx, payload| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(payload.len()))
-    }
 }
 
 /// A consumer that dies after the result is stored and before its ack reaches the broker.
@@ -345,18 +340,6 @@ async fn a_fetched_batch_is_settled_per_message() {
     publish(&js, subject(&pull, "orders"), None, "order 0").await;
     let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
     let runs = Arc::new(AtomicUsize::new(0));
-    let work = |runs: Arc<AtomicUsize>| {
-        move |_ctx: Context, payload: Bytes| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if payload.is_empty() {
-                    Err(WorkError::Permanent("an empty order".to_owned()))
-                } else {
-                    Ok(payload.len())
-                }
-            }
-        }
-    };
     let mut batch = Vec::new();
     while batch.len() < 21 {
         let mut fetched = pull
@@ -373,7 +356,7 @@ async fn a_fetched_batch_is_settled_per_message() {
             batch.push(JetStreamMessage::new(message.expect("a delivery")));
         }
     }
-    let settled = consumer.handle_batch(&batch, work(Arc::clone(&runs))).await;
+    let settled = consumer.handle_batch(&batch, refusing_empty(&runs)).await;
     let (mut acked, mut dead, mut keyless) = (0, 0, 0);
     for settled in settled {
         match settled.unwrap() {

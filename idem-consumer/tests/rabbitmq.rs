@@ -9,13 +9,16 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use idem_consumer::rabbitmq::RabbitMessage;
 use idem_consumer::{Backoff, Consumer, DeadLetterReason, Message, Settled};
-use idem_core::{Context, Idempotency, MemoryStore, WorkError, WorkResult};
+use idem_core::{Context, Idempotency, MemoryStore, WorkError};
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
     QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+mod common;
+use common::{counted, refusing_empty};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -26,7 +29,8 @@ async fn setup(name: &str) -> Option<(Connection, Channel, String)> {
         .await
         .expect("connect to the test RabbitMQ");
     let channel = connection.create_channel().await.expect("a channel");
-    let queue = format!("{name}.{}", std::process::id());
+    // A fixed name per test: the next run deletes what this one leaves.
+    let queue = name.to_owned();
     let dlq = format!("{queue}.dlq");
     for q in [&queue, &dlq] {
         let _ = channel
@@ -103,16 +107,6 @@ async fn next(deliveries: &mut lapin::Consumer, queue: &str) -> RabbitMessage {
         .expect("the consumer goes on")
         .expect("a delivery");
     RabbitMessage::new(delivery, queue)
-}
-
-fn counted(
-    runs: &Arc<AtomicUsize>,
-) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
-    let runs = Arc::clone(runs);
-    move |_ctx, payload| {
-        runs.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Ok(payload.len()))
-    }
 }
 
 /// How many messages wait in `queue`, asked on a channel of its own.
@@ -320,24 +314,12 @@ async fn a_batch_is_settled_per_message() {
     }
     let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
     let runs = Arc::new(AtomicUsize::new(0));
-    let work = |runs: Arc<AtomicUsize>| {
-        move |_ctx: Context, payload: Bytes| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if payload.is_empty() {
-                    Err(WorkError::Permanent("an empty order".to_owned()))
-                } else {
-                    Ok(payload.len())
-                }
-            }
-        }
-    };
     let mut deliveries = consume(&channel, &queue, 20).await;
     let mut batch = Vec::new();
     while batch.len() < 20 {
         batch.push(next(&mut deliveries, &queue).await);
     }
-    let settled = consumer.handle_batch(&batch, work(Arc::clone(&runs))).await;
+    let settled = consumer.handle_batch(&batch, refusing_empty(&runs)).await;
     let acked = settled
         .iter()
         .filter(|s| matches!(s, Ok(s) if s.is_acked()))

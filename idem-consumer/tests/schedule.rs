@@ -356,10 +356,10 @@ async fn a_slot_held_past_the_window_is_taken_over_once_its_lease_ends() {
         })
         .await
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     dying.abort();
-    // The lease ends about 100 ms after the abort: wait for the takeover, bounded.
-    for _ in 0..200 {
+    // The lease ends about a second after the abort: wait for the takeover, bounded.
+    for _ in 0..500 {
         if !resumed.lock().unwrap().is_empty() {
             break;
         }
@@ -371,4 +371,208 @@ async fn a_slot_held_past_the_window_is_taken_over_once_its_lease_ends() {
         [true],
         "taken over once, resuming"
     );
+}
+
+/// The memory store, whose first `fail_claims` claims fail with an error a retry is not
+/// expected to cure (a read-only replica during a failover, say).
+struct FailingClaims {
+    inner: MemoryStore,
+    fail_claims: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl idem_core::Store for FailingClaims {
+    async fn claim(
+        &self,
+        request: &idem_core::store::ClaimRequest,
+    ) -> Result<idem_core::store::ClaimOutcome, idem_core::StoreError> {
+        if self
+            .fail_claims
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(idem_core::StoreError::Backend {
+                operation: idem_core::store::Operation::Claim,
+                retryable: false,
+                source: "cannot execute INSERT in a read-only transaction".into(),
+            });
+        }
+        self.inner.claim(request).await
+    }
+    async fn complete(
+        &self,
+        lease: &idem_core::record::Lease,
+        response: &[u8],
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.complete(lease, response).await
+    }
+    async fn fail(
+        &self,
+        lease: &idem_core::record::Lease,
+        response: &[u8],
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.fail(lease, response).await
+    }
+    async fn release(
+        &self,
+        lease: &idem_core::record::Lease,
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(
+        &self,
+        lease: &idem_core::record::Lease,
+        extend: Duration,
+    ) -> Result<idem_core::store::RenewOutcome, idem_core::StoreError> {
+        self.inner.renew(lease, extend).await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &idem_core::record::Lease,
+        step: &idem_core::key::StepName,
+        value: &[u8],
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.checkpoint(lease, step, value).await
+    }
+    async fn get(
+        &self,
+        key: &idem_core::Key,
+    ) -> Result<Option<idem_core::Record>, idem_core::StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, idem_core::StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+/// Runs `job` in a task for `for_how_long`, counting each slot's runs.
+async fn run_for(
+    job: ScheduledJob<impl idem_core::Store + 'static>,
+    for_how_long: Duration,
+    work_time: impl Fn(SystemTime) -> Duration + Send + Sync + 'static,
+) -> HashMap<SystemTime, usize> {
+    let ran: Arc<Mutex<HashMap<SystemTime, usize>>> = Arc::default();
+    let seen = Arc::clone(&ran);
+    let work_time = Arc::new(work_time);
+    let task = tokio::spawn(async move {
+        job.run(move |_ctx, slot| {
+            let (seen, work_time) = (Arc::clone(&seen), Arc::clone(&work_time));
+            async move {
+                *seen.lock().unwrap().entry(slot).or_default() += 1;
+                tokio::time::sleep(work_time(slot)).await;
+                done(())
+            }
+        })
+        .await
+    });
+    tokio::time::sleep(for_how_long).await;
+    task.abort();
+    ran.lock().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_error_no_retry_was_expected_to_cure_does_not_drop_the_slot() {
+    let store = FailingClaims {
+        inner: MemoryStore::new(),
+        fail_claims: AtomicUsize::new(1),
+    };
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    // A period of a minute: the slot of now is the only one, and its first claim fails.
+    let job = ScheduledJob::new(idem, "failover", MINUTE)
+        .unwrap()
+        .catch_up(Duration::ZERO)
+        .unwrap();
+    let ran = run_for(job, Duration::from_millis(2500), |_| Duration::ZERO).await;
+    assert_eq!(ran.len(), 1, "the slot ran after the failover: {ran:?}");
+    assert!(ran.values().all(|&n| n == 1), "{ran:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_that_came_and_went_during_a_long_run_still_run_once() {
+    // One slot's work takes 600 ms, far past the window (lease 100 ms + period 50 ms):
+    // the slots due meanwhile run after it, late, each once.
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let job = ScheduledJob::new(idem, "long-tick", Duration::from_millis(50)).unwrap();
+    let slow = Arc::new(Mutex::new(None::<SystemTime>));
+    let first = Arc::clone(&slow);
+    let ran = run_for(job, Duration::from_millis(1500), move |slot| {
+        let mut first = first.lock().unwrap();
+        if first.is_none() {
+            *first = Some(slot);
+            Duration::from_millis(600)
+        } else {
+            Duration::ZERO
+        }
+    })
+    .await;
+    let slow = slow.lock().unwrap().expect("a slot ran");
+    let mut slots: Vec<_> = ran.keys().copied().filter(|slot| *slot >= slow).collect();
+    slots.sort();
+    assert!(slots.len() >= 15, "{slots:?}");
+    for pair in slots.windows(2) {
+        assert_eq!(
+            pair[1].duration_since(pair[0]).unwrap(),
+            Duration::from_millis(50),
+            "a slot was skipped: {slots:?}"
+        );
+    }
+    assert!(ran.values().all(|&n| n == 1), "a slot ran twice: {ran:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_remembered_past_its_record_s_retention_is_never_run_again() {
+    // B sees slot S in flight at A, then runs a later slot for 1 s, past the 400 ms
+    // retention of S's record (which A finishes meanwhile). B must not ask S again then:
+    // the record is gone and S would run twice.
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_millis(50))
+        .retention(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let period = Duration::from_millis(50);
+    let a = ScheduledJob::new(idem.clone(), "stale", period).unwrap();
+    let b = ScheduledJob::new(idem, "stale", period).unwrap();
+    let held = a.slot_at(SystemTime::now());
+    let ran: Arc<Mutex<HashMap<SystemTime, usize>>> = Arc::default();
+    let b_moved_on = Arc::new(tokio::sync::Notify::new());
+    let holder = {
+        let (ran, b_moved_on) = (Arc::clone(&ran), Arc::clone(&b_moved_on));
+        tokio::spawn(async move {
+            a.run_slot(held, |_ctx, slot| async move {
+                *ran.lock().unwrap().entry(slot).or_default() += 1;
+                b_moved_on.notified().await;
+                done(())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let survivor = {
+        let (ran, b_moved_on) = (Arc::clone(&ran), Arc::clone(&b_moved_on));
+        tokio::spawn(async move {
+            b.run(move |_ctx, slot| {
+                let (ran, b_moved_on) = (Arc::clone(&ran), Arc::clone(&b_moved_on));
+                async move {
+                    *ran.lock().unwrap().entry(slot).or_default() += 1;
+                    if slot > held {
+                        b_moved_on.notify_one();
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    done(())
+                }
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    survivor.abort();
+    assert!(matches!(holder.await, Ok(Ok(_))), "A finished its slot");
+    let ran = ran.lock().unwrap();
+    assert_eq!(ran.get(&held), Some(&1), "{ran:?}");
 }

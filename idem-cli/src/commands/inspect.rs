@@ -117,10 +117,16 @@ fn http_json(response: &StoredResponse) -> serde_json::Value {
             })
             .collect::<Vec<_>>()
     };
+    // The body's encoding is a field of its own: a text body may start like a marker.
+    let (body, encoding) = match std::str::from_utf8(&response.body) {
+        Ok(text) => (text.to_owned(), "utf-8"),
+        Err(_) => (BASE64.encode(&response.body), "base64"),
+    };
     serde_json::json!({
         "status": response.status.as_u16(),
         "headers": fields(&response.headers),
-        "body": text_or_base64(&response.body),
+        "body": body,
+        "body_encoding": encoding,
         "body_stored": !response.body_too_large,
         "trailers": fields(&response.trailers),
     })

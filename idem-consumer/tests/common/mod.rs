@@ -1,10 +1,40 @@
 //! A message double that records how it was settled.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use idem_consumer::{DeadLetterReason, Message, SettleError, Settlement};
+use idem_core::{Context, WorkError, WorkResult};
+
+/// Work that counts its runs and answers the payload's length.
+#[allow(dead_code)] // each test binary uses what it needs
+pub(crate) fn counted(
+    runs: &Arc<AtomicUsize>,
+) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
+    let runs = Arc::clone(runs);
+    move |_ctx, payload| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(payload.len()))
+    }
+}
+
+/// Work that counts its runs and fails for good on an empty order.
+#[allow(dead_code)]
+pub(crate) fn refusing_empty(
+    runs: &Arc<AtomicUsize>,
+) -> impl Fn(Context, Bytes) -> std::future::Ready<WorkResult<usize, String>> + use<> {
+    let runs = Arc::clone(runs);
+    move |_ctx, payload| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(if payload.is_empty() {
+            Err(WorkError::Permanent("an empty order".to_owned()))
+        } else {
+            Ok(payload.len())
+        })
+    }
+}
 
 /// How a [`TestMessage`] was settled.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -162,6 +162,12 @@ pub(crate) fn queue_table(
             "without idem on {broker}, no kill landed mid-message and no order was applied twice: the storm did not happen"
         ));
     }
+    // A protected side no kill reached proves nothing about idem.
+    if a.landed == 0 {
+        verdict.failures.push(format!(
+            "with idem on {broker}, no kill landed mid-message: the storm did not test idem"
+        ));
+    }
     verdict.doubles_without.push((broker, without.doubled));
     Ok(())
 }
@@ -211,6 +217,11 @@ pub(crate) fn schedule_table(
         verdict.failures.push(
             "without idem, no scheduler was killed mid-slot and no slot ran twice: the storm did not happen"
                 .to_owned(),
+        );
+    }
+    if a.landed == 0 {
+        verdict.failures.push(
+            "with idem, no scheduler was killed mid-slot: the storm did not test idem".to_owned(),
         );
     }
     for schedule in [protected, unprotected] {

@@ -29,10 +29,14 @@ pub(crate) const RUN: Duration = Duration::from_secs(2);
 /// The slot's work before its effect commits (the settlement adds up the day): a kill
 /// in it lands mid-slot.
 const SLOT_WORK: Duration = Duration::from_millis(40);
+/// What the slot does after its effect committed (reporting, say): a kill in it lands
+/// between the effect and the end of the work, where only idem's record of the effect,
+/// committed with it, keeps a takeover from applying it again.
+const AFTER_EFFECT: Duration = Duration::from_millis(40);
 /// How far back each tick looks for a slot left unfinished. A killed scheduler's slot is
 /// taken over a lease and a tick later, and the kill may land on that takeover too: the
-/// window holds two leases and then some, or such a slot would leave it unrun.
-const CATCH_UP: Duration = Duration::from_secs(2);
+/// window holds several leases, so a loaded machine's slow ticks still find such a slot.
+const CATCH_UP: Duration = Duration::from_secs(5);
 /// When the schedulers are SIGKILLed, after the first slot.
 const KILLS: [Duration; 2] = [Duration::from_millis(500), Duration::from_millis(1000)];
 
@@ -100,6 +104,7 @@ async fn protected(
                 .await
             {
                 Ok(Some(slot)) => {
+                    tokio::time::sleep(AFTER_EFFECT).await;
                     Report::SlotDone(slot).send();
                     Ok(slot)
                 }
@@ -152,7 +157,10 @@ async fn unprotected(
             .commit(None, move |tx| ledger::run_slot(tx, slot))
             .await
         {
-            Ok(_) => Report::SlotDone(slot).send(),
+            Ok(_) => {
+                tokio::time::sleep(AFTER_EFFECT).await;
+                Report::SlotDone(slot).send()
+            }
             Err(err) => Report::Failed(format!("slot {slot}: {err}")).send(),
         }
         // A late tick skips the slots it missed, as cron does.

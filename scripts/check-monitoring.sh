@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the alerting rules and the dashboard in monitoring/:
-# - `promtool check rules` and `promtool test rules` (every alert fires on series made to
-#   trip it and stays quiet on a healthy service's);
+# - `promtool check rules` and `promtool test rules` on both test files (every alert fires
+#   on series made to trip it and stays quiet on a healthy service's);
 # - every dashboard query is valid PromQL (promtool checks each as a recording rule);
 # - every metric the rules and the dashboard name is one idem emits: idem-core's
 #   `observe` constants and the families of `idem stats --prometheus`.
@@ -28,11 +28,13 @@ if ! command -v promtool >/dev/null; then
 fi
 
 rules=monitoring/prometheus/idem.rules.yml
-tests=monitoring/prometheus/idem.rules.test.yml
+tests=(monitoring/prometheus/idem.rules.test.yml monitoring/prometheus/idem.rules.days.test.yml)
 dashboard=monitoring/grafana/idem.json
 
 promtool check rules "$rules"
-(cd "$(dirname "$tests")" && promtool test rules "$(basename "$tests")")
+for file in "${tests[@]}"; do
+  (cd "$(dirname "$file")" && promtool test rules "$(basename "$file")")
+done
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

@@ -330,7 +330,8 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// task to stop it: a slot cut off mid-work is taken over when its lease ends.
     ///
     /// - Every slot due since the previous tick is asked, however long that tick's work
-    ///   took, besides the catch-up window.
+    ///   took, besides the catch-up window: those within half the retention, at most
+    ///   2 × [`MAX_CATCH_UP_SLOTS`] of them.
     /// - Slots with a final answer are remembered and not asked again while in the window.
     /// - Slots seen unfinished (in flight elsewhere, retryable, unknown, a store that
     ///   failed) are asked again until they finish, even after leaving the window, for at
@@ -372,18 +373,31 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
                     continue;
                 }
                 // Checked now, not at the tick's start: this tick's earlier work may have
-                // run long, and the slot's record may be gone.
-                if let Some(seen) = unfinished.get(&slot)
-                    && SystemTime::now().duration_since(*seen).unwrap_or_default() >= forget_after
-                {
-                    unfinished.remove(&slot);
-                    tracing::warn!(job = %self.name, key = %self.key_of(slot).short_hash(), "idem-consumer: a slot stayed unfinished for half the retention; no longer looking at it");
+                // run long. A slot finished at or after its time is kept a retention from
+                // then, so it is asked only while that retention (less a period, for
+                // rounding) cannot have run out, and a remembered one only within half the
+                // retention of the last answer that showed it unfinished.
+                let asked_at = SystemTime::now();
+                let record_may_be_gone = asked_at + self.period >= slot + self.idem.retention();
+                let stale = unfinished.get(&slot).is_some_and(|seen| {
+                    asked_at.duration_since(*seen).unwrap_or_default() >= forget_after
+                });
+                if record_may_be_gone || stale {
+                    if unfinished.remove(&slot).is_some() {
+                        tracing::warn!(job = %self.name, key = %self.key_of(slot).short_hash(), "idem-consumer: a slot stayed unfinished too long; no longer looking at it");
+                    }
                     continue;
                 }
                 let answer = self.run_slot(slot, &work).await;
                 match self.again_after(slot, &answer) {
                     Some(after) => {
-                        unfinished.insert(slot, SystemTime::now());
+                        // Only an answer that shows the record unfinished restarts the
+                        // clock; a store failure or an unreadable record shows nothing.
+                        if shows_unfinished(&answer) {
+                            unfinished.insert(slot, SystemTime::now());
+                        } else {
+                            unfinished.entry(slot).or_insert_with(SystemTime::now);
+                        }
                         wake = wake.min(now + after.max(Duration::from_millis(1)));
                     }
                     None => {
@@ -461,6 +475,19 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
             }
         }
     }
+}
+
+/// Whether `answer` shows the slot's record unfinished (held, released, in flight), as
+/// opposed to showing nothing about it (a store failure, a record this process cannot read).
+fn shows_unfinished<T, E>(answer: &Result<Outcome<T, E>, Error>) -> bool {
+    matches!(
+        answer,
+        Ok(Outcome::Retryable(_) | Outcome::Unknown(_))
+            | Err(Error::InFlight { .. }
+                | Error::LeaseLost
+                | Error::CompensationPending { .. }
+                | Error::KeyBudgetExhausted { .. })
+    )
 }
 
 /// The last millisecond an RFC 3339 time can name: 9999-12-31T23:59:59.999Z.

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SERVICES=(postgres redis redis-cluster dynamodb nats rabbitmq)
+SERVICES=(postgres redis redis-cluster dynamodb nats rabbitmq flask)
 
 if services_env=$(scripts/services.sh start "${SERVICES[@]}"); then
   eval "$services_env"
@@ -21,4 +21,16 @@ else
   echo "test: the test services did not start; server-backed tests will be skipped" >&2
 fi
 
-cargo test --workspace --locked "$@"
+# cargo-nextest runs test processes side by side, so the suites that mostly wait (the
+# real-time explorations of each backend, the multi-process runs) overlap instead of
+# queueing one binary after another as `cargo test` does; it has no doc tests, which
+# `cargo test --doc` runs after it. Without cargo-nextest, `cargo test` runs everything.
+# The time limits per test are in .config/nextest.toml. Arguments go to both commands,
+# so give ones both take (`-p idem-core`, a test name).
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked "$@"
+  cargo test --workspace --locked --doc "$@"
+else
+  echo "test: cargo-nextest is not installed (cargo install --locked cargo-nextest); running cargo test" >&2
+  cargo test --workspace --locked "$@"
+fi

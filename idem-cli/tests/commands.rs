@@ -135,7 +135,8 @@ fn runtime() -> Runtime {
 }
 
 fn sqlite() -> Option<Backend> {
-    let path = std::env::temp_dir().join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
     let _ = std::fs::remove_file(&path);
     let store = SqliteStore::open(&path).expect("open a SQLite file");
     Some(Backend {
@@ -715,7 +716,8 @@ fn usage_errors_exit_2_and_say_what_to_do() {
 
 #[test]
 fn inspect_shows_a_record_that_does_not_decode_as_stored() {
-    let path = std::env::temp_dir().join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
     let _ = std::fs::remove_file(&path);
     drop(SqliteStore::open(&path).expect("create the schema"));
     let conn = rusqlite::Connection::open(&path).unwrap();
@@ -753,7 +755,8 @@ fn inspect_shows_a_record_that_does_not_decode_as_stored() {
 
 #[test]
 fn a_missing_sqlite_file_is_not_created_except_by_migrate() {
-    let path = std::env::temp_dir().join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
     let _ = std::fs::remove_file(&path);
     let url = format!("sqlite://{}", path.display());
     let missing = bare(&["stats", "--store", &url]);

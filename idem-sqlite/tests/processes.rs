@@ -297,13 +297,56 @@ fn main() -> ExitCode {
             rt.block_on(processes_racing_one_key_run_the_work_once())
         }),
     ];
+    // The test harness's own arguments, as cargo test and cargo-nextest pass them:
+    // `--list` (nextest asks for `name: test` lines; none are ignored), and a filter
+    // (a name, exact with `--exact`), `--skip NAME`; other flags change nothing.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let listing = args.iter().any(|a| a == "--list");
+    let exact = args.iter().any(|a| a == "--exact");
+    let ignored_only = args.iter().any(|a| a == "--ignored");
+    // The first argument that is neither a flag nor a flag's value (`--format terse`).
+    let takes_value = [
+        "--format",
+        "--test-threads",
+        "--logfile",
+        "--color",
+        "--skip",
+        "-Z",
+    ];
+    let filter = args
+        .iter()
+        .enumerate()
+        .find(|(i, a)| {
+            !a.starts_with('-') && (*i == 0 || !takes_value.contains(&args[i - 1].as_str()))
+        })
+        .map(|(_, a)| a.clone());
+    let chosen: Vec<(&str, Test)> = tests
+        .into_iter()
+        .filter(|(name, _)| match &filter {
+            None => true,
+            Some(f) if exact => name == f,
+            Some(f) => name.contains(f.as_str()),
+        })
+        .filter(|(name, _)| {
+            !args
+                .windows(2)
+                .any(|pair| pair[0] == "--skip" && name.contains(pair[1].as_str()))
+        })
+        .filter(|_| !ignored_only)
+        .collect();
+    if listing {
+        for (name, _) in &chosen {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
     let mut failed = 0;
-    for (name, test) in tests {
+    for (name, test) in &chosen {
         let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&runtime))).is_ok();
         println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
         failed += usize::from(!ok);
     }
-    println!("{} passed, {failed} failed", tests.len() - failed);
+    println!("{} passed, {failed} failed", chosen.len() - failed);
     if failed == 0 {
         ExitCode::SUCCESS
     } else {

@@ -4,13 +4,23 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// This test process's directory; directories of earlier runs are removed when it is made.
+/// This test process's directory. Directories of earlier runs are removed when it is made,
+/// once they are an hour old: test processes run side by side (cargo-nextest runs each test
+/// in a process of its own), so a younger directory may be another process's, in use.
 static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-sqlite-tests");
     let mine = root.join(std::process::id().to_string());
+    let stale = |entry: &std::fs::DirEntry| {
+        entry
+            .metadata()
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > std::time::Duration::from_secs(3600))
+    };
     if let Ok(entries) = std::fs::read_dir(&root) {
         for entry in entries.flatten() {
-            if entry.path() != mine {
+            if entry.path() != mine && stale(&entry) {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }

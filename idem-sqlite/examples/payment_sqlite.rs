@@ -1,8 +1,8 @@
 //! A payment that is charged once whatever the retries, on SQLite.
 //!
 //! ```sh
-//! cargo run -p idem-sqlite --example payment              # a database in the temp directory
-//! cargo run -p idem-sqlite --example payment -- idem.db   # or a file of your own
+//! cargo run -p idem-sqlite --example payment_sqlite              # a database in the temp directory
+//! cargo run -p idem-sqlite --example payment_sqlite -- idem.db   # or a file of your own
 //! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,26 +1,36 @@
-//! A payment that is charged once whatever the retries, on Redis.
+//! A payment that is charged once whatever the retries, on DynamoDB (DynamoDB Local here;
+//! in AWS, build the client from your usual configuration instead).
 //!
 //! ```sh
-//! eval "$(scripts/services.sh start redis)"   # or any server you can reach
-//! cargo run -p idem-redis --example payment -- "$IDEM_TEST_REDIS_URL"
+//! eval "$(scripts/services.sh start dynamodb)"   # DynamoDB Local on 127.0.0.1
+//! cargo run -p idem-dynamodb --example payment_dynamodb -- "$IDEM_TEST_DYNAMODB_ENDPOINT"
 //! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem_core::{Fingerprint, Idempotency, Key, Store, Timestamp, done};
-use idem_redis::RedisStore;
+use idem_dynamodb::DynamoDbStore;
+use idem_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use idem_dynamodb::aws_sdk_dynamodb::{Client, Config};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::args()
+    let endpoint = std::env::args()
         .nth(1)
-        .or_else(|| std::env::var("IDEM_TEST_REDIS_URL").ok())
-        .unwrap_or_else(|| "redis://127.0.0.1:6379".to_owned());
-    // Keys live under a prefix of their own; records vanish when they expire.
-    let store = RedisStore::standalone(&url)
-        .await?
-        .with_prefix("example:idem:")?;
-    println!("store: Redis prefix \"example:idem:\"");
+        .or_else(|| std::env::var("IDEM_TEST_DYNAMODB_ENDPOINT").ok())
+        .unwrap_or_else(|| "http://127.0.0.1:8000".to_owned());
+    // DynamoDB Local takes any credentials.
+    let config = Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .endpoint_url(&endpoint)
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("local", "local", None, None, "example"))
+        .build();
+    let client = Client::from_conf(config);
+    // Creates the table (with TTL on expired records) when missing.
+    idem_dynamodb::create_table(&client, "idem_example").await?;
+    let store = DynamoDbStore::new(client, "idem_example")?;
+    println!("store: DynamoDB table idem_example at {endpoint}");
     pay_with_retries(store).await
 }
 

@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start postgres)"   # or any server you can reach
-//! cargo run -p idem-postgres --example payment -- "$IDEM_TEST_POSTGRES_URL"
+//! cargo run -p idem-postgres --example payment_postgres -- "$IDEM_TEST_POSTGRES_URL"
 //! ```
 
 use std::sync::atomic::{AtomicU32, Ordering};

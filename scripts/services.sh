@@ -10,8 +10,9 @@
 #                                            Redis, DynamoDB Local: SIGKILL)
 #   scripts/services.sh revive SERVICE       start it again on the data it had
 #
-# SERVICE is postgres, redis, redis-cluster, dynamodb, nats (JetStream on) or rabbitmq
-# (default: all six), or one of the durable servers the chaos runs crash and revive:
+# SERVICE is postgres, redis, redis-cluster, dynamodb, nats (JetStream on), rabbitmq or
+# flask (not a server: a Python environment with Flask from PyPI, in which the proxy's
+# tests run a small upstream service of their own) (default: all seven), or one of the durable servers the chaos runs crash and revive:
 # postgres-durable (fsync on), redis-durable (append-only file, `appendfsync` from
 # IDEM_REDIS_APPENDFSYNC, default always) and dynamodb-durable (a database file).
 # Use it as:  eval "$(scripts/services.sh start postgres)"
@@ -40,7 +41,9 @@ RMQ_PORT=${IDEM_RABBITMQ_PORT:-55672}
 # overflow or share the system's epmd: ours has its own ports.
 RMQ_DIST_PORT=${IDEM_RABBITMQ_DIST_PORT:-55673}
 RMQ_EPMD_PORT=${IDEM_RABBITMQ_EPMD_PORT:-54369}
-ALL=(postgres redis redis-cluster dynamodb nats rabbitmq)
+ALL=(postgres redis redis-cluster dynamodb nats rabbitmq flask)
+# The Flask release the proxy's upstream is tested with.
+FLASK_REQUIREMENT=${IDEM_FLASK_REQUIREMENT:-flask==3.1.*}
 DURABLE=(postgres-durable redis-durable dynamodb-durable)
 # Set by `revive`: start on the data a crashed server left.
 KEEP_DATA=${KEEP_DATA:-0}
@@ -450,6 +453,31 @@ stop_rabbitmq() {
 env_rabbitmq() { echo "export IDEM_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RMQ_PORT/%2f"; }
 running_rabbitmq() { pid_alive "$STATE/rabbitmq/rabbitmq.pid" && rabbitmq_answers 2>/dev/null; }
 
+# ---- flask: a Python environment, no server -------------------------------------------
+
+flask_python() { echo "$STATE/flask-venv/bin/python"; }
+flask_ready() { "$(flask_python)" -c 'import flask' 2>/dev/null; }
+
+start_flask() {
+  if flask_ready; then
+    say "flask already installed in $STATE/flask-venv"
+    return
+  fi
+  command -v python3 >/dev/null || apt_install python3
+  rm -rf "$STATE/flask-venv"
+  if ! python3 -m venv "$STATE/flask-venv" >&2; then
+    apt_install python3-venv
+    python3 -m venv "$STATE/flask-venv" >&2
+  fi
+  say "installing $FLASK_REQUIREMENT from PyPI into $STATE/flask-venv"
+  "$(flask_python)" -m pip install --quiet --disable-pip-version-check "$FLASK_REQUIREMENT" >&2
+  flask_ready || die "flask does not import after installing it"
+}
+# Nothing runs: the environment stays for the next run.
+stop_flask() { :; }
+env_flask() { echo "export IDEM_TEST_FLASK_PYTHON=$(flask_python)"; }
+running_flask() { flask_ready; }
+
 # ---- commands --------------------------------------------------------------------------
 
 fn() { echo "${1//-/_}"; }
@@ -458,7 +486,7 @@ services() {
   if (($# == 0)); then set -- "${ALL[@]}"; fi
   for service in "$@"; do
     case $service in
-      postgres | redis | redis-cluster | dynamodb | nats | rabbitmq) echo "$service" ;;
+      postgres | redis | redis-cluster | dynamodb | nats | rabbitmq | flask) echo "$service" ;;
       postgres-durable | redis-durable | dynamodb-durable) echo "$service" ;;
       *) die "unknown service '$service' (known: ${ALL[*]} ${DURABLE[*]})" ;;
     esac

@@ -99,6 +99,34 @@ pub(crate) enum Command {
     Delete(ChangeArgs),
     /// Deletes expired records (retention over, no live lease) in batches.
     Purge(PurgeArgs),
+    /// Runs a reverse proxy that makes an HTTP service idempotent: the Idempotency-Key
+    /// header in front of any upstream, on this store (idem-proxy; see its README for the
+    /// configuration file). Stops gracefully on SIGTERM or Ctrl-C.
+    Proxy(ProxyArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ProxyArgs {
+    /// The configuration file (TOML).
+    #[arg(long, short = 'c', value_name = "FILE", env = "IDEM_PROXY_CONFIG")]
+    pub(crate) config: std::path::PathBuf,
+    /// Where clients connect, over the file's `listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Where /metrics, /healthz and /readyz are served, over the file's `admin_listen`.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) admin_listen: Option<std::net::SocketAddr>,
+    /// Check the file, open the store (migrating it first when the file says `migrate =
+    /// true`) and bind the ports, then exit without serving.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// Worker threads serving requests (default: one per core).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub(crate) threads: Option<u16>,
+    /// What is logged to stderr: error, warn, info (the default: start, shutdown, upstream
+    /// failures), debug or trace. Keys, tokens and bodies are never logged whole.
+    #[arg(long, value_name = "LEVEL", default_value = "info", env = "IDEM_LOG")]
+    pub(crate) log: tracing_subscriber::filter::LevelFilter,
 }
 
 #[derive(Debug, Args)]

@@ -56,6 +56,9 @@ pub(crate) enum Failure {
     NotConfirmed { what: String },
     #[error("could not write the output: {0}")]
     Output(#[from] std::io::Error),
+    /// The proxy could not start (a port taken, a route that cannot be built) or stopped.
+    #[error("{0}")]
+    Proxy(#[source] idem_proxy::ProxyError),
 }
 
 /// What to try next for a store error.
@@ -126,6 +129,10 @@ impl Failure {
             // A closed pipe (`idem list | head`) or a full disk: nothing a retry of the
             // store would fix, and nothing about the store either.
             Failure::Output(_) => code::RETRYABLE,
+            // A taken port or a listener's failure may pass; a route that cannot be
+            // built will not.
+            Failure::Proxy(idem_proxy::ProxyError::Route(_)) => code::USAGE,
+            Failure::Proxy(_) => code::RETRYABLE,
         })
     }
 }

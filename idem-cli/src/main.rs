@@ -41,8 +41,23 @@ fn main() -> ExitCode {
             "idem: warning: scope labels are unkeyed hashes; set IDEM_LOG_HASH_SECRET (the service's log hash secret) so they cannot be reversed by trying account ids"
         );
     }
+    // The operator's commands make a few store calls; the proxy serves on every core
+    // (or --threads), and logs.
+    let threads = match &cli.command {
+        cli::Command::Proxy(proxy) => {
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(proxy.log)
+                .init();
+            proxy.threads.map_or_else(
+                || std::thread::available_parallelism().map_or(2, usize::from),
+                usize::from,
+            )
+        }
+        _ => 2,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads)
         .enable_all()
         .build()
     {

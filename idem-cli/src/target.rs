@@ -17,7 +17,16 @@ pub(crate) fn parse(
     table: Option<&str>,
     prefix: Option<&str>,
 ) -> Result<Box<dyn Location>, UrlError> {
-    let mut options = ConnectOptions::default();
+    parse_with(url, table, prefix, ConnectOptions::default())
+}
+
+/// [`parse`], starting from `options` (a pool's size, say).
+pub(crate) fn parse_with(
+    url: Option<&str>,
+    table: Option<&str>,
+    prefix: Option<&str>,
+    mut options: ConnectOptions,
+) -> Result<Box<dyn Location>, UrlError> {
     // An empty IDEM_TABLE (exported, then cleared) means none; no table is named "".
     if let Some(table) = table.filter(|table| !table.is_empty()) {
         options = options.table(table);

@@ -52,6 +52,12 @@ pub struct ConnectOptions {
     /// How long opening waits for a server (default [`DEFAULT_CONNECT_TIMEOUT`]); zero is
     /// refused by [`parse_url`] ([`UrlError::ZeroConnectTimeout`]).
     pub connect_timeout: Duration,
+    /// How many connections a pooled backend (PostgreSQL) opens at most: `None` for the
+    /// backend's choice for an operator's command (a few); a server that serves requests
+    /// (`idem proxy`) asks for as many as it runs at once. Backends without a pool of
+    /// their own (Redis multiplexes, DynamoDB's client pools itself, SQLite has one
+    /// writer) ignore it.
+    pub connections: Option<u32>,
 }
 
 impl Default for ConnectOptions {
@@ -60,6 +66,7 @@ impl Default for ConnectOptions {
             table: None,
             prefix: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connections: None,
         }
     }
 }
@@ -83,6 +90,20 @@ impl ConnectOptions {
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// The same options with at most `connections` pooled connections (at least one).
+    ///
+    /// ```
+    /// use idem_core::connect::ConnectOptions;
+    ///
+    /// assert_eq!(ConnectOptions::default().connections(16).connections, Some(16));
+    /// assert_eq!(ConnectOptions::default().connections(0).connections, Some(1));
+    /// ```
+    #[must_use]
+    pub fn connections(mut self, connections: u32) -> Self {
+        self.connections = Some(connections.max(1));
         self
     }
 }

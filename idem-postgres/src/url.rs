@@ -127,6 +127,8 @@ pub struct PostgresLocation {
     /// As given, checked by `TableName::parse`.
     table: Option<String>,
     connect_timeout: Duration,
+    /// The pool's size for `open` (two, for an operator's command, unless asked).
+    connections: u32,
 }
 
 impl PostgresLocation {
@@ -173,6 +175,7 @@ impl PostgresLocation {
             settings,
             table,
             connect_timeout: options.connect_timeout,
+            connections: options.connections.unwrap_or(2),
         })
     }
 
@@ -276,9 +279,10 @@ impl Location for PostgresLocation {
         NAME
     }
 
-    /// A pool of two connections; creates nothing (the table is `migrate`'s).
+    /// A pool of two connections, or as many as the options asked for; creates nothing
+    /// (the table is `migrate`'s).
     async fn open(&self, _create: Create) -> Result<Arc<dyn Admin>, OpenError> {
-        Ok(Arc::new(self.store(2).await?))
+        Ok(Arc::new(self.store(self.connections).await?))
     }
 
     /// Creates the table and its indexes when missing ([`PostgresStore::migrate`]).

@@ -3,6 +3,7 @@
 mod change;
 mod inspect;
 mod list;
+mod proxy;
 mod purge;
 mod stats;
 
@@ -17,6 +18,9 @@ use crate::target;
 
 /// Runs the command `cli` names, writing its answer to `out`.
 pub(crate) async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
+    if let Command::Proxy(args) = &cli.command {
+        return proxy::run(&cli.store, args, out).await;
+    }
     let target = target::parse(
         cli.store.store.as_deref(),
         cli.store.table.as_deref(),
@@ -47,6 +51,7 @@ pub(crate) async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), Failure> {
             change::delete(&*open().await?, target, &key, &args, out).await
         }
         Command::Purge(args) => purge::run(&*open().await?, target, &args, out).await,
+        Command::Proxy(_) => unreachable!("dispatched above"),
     }
 }
 

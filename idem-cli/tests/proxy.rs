@@ -1,0 +1,412 @@
+//! `idem proxy` for real, on 127.0.0.1: a Python (Flask) payments service that counts its
+//! executions in a database, two proxy replicas sharing one PostgreSQL table, and clients
+//! that retry through a fault proxy dropping answers, with concurrent duplicates on both
+//! replicas. Each logical payment runs once upstream, and every client gets the first
+//! response.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_testkit::{Namespace, service_url};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A child process killed when the test ends, however it ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until `url` answers 200, for at most `patience`.
+async fn wait_for(url: &str, patience: Duration) {
+    let started = Instant::now();
+    let client = reqwest::Client::new();
+    while started.elapsed() < patience {
+        if let Ok(response) = client.get(url).send().await
+            && response.status().is_success()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{url} did not answer within {patience:?}");
+}
+
+/// The Flask app of idem-proxy's examples, on its own port and database.
+fn flask(python: &str, dir: &Path) -> (Killed, String) {
+    let port = free_port();
+    let app = Path::new(env!("CARGO_MANIFEST_DIR")).join("../idem-proxy/examples/upstream/app.py");
+    let child = Command::new(python)
+        .arg(app)
+        .args(["--port", &port.to_string()])
+        .arg("--db")
+        .arg(dir.join("payments.db"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("flask.log")).unwrap())
+        .spawn()
+        .expect("start the Flask app");
+    (Killed(child), format!("http://127.0.0.1:{port}"))
+}
+
+/// One `idem proxy` replica; its address, read from what it prints.
+fn replica(config: &Path, store: &[String], log: PathBuf) -> (Killed, SocketAddr, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(store)
+        .args(["proxy", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .env_remove("IDEM_STORE")
+        .env_remove("IDEM_TABLE")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("start idem proxy");
+    let stdout = child.stdout.take().unwrap();
+    let child = Killed(child);
+    // "idem proxy: listening on http://ADDR (admin on http://ADDR), store ..."; the
+    // migration's line may come first. Read on a thread of its own, waited for 30 s.
+    let (lines, said) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().take(5) {
+            if lines.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Ok(line) = said.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let line = line.expect("read the proxy's output");
+        if let Some(rest) = line.strip_prefix("idem proxy: listening on http://") {
+            let (addr, rest) = rest.split_once(' ').unwrap();
+            let admin = rest
+                .trim_start_matches("(admin on http://")
+                .split_once(')')
+                .unwrap()
+                .0;
+            return (child, addr.parse().unwrap(), admin.parse().unwrap());
+        }
+    }
+    panic!("idem proxy did not say where it listens");
+}
+
+/// A TCP proxy in front of the replicas, in turn, that drops every `nth` answer: the
+/// request goes through, the response is read and thrown away, the client's connection
+/// is cut.
+async fn fault_proxy(
+    replicas: Vec<SocketAddr>,
+    nth: usize,
+    dropped: Arc<AtomicUsize>,
+) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut count = 0usize;
+        while let Ok((mut client, _)) = listener.accept().await {
+            count += 1;
+            let target = replicas[count % replicas.len()];
+            let drop_answer = count.is_multiple_of(nth);
+            let dropped = Arc::clone(&dropped);
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(target).await else {
+                    return;
+                };
+                let (mut client_read, mut client_write) = client.split();
+                let (mut server_read, mut server_write) = server.split();
+                let upload = async {
+                    let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+                    // The client is done: so is the replica's side of the connection.
+                    let _ = server_write.shutdown().await;
+                };
+                let download = async {
+                    if drop_answer {
+                        let mut buf = [0u8; 4096];
+                        // The answer arrived; the client never sees it.
+                        if matches!(server_read.read(&mut buf).await, Ok(n) if n > 0) {
+                            dropped.fetch_add(1, Ordering::SeqCst);
+                        }
+                    } else {
+                        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                    }
+                    let _ = client_write.shutdown().await;
+                };
+                // Bounded: a connection lasts at most 30 s.
+                let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                    tokio::join!(upload, download);
+                })
+                .await;
+            });
+        }
+    });
+    addr
+}
+
+/// What one client got for its payment: the body, and whether it was a replay.
+#[derive(Debug)]
+struct Got {
+    body: String,
+    replayed: bool,
+    attempts: usize,
+}
+
+/// Sends one logical payment until it gets its 201, retrying dropped answers and 409s.
+async fn pay(url: String, account: String, key: String, amount: u32) -> Got {
+    // A new connection for every attempt, so each meets the fault proxy's choice afresh.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let body = format!(r#"{{"amount":{amount},"currency":"EUR"}}"#);
+    for attempt in 1..=200 {
+        let sent = client
+            .post(&url)
+            .header("x-account-id", &account)
+            .header("idempotency-key", &key)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await;
+        match sent {
+            Ok(response) if response.status().as_u16() == 201 => {
+                let replayed = response.headers().get("idempotent-replayed").is_some();
+                return Got {
+                    body: response.text().await.unwrap(),
+                    replayed,
+                    attempts: attempt,
+                };
+            }
+            // In flight on the other replica, or the first answer was dropped: retry.
+            Ok(response) if response.status().as_u16() == 409 => {}
+            Ok(response) => panic!(
+                "{key}: unexpected {}: {}",
+                response.status(),
+                response.text().await.unwrap_or_default()
+            ),
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(25 + 10 * (attempt as u64 % 5))).await;
+    }
+    panic!("{key}: no answer after 200 attempts");
+}
+
+#[test]
+fn two_replicas_on_postgres_run_each_payment_once_through_dropped_answers() {
+    let Some(postgres) = service_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let Some(python) = service_url("IDEM_TEST_FLASK_PYTHON") else {
+        return;
+    };
+    let namespace = Namespace::fresh();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-proxy-{}", namespace.as_str()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let (_flask, upstream) = flask(&python, &dir);
+    runtime.block_on(wait_for(
+        &format!("{upstream}/health"),
+        Duration::from_secs(30),
+    ));
+
+    let config = dir.join("idem.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+            upstream = "{upstream}"
+            upstream_timeout = "4s"
+            connect_timeout = "1s"
+            shutdown_grace = "10s"
+            # Both replicas create the table at start: safe from several processes at once.
+            migrate = true
+
+            [defaults]
+            scope = {{ header = "x-account-id" }}
+            lease = "5s"
+
+            [[routes]]
+            methods = ["POST"]
+            path = "/payments"
+            "#
+        ),
+    )
+    .unwrap();
+    let table = format!("idem_proxy_{}", namespace.as_str());
+    let store = vec!["--store".to_owned(), postgres, "--table".to_owned(), table];
+    let (mut one, one_addr, one_admin) = replica(&config, &store, dir.join("replica-1.log"));
+    let (_two, two_addr, two_admin) = replica(&config, &store, dir.join("replica-2.log"));
+
+    let payments = 30u32;
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let results = runtime.block_on(async {
+        wait_for(
+            &format!("http://{one_admin}/readyz"),
+            Duration::from_secs(20),
+        )
+        .await;
+        wait_for(
+            &format!("http://{two_admin}/readyz"),
+            Duration::from_secs(20),
+        )
+        .await;
+        let front = fault_proxy(vec![one_addr, two_addr], 3, Arc::clone(&dropped)).await;
+        let url = format!("http://{front}/payments");
+        // Two clients per payment at once (a double click), each retrying on its own.
+        let mut clients = Vec::new();
+        for i in 0..payments {
+            for _ in 0..2 {
+                let (url, account, key) =
+                    (url.clone(), format!("acct_{}", i % 4), format!("pay-{i}"));
+                clients.push(tokio::spawn(async move {
+                    let got = pay(url, account, key.clone(), 100 + i).await;
+                    (key, got)
+                }));
+            }
+        }
+        let mut results: HashMap<String, Vec<Got>> = HashMap::new();
+        for client in clients {
+            let (key, got) = client.await.unwrap();
+            results.entry(key).or_default().push(got);
+        }
+        results
+    });
+
+    // Every client of a payment got the same, first response.
+    let mut replays = 0;
+    let mut retried = 0;
+    for (key, got) in &results {
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].body, got[1].body, "{key}: {got:?}");
+        replays += got.iter().filter(|g| g.replayed).count();
+        retried += got.iter().filter(|g| g.attempts > 1).count();
+    }
+    // The storm really was one: answers were dropped, and retries replayed.
+    let dropped = dropped.load(Ordering::SeqCst);
+    assert!(dropped > 0, "the fault proxy dropped no answer");
+    assert!(replays >= payments as usize, "{replays} replays");
+    assert!(retried > 0);
+
+    // The upstream's own count: each payment executed once.
+    let executions: serde_json::Value = runtime.block_on(async {
+        reqwest::get(format!("{upstream}/payments/executions"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    for i in 0..payments {
+        assert_eq!(
+            executions["by_key"][format!("pay-{i}")],
+            1,
+            "pay-{i}: {executions}"
+        );
+    }
+    assert_eq!(executions["executions"], payments, "{executions}");
+    println!(
+        "{payments} payments, 2 clients each, 2 replicas: {dropped} answers dropped, {replays} replays, 1 execution each"
+    );
+
+    // SIGTERM: the replica stops gracefully, with exit code 0.
+    let status = Command::new("kill")
+        .args(["-TERM", &one.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let code = loop {
+        if let Some(code) = one.0.try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(code.success(), "{code:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_configuration_mistake_names_the_file_and_line_and_exits_2() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let config = dir.join(format!(
+        "idem-proxy-bad-{}.toml",
+        Namespace::fresh().as_str()
+    ));
+    std::fs::write(
+        &config,
+        "upstream = \"http://127.0.0.1:1\"\n\n[[routes]]\nmethods = [\"POST\"]\npath = \"/payments\"\nscope = { header = \"x-account-id\" }\nlease = \"soon\"\n",
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["proxy", "--check", "--config"])
+        .arg(&config)
+        .env_remove("IDEM_STORE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}:7:9:", config.display())),
+        "file, line and column: {stderr}"
+    );
+    assert!(stderr.contains("\"30s\""), "what to write: {stderr}");
+    let _ = std::fs::remove_file(&config);
+}
+
+#[test]
+fn check_opens_the_store_and_exits_without_serving() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let name = Namespace::fresh();
+    let config = dir.join(format!("idem-proxy-check-{}.toml", name.as_str()));
+    let db = dir.join(format!("idem-proxy-check-{}.db", name.as_str()));
+    std::fs::write(
+        &config,
+        format!(
+            "upstream = \"http://127.0.0.1:1\"\nstore = \"sqlite://{}\"\nmigrate = true\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n[defaults]\nscope = {{ header = \"x-account-id\" }}\n[[routes]]\nmethods = [\"POST\"]\npath = \"/payments\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(["proxy", "--check", "--config"])
+        .arg(&config)
+        .env_remove("IDEM_STORE")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert!(
+        stdout.contains("listening on http://127.0.0.1:"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("not serving"), "{stdout}");
+    assert!(db.exists(), "migrate = true created the database");
+    let _ = std::fs::remove_file(&config);
+    let _ = std::fs::remove_file(&db);
+}

@@ -1,0 +1,930 @@
+//! The configuration file: what it may say, and every way it can be wrong.
+//!
+//! TOML, read whole before anything listens or connects. A mistake is a [`ConfigError`]
+//! naming the file, the line and column, what is wrong and what to write instead.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode};
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The whole configuration of one proxy.
+///
+/// ```
+/// let config = idem_proxy::Config::parse(
+///     "idem.toml",
+///     r#"
+///     upstream = "http://127.0.0.1:8000"
+///     store = "sqlite:///tmp/idem-proxy-doc.db"
+///
+///     [[routes]]
+///     methods = ["POST"]
+///     path = "/payments"
+///     scope = { header = "x-account-id" }
+///     "#,
+/// )?;
+/// assert_eq!(config.routes.len(), 1);
+/// assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+/// # Ok::<(), idem_proxy::ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Config {
+    /// Where clients connect (default `127.0.0.1:8080`).
+    pub listen: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (default `127.0.0.1:9464`),
+    /// apart from the proxied paths so that no upstream path is shadowed.
+    pub admin_listen: SocketAddr,
+    /// The service behind the proxy: `http://host:port`, optionally with a path prefix.
+    pub upstream: http::Uri,
+    /// Speak HTTP/2 to the upstream without upgrade (h2c prior knowledge); HTTP/1.1
+    /// otherwise. Clients may speak either to the proxy.
+    pub upstream_http2: bool,
+    /// How long a connection to the upstream may take (default 2 s).
+    pub connect_timeout: Duration,
+    /// How long the upstream may take to answer with a response head (default 60 s).
+    /// A request it never answered in time is answered 504 and its key held.
+    pub upstream_timeout: Duration,
+    /// Keep the client's `Host` header (default: the upstream's authority, as nginx's
+    /// `proxy_pass` does).
+    pub preserve_host: bool,
+    /// How long an idle connection to the upstream is kept for reuse (default 4 s, below
+    /// the keep-alive of common upstream servers: a request sent on a connection the
+    /// upstream is closing would fail after it may have been read).
+    pub upstream_idle_timeout: Duration,
+    /// Trust the `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and
+    /// `Forwarded` headers clients send (default off: they are replaced). Turn it on when
+    /// only a load balancer or gateway that sets them can reach the proxy.
+    pub trust_forwarded_headers: bool,
+    /// How long a shutdown keeps serving after `/readyz` turned 503, so that a load
+    /// balancer stops sending first (default 0).
+    pub shutdown_delay: Duration,
+    /// How long a shutdown waits for requests in flight to finish and store their
+    /// answers (default 30 s).
+    pub shutdown_grace: Duration,
+    /// The store's URL, as `idem` takes it; `--store` or `IDEM_STORE` override it.
+    pub store: Option<String>,
+    /// Create or upgrade the store's schema at start (`idem migrate`); default off.
+    pub migrate: bool,
+    /// How many connections to the store a pooled backend (PostgreSQL) keeps at most
+    /// (default 16): requests beyond it wait for one.
+    pub store_connections: u32,
+    /// How often expired records are purged by the proxy itself; none by default (run
+    /// `idem purge` from a scheduler instead, once for all replicas).
+    pub purge_interval: Option<Duration>,
+    /// What a request that matches no route gets (default: passed to the upstream
+    /// unprotected).
+    pub unmatched: Unmatched,
+    /// The routes: one naming the request's method wins over one naming none, then the
+    /// most specific pattern.
+    pub routes: Vec<Route>,
+}
+
+/// What a request that matches no route gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unmatched {
+    /// Passed to the upstream, unprotected, as a plain reverse proxy would.
+    Pass,
+    /// Answered 404 by the proxy; the upstream never sees it.
+    Reject,
+}
+
+/// Whether a route's requests need a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyRule {
+    /// Refused with 400 without the header.
+    Required,
+    /// Protected with the header, passed through without it.
+    Optional,
+    /// Never protected, header or not.
+    Exempt,
+}
+
+/// Whose key it is: each route's scope names the caller.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum ScopeSource {
+    /// A request header naming the caller: one an authenticating gateway in front of the
+    /// proxy sets (`X-Account-Id`), or an API key. Its value is hashed, never stored.
+    Header(HeaderName),
+    /// A claim of the bearer token in `Authorization`, verified with a key; the claim's
+    /// value is hashed, the token is never stored. A request without a valid token is
+    /// refused with 401 before anything is claimed.
+    JwtClaim {
+        /// The claim (`sub`).
+        claim: String,
+        /// The verification key and algorithm.
+        key: JwtKey,
+        /// The audiences a token must name in `aud`, one of them; none: `aud` is not
+        /// checked.
+        audience: Vec<String>,
+        /// The issuer a token must name in `iss`; none: `iss` is not checked.
+        issuer: Option<String>,
+    },
+}
+
+/// How bearer tokens are verified.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum JwtKey {
+    /// HS256, HS384 or HS512 with a shared secret.
+    Secret {
+        /// The algorithm.
+        algorithm: jsonwebtoken::Algorithm,
+        /// The secret's bytes.
+        secret: Vec<u8>,
+    },
+    /// RS256/384/512, PS256/384/512, ES256/384 or EdDSA with a public key in PEM.
+    PublicKeyPem {
+        /// The algorithm.
+        algorithm: jsonwebtoken::Algorithm,
+        /// The PEM text.
+        pem: Vec<u8>,
+    },
+}
+
+impl fmt::Debug for JwtKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the secret.
+        match self {
+            Self::Secret { algorithm, .. } => write!(f, "Secret({algorithm:?})"),
+            Self::PublicKeyPem { algorithm, .. } => write!(f, "PublicKeyPem({algorithm:?})"),
+        }
+    }
+}
+
+/// Which responses are stored, released or held, by status, over the default policy
+/// (`idem_http::default_disposition`: 5xx held, 4xx but 402 released, the rest stored).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct StatusPolicy {
+    /// Statuses stored and replayed.
+    pub store: Vec<StatusCode>,
+    /// Statuses whose key is forgotten: nothing happened, a retry runs again.
+    pub release: Vec<StatusCode>,
+    /// Statuses whose key is held until the lease ends: the effect may have happened.
+    pub hold: Vec<StatusCode>,
+}
+
+/// One route: which requests, and how they are protected.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Route {
+    /// A name for metrics and logs (default: the methods and the path).
+    pub name: String,
+    /// The methods it matches; empty matches every method, and protects all but GET,
+    /// HEAD, OPTIONS and TRACE.
+    pub methods: Vec<Method>,
+    /// The path pattern: `/payments`, `/orders/{id}/refund`, `/files/{*rest}`.
+    pub path: String,
+    /// Whether its requests need a key (default required).
+    pub key: KeyRule,
+    /// The key's header (default `Idempotency-Key`).
+    pub header: HeaderName,
+    /// Whose key it is. Required where the key is not exempt.
+    pub scope: Option<ScopeSource>,
+    /// Body fields left out of the fingerprint: a top-level name or a JSON Pointer.
+    pub ignore_fields: Vec<String>,
+    /// The status policy.
+    pub status: StatusPolicy,
+    /// Response headers stored and replayed beyond idem-http's defaults
+    /// (`idem_http::DEFAULT_STORED_HEADERS`): `x-charge-id`, say.
+    pub store_headers: Vec<HeaderName>,
+    /// How long a first request holds its key before a retry may take over (default 60 s).
+    pub lease: Duration,
+    /// How long answers are kept for retries (default 24 h).
+    pub retention: Duration,
+    /// The largest request body read to fingerprint it (default 1 MiB); larger is 413.
+    pub max_request_body: usize,
+    /// The largest response body stored (default 960 KiB); a larger one streams to its
+    /// client and is stored without its body.
+    pub max_response_body: usize,
+    /// Where the route starts in the file, for messages.
+    pub line: usize,
+}
+
+/// A configuration that cannot be used: where, what, and what to do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read the configuration file {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid, at a place in it.
+    #[error("{}:{line}:{column}: {message}", path.display())]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// The column, from 1.
+        column: usize,
+        /// What is wrong and what to write instead.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads and checks the configuration file at `path`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] when the file cannot be read; [`ConfigError::Invalid`], with
+    /// the line, for anything in it that cannot work.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Checks the configuration `text`, as read from `path` (named in messages).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`], with the line, for anything that cannot work.
+    pub fn parse(path: impl AsRef<Path>, text: &str) -> Result<Self, ConfigError> {
+        let at = Locator {
+            path: path.as_ref(),
+            text,
+        };
+        let file: File = toml::from_str(text).map_err(|err| {
+            let span = err.span().unwrap_or(0..0);
+            at.error(span.clone(), err.message().to_owned())
+        })?;
+        file.check(&at)
+    }
+}
+
+/// Turns byte spans into lines and columns of one file.
+struct Locator<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Locator<'_> {
+    fn error(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
+        let before = &self.text[..span.start.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        ConfigError::Invalid {
+            path: self.path.to_owned(),
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    fn line(&self, offset: usize) -> usize {
+        self.text[..offset.min(self.text.len())]
+            .matches('\n')
+            .count()
+            + 1
+    }
+}
+
+// The file as written. Unknown fields are refused: a misspelt setting must not be ignored.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    listen: Option<Spanned<String>>,
+    admin_listen: Option<Spanned<String>>,
+    upstream: Option<Spanned<String>>,
+    #[serde(default)]
+    upstream_http2: bool,
+    connect_timeout: Option<Spanned<String>>,
+    upstream_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    preserve_host: bool,
+    upstream_idle_timeout: Option<Spanned<String>>,
+    #[serde(default)]
+    trust_forwarded_headers: bool,
+    shutdown_grace: Option<Spanned<String>>,
+    shutdown_delay: Option<Spanned<String>>,
+    store: Option<String>,
+    #[serde(default)]
+    migrate: bool,
+    store_connections: Option<Spanned<i64>>,
+    purge_interval: Option<Spanned<String>>,
+    unmatched: Option<Spanned<String>>,
+    #[serde(default)]
+    defaults: Defaults,
+    #[serde(default)]
+    routes: Vec<Spanned<RouteFile>>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct Defaults {
+    key: Option<Spanned<String>>,
+    header: Option<Spanned<String>>,
+    scope: Option<Spanned<ScopeFile>>,
+    ignore_fields: Option<Vec<String>>,
+    status: Option<StatusFile>,
+    store_headers: Option<Vec<Spanned<String>>>,
+    lease: Option<Spanned<String>>,
+    retention: Option<Spanned<String>>,
+    max_request_body: Option<Spanned<i64>>,
+    max_response_body: Option<Spanned<i64>>,
+}
+
+// The settings of `Defaults` again: serde's `flatten` would lose the spans and cannot
+// refuse unknown fields.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteFile {
+    name: Option<String>,
+    #[serde(default)]
+    methods: Vec<Spanned<String>>,
+    path: Spanned<String>,
+    key: Option<Spanned<String>>,
+    header: Option<Spanned<String>>,
+    scope: Option<Spanned<ScopeFile>>,
+    ignore_fields: Option<Vec<String>>,
+    status: Option<StatusFile>,
+    store_headers: Option<Vec<Spanned<String>>>,
+    lease: Option<Spanned<String>>,
+    retention: Option<Spanned<String>>,
+    max_request_body: Option<Spanned<i64>>,
+    max_response_body: Option<Spanned<i64>>,
+}
+
+impl RouteFile {
+    fn settings(&self) -> Defaults {
+        Defaults {
+            key: self.key.clone(),
+            header: self.header.clone(),
+            scope: self.scope.clone(),
+            ignore_fields: self.ignore_fields.clone(),
+            status: self.status.clone(),
+            store_headers: self.store_headers.clone(),
+            lease: self.lease.clone(),
+            retention: self.retention.clone(),
+            max_request_body: self.max_request_body.clone(),
+            max_response_body: self.max_response_body.clone(),
+        }
+    }
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct ScopeFile {
+    header: Option<String>,
+    jwt_claim: Option<String>,
+    algorithm: Option<String>,
+    secret_env: Option<String>,
+    public_key_pem: Option<String>,
+    audience: Option<Vec<String>>,
+    issuer: Option<String>,
+}
+
+#[derive(Deserialize, Clone, Default)]
+#[serde(deny_unknown_fields)]
+struct StatusFile {
+    #[serde(default)]
+    store: Vec<Spanned<u16>>,
+    #[serde(default)]
+    release: Vec<Spanned<u16>>,
+    #[serde(default)]
+    hold: Vec<Spanned<u16>>,
+}
+
+/// A duration as people write it (`30s`, `24h`, `1h 30m`), at least `min`.
+fn duration(
+    at: &Locator<'_>,
+    name: &str,
+    value: Option<&Spanned<String>>,
+    default: Duration,
+    min: Duration,
+) -> Result<Duration, ConfigError> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    let parsed = humantime::parse_duration(value.get_ref()).map_err(|err| {
+        at.error(
+            value.span(),
+            format!("`{name}`: {err}; write a duration such as \"30s\", \"5m\" or \"24h\""),
+        )
+    })?;
+    if parsed > idem_core::raw::MAX_DURATION {
+        return Err(at.error(
+            value.span(),
+            format!("`{name}` is longer than idem allows (100 years)"),
+        ));
+    }
+    if parsed < min {
+        return Err(at.error(
+            value.span(),
+            format!(
+                "`{name}` is {}, under the least that works, {}",
+                humantime::format_duration(parsed),
+                humantime::format_duration(min)
+            ),
+        ));
+    }
+    Ok(parsed)
+}
+
+fn address(
+    at: &Locator<'_>,
+    name: &str,
+    value: Option<&Spanned<String>>,
+    default: &str,
+) -> Result<SocketAddr, ConfigError> {
+    let Some(value) = value else {
+        return Ok(default.parse().expect("the defaults are addresses"));
+    };
+    value.get_ref().parse().map_err(|_| {
+        at.error(
+            value.span(),
+            format!(
+                "`{name}` = {:?} is not an address and port: write \"127.0.0.1:8080\" (a host name is not resolved here)",
+                value.get_ref()
+            ),
+        )
+    })
+}
+
+fn bytes(
+    at: &Locator<'_>,
+    name: &str,
+    value: Option<&Spanned<i64>>,
+    default: usize,
+) -> Result<usize, ConfigError> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    usize::try_from(*value.get_ref())
+        .ok()
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| {
+            at.error(
+                value.span(),
+                format!("`{name}` is a number of bytes above 0, such as 1048576"),
+            )
+        })
+}
+
+impl File {
+    fn check(self, at: &Locator<'_>) -> Result<Config, ConfigError> {
+        let upstream = self
+            .upstream
+            .as_ref()
+            .ok_or_else(|| at.error(0..0, "`upstream` is missing: write upstream = \"http://127.0.0.1:8000\", the service behind the proxy"))?;
+        let uri: http::Uri = upstream.get_ref().parse().map_err(|err| {
+            at.error(
+                upstream.span(),
+                format!("`upstream`: {err}; write \"http://host:port\""),
+            )
+        })?;
+        if uri.scheme_str() != Some("http")
+            || uri.authority().is_none_or(|a| a.as_str().contains('@'))
+            || uri.query().is_some()
+        {
+            return Err(at.error(
+                upstream.span(),
+                "`upstream` must be http://host:port (optionally with a path prefix; no query, no user name): the proxy speaks plain HTTP/1.1 or h2c to the service behind it; put TLS in front of the proxy",
+            ));
+        }
+        let unmatched = match self.unmatched.as_ref().map(|u| (u.get_ref().as_str(), u)) {
+            None | Some(("pass", _)) => Unmatched::Pass,
+            Some(("reject", _)) => Unmatched::Reject,
+            Some((other, spanned)) => {
+                return Err(at.error(
+                    spanned.span(),
+                    format!("`unmatched` = {other:?}: write \"pass\" (to the upstream, unprotected) or \"reject\" (404)"),
+                ));
+            }
+        };
+        let listen = address(at, "listen", self.listen.as_ref(), "127.0.0.1:8080")?;
+        if uri
+            .authority()
+            .is_some_and(|a| a.as_str() == listen.to_string())
+        {
+            return Err(at.error(
+                upstream.span(),
+                "`upstream` is the proxy's own `listen` address: every request would come back to the proxy",
+            ));
+        }
+        let connect_timeout = duration(
+            at,
+            "connect_timeout",
+            self.connect_timeout.as_ref(),
+            Duration::from_secs(2),
+            Duration::from_millis(1),
+        )?;
+        let upstream_timeout = duration(
+            at,
+            "upstream_timeout",
+            self.upstream_timeout.as_ref(),
+            Duration::from_secs(60),
+            Duration::from_millis(1),
+        )?;
+        if upstream_timeout <= connect_timeout {
+            return Err(at.error(
+                self.upstream_timeout.as_ref().map_or(0..0, Spanned::span),
+                format!(
+                    "`upstream_timeout` ({}) must be longer than `connect_timeout` ({}): it counts from the request's start, connection included",
+                    humantime::format_duration(upstream_timeout),
+                    humantime::format_duration(connect_timeout)
+                ),
+            ));
+        }
+        let mut routes = Vec::with_capacity(self.routes.len());
+        for route in &self.routes {
+            routes.push(route_of(at, route, &self.defaults, upstream_timeout)?);
+        }
+        Ok(Config {
+            listen,
+            admin_listen: address(
+                at,
+                "admin_listen",
+                self.admin_listen.as_ref(),
+                "127.0.0.1:9464",
+            )?,
+            upstream: uri,
+            upstream_http2: self.upstream_http2,
+            connect_timeout,
+            upstream_timeout,
+            preserve_host: self.preserve_host,
+            upstream_idle_timeout: duration(
+                at,
+                "upstream_idle_timeout",
+                self.upstream_idle_timeout.as_ref(),
+                Duration::from_secs(4),
+                Duration::from_millis(1),
+            )?,
+            trust_forwarded_headers: self.trust_forwarded_headers,
+            shutdown_grace: duration(
+                at,
+                "shutdown_grace",
+                self.shutdown_grace.as_ref(),
+                Duration::from_secs(30),
+                Duration::ZERO,
+            )?,
+            shutdown_delay: duration(
+                at,
+                "shutdown_delay",
+                self.shutdown_delay.as_ref(),
+                Duration::ZERO,
+                Duration::ZERO,
+            )?,
+            store: self.store.filter(|s| !s.trim().is_empty()),
+            migrate: self.migrate,
+            store_connections: match &self.store_connections {
+                None => 16,
+                Some(value) => u32::try_from(*value.get_ref())
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        at.error(
+                            value.span(),
+                            "`store_connections` is a number from 1 to 1000",
+                        )
+                    })?,
+            },
+            purge_interval: match &self.purge_interval {
+                None => None,
+                Some(value) => Some(duration(
+                    at,
+                    "purge_interval",
+                    Some(value),
+                    Duration::ZERO,
+                    Duration::from_secs(1),
+                )?),
+            },
+            unmatched,
+            routes,
+        })
+    }
+}
+
+fn route_of(
+    at: &Locator<'_>,
+    spanned: &Spanned<RouteFile>,
+    defaults: &Defaults,
+    upstream_timeout: Duration,
+) -> Result<Route, ConfigError> {
+    let route = spanned.get_ref();
+    let line = at.line(spanned.span().start);
+    let own = &route.settings();
+    let pick = |a: &Option<Spanned<String>>, b: &Option<Spanned<String>>| a.clone().or(b.clone());
+
+    let mut methods = Vec::new();
+    for method in &route.methods {
+        let parsed = Method::from_bytes(method.get_ref().to_ascii_uppercase().as_bytes())
+            .map_err(|_| at.error(method.span(), format!("{:?} is not an HTTP method: write \"POST\", \"PUT\", \"PATCH\" or \"DELETE\"", method.get_ref())))?;
+        methods.push(parsed);
+    }
+    let path = route.path.get_ref();
+    if !path.starts_with('/') {
+        return Err(at.error(
+            route.path.span(),
+            format!("`path` = {path:?} must start with `/`: write \"/payments\", \"/orders/{{id}}/refund\" or \"/files/{{*rest}}\""),
+        ));
+    }
+    // The pattern's syntax is checked by the matcher, here with the route's own line.
+    matchit::Router::<()>::new()
+        .insert(path.as_str(), ())
+        .map_err(|err| at.error(route.path.span(), format!("`path` = {path:?}: {err}; parameters are written {{name}}, a rest of path {{*name}}")))?;
+
+    let key = match pick(&own.key, &defaults.key) {
+        None => KeyRule::Required,
+        Some(value) => match value.get_ref().as_str() {
+            "required" => KeyRule::Required,
+            "optional" => KeyRule::Optional,
+            "exempt" => KeyRule::Exempt,
+            other => {
+                return Err(at.error(
+                    value.span(),
+                    format!("`key` = {other:?}: write \"required\", \"optional\" or \"exempt\""),
+                ));
+            }
+        },
+    };
+    let header = match pick(&own.header, &defaults.header) {
+        None => idem_http::DEFAULT_HEADER,
+        Some(value) => {
+            let name = HeaderName::from_bytes(value.get_ref().as_bytes()).map_err(|_| {
+                at.error(
+                    value.span(),
+                    format!("`header` = {:?} is not a header name", value.get_ref()),
+                )
+            })?;
+            // A credential as the key would put it in the store and in every replay.
+            if [
+                http::header::AUTHORIZATION,
+                http::header::COOKIE,
+                http::header::PROXY_AUTHORIZATION,
+            ]
+            .contains(&name)
+            {
+                return Err(at.error(
+                    value.span(),
+                    format!(
+                        "`header` = {:?} carries credentials, not an idempotency key: use \"Idempotency-Key\"",
+                        value.get_ref()
+                    ),
+                ));
+            }
+            name
+        }
+    };
+    let mut store_headers = Vec::new();
+    for name in own
+        .store_headers
+        .as_ref()
+        .or(defaults.store_headers.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        let parsed = HeaderName::from_bytes(name.get_ref().as_bytes()).map_err(|_| {
+            at.error(
+                name.span(),
+                format!(
+                    "{:?} in `store_headers` is not a header name",
+                    name.get_ref()
+                ),
+            )
+        })?;
+        if parsed == http::header::SET_COOKIE {
+            return Err(at.error(
+                name.span(),
+                "`set-cookie` is never stored: a replay would hand the first caller's session to whoever retries",
+            ));
+        }
+        store_headers.push(parsed);
+    }
+    let scope = match own.scope.clone().or(defaults.scope.clone()) {
+        None if key == KeyRule::Exempt => None,
+        None => {
+            return Err(at.error(
+                spanned.span(),
+                format!("route `{path}` has no `scope`: say whose key it is, with scope = {{ header = \"x-account-id\" }} (a header your gateway sets after authenticating) or scope = {{ jwt_claim = \"sub\", secret_env = \"JWT_SECRET\" }}; without one, one caller's retry could replay another's response"),
+            ));
+        }
+        Some(scope) => Some(scope_of(at, &scope)?),
+    };
+    let status = own
+        .status
+        .clone()
+        .or(defaults.status.clone())
+        .unwrap_or_default();
+    let mut policy = StatusPolicy::default();
+    for (list, into) in [
+        (&status.store, &mut policy.store),
+        (&status.release, &mut policy.release),
+        (&status.hold, &mut policy.hold),
+    ] {
+        for code in list {
+            let parsed = StatusCode::from_u16(*code.get_ref())
+                .ok()
+                .filter(|s| (100..600).contains(&s.as_u16()))
+                .ok_or_else(|| {
+                    at.error(
+                        code.span(),
+                        format!("{} is not an HTTP status", code.get_ref()),
+                    )
+                })?;
+            into.push(parsed);
+        }
+    }
+    for code in &policy.store {
+        if policy.release.contains(code) || policy.hold.contains(code) {
+            return Err(at.error(
+                spanned.span(),
+                format!("status {code} is in more than one of `status.store`, `status.release` and `status.hold`: keep it in one"),
+            ));
+        }
+    }
+    if let Some(code) = policy.release.iter().find(|c| policy.hold.contains(c)) {
+        return Err(at.error(
+            spanned.span(),
+            format!("status {code} is in both `status.release` and `status.hold`: keep it in one"),
+        ));
+    }
+    let lease = duration(
+        at,
+        "lease",
+        pick(&own.lease, &defaults.lease).as_ref(),
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+    )?;
+    if lease < upstream_timeout {
+        let value = pick(&own.lease, &defaults.lease);
+        return Err(at.error(
+            value.map_or(spanned.span(), |v| v.span()),
+            format!(
+                "route `{path}`: `lease` ({}) is shorter than `upstream_timeout` ({}): after the proxy gives up on a request the upstream may still run it, and a retry could run it again once the lease ends; make the lease at least `upstream_timeout`, and longer than the upstream's slowest answer",
+                humantime::format_duration(lease),
+                humantime::format_duration(upstream_timeout)
+            ),
+        ));
+    }
+    let retention_value = pick(&own.retention, &defaults.retention);
+    let retention = duration(
+        at,
+        "retention",
+        retention_value.as_ref(),
+        Duration::from_secs(24 * 3600),
+        Duration::from_secs(1),
+    )?;
+    if retention <= lease {
+        return Err(at.error(
+            retention_value.map_or(spanned.span(), |v| v.span()),
+            format!(
+                "route `{path}`: `retention` ({}) must be longer than `lease` ({}): an answer must outlive the lease that produced it",
+                humantime::format_duration(retention),
+                humantime::format_duration(lease)
+            ),
+        ));
+    }
+    let name = route.name.clone().unwrap_or_else(|| {
+        let methods: Vec<&str> = methods.iter().map(Method::as_str).collect();
+        if methods.is_empty() {
+            path.clone()
+        } else {
+            format!("{} {path}", methods.join(","))
+        }
+    });
+    Ok(Route {
+        name,
+        methods,
+        path: path.clone(),
+        key,
+        header,
+        scope,
+        ignore_fields: own
+            .ignore_fields
+            .clone()
+            .or(defaults.ignore_fields.clone())
+            .unwrap_or_default(),
+        status: policy,
+        store_headers,
+        lease,
+        retention,
+        max_request_body: bytes(
+            at,
+            "max_request_body",
+            own.max_request_body
+                .as_ref()
+                .or(defaults.max_request_body.as_ref()),
+            idem_http::DEFAULT_MAX_REQUEST_BODY,
+        )?,
+        max_response_body: bytes(
+            at,
+            "max_response_body",
+            own.max_response_body
+                .as_ref()
+                .or(defaults.max_response_body.as_ref()),
+            idem_http::DEFAULT_MAX_RESPONSE_BODY,
+        )?,
+        line,
+    })
+}
+
+fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSource, ConfigError> {
+    let scope = spanned.get_ref();
+    let span = spanned.span();
+    match (&scope.header, &scope.jwt_claim) {
+        (Some(header), None) => {
+            if scope.algorithm.is_some()
+                || scope.secret_env.is_some()
+                || scope.public_key_pem.is_some()
+                || scope.audience.is_some()
+                || scope.issuer.is_some()
+            {
+                return Err(at.error(span.clone(), "a header scope takes no `algorithm`, `secret_env`, `public_key_pem`, `audience` or `issuer`"));
+            }
+            let name = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
+                at.error(span.clone(), format!("scope header {header:?} is not a header name"))
+            })?;
+            if name == http::header::AUTHORIZATION {
+                return Err(at.error(span.clone(), "scope = { header = \"authorization\" } would put a new scope on every refreshed token (a retry after a refresh would run again): use scope = { jwt_claim = \"sub\", ... } to scope by the verified subject"));
+            }
+            Ok(ScopeSource::Header(name))
+        }
+        (None, Some(claim)) => {
+            let algorithm_text = scope.algorithm.as_deref().unwrap_or("HS256");
+            let algorithm: jsonwebtoken::Algorithm = algorithm_text.parse().map_err(|_| {
+                at.error(span.clone(), format!("`algorithm` = {algorithm_text:?}: write HS256, HS384, HS512, RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384 or EdDSA"))
+            })?;
+            let hmac = matches!(
+                algorithm,
+                jsonwebtoken::Algorithm::HS256
+                    | jsonwebtoken::Algorithm::HS384
+                    | jsonwebtoken::Algorithm::HS512
+            );
+            let key = match (&scope.secret_env, &scope.public_key_pem, hmac) {
+                (Some(var), None, true) => {
+                    let secret = std::env::var(var).map_err(|_| {
+                        at.error(span.clone(), format!("`secret_env` names {var}, which is not set in the proxy's environment: export it (the secret never goes in this file)"))
+                    })?;
+                    // As long as the hash's output (RFC 7518, section 3.2).
+                    let least = match algorithm {
+                        jsonwebtoken::Algorithm::HS384 => 48,
+                        jsonwebtoken::Algorithm::HS512 => 64,
+                        _ => 32,
+                    };
+                    if secret.len() < least {
+                        return Err(at.error(span.clone(), format!("the secret in {var} is {} bytes: an {algorithm_text} secret needs at least {least}", secret.len())));
+                    }
+                    JwtKey::Secret {
+                        algorithm,
+                        secret: secret.into_bytes(),
+                    }
+                }
+                (None, Some(file), false) => {
+                    let pem = std::fs::read(file).map_err(|err| {
+                        at.error(span.clone(), format!("cannot read `public_key_pem` {file}: {err}"))
+                    })?;
+                    let parsed = crate::scope::decoding_key(algorithm, &pem).map(drop);
+                    parsed.map_err(|err| {
+                        at.error(span.clone(), format!("`public_key_pem` {file} is not a {algorithm_text} public key in PEM: {err}"))
+                    })?;
+                    JwtKey::PublicKeyPem { algorithm, pem }
+                }
+                _ if hmac => {
+                    return Err(at.error(span.clone(), format!("{algorithm_text} tokens are verified with a secret: write secret_env = \"JWT_SECRET\", an environment variable holding it")));
+                }
+                _ => {
+                    return Err(at.error(span.clone(), format!("{algorithm_text} tokens are verified with a public key: write public_key_pem = \"/etc/idem/jwt.pem\"")));
+                }
+            };
+            if claim.is_empty() {
+                return Err(at.error(span.clone(), "`jwt_claim` is empty: name the claim that names the caller, usually \"sub\""));
+            }
+            if scope
+                .audience
+                .as_ref()
+                .is_some_and(|a| a.is_empty() || a.iter().any(String::is_empty))
+            {
+                return Err(at.error(span.clone(), "`audience` lists the audiences a token may name, none of them empty; leave it out not to check `aud`"));
+            }
+            Ok(ScopeSource::JwtClaim {
+                claim: claim.clone(),
+                key,
+                audience: scope.audience.clone().unwrap_or_default(),
+                issuer: scope.issuer.clone().filter(|i| !i.is_empty()),
+            })
+        }
+        _ => Err(at.error(
+            span,
+            "a scope is either { header = \"x-account-id\" } or { jwt_claim = \"sub\", secret_env = \"JWT_SECRET\" }, exactly one of them",
+        )),
+    }
+}

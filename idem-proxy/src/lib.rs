@@ -1,0 +1,98 @@
+//! # idem-proxy
+//!
+//! A reverse proxy that puts the `Idempotency-Key` header in front of any HTTP service,
+//! whatever its language, without a line of its code: each logical request reaches the
+//! service once, and every retry gets the first response back. It is
+//! [idem-http](idem_http)'s layer around a forwarding client, configured by a file, on
+//! any idem store; the `idem` command runs it (`idem proxy --config idem.toml`).
+//!
+//! ```toml
+//! upstream = "http://127.0.0.1:8000"        # the service behind the proxy
+//! store = "sqlite:///var/lib/idem/proxy.db" # or --store / IDEM_STORE; shared by replicas
+//! listen = "127.0.0.1:8080"                 # where clients connect
+//!
+//! [defaults]
+//! scope = { header = "x-account-id" }       # whose key it is (set by your gateway)
+//!
+//! [[routes]]
+//! methods = ["POST"]
+//! path = "/payments"
+//! ignore_fields = ["sent_at"]               # not part of "the same request"
+//!
+//! [[routes]]
+//! methods = ["POST"]
+//! path = "/orders/{id}/refund"
+//! lease = "2m"                              # a slow upstream call
+//! status = { release = [409] }              # the upstream's 409 means "nothing done"
+//! ```
+//!
+//! ## What it answers
+//!
+//! As idem-http's layer does (its crate docs have the whole table): the first request
+//! with a key reaches the upstream and its response is stored; a retry gets it back with
+//! `Idempotent-Replayed: true`; the same key with another body is 422; a retry while the
+//! first is in flight is 409 with `Retry-After`. And for the upstream:
+//!
+//! - **It could not be reached**: 502, and the key is released (nothing was sent).
+//! - **It did not answer in `upstream_timeout`, or broke the connection**: 504 or 502,
+//!   and the key is held until its lease ends, when a retry takes over and the upstream
+//!   is asked again under the same key. The effect may have happened: a lease at least
+//!   `upstream_timeout` (the file refuses less) and longer than the upstream's slowest
+//!   answer keeps a retry from running it while the first may still be running; an
+//!   upstream that dedupes by the `Idempotency-Key` it is sent is safe either way.
+//! - **The client went away**: the upstream's answer is still read and stored, and the
+//!   retry replays it.
+//!
+//! Requests are streamed both ways; a protected request's body is read whole to
+//! fingerprint it (within `max_request_body`), and an answer of at most 1 MiB (by its
+//! `Content-Length`) is read whole before it is passed on, so that it is stored before
+//! the client sees it. Requests that match no route pass through
+//! unprotected (or get 404 with `unmatched = "reject"`).
+//!
+//! ## Scopes
+//!
+//! Every protected route says whose key it is, and the caller's name is hashed before it
+//! reaches the store:
+//!
+//! - `scope = { header = "x-account-id" }`: a header set by an authenticating gateway in
+//!   front of the proxy, or an API key.
+//! - `scope = { jwt_claim = "sub", secret_env = "JWT_SECRET" }` (HS256), or
+//!   `{ jwt_claim = "sub", algorithm = "RS256", public_key_pem = "/etc/idem/jwt.pem" }`:
+//!   the claim of a bearer token the proxy verified (signature, algorithm, `exp`). The
+//!   raw token never scopes a key: a refreshed token would put a retry in a new scope.
+//!
+//! A request without one is refused with 401 before anything is claimed.
+//!
+//! ## Operating it
+//!
+//! - `admin_listen` (default `127.0.0.1:9464`) serves `/metrics` (Prometheus text: the
+//!   proxy's, the layer's and the driver's metrics, see [`observe`]), `/healthz` (the
+//!   process is up) and `/readyz` (serving, and the store answers a read).
+//! - SIGTERM or Ctrl-C: `/readyz` turns 503, in-flight requests run to their end and store
+//!   their answers, within `shutdown_grace`.
+//! - Several replicas share one store (PostgreSQL, Redis, DynamoDB): a retry that lands
+//!   on another replica is answered the same.
+//! - A mistake in the file is reported with its line and what to write instead, before
+//!   anything listens.
+//!
+//! ## Where things live
+//!
+//! `config.rs`: the file; `routes.rs`: matching and each route's layer; `scope.rs`:
+//! scopes; `upstream.rs`: forwarding; `server.rs`: listeners and shutdown; [`observe`]:
+//! the metrics.
+
+#![warn(missing_docs)]
+
+mod config;
+pub mod observe;
+mod routes;
+mod scope;
+mod server;
+mod upstream;
+
+pub use config::{
+    Config, ConfigError, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
+};
+pub use routes::RouteError;
+pub use server::{Proxy, ProxyError};
+pub use upstream::BadUpstream;

@@ -1,0 +1,31 @@
+//! Metrics, through the `metrics` facade, served at `/metrics` with the layer's
+//! (`idem_http_requests_total`) and the driver's (`idem_claims_total` and the rest). No
+//! label carries a key, a scope, a path or a body: routes are named by the configuration.
+//!
+//! | name | kind | labels | moves when |
+//! |---|---|---|---|
+//! | `idem_proxy_requests_total` | counter | `route`, `status` | the proxy answered a request (`route` is the route's name, or `unmatched`) |
+//! | `idem_proxy_upstream_errors_total` | counter | `kind` | the upstream did not answer: `connect` (never reached; the key is released), `timeout` or `broken` (the key is held) |
+//! | `idem_proxy_upstream_seconds` | histogram | | the upstream's time to a response head |
+
+use std::time::Duration;
+
+/// `idem_proxy_requests_total`
+pub const REQUESTS: &str = "idem_proxy_requests_total";
+/// `idem_proxy_upstream_errors_total`
+pub const UPSTREAM_ERRORS: &str = "idem_proxy_upstream_errors_total";
+/// `idem_proxy_upstream_seconds`
+pub const UPSTREAM_SECONDS: &str = "idem_proxy_upstream_seconds";
+
+pub(crate) fn request(route: &str, status: http::StatusCode) {
+    metrics::counter!(REQUESTS, "route" => route.to_owned(), "status" => status.as_str().to_owned())
+        .increment(1);
+}
+
+pub(crate) fn upstream_error(kind: &'static str) {
+    metrics::counter!(UPSTREAM_ERRORS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn upstream_latency(elapsed: Duration) {
+    metrics::histogram!(UPSTREAM_SECONDS).record(elapsed.as_secs_f64());
+}

@@ -1,0 +1,315 @@
+//! Which route a request takes, and the protection each route puts around the upstream.
+//!
+//! Patterns are matched by `matchit` (axum's router) against the request's path made
+//! plain ([`normalize`]: no doubled slashes, no dot segments, unreserved characters
+//! unescaped), which is also the path forwarded, so that `//payments` or `/pay%6Dents`
+//! cannot slip past the route of `/payments`; a pattern also matches with a trailing
+//! slash. A route that names the request's method wins over one that names no methods;
+//! among routes of the same methods the most specific pattern wins (`/orders/export`
+//! before `/orders/{id}`). Two routes with the same pattern and a method in common are
+//! refused when the file is read.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use http::{Method, Request, Response, StatusCode};
+use idem_core::{Idempotency, Store};
+use idem_http::{
+    Body, Disposition, Handlers, IdempotencyLayer, IdempotencyService, KeyRequirement,
+};
+use tower::{Layer, ServiceExt};
+
+use crate::config::{Config, ConfigError, KeyRule, Route};
+use crate::scope::Scope;
+use crate::upstream::Upstream;
+
+/// One route, ready to serve.
+enum Protection {
+    /// Behind idem-http's layer.
+    Protected(IdempotencyService<Upstream>),
+    /// Straight to the upstream (`key = "exempt"`).
+    Exempt,
+}
+
+struct Compiled {
+    name: String,
+    protection: Protection,
+}
+
+/// Every route, and the matchers that pick one.
+pub(crate) struct Routes {
+    by_method: HashMap<Method, matchit::Router<usize>>,
+    any_method: matchit::Router<usize>,
+    routes: Vec<Compiled>,
+    /// The handlers that outlived their requests, per protected route: a shutdown waits
+    /// for them.
+    pub(crate) handlers: Vec<Handlers>,
+}
+
+/// Why a route could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// Two routes cannot both be matched, or a pattern is refused by the matcher.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The driver refused a route's settings.
+    #[error("route `{route}`: {source}")]
+    Settings {
+        /// The route's name.
+        route: String,
+        /// What the driver said.
+        #[source]
+        source: idem_core::ConfigError,
+    },
+    /// A protected route names no scope (the file's check refuses that; a configuration
+    /// changed in code may not).
+    #[error("route `{0}` is protected but has no scope: say whose key it is")]
+    NoScope(String),
+    /// A route's verification key could not be read.
+    #[error("route `{route}`: the token verification key: {source}")]
+    JwtKey {
+        /// The route's name.
+        route: String,
+        /// Why.
+        #[source]
+        source: jsonwebtoken::errors::Error,
+    },
+}
+
+impl Routes {
+    pub(crate) fn new(
+        config: &Config,
+        config_path: &std::path::Path,
+        store: &Arc<dyn Store>,
+        upstream: &Upstream,
+    ) -> Result<Self, RouteError> {
+        let mut routes = Self {
+            by_method: HashMap::new(),
+            any_method: matchit::Router::new(),
+            routes: Vec::with_capacity(config.routes.len()),
+            handlers: Vec::new(),
+        };
+        for (index, route) in config.routes.iter().enumerate() {
+            let conflict = |err: matchit::InsertError| ConfigError::Invalid {
+                path: config_path.to_owned(),
+                line: route.line,
+                column: 1,
+                message: format!(
+                    "route `{}` cannot be told apart from an earlier one: {err}; give them different patterns or methods",
+                    route.name
+                ),
+            };
+            // The pattern, and the same with a trailing slash (which a later route may
+            // claim for itself: then that one is left alone).
+            let slashed = (!route.path.ends_with('/') && !route.path.contains("{*"))
+                .then(|| format!("{}/", route.path));
+            let insert = |router: &mut matchit::Router<usize>| {
+                router
+                    .insert(route.path.as_str(), index)
+                    .map_err(conflict)?;
+                if let Some(slashed) = &slashed {
+                    let _ = router.insert(slashed.as_str(), index);
+                }
+                Ok::<_, ConfigError>(())
+            };
+            if route.methods.is_empty() {
+                insert(&mut routes.any_method)?;
+            }
+            for method in &route.methods {
+                insert(routes.by_method.entry(method.clone()).or_default())?;
+            }
+            let protection = match route.key {
+                KeyRule::Exempt => Protection::Exempt,
+                KeyRule::Required | KeyRule::Optional => {
+                    let layer = layer(route, store)?;
+                    routes.handlers.push(layer.handlers());
+                    Protection::Protected(layer.layer(upstream.clone()))
+                }
+            };
+            routes.routes.push(Compiled {
+                name: route.name.clone(),
+                protection,
+            });
+        }
+        Ok(routes)
+    }
+
+    /// The route a request takes, if any: its index.
+    pub(crate) fn find(&self, method: &Method, path: &str) -> Option<usize> {
+        self.by_method
+            .get(method)
+            .and_then(|router| router.at(path).ok())
+            .or_else(|| self.any_method.at(path).ok())
+            .map(|found| *found.value)
+    }
+
+    pub(crate) fn name(&self, index: usize) -> &str {
+        &self.routes[index].name
+    }
+
+    /// Serves a request on route `index`.
+    pub(crate) async fn serve(
+        &self,
+        index: usize,
+        request: Request<Body>,
+        upstream: &Upstream,
+    ) -> Response<Body> {
+        match &self.routes[index].protection {
+            Protection::Exempt => upstream.forward(request).await,
+            Protection::Protected(service) => match service.clone().oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+        }
+    }
+}
+
+/// idem-http's layer with a route's settings.
+fn layer(route: &Route, store: &Arc<dyn Store>) -> Result<IdempotencyLayer, RouteError> {
+    let idem = Idempotency::builder(Arc::clone(store))
+        .lease(route.lease)
+        .retention(route.retention)
+        .build()
+        .map_err(|source| RouteError::Settings {
+            route: route.name.clone(),
+            source,
+        })?;
+    let scope = match &route.scope {
+        Some(source) => Scope::new(source).map_err(|source| RouteError::JwtKey {
+            route: route.name.clone(),
+            source,
+        })?,
+        None => return Err(RouteError::NoScope(route.name.clone())),
+    };
+    let requirement = match route.key {
+        KeyRule::Optional => KeyRequirement::Optional,
+        _ => KeyRequirement::Required,
+    };
+    // A route that names no methods protects the ones that change things: reads and
+    // preflights pass, as a route naming them would have them protected.
+    let every_method = route.methods.is_empty();
+    let status = route.status.clone();
+    let mut stored_headers = idem_http::DEFAULT_STORED_HEADERS.to_vec();
+    stored_headers.extend(route.store_headers.iter().cloned());
+    let mut layer = IdempotencyLayer::new(idem, move |parts| scope.of(parts))
+        .header(route.header.clone())
+        .stored_headers(stored_headers)
+        .requirement_with(move |parts| {
+            let safe = matches!(
+                parts.method,
+                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+            );
+            Some(if every_method && safe {
+                KeyRequirement::Ignored
+            } else {
+                requirement
+            })
+        })
+        .max_request_body(route.max_request_body)
+        .max_response_body(route.max_response_body)
+        .disposition(move |code: StatusCode| {
+            if status.store.contains(&code) {
+                Disposition::Store
+            } else if status.release.contains(&code) {
+                Disposition::Release
+            } else if status.hold.contains(&code) {
+                Disposition::Hold
+            } else {
+                idem_http::default_disposition(code)
+            }
+        });
+    if !route.ignore_fields.is_empty() {
+        layer = layer.ignore_json_fields(route.ignore_fields.iter().cloned());
+    }
+    Ok(layer)
+}
+
+/// The request path as routes see it and the upstream gets it: percent-escapes of
+/// unreserved characters decoded (RFC 3986, section 6.2.2.2), runs of `/` made one, and
+/// `.` and `..` segments resolved; a trailing slash is kept. `None` when it is already so.
+pub(crate) fn normalize(path: &str) -> Option<String> {
+    let plain = !path.contains("//")
+        && !path.contains("/./")
+        && !path.contains("/../")
+        && !path.ends_with("/.")
+        && !path.ends_with("/..")
+        && !path.contains('%');
+    if plain {
+        return None;
+    }
+    let bytes = path.as_bytes();
+    let mut decoded = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let Some(hex) = path.get(i + 1..i + 3)
+            && let Ok(byte) = u8::from_str_radix(hex, 16)
+            && (byte.is_ascii_alphanumeric() || b"-._~".contains(&byte))
+        {
+            decoded.push(char::from(byte));
+            i += 3;
+            continue;
+        }
+        // Other escapes stay as they are: `%2F` is not a separator.
+        let ch = path[i..].chars().next().unwrap_or('/');
+        decoded.push(ch);
+        i += ch.len_utf8();
+    }
+    let trailing = decoded.ends_with('/') || decoded.ends_with("/.") || decoded.ends_with("/..");
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            other => segments.push(other),
+        }
+    }
+    let mut normal = String::with_capacity(decoded.len());
+    for segment in &segments {
+        normal.push('/');
+        normal.push_str(segment);
+    }
+    if trailing || normal.is_empty() {
+        normal.push('/');
+    }
+    (normal != path).then_some(normal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize;
+
+    #[test]
+    fn paths_are_made_plain_for_routes_and_the_upstream() {
+        assert_eq!(normalize("/payments"), None);
+        assert_eq!(normalize("/payments/"), None);
+        assert_eq!(normalize("//payments").as_deref(), Some("/payments"));
+        assert_eq!(normalize("/pay%6Dents").as_deref(), Some("/payments"));
+        assert_eq!(normalize("/pay%6dents").as_deref(), Some("/payments"));
+        assert_eq!(
+            normalize("/a/./b/../payments").as_deref(),
+            Some("/a/payments")
+        );
+        assert_eq!(normalize("/../payments").as_deref(), Some("/payments"));
+        assert_eq!(
+            normalize("/files/a%2Fb"),
+            None,
+            "an escaped slash is not a separator"
+        );
+        assert_eq!(
+            normalize("/x%zz").as_deref(),
+            None,
+            "a broken escape is left alone"
+        );
+        assert_eq!(normalize("/payments/.").as_deref(), Some("/payments/"));
+        assert_eq!(
+            normalize("/caf%C3%A9"),
+            None,
+            "only unreserved characters are decoded"
+        );
+        assert_eq!(normalize("/é//x").as_deref(), Some("/é/x"));
+    }
+}

@@ -1,0 +1,138 @@
+//! Whose key it is: a route's scope, from a header or a verified token's claim.
+//!
+//! The caller's name is hashed before it reaches the store (`idem_http::scope::hashed`),
+//! so the store never holds an API key or a subject id in clear, and the scope is
+//! `"{hash}/{METHOD} {path}"`: one caller's key never meets another's, nor another
+//! route's. A request without the header, or without a valid token, is refused with 401
+//! before anything is claimed.
+
+use http::request::Parts;
+use idem_http::{Refusal, scope};
+use jsonwebtoken::{DecodingKey, Validation};
+
+use crate::config::{JwtKey, ScopeSource};
+
+/// A route's scope, ready to read requests.
+#[derive(Clone)]
+pub(crate) enum Scope {
+    Header(http::HeaderName),
+    Jwt {
+        claim: String,
+        key: DecodingKey,
+        validation: Box<Validation>,
+    },
+}
+
+impl Scope {
+    /// The scope `source` describes; its key was checked when the file was read.
+    pub(crate) fn new(source: &ScopeSource) -> Result<Self, jsonwebtoken::errors::Error> {
+        Ok(match source {
+            ScopeSource::Header(name) => Self::Header(name.clone()),
+            ScopeSource::JwtClaim {
+                claim,
+                key,
+                audience,
+                issuer,
+            } => {
+                let (algorithm, key) = match key {
+                    JwtKey::Secret { algorithm, secret } => {
+                        (*algorithm, DecodingKey::from_secret(secret))
+                    }
+                    JwtKey::PublicKeyPem { algorithm, pem } => {
+                        (*algorithm, decoding_key(*algorithm, pem)?)
+                    }
+                };
+                // The signature, the algorithm named here (never the token's own choice),
+                // `exp` and `nbf`; `aud` and `iss` where the file names them (a token's
+                // `aud` is not checked otherwise: the library would refuse every token
+                // that has one).
+                let mut validation = Validation::new(algorithm);
+                validation.validate_nbf = true;
+                if audience.is_empty() {
+                    validation.validate_aud = false;
+                } else {
+                    validation.set_audience(audience);
+                    // Named in the file: a token without one is refused too.
+                    validation.required_spec_claims.insert("aud".to_owned());
+                }
+                if let Some(issuer) = issuer {
+                    validation.set_issuer(&[issuer]);
+                    validation.required_spec_claims.insert("iss".to_owned());
+                }
+                Self::Jwt {
+                    claim: claim.clone(),
+                    key,
+                    validation: Box::new(validation),
+                }
+            }
+        })
+    }
+
+    /// The scope of one request, or the 401 that refuses it.
+    pub(crate) fn of(&self, parts: &Parts) -> Result<String, Refusal> {
+        let principal = match self {
+            // One value, not blank: a header sent twice could be the client's own beside
+            // the gateway's, and a blank one would be a scope every such request shares.
+            Self::Header(name) => {
+                let mut values = parts.headers.get_all(name).iter();
+                match (values.next(), values.next()) {
+                    (Some(value), None) if !value.as_bytes().trim_ascii().is_empty() => {
+                        scope::hashed(value.as_bytes())
+                    }
+                    _ => String::new(),
+                }
+            }
+            Self::Jwt {
+                claim,
+                key,
+                validation,
+            } => bearer(parts)
+                .and_then(|token| {
+                    jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
+                        token, key, validation,
+                    )
+                    // Why, never the token.
+                    .map_err(
+                        |err| tracing::debug!(error = ?err.kind(), "a bearer token was refused"),
+                    )
+                    .ok()
+                })
+                .and_then(|data| match data.claims.get(claim) {
+                    Some(serde_json::Value::String(value)) if !value.is_empty() => {
+                        Some(scope::hashed(value))
+                    }
+                    Some(serde_json::Value::Number(value)) => {
+                        Some(scope::hashed(value.to_string()))
+                    }
+                    _ => None,
+                })
+                .unwrap_or_default(),
+        };
+        // An empty principal is refused with 401: never a scope every such request shares.
+        scope::operation(principal, parts)
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`.
+fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts
+        .headers
+        .get(http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The verification key of a public-key algorithm, from PEM.
+pub(crate) fn decoding_key(
+    algorithm: jsonwebtoken::Algorithm,
+    pem: &[u8],
+) -> Result<DecodingKey, jsonwebtoken::errors::Error> {
+    use jsonwebtoken::Algorithm::{ES256, ES384, EdDSA};
+    match algorithm {
+        ES256 | ES384 => DecodingKey::from_ec_pem(pem),
+        EdDSA => DecodingKey::from_ed_pem(pem),
+        _ => DecodingKey::from_rsa_pem(pem),
+    }
+}

@@ -1,0 +1,417 @@
+//! The proxy as a server: its two listeners, its requests, its shutdown.
+
+use std::convert::Infallible;
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use http::{Request, Response, StatusCode};
+use idem_core::{Key, Store};
+use idem_http::{Body, Problem};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Unmatched};
+use crate::observe;
+use crate::routes::normalize;
+use crate::routes::{RouteError, Routes};
+use crate::upstream::{BadUpstream, Upstream};
+
+/// Why the proxy could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProxyError {
+    /// A listening address could not be bound.
+    #[error(
+        "cannot listen on {addr}: {source} (is another process on that port? change `{setting}`)"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The setting that names it.
+        setting: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The routes could not be built.
+    #[error(transparent)]
+    Route(#[from] RouteError),
+    /// The upstream cannot be used.
+    #[error(transparent)]
+    Upstream(#[from] BadUpstream),
+    /// A listener failed while serving.
+    #[error("serving failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// A bound proxy, ready to [`run`](Proxy::run).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use idem_core::{MemoryStore, Store};
+/// use idem_proxy::{Config, Proxy};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = Config::load("idem.toml")?;
+/// let store: Arc<dyn Store> = Arc::new(MemoryStore::new()); // any idem store
+/// let proxy = Proxy::bind(config, "idem.toml", store).await?;
+/// println!("listening on {}", proxy.local_addr());
+/// proxy.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+/// # Ok(()) }
+/// ```
+pub struct Proxy {
+    config: Config,
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    shared: Arc<Shared>,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("listen", &self.listener.local_addr().ok())
+            .field("admin_listen", &self.admin_listener.local_addr().ok())
+            .field("upstream", &self.config.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    routes: Routes,
+    upstream: Upstream,
+    unmatched: Unmatched,
+    store: Arc<dyn Store>,
+    /// Cleared when a shutdown begins: `/readyz` answers 503 from then on.
+    ready: AtomicBool,
+}
+
+impl Proxy {
+    /// Builds the routes over `store` and binds both listeners; nothing is served until
+    /// [`run`](Proxy::run). `config_path` names the file in messages.
+    ///
+    /// # Errors
+    /// [`ProxyError::Bind`] when an address is taken, [`ProxyError::Route`] when a
+    /// route cannot be built (two routes that cannot be told apart, say).
+    pub async fn bind(
+        config: Config,
+        config_path: impl Into<PathBuf>,
+        store: Arc<dyn Store>,
+    ) -> Result<Self, ProxyError> {
+        let upstream = Upstream::new(&config)?;
+        let routes = Routes::new(&config, &config_path.into(), &store, &upstream)?;
+        let bind = |addr: SocketAddr, setting: &'static str| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ProxyError::Bind {
+                    addr,
+                    setting,
+                    source,
+                })
+        };
+        let listener = bind(config.listen, "listen").await?;
+        let admin_listener = bind(config.admin_listen, "admin_listen").await?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                routes,
+                upstream,
+                unmatched: config.unmatched,
+                store,
+                ready: AtomicBool::new(true),
+            }),
+            config,
+            listener,
+            admin_listener,
+            metrics: None,
+        })
+    }
+
+    /// Serves `/metrics` from this recorder's handle (the process installs the recorder:
+    /// there is one per process). Without it, `/metrics` is 404.
+    #[must_use]
+    pub fn metrics(mut self, handle: PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
+    /// Where clients connect (the port the system chose, for port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.config.listen)
+    }
+
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
+            .local_addr()
+            .unwrap_or(self.config.admin_listen)
+    }
+
+    /// Serves until `shutdown` completes, then shuts down gracefully:
+    ///
+    /// - `/readyz` answers 503 at once, so a load balancer stops sending; requests are
+    ///   still served for `shutdown_delay`.
+    /// - Then no new connection is accepted; requests in flight run to their end, and
+    ///   idle connections are closed.
+    /// - Handlers whose clients went away run on and store their answers.
+    /// - All of it within `shutdown_grace`; what is still running then is cut, and its
+    ///   keys stay held until their leases end, when a retry (through another replica)
+    ///   takes over.
+    ///
+    /// # Errors
+    /// [`ProxyError::Serve`] when a listener fails.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ProxyError> {
+        let token = CancellationToken::new();
+        let purge = self.config.purge_interval.map(|every| {
+            tokio::spawn(purge_loop(
+                Arc::clone(&self.shared.store),
+                every,
+                token.clone(),
+            ))
+        });
+
+        let admin = Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(AdminState {
+                shared: Arc::clone(&self.shared),
+                metrics: self.metrics.clone(),
+            });
+        let admin_token = token.clone();
+        let admin_server = tokio::spawn(
+            axum::serve(self.admin_listener, admin)
+                .with_graceful_shutdown(async move { admin_token.cancelled().await })
+                .into_future(),
+        );
+
+        let app = Router::new().fallback_service(ProxyService {
+            shared: Arc::clone(&self.shared),
+        });
+        let shared = Arc::clone(&self.shared);
+        let serve_token = token.clone();
+        let began = CancellationToken::new();
+        let began_signal = began.clone();
+        let delay = self.config.shutdown_delay;
+        let server = axum::serve(
+            self.listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                () = shutdown => {}
+                () = serve_token.cancelled() => {}
+            }
+            shared.ready.store(false, Ordering::SeqCst);
+            began_signal.cancel();
+            if !delay.is_zero() {
+                tracing::info!(
+                    ?delay,
+                    "shutting down: not ready; still serving for the shutdown delay"
+                );
+                tokio::time::sleep(delay).await;
+            }
+            tracing::info!(
+                "shutting down: no new connections; requests in flight run to their end"
+            );
+        })
+        .into_future();
+        tokio::pin!(server);
+
+        // One deadline for the whole shutdown, from the moment it began (plus the
+        // delay): in-flight requests, then handlers whose clients went away.
+        let grace = self.config.shutdown_grace;
+        let deadline = async {
+            began.cancelled().await;
+            tokio::time::Instant::now() + delay + grace
+        };
+        tokio::pin!(deadline);
+        let mut ends_at = None;
+        let served = loop {
+            tokio::select! {
+                served = &mut server => break served,
+                at = &mut deadline, if ends_at.is_none() => ends_at = Some(at),
+                () = async {
+                    match ends_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    tracing::warn!(?grace, "requests still in flight after the shutdown grace are cut; their keys stay held until their leases end, when a retry takes over");
+                    break Ok(());
+                }
+            }
+        };
+        let ends_at = ends_at.unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        // Handlers whose clients went away store their answers, within what is left.
+        let handlers = self.shared.routes.handlers.clone();
+        let waited = tokio::time::timeout_at(ends_at, async move {
+            for handlers in &handlers {
+                handlers.wait().await;
+            }
+        })
+        .await;
+        if waited.is_err() {
+            tracing::warn!(
+                "handlers whose clients went away were still running after the shutdown grace; their keys stay held until their leases end"
+            );
+        }
+        token.cancel();
+        if let Some(purge) = purge {
+            let _ = purge.await;
+        }
+        let _ = admin_server.await;
+        served.map_err(ProxyError::Serve)
+    }
+}
+
+/// Every proxied request: its route, or the unmatched rule.
+#[derive(Clone)]
+struct ProxyService {
+    shared: Arc<Shared>,
+}
+
+impl tower::Service<Request<axum::body::Body>> for ProxyService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<axum::body::Body>) -> Self::Future {
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let mut request = request.map(Body::new);
+            // Routes see, and the upstream gets, the path made plain.
+            if let Some(plain) = normalize(request.uri().path()) {
+                let target = match request.uri().query() {
+                    Some(query) => format!("{plain}?{query}"),
+                    None => plain,
+                };
+                let mut parts = request.uri().clone().into_parts();
+                if let Ok(target) = target.parse() {
+                    parts.path_and_query = Some(target);
+                    if let Ok(uri) = http::Uri::from_parts(parts) {
+                        *request.uri_mut() = uri;
+                    }
+                }
+            }
+            let route = shared.routes.find(request.method(), request.uri().path());
+            let (name, response) = match route {
+                Some(index) => (
+                    shared.routes.name(index).to_owned(),
+                    shared.routes.serve(index, request, &shared.upstream).await,
+                ),
+                None => (
+                    "unmatched".to_owned(),
+                    match shared.unmatched {
+                        Unmatched::Pass => shared.upstream.forward(request).await,
+                        Unmatched::Reject => Problem::new(
+                            StatusCode::NOT_FOUND,
+                            "no-route",
+                            "No route of the proxy matches this method and path",
+                        )
+                        .into_http_response(),
+                    },
+                ),
+            };
+            observe::request(&name, response.status());
+            Ok(response)
+        })
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    shared: Arc<Shared>,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// 200 while serving and the store answers a read within 2 s; 503 once a shutdown began,
+/// or while the store does not.
+async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
+    if !state.shared.ready.load(Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+    }
+    let Ok(probe) = Key::new("idem-proxy", "readiness") else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "no probe key\n");
+    };
+    match tokio::time::timeout(Duration::from_secs(2), state.shared.store.get(&probe)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready\n"),
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "readiness: the store failed a read");
+            (StatusCode::SERVICE_UNAVAILABLE, "the store failed a read\n")
+        }
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the store did not answer in 2 s\n",
+        ),
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response<axum::body::Body> {
+    match state.metrics {
+        Some(handle) => Response::builder()
+            .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(axum::body::Body::from(handle.render()))
+            .unwrap_or_default(),
+        None => Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(axum::body::Body::from(
+                "no metrics recorder in this process\n",
+            ))
+            .unwrap_or_default(),
+    }
+}
+
+/// Purges expired records every `every`, in batches, until a shutdown.
+async fn purge_loop(store: Arc<dyn Store>, every: Duration, token: CancellationToken) {
+    const BATCH: usize = 1000;
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let mut purged = 0;
+        // Bounded: a store that keeps a backlog finishes it over the next rounds.
+        for _ in 0..100 {
+            // A shutdown does not wait for a store that hangs.
+            let batch = tokio::select! {
+                () = token.cancelled() => return,
+                batch = store.purge_expired(BATCH) => batch,
+            };
+            match batch {
+                Ok(n) => {
+                    purged += n;
+                    if n < BATCH {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "purging expired records failed; trying again next round");
+                    break;
+                }
+            }
+            if token.is_cancelled() {
+                return;
+            }
+        }
+        if purged > 0 {
+            tracing::info!(purged, "expired records purged");
+        }
+    }
+}

@@ -1,0 +1,329 @@
+//! The service behind the proxy: a request forwarded, its response streamed back.
+//!
+//! What the proxy answers when the upstream does not, and what becomes of the key:
+//!
+//! | the upstream | answer | the key |
+//! |---|---|---|
+//! | could not be reached (refused, no route, connect timeout) | 502 | released: the request never left the proxy, a retry runs it |
+//! | took the request and sent no response head in `upstream_timeout` | 504 | held until the lease ends: the effect may have happened |
+//! | broke the connection before the response head | 502 | held, for the same reason |
+//! | broke off its body midway | the client's connection is cut | held |
+//!
+//! A response whose `Content-Length` is at most 1 MiB is read whole before it is passed
+//! on (within `upstream_timeout`), so that its record is stored before the client sees
+//! it: a retry sent the moment the first answer arrives is a replay, not a 409. Longer
+//! or unsized responses stream.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::extract::ConnectInfo;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use idem_http::{Body, Disposition, Problem};
+
+use crate::config::Config;
+use crate::observe;
+
+/// Forwards requests to the upstream; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Upstream {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client<HttpConnector, Body>,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    /// The upstream URL's path, without its trailing `/`, put before every request's.
+    prefix: String,
+    timeout: Duration,
+    preserve_host: bool,
+    http2: bool,
+    trust_forwarded: bool,
+}
+
+/// Responses read whole before they are passed on, by their `Content-Length`.
+const BUFFERED_RESPONSE: u64 = 1 << 20;
+
+/// The upstream named in a configuration cannot be used (a configuration changed in
+/// code; the file's check refuses these).
+#[derive(Debug, thiserror::Error)]
+#[error("`upstream` {0} is not http://host:port")]
+pub struct BadUpstream(pub(crate) Uri);
+
+impl Upstream {
+    pub(crate) fn new(config: &Config) -> Result<Self, BadUpstream> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.set_nodelay(true);
+        // Idle connections are dropped before common upstream servers close them
+        // (gunicorn 2 s, Node and uvicorn 5 s): a request written on a connection the
+        // upstream is closing fails after it may have been read, and its key is held.
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(config.upstream_http2)
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(config.upstream_idle_timeout)
+            .pool_max_idle_per_host(64)
+            .build(connector);
+        let parts = config.upstream.clone().into_parts();
+        let Some(authority) = parts.authority else {
+            return Err(BadUpstream(config.upstream.clone()));
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
+                authority,
+                prefix: parts
+                    .path_and_query
+                    .map(|p| p.path().trim_end_matches('/').to_owned())
+                    .unwrap_or_default(),
+                timeout: config.upstream_timeout,
+                preserve_host: config.preserve_host,
+                http2: config.upstream_http2,
+                trust_forwarded: config.trust_forwarded_headers,
+            }),
+        })
+    }
+
+    /// The request on its way to the upstream, and the response on its way back.
+    pub(crate) async fn forward(&self, request: Request<Body>) -> Response<Body> {
+        let inner = &self.inner;
+        let (mut parts, body) = request.into_parts();
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        let uri = Uri::builder()
+            .scheme(inner.scheme.clone())
+            .authority(inner.authority.clone())
+            .path_and_query(format!("{}{path_and_query}", inner.prefix))
+            .build();
+        let Ok(uri) = uri else {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad-target",
+                "The request target cannot be forwarded",
+                Disposition::Release,
+            );
+        };
+        let original_host = parts.headers.get(header::HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|info| info.0.ip());
+        remove_hop_by_hop(&mut parts.headers);
+        if !inner.trust_forwarded {
+            // What a client says of where it came from is not believed.
+            for name in [
+                "forwarded",
+                "x-forwarded-for",
+                "x-forwarded-proto",
+                "x-forwarded-host",
+                "x-real-ip",
+            ] {
+                parts.headers.remove(name);
+            }
+        }
+        if let Some(peer) = peer {
+            let forwarded_for = match parts.headers.get("x-forwarded-for").map(|v| v.to_str()) {
+                Some(Ok(earlier)) => format!("{earlier}, {peer}"),
+                _ => peer.to_string(),
+            };
+            if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
+                parts.headers.insert("x-forwarded-for", value);
+            }
+        }
+        if !parts.headers.contains_key("x-forwarded-proto") {
+            parts
+                .headers
+                .insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        }
+        if let Some(host) = &original_host
+            && !parts.headers.contains_key("x-forwarded-host")
+        {
+            parts.headers.insert("x-forwarded-host", host.clone());
+        }
+        if inner.preserve_host {
+            if let Some(host) = original_host {
+                parts.headers.insert(header::HOST, host);
+            }
+        } else if let Ok(host) = HeaderValue::from_str(inner.authority.as_str()) {
+            parts.headers.insert(header::HOST, host);
+        }
+        parts.uri = uri;
+        // The client's own version says nothing of the upstream's connection.
+        parts.version = if inner.http2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
+        let started = Instant::now();
+        let request = Request::from_parts(parts, body);
+        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let answer = tokio::time::timeout_at(deadline, inner.client.request(request)).await;
+        observe::upstream_latency(started.elapsed());
+        match answer {
+            Ok(Ok(response)) => {
+                let (mut parts, body) = response.into_parts();
+                remove_hop_by_hop(&mut parts.headers);
+                let small = parts
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .is_some_and(|length| length <= BUFFERED_RESPONSE);
+                if !small {
+                    return Response::from_parts(parts, Body::new(body));
+                }
+                match tokio::time::timeout_at(deadline, body.collect()).await {
+                    Ok(Ok(collected)) => {
+                        let (data, trailers) = {
+                            let trailers = collected.trailers().cloned();
+                            (collected.to_bytes(), trailers)
+                        };
+                        let body = http_body_util::Full::new(data);
+                        match trailers {
+                            None => Response::from_parts(parts, Body::new(body)),
+                            Some(trailers) => Response::from_parts(
+                                parts,
+                                Body::new(body.with_trailers(async move { Some(Ok(trailers)) })),
+                            ),
+                        }
+                    }
+                    Ok(Err(err)) => {
+                        observe::upstream_error("broken");
+                        tracing::warn!(error = %err, "the upstream's response body broke off; the key is held until its lease ends");
+                        problem(
+                            StatusCode::BAD_GATEWAY,
+                            "upstream-broken",
+                            "The service behind the proxy broke off its answer; retry after the lease",
+                            Disposition::Hold,
+                        )
+                    }
+                    Err(_) => {
+                        observe::upstream_error("timeout");
+                        tracing::warn!(
+                            "the upstream's response body did not arrive in time; the key is held until its lease ends"
+                        );
+                        problem(
+                            StatusCode::GATEWAY_TIMEOUT,
+                            "upstream-timeout",
+                            "The service behind the proxy did not finish its answer in time; retry after the lease",
+                            Disposition::Hold,
+                        )
+                    }
+                }
+            }
+            Ok(Err(err)) if err.is_connect() => {
+                observe::upstream_error("connect");
+                tracing::warn!(error = %err, "the upstream could not be reached; the key is released");
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-unreachable",
+                    "The service behind the proxy could not be reached; nothing was sent to it",
+                    Disposition::Release,
+                )
+            }
+            Ok(Err(err)) => {
+                observe::upstream_error("broken");
+                tracing::warn!(error = %err, "the upstream broke the exchange before answering; the key is held until its lease ends");
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-broken",
+                    "The service behind the proxy took the request but did not answer; retry after the lease",
+                    Disposition::Hold,
+                )
+            }
+            Err(_) => {
+                observe::upstream_error("timeout");
+                tracing::warn!(
+                    timeout = ?inner.timeout,
+                    "the upstream did not answer in time; the key is held until its lease ends"
+                );
+                problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "upstream-timeout",
+                    "The service behind the proxy did not answer in time; retry after the lease",
+                    Disposition::Hold,
+                )
+            }
+        }
+    }
+}
+
+/// A problem of the proxy's own, with what the layer does with the key.
+fn problem(
+    status: StatusCode,
+    slug: &str,
+    title: &str,
+    disposition: Disposition,
+) -> Response<Body> {
+    let mut response = Problem::new(status, slug, title).into_http_response();
+    response.extensions_mut().insert(disposition);
+    response
+}
+
+/// Headers that describe one connection (RFC 9110, section 7.6.1), and those the
+/// `Connection` header names: never forwarded either way.
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    // `TE: trailers` goes on (gRPC needs it end to end); any other TE is this hop's.
+    if headers
+        .get(header::TE)
+        .is_some_and(|te| !te.as_bytes().eq_ignore_ascii_case(b"trailers"))
+    {
+        headers.remove(header::TE);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        HeaderName::from_static("proxy-connection"),
+    ] {
+        headers.remove(name);
+    }
+}
+
+impl tower::Service<Request<Body>> for Upstream {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(request).await) })
+    }
+}

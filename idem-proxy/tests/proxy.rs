@@ -1,0 +1,702 @@
+//! The proxy in front of a real HTTP upstream on 127.0.0.1, in process: what clients get
+//! and how many times the upstream ran.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use idem_core::{MemoryStore, Store};
+use idem_proxy::{Config, Proxy};
+use tokio::sync::oneshot;
+
+/// An upstream that counts its executions by key, and answers as told.
+#[derive(Clone, Default)]
+struct Upstream {
+    runs: Arc<Mutex<HashMap<String, usize>>>,
+    /// How long each POST takes.
+    delay: Arc<Mutex<Duration>>,
+    /// The status each POST answers.
+    status: Arc<Mutex<Option<StatusCode>>>,
+    /// The last request's headers.
+    seen: Arc<Mutex<Option<HeaderMap>>>,
+    /// Told when a POST arrives.
+    arrived: Arc<tokio::sync::Notify>,
+}
+
+impl Upstream {
+    fn runs(&self, key: &str) -> usize {
+        self.runs.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+    fn total(&self) -> usize {
+        self.runs.lock().unwrap().values().sum()
+    }
+}
+
+async fn pay(
+    State(up): State<Upstream>,
+    headers: HeaderMap,
+    body: String,
+) -> (StatusCode, [(&'static str, String); 1], String) {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    up.arrived.notify_one();
+    let delay = *up.delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
+    let n = {
+        let mut runs = up.runs.lock().unwrap();
+        let n = runs.entry(key).or_default();
+        *n += 1;
+        runs.values().sum::<usize>()
+    };
+    *up.seen.lock().unwrap() = Some(headers);
+    let status = up.status.lock().unwrap().unwrap_or(StatusCode::CREATED);
+    (
+        status,
+        [("x-charge-id", format!("ch_{n}"))],
+        format!("{{\"charge\":\"ch_{n}\",\"request\":{body:?}}}"),
+    )
+}
+
+async fn upstream(up: Upstream) -> SocketAddr {
+    let app = Router::new()
+        .route("/payments", post(pay))
+        .route("/v1/payments", post(pay))
+        .route("/free", post(pay))
+        .route("/any", post(pay).get(|| async { "read" }))
+        .route("/health", get(|| async { "ok" }))
+        .with_state(up);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
+}
+
+/// A running proxy: its addresses, and the switch that shuts it down.
+struct Running {
+    addr: SocketAddr,
+    admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<Result<(), idem_proxy::ProxyError>>,
+}
+
+impl Running {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(20), self.done)
+            .await
+            .expect("the proxy stops within its grace")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn proxy(toml: &str, store: Arc<dyn Store>) -> Running {
+    let mut config = Config::parse("test.toml", toml).expect("a valid configuration");
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin_listen = "127.0.0.1:0".parse().unwrap();
+    let proxy = Proxy::bind(config, "test.toml", store).await.unwrap();
+    let (addr, admin) = (proxy.local_addr(), proxy.admin_addr());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let done = tokio::spawn(proxy.run(async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        addr,
+        admin,
+        stop: Some(stop),
+        done,
+    }
+}
+
+/// An upstream, and a proxy in front of it on a memory store with the test configuration
+/// and `extra` route settings.
+async fn started(extra: &str) -> (Upstream, Running) {
+    let up = Upstream::default();
+    let running = proxy(
+        &config(upstream(up.clone()).await, extra),
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+    (up, running)
+}
+
+fn config(upstream: SocketAddr, extra: &str) -> String {
+    format!(
+        r#"
+        upstream = "http://{upstream}"
+        upstream_timeout = "2s"
+        connect_timeout = "500ms"
+        shutdown_grace = "10s"
+
+        [defaults]
+        scope = {{ header = "x-account-id" }}
+
+        [[routes]]
+        methods = ["POST"]
+        path = "/payments"
+        ignore_fields = ["sent_at"]
+        {extra}
+        "#
+    )
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+async fn pay_once(
+    url: &str,
+    account: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (StatusCode, HeaderMap, String) {
+    let mut request = client()
+        .post(url)
+        .header("x-account-id", account)
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    let response = request.send().await.expect("the proxy answers");
+    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_is_answered_with_the_first_response_and_the_upstream_runs_once() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let proxy = proxy(&config(addr, ""), Arc::new(MemoryStore::new())).await;
+    let url = proxy.url("/payments");
+
+    let first = pay_once(&url, "acct_1", Some("k1"), r#"{"amount":5,"sent_at":1}"#).await;
+    assert_eq!(first.0, StatusCode::CREATED, "{first:?}");
+    // The same request again, its timestamp changed (ignored), its members reordered.
+    let retry = pay_once(&url, "acct_1", Some("k1"), r#"{"sent_at":2, "amount":5}"#).await;
+    assert_eq!(retry.0, StatusCode::CREATED);
+    assert_eq!(retry.2, first.2, "the first response, byte for byte");
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    assert_eq!(up.runs("k1"), 1);
+
+    // Another body under the key: 422, nothing runs.
+    let changed = pay_once(&url, "acct_1", Some("k1"), r#"{"amount":6}"#).await;
+    assert_eq!(changed.0, StatusCode::UNPROCESSABLE_ENTITY, "{changed:?}");
+    // Another account's same key is its own operation.
+    let other = pay_once(&url, "acct_2", Some("k1"), r#"{"amount":5}"#).await;
+    assert_eq!(other.0, StatusCode::CREATED);
+    assert_ne!(other.2, first.2);
+    assert_eq!(up.runs("k1"), 2);
+
+    // The upstream saw the key, and where the request came from; no hop-by-hop header.
+    let seen = up.seen.lock().unwrap().clone().unwrap();
+    assert_eq!(seen["idempotency-key"], "k1");
+    assert_eq!(seen["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(
+        seen["host"],
+        addr.to_string().as_str(),
+        "the upstream's own authority"
+    );
+    assert_eq!(seen["x-forwarded-host"], proxy.addr.to_string().as_str());
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_required_scopes_too_and_refusals_run_nothing() {
+    let (up, proxy) = started("").await;
+    let url = proxy.url("/payments");
+
+    let no_key = pay_once(&url, "acct_1", None, "{}").await;
+    assert_eq!(no_key.0, StatusCode::BAD_REQUEST, "{no_key:?}");
+    assert!(no_key.2.contains("missing-key"), "{no_key:?}");
+
+    let response = client()
+        .post(&url)
+        .header("idempotency-key", "k2")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401, "no account, no scope");
+    assert_eq!(up.total(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_releases_the_key_and_a_silent_one_holds_it() {
+    // Nothing listens on the upstream's port: 502, and the key is free for the retry.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = free.local_addr().unwrap();
+    drop(free);
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let unreachable = proxy(&config(dead, ""), Arc::clone(&store)).await;
+    let first = pay_once(&unreachable.url("/payments"), "acct_1", Some("k3"), "{}").await;
+    assert_eq!(first.0, StatusCode::BAD_GATEWAY, "{first:?}");
+    assert!(first.2.contains("upstream-unreachable"), "{first:?}");
+    unreachable.shutdown().await;
+
+    // The same store, the upstream now up: the retry runs.
+    let up = Upstream::default();
+    let live = proxy(
+        &config(upstream(up.clone()).await, "lease = \"3s\""),
+        Arc::clone(&store),
+    )
+    .await;
+    let retry = pay_once(&live.url("/payments"), "acct_1", Some("k3"), "{}").await;
+    assert_eq!(retry.0, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(up.runs("k3"), 1);
+
+    // An upstream slower than upstream_timeout (2 s): 504, and the key is held, since
+    // the payment may have happened; a retry within the lease is 409.
+    *up.delay.lock().unwrap() = Duration::from_millis(2500);
+    let slow = pay_once(&live.url("/payments"), "acct_1", Some("k4"), "{}").await;
+    assert_eq!(slow.0, StatusCode::GATEWAY_TIMEOUT, "{slow:?}");
+    *up.delay.lock().unwrap() = Duration::ZERO;
+    // Held for the lease (3 s from the last heartbeat): the retry at once is 409.
+    let held = pay_once(&live.url("/payments"), "acct_1", Some("k4"), "{}").await;
+    assert_eq!(held.0, StatusCode::CONFLICT, "{held:?}");
+    assert!(held.1.contains_key("retry-after"));
+    // Once the lease is over, a retry takes over and runs it (this upstream dropped the
+    // first run when the proxy hung up; one that finished it would be asked again, under
+    // the same key, which is why the lease should cover the upstream's longest call).
+    tokio::time::sleep(Duration::from_millis(3300)).await;
+    let taken_over = pay_once(&live.url("/payments"), "acct_1", Some("k4"), "{}").await;
+    assert_eq!(taken_over.0, StatusCode::CREATED, "{taken_over:?}");
+    live.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_policy_releases_what_the_upstream_says_did_nothing() {
+    let (up, proxy) = started("status = { release = [409] }").await;
+    let url = proxy.url("/payments");
+    *up.status.lock().unwrap() = Some(StatusCode::CONFLICT);
+    let first = pay_once(&url, "acct_1", Some("k5"), "{}").await;
+    assert_eq!(first.0, StatusCode::CONFLICT);
+    // Released: the retry reaches the upstream again.
+    *up.status.lock().unwrap() = None;
+    let retry = pay_once(&url, "acct_1", Some("k5"), "{}").await;
+    assert_eq!(retry.0, StatusCode::CREATED, "{retry:?}");
+    assert_eq!(up.runs("k5"), 2);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_requests_pass_unprotected_or_are_refused() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let passing = proxy(&config(addr, ""), Arc::new(MemoryStore::new())).await;
+    for _ in 0..2 {
+        let free = pay_once(&passing.url("/free"), "acct_1", Some("k6"), "{}").await;
+        assert_eq!(free.0, StatusCode::CREATED);
+    }
+    assert_eq!(up.runs("k6"), 2, "unprotected: a plain reverse proxy");
+    passing.shutdown().await;
+
+    let rejecting = proxy(
+        &config(addr, "").replace("[defaults]", "unmatched = \"reject\"\n[defaults]"),
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+    let refused = pay_once(&rejecting.url("/free"), "acct_1", Some("k7"), "{}").await;
+    assert_eq!(refused.0, StatusCode::NOT_FOUND, "{refused:?}");
+    assert_eq!(up.runs("k7"), 0);
+    rejecting.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_path_prefix_is_kept() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let toml = config(addr, "").replace(
+        &format!("upstream = \"http://{addr}\""),
+        &format!("upstream = \"http://{addr}/v1/\""),
+    );
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let paid = pay_once(&proxy.url("/payments"), "acct_1", Some("k8"), "{}").await;
+    assert_eq!(paid.0, StatusCode::CREATED, "{paid:?}");
+    assert_eq!(up.runs("k8"), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_still_gets_the_answer_on_its_retry() {
+    let (up, proxy) = started("").await;
+    let url = proxy.url("/payments");
+    *up.delay.lock().unwrap() = Duration::from_millis(500);
+    // The client gives up after 100 ms, while the upstream works.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(&url)
+        .header("x-account-id", "acct_1")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k9")
+        .body("{}")
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client timed out");
+    *up.delay.lock().unwrap() = Duration::ZERO;
+    // Its retry, once the upstream finished, replays the answer.
+    let mut answer = None;
+    for _ in 0..50 {
+        let retry = pay_once(&url, "acct_1", Some("k9"), "{}").await;
+        if retry.0 == StatusCode::CREATED {
+            answer = Some(retry);
+            break;
+        }
+        assert_eq!(retry.0, StatusCode::CONFLICT, "{retry:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = answer.expect("the answer was stored");
+    assert_eq!(answer.1["idempotent-replayed"], "true");
+    assert_eq!(up.runs("k9"), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_lets_the_request_in_flight_finish_and_store_its_answer() {
+    let up = Upstream::default();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let addr = upstream(up.clone()).await;
+    let first = proxy(&config(addr, ""), Arc::clone(&store)).await;
+    *up.delay.lock().unwrap() = Duration::from_millis(800);
+    let url = first.url("/payments");
+    let arrived = up.arrived.notified();
+    let in_flight = tokio::spawn(async move { pay_once(&url, "acct_1", Some("k10"), "{}").await });
+    tokio::time::timeout(Duration::from_secs(10), arrived)
+        .await
+        .expect("the request reaches the upstream");
+    let admin = first.admin;
+    // Readiness turns 503 as the shutdown begins, while the request runs on.
+    let stop = tokio::spawn(first.shutdown());
+    let mut not_ready = false;
+    for _ in 0..40 {
+        let ready = client()
+            .get(format!("http://{admin}/readyz"))
+            .send()
+            .await
+            .expect("the admin listener serves until the requests in flight are done");
+        if ready.status().as_u16() == 503 {
+            not_ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(not_ready, "/readyz turned 503 once the shutdown began");
+    let answered = in_flight.await.unwrap();
+    assert_eq!(answered.0, StatusCode::CREATED, "{answered:?}");
+    stop.await.unwrap();
+
+    // Another replica on the same store replays it.
+    *up.delay.lock().unwrap() = Duration::ZERO;
+    let second = proxy(&config(addr, ""), store).await;
+    let replay = pay_once(&second.url("/payments"), "acct_1", Some("k10"), "{}").await;
+    assert_eq!(replay.2, answered.2);
+    assert_eq!(replay.1["idempotent-replayed"], "true");
+    assert_eq!(up.runs("k10"), 1);
+    second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_readiness_answer_on_the_admin_listener() {
+    let up = Upstream::default();
+    let proxy = proxy(
+        &config(upstream(up).await, ""),
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+    let health = client()
+        .get(format!("http://{}/healthz", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status().as_u16(), 200);
+    let ready = client()
+        .get(format!("http://{}/readyz", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    // No recorder was given in this process: /metrics says so.
+    let metrics = client()
+        .get(format!("http://{}/metrics", proxy.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status().as_u16(), 404);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_token_claim_scopes_keys_and_a_forged_token_is_refused() {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let keys = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/keys");
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let toml = config(addr, "").replace(
+        "scope = { header = \"x-account-id\" }",
+        &format!(
+            "scope = {{ jwt_claim = \"sub\", algorithm = \"ES256\", public_key_pem = \"{keys}/es256-public.pem\" }}"
+        ),
+    );
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let private = std::fs::read(format!("{keys}/es256-private.pem")).unwrap();
+    let signer = EncodingKey::from_ec_pem(&private).unwrap();
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let token = |sub: &str, iat: u64| {
+        encode(
+            &Header::new(Algorithm::ES256),
+            &serde_json::json!({ "sub": sub, "exp": exp, "iat": iat }),
+            &signer,
+        )
+        .unwrap()
+    };
+    let send = |token: String| {
+        let url = proxy.url("/payments");
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(token)
+                .header("idempotency-key", "k11")
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let first = send(token("user_1", 1)).await;
+    assert_eq!(first.status().as_u16(), 201);
+    // `aud` and `iss` are not checked unless the file names them: a token with them is
+    // taken (identity providers put both in every token).
+    let with_aud = encode(
+        &Header::new(Algorithm::ES256),
+        &serde_json::json!({ "sub": "user_3", "exp": exp, "aud": "payments-api", "iss": "https://id.example" }),
+        &signer,
+    )
+    .unwrap();
+    assert_eq!(send(with_aud.clone()).await.status().as_u16(), 201);
+    let first_body = first.text().await.unwrap();
+    // A refreshed token of the same subject: the same scope, so a replay.
+    let refreshed = send(token("user_1", 2)).await;
+    assert_eq!(refreshed.headers()["idempotent-replayed"], "true");
+    assert_eq!(refreshed.text().await.unwrap(), first_body);
+    // Another subject's same key is its own.
+    assert_eq!(send(token("user_2", 1)).await.status().as_u16(), 201);
+    assert_eq!(up.runs("k11"), 3);
+
+    // A token signed by another key, one with its signature cut, and none: 401, nothing runs.
+    let mut forged = token("user_1", 3);
+    forged.truncate(forged.rfind('.').unwrap() + 1);
+    assert_eq!(send(forged).await.status().as_u16(), 401);
+    let hmac = encode(
+        &Header::new(Algorithm::HS256),
+        &serde_json::json!({ "sub": "user_1", "exp": exp }),
+        &EncodingKey::from_secret(b"a secret the proxy does not know, 32 bytes long"),
+    )
+    .unwrap();
+    assert_eq!(
+        send(hmac).await.status().as_u16(),
+        401,
+        "the algorithm is the file's, never the token's"
+    );
+    let none = client()
+        .post(proxy.url("/payments"))
+        .header("idempotency-key", "k11")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.status().as_u16(), 401);
+    assert_eq!(up.runs("k11"), 3);
+    proxy.shutdown().await;
+
+    // With an audience and an issuer in the file, a token must name them.
+    let strict = toml.replace(
+        "public_key_pem = ",
+        "audience = [\"payments-api\"], issuer = \"https://id.example\", public_key_pem = ",
+    );
+    let proxy = self::proxy(&strict, Arc::new(MemoryStore::new())).await;
+    let send = |token: String| {
+        let url = proxy.url("/payments");
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(token)
+                .header("idempotency-key", "k17")
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(send(with_aud).await.status().as_u16(), 201);
+    assert_eq!(
+        send(token("user_1", 1)).await.status().as_u16(),
+        401,
+        "no aud"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_upstream_is_spoken_to_without_upgrade() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let toml = config(addr, "").replace(
+        "upstream_timeout = \"2s\"",
+        "upstream_timeout = \"2s\"\nupstream_http2 = true",
+    );
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let first = pay_once(&proxy.url("/payments"), "acct_1", Some("k12"), "{}").await;
+    assert_eq!(first.0, StatusCode::CREATED, "{first:?}");
+    let retry = pay_once(&proxy.url("/payments"), "acct_1", Some("k12"), "{}").await;
+    assert_eq!(retry.2, first.2);
+    assert_eq!(up.runs("k12"), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_stored_limit_streams_whole_and_is_replayed_without_its_body() {
+    // 2 MiB, over the route's 64 KiB limit.
+    let big = Router::new().route(
+        "/export",
+        post(|| async { (StatusCode::CREATED, "x".repeat(2 << 20)) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, big).await });
+    let toml = format!(
+        r#"
+        upstream = "http://{addr}"
+        [[routes]]
+        methods = ["POST"]
+        path = "/export"
+        scope = {{ header = "x-account-id" }}
+        max_response_body = 65536
+        "#
+    );
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let first = pay_once(&proxy.url("/export"), "acct_1", Some("k13"), "{}").await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(first.2.len(), 2 << 20, "the whole body reached the client");
+    let retry = pay_once(&proxy.url("/export"), "acct_1", Some("k13"), "{}").await;
+    assert_eq!(retry.0, StatusCode::CREATED);
+    assert_eq!(retry.1[idem_http::BODY_NOT_STORED_HEADER], "true");
+    assert!(retry.2.is_empty());
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_header_sent_twice_or_blank_is_refused() {
+    let (up, proxy) = started("").await;
+    let twice = client()
+        .post(proxy.url("/payments"))
+        .header("x-account-id", "victim")
+        .header("x-account-id", "attacker")
+        .header("idempotency-key", "k14")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status().as_u16(), 401);
+    for blank in ["", "   "] {
+        let refused = pay_once(&proxy.url("/payments"), blank, Some("k14"), "{}").await;
+        assert_eq!(
+            refused.0,
+            StatusCode::UNAUTHORIZED,
+            "{blank:?}: {refused:?}"
+        );
+    }
+    assert_eq!(up.total(), 0);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_spelling_of_the_path_is_the_same_route() {
+    let (up, proxy) = started("").await;
+    let first = pay_once(&proxy.url("/payments"), "acct_1", Some("k15"), "{}").await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    for spelling in ["//payments", "/pay%6Dents", "/x/../payments", "/./payments"] {
+        let retry = pay_once(&proxy.url(spelling), "acct_1", Some("k15"), "{}").await;
+        assert_eq!(retry.2, first.2, "{spelling}: {retry:?}");
+        assert_eq!(retry.1["idempotent-replayed"], "true", "{spelling}");
+    }
+    // A trailing slash is the route too.
+    let slashed = pay_once(&proxy.url("/payments/"), "acct_1", None, "{}").await;
+    assert_eq!(
+        slashed.0,
+        StatusCode::BAD_REQUEST,
+        "the key is required there too"
+    );
+    assert_eq!(up.runs("k15"), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_named_in_the_file_are_replayed_and_forwarding_headers_are_the_proxys() {
+    let up = Upstream::default();
+    let proxy = proxy(
+        &config(
+            upstream(up.clone()).await,
+            "store_headers = [\"x-charge-id\"]",
+        ),
+        Arc::new(MemoryStore::new()),
+    )
+    .await;
+    let first = client()
+        .post(proxy.url("/payments"))
+        .header("x-account-id", "acct_1")
+        .header("idempotency-key", "k16")
+        .header("content-type", "application/json")
+        .header("x-forwarded-for", "203.0.113.9")
+        .header("x-forwarded-proto", "https")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let charge = first.headers()["x-charge-id"].clone();
+    let seen = up.seen.lock().unwrap().clone().unwrap();
+    assert_eq!(
+        seen["x-forwarded-for"], "127.0.0.1",
+        "a client's claim is replaced"
+    );
+    assert_eq!(seen["x-forwarded-proto"], "http");
+    let retry = pay_once(&proxy.url("/payments"), "acct_1", Some("k16"), "{}").await;
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    assert_eq!(retry.1["x-charge-id"], charge);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_without_methods_protects_writes_and_lets_reads_pass() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let toml = config(addr, "").replace("[[routes]]", "[[routes]]\npath = \"/any\"\n\n[[routes]]");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let read = client().get(proxy.url("/any")).send().await.unwrap();
+    assert_eq!(read.status().as_u16(), 200, "a read needs no key");
+    let write = pay_once(&proxy.url("/any"), "acct_1", None, "{}").await;
+    assert_eq!(write.0, StatusCode::BAD_REQUEST, "{write:?}");
+    proxy.shutdown().await;
+}

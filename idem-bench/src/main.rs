@@ -34,6 +34,7 @@ mod proxy;
 mod purge;
 mod raw;
 mod report;
+mod reverse_proxy;
 mod scaling;
 mod server;
 mod target;
@@ -102,8 +103,13 @@ struct Args {
     /// SQLite and PostgreSQL of --backends. Quick mode runs a small one after its run.
     #[arg(long)]
     codec: bool,
-    /// The `idem` binary for the purge measurement (default: the one built beside this
-    /// benchmark, `cargo build --release -p idem-cli`).
+    /// Only measure `idem proxy` against calling the upstream directly and against nginx
+    /// (when installed), fresh and replayed, on the SQLite, PostgreSQL and Redis of
+    /// --backends. Quick mode runs a small one, on SQLite, after its run.
+    #[arg(long)]
+    reverse_proxy: bool,
+    /// The `idem` binary for the purge and reverse proxy measurements (default: the one
+    /// built beside this benchmark, `cargo build --release -p idem-cli`).
     #[arg(long, value_name = "PATH")]
     idem: Option<PathBuf>,
 }
@@ -418,12 +424,13 @@ async fn main() -> Result<(), BoxError> {
         purge: Vec::new(),
         codec: Vec::new(),
         scaling: scaling::ScaleReport::default(),
+        reverse_proxy: Vec::new(),
     };
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let idem = match &args.idem {
         Some(path) => path.clone(),
-        None if args.purge.is_some() || args.quick => purge::sibling_idem()?,
+        None if args.purge.is_some() || args.reverse_proxy || args.quick => purge::sibling_idem()?,
         None => PathBuf::new(),
     };
     if !args.redraw.is_empty() {
@@ -441,6 +448,17 @@ async fn main() -> Result<(), BoxError> {
         report.purge = purge::run(&args.backends, records, &idem, &dir).await?;
         let _ = std::fs::remove_dir_all(&dir);
         purge::print(&report.purge);
+        return finish(&args, &report);
+    }
+    if args.reverse_proxy {
+        let stores = proxy_stores(&args.backends, &dir)?;
+        let rounds = args.rounds.unwrap_or(3).max(1);
+        let seconds = args.seconds.unwrap_or(3.0).max(0.01);
+        report.reverse_proxy =
+            reverse_proxy::run(&idem, &stores, &args.clients, seconds, rounds, &dir).await?;
+        drop_proxy_tables(&stores).await;
+        let _ = std::fs::remove_dir_all(&dir);
+        reverse_proxy::print(&report.reverse_proxy);
         return finish(&args, &report);
     }
     if args.codec {
@@ -513,6 +531,10 @@ async fn main() -> Result<(), BoxError> {
         let seconds = round_seconds(&args);
         report.scaling =
             scaling::run(&args.backends, &[1_000, 10_000], 1_000, seconds, 200, &dir).await?;
+        // And the proxy on SQLite, so that its benchmark cannot rot either.
+        let sqlite = proxy_stores(&["sqlite".to_owned()], &dir)?;
+        report.reverse_proxy =
+            reverse_proxy::run(&idem, &sqlite, &[1, 16], seconds, 1, &dir).await?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     print(&report);
@@ -521,7 +543,65 @@ async fn main() -> Result<(), BoxError> {
     }
     codec::print(&report.codec);
     scaling::print(&report.scaling);
+    reverse_proxy::print(&report.reverse_proxy);
     finish(&args, &report)
+}
+
+/// Drops the PostgreSQL tables the proxy's benchmark made (`--table` after a postgres URL).
+async fn drop_proxy_tables(stores: &[(String, Vec<String>)]) {
+    for (name, flags) in stores {
+        if name != "postgres" {
+            continue;
+        }
+        let (Some(url), Some(table)) = (flags.get(1), flags.get(3)) else {
+            continue;
+        };
+        if let Ok(pool) = sqlx::PgPool::connect(url).await {
+            let drop = format!("DROP TABLE IF EXISTS \"{table}\"");
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+                .execute(&pool)
+                .await;
+        }
+    }
+}
+
+/// The stores `idem proxy` runs on in its benchmark: the `idem` flags naming each, for
+/// SQLite, PostgreSQL and Redis among `backends`.
+fn proxy_stores(
+    backends: &[String],
+    dir: &std::path::Path,
+) -> Result<Vec<(String, Vec<String>)>, BoxError> {
+    let run = std::process::id();
+    let mut stores = Vec::new();
+    for name in backends {
+        let flags = match name.as_str() {
+            "sqlite" => vec![
+                "--store".to_owned(),
+                format!("sqlite://{}", dir.join("proxy.db").display()),
+            ],
+            "postgres" => match service("IDEM_TEST_POSTGRES_URL")? {
+                Some(url) => vec![
+                    "--store".to_owned(),
+                    url,
+                    "--table".to_owned(),
+                    format!("idem_bench_proxy_{run}"),
+                ],
+                None => continue,
+            },
+            "redis" => match service("IDEM_TEST_REDIS_URL")? {
+                Some(url) => vec![
+                    "--store".to_owned(),
+                    url,
+                    "--prefix".to_owned(),
+                    format!("idem-bench-proxy-{run}:"),
+                ],
+                None => continue,
+            },
+            _ => continue,
+        };
+        stores.push((name.clone(), flags));
+    }
+    Ok(stores)
 }
 
 /// Writes the JSON report and the charts, where asked for.

@@ -84,6 +84,7 @@ pub(crate) struct Report {
     pub(crate) purge: Vec<purge::PurgeRow>,
     pub(crate) codec: Vec<codec::CodecRow>,
     pub(crate) scaling: scaling::ScaleReport,
+    pub(crate) reverse_proxy: Vec<crate::reverse_proxy::Row>,
 }
 
 pub(crate) fn print(report: &Report) {

@@ -131,7 +131,11 @@ impl Failure {
             Failure::Output(_) => code::RETRYABLE,
             // A taken port or a listener's failure may pass; a route that cannot be
             // built will not.
-            Failure::Proxy(idem_proxy::ProxyError::Route(_)) => code::USAGE,
+            Failure::Proxy(
+                idem_proxy::ProxyError::Route(_)
+                | idem_proxy::ProxyError::Upstream(_)
+                | idem_proxy::ProxyError::Loop { .. },
+            ) => code::USAGE,
             Failure::Proxy(_) => code::RETRYABLE,
         })
     }

@@ -68,7 +68,11 @@ fn main() -> ExitCode {
         }
     };
     let mut stdout = std::io::stdout().lock();
-    match runtime.block_on(commands::run(cli, &mut stdout)) {
+    let result = runtime.block_on(commands::run(cli, &mut stdout));
+    // Tasks still running (the proxy's connections cut at its shutdown deadline) end
+    // here, without waiting on them for long.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
             eprintln!("idem: {}", report(&failure));

@@ -53,9 +53,10 @@ pub struct Config {
     /// Keep the client's `Host` header (default: the upstream's authority, as nginx's
     /// `proxy_pass` does).
     pub preserve_host: bool,
-    /// How long an idle connection to the upstream is kept for reuse (default 4 s, below
-    /// the keep-alive of common upstream servers: a request sent on a connection the
-    /// upstream is closing would fail after it may have been read).
+    /// How long an idle connection to the upstream is kept for reuse (default 1.5 s,
+    /// below the keep-alive of common upstream servers, gunicorn's 2 s the shortest: a
+    /// request sent on a connection the upstream is closing fails after it may have been
+    /// read, and its key is held). Set it below your upstream's.
     pub upstream_idle_timeout: Duration,
     /// Trust the `X-Forwarded-For`, `X-Forwarded-Proto`, `X-Forwarded-Host` and
     /// `Forwarded` headers clients send (default off: they are replaced). Turn it on when
@@ -277,7 +278,7 @@ struct Locator<'a> {
 
 impl Locator<'_> {
     fn error(&self, span: Range<usize>, message: impl Into<String>) -> ConfigError {
-        let before = &self.text[..span.start.min(self.text.len())];
+        let before = self.text.get(..span.start).unwrap_or(self.text);
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         ConfigError::Invalid {
@@ -289,7 +290,9 @@ impl Locator<'_> {
     }
 
     fn line(&self, offset: usize) -> usize {
-        self.text[..offset.min(self.text.len())]
+        self.text
+            .get(..offset)
+            .unwrap_or(self.text)
             .matches('\n')
             .count()
             + 1
@@ -468,13 +471,16 @@ fn bytes(
     let Some(value) = value else {
         return Ok(default);
     };
+    // At most 1 GiB: a body is held in memory whole to fingerprint or store it.
     usize::try_from(*value.get_ref())
         .ok()
-        .filter(|bytes| *bytes > 0)
+        .filter(|bytes| (1..=1 << 30).contains(bytes))
         .ok_or_else(|| {
             at.error(
                 value.span(),
-                format!("`{name}` is a number of bytes above 0, such as 1048576"),
+                format!(
+                    "`{name}` is a number of bytes from 1 to 1073741824 (1 GiB), such as 1048576"
+                ),
             )
         })
 }
@@ -565,7 +571,7 @@ impl File {
                 at,
                 "upstream_idle_timeout",
                 self.upstream_idle_timeout.as_ref(),
-                Duration::from_secs(4),
+                Duration::from_millis(1500),
                 Duration::from_millis(1),
             )?,
             trust_forwarded_headers: self.trust_forwarded_headers,

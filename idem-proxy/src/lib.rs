@@ -58,8 +58,9 @@
 //!   front of the proxy, or an API key.
 //! - `scope = { jwt_claim = "sub", secret_env = "JWT_SECRET" }` (HS256), or
 //!   `{ jwt_claim = "sub", algorithm = "RS256", public_key_pem = "/etc/idem/jwt.pem" }`:
-//!   the claim of a bearer token the proxy verified (signature, algorithm, `exp`). The
-//!   raw token never scopes a key: a refreshed token would put a retry in a new scope.
+//!   the claim of a bearer token the proxy verified (signature, algorithm, `exp` and
+//!   `nbf` with 60 s of leeway, `aud` and `iss` where the file names them). The raw
+//!   token never scopes a key: a refreshed token would put a retry in a new scope.
 //!
 //! A request without one is refused with 401 before anything is claimed.
 //!

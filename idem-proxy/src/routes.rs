@@ -4,7 +4,9 @@
 //! plain ([`normalize`]: no doubled slashes, no dot segments, unreserved characters
 //! unescaped), which is also the path forwarded, so that `//payments` or `/pay%6Dents`
 //! cannot slip past the route of `/payments`; a pattern also matches with a trailing
-//! slash. A route that names the request's method wins over one that names no methods;
+//! slash, unless another route claims that spelling. Case, `;` parameters and `%2F` are
+//! left as they are: an upstream that routes `/Payments` or `/payments;x` to the same
+//! handler needs `unmatched = "reject"` and a route for each path it serves. A route that names the request's method wins over one that names no methods;
 //! among routes of the same methods the most specific pattern wins (`/orders/export`
 //! before `/orders/{id}`). Two routes with the same pattern and a method in common are
 //! refused when the file is read.
@@ -100,37 +102,47 @@ impl Routes {
                     route.name
                 ),
             };
-            // The pattern, and the same with a trailing slash (which a later route may
-            // claim for itself: then that one is left alone).
-            let slashed = (!route.path.ends_with('/') && !route.path.contains("{*"))
-                .then(|| format!("{}/", route.path));
-            let insert = |router: &mut matchit::Router<usize>| {
-                router
+            if route.methods.is_empty() {
+                routes
+                    .any_method
                     .insert(route.path.as_str(), index)
                     .map_err(conflict)?;
-                if let Some(slashed) = &slashed {
-                    let _ = router.insert(slashed.as_str(), index);
-                }
-                Ok::<_, ConfigError>(())
-            };
-            if route.methods.is_empty() {
-                insert(&mut routes.any_method)?;
             }
             for method in &route.methods {
-                insert(routes.by_method.entry(method.clone()).or_default())?;
+                routes
+                    .by_method
+                    .entry(method.clone())
+                    .or_default()
+                    .insert(route.path.as_str(), index)
+                    .map_err(conflict)?;
             }
             let protection = match route.key {
                 KeyRule::Exempt => Protection::Exempt,
                 KeyRule::Required | KeyRule::Optional => {
                     let layer = layer(route, store)?;
                     routes.handlers.push(layer.handlers());
-                    Protection::Protected(layer.layer(upstream.clone()))
+                    Protection::Protected(layer.layer(upstream.buffering()))
                 }
             };
             routes.routes.push(Compiled {
                 name: route.name.clone(),
                 protection,
             });
+        }
+        // Then each pattern with a trailing slash, where no route claimed that itself.
+        for (index, route) in config.routes.iter().enumerate() {
+            if route.path.ends_with('/') || route.path.contains("{*") {
+                continue;
+            }
+            let slashed = format!("{}/", route.path);
+            if route.methods.is_empty() {
+                let _ = routes.any_method.insert(slashed.as_str(), index);
+            }
+            for method in &route.methods {
+                if let Some(router) = routes.by_method.get_mut(method) {
+                    let _ = router.insert(slashed.as_str(), index);
+                }
+            }
         }
         Ok(routes)
     }

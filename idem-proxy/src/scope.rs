@@ -43,7 +43,7 @@ impl Scope {
                     }
                 };
                 // The signature, the algorithm named here (never the token's own choice),
-                // `exp` and `nbf`; `aud` and `iss` where the file names them (a token's
+                // `exp` and `nbf` (with jsonwebtoken's 60 s of leeway for clocks); `aud` and `iss` where the file names them (a token's
                 // `aud` is not checked otherwise: the library would refuse every token
                 // that has one).
                 let mut validation = Validation::new(algorithm);

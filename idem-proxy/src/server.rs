@@ -49,6 +49,16 @@ pub enum ProxyError {
     /// The upstream cannot be used.
     #[error(transparent)]
     Upstream(#[from] BadUpstream),
+    /// The upstream is the proxy itself: every request would come back to it.
+    #[error(
+        "`upstream` {upstream} is the proxy's own listener ({listen}): point it at the service behind the proxy"
+    )]
+    Loop {
+        /// The upstream.
+        upstream: http::Uri,
+        /// Where the proxy listens.
+        listen: SocketAddr,
+    },
     /// A listener failed while serving.
     #[error("serving failed: {0}")]
     Serve(#[source] std::io::Error),
@@ -120,6 +130,14 @@ impl Proxy {
                 })
         };
         let listener = bind(config.listen, "listen").await?;
+        if let Ok(listen) = listener.local_addr()
+            && points_at(&config.upstream, listen)
+        {
+            return Err(ProxyError::Loop {
+                upstream: config.upstream.clone(),
+                listen,
+            });
+        }
         let admin_listener = bind(config.admin_listen, "admin_listen").await?;
         Ok(Self {
             shared: Arc::new(Shared {
@@ -163,9 +181,11 @@ impl Proxy {
     /// - Then no new connection is accepted; requests in flight run to their end, and
     ///   idle connections are closed.
     /// - Handlers whose clients went away run on and store their answers.
-    /// - All of it within `shutdown_grace`; what is still running then is cut, and its
-    ///   keys stay held until their leases end, when a retry (through another replica)
-    ///   takes over.
+    /// - All of it within `shutdown_delay` plus `shutdown_grace`; what is still running
+    ///   then is cut, and its keys stay held until their leases end, when a retry
+    ///   (through another replica) takes over. Connections cut so end when the runtime is
+    ///   shut down: `run` returns without waiting for them, and the caller shuts the
+    ///   runtime down (`idem proxy` does, on return).
     ///
     /// # Errors
     /// [`ProxyError::Serve`] when a listener fails.
@@ -254,7 +274,13 @@ impl Proxy {
                 }
             }
         };
-        let ends_at = ends_at.unwrap_or_else(|| tokio::time::Instant::now() + grace);
+        let ends_at = match ends_at {
+            Some(at) => at,
+            // The server ended in the same moment the shutdown began.
+            None if began.is_cancelled() => (&mut deadline).await,
+            // It ended on its own (a listener failed).
+            None => tokio::time::Instant::now() + grace,
+        };
         // Handlers whose clients went away store their answers, within what is left.
         let handlers = self.shared.routes.handlers.clone();
         let waited = tokio::time::timeout_at(ends_at, async move {
@@ -272,7 +298,14 @@ impl Proxy {
         if let Some(purge) = purge {
             let _ = purge.await;
         }
-        let _ = admin_server.await;
+        // A scraper that holds its connection open does not hold the shutdown.
+        let mut admin_server = admin_server;
+        if tokio::time::timeout(Duration::from_secs(1), &mut admin_server)
+            .await
+            .is_err()
+        {
+            admin_server.abort();
+        }
         served.map_err(ProxyError::Serve)
     }
 }
@@ -303,12 +336,20 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                     None => plain,
                 };
                 let mut parts = request.uri().clone().into_parts();
-                if let Ok(target) = target.parse() {
+                let rebuilt = target.parse().ok().and_then(|target| {
                     parts.path_and_query = Some(target);
-                    if let Ok(uri) = http::Uri::from_parts(parts) {
-                        *request.uri_mut() = uri;
-                    }
-                }
+                    http::Uri::from_parts(parts).ok()
+                });
+                let Some(uri) = rebuilt else {
+                    // Never the raw path, which the routes did not see.
+                    return Ok(Problem::new(
+                        StatusCode::BAD_REQUEST,
+                        "bad-target",
+                        "The request's path cannot be made plain",
+                    )
+                    .into_http_response());
+                };
+                *request.uri_mut() = uri;
             }
             let route = shared.routes.find(request.method(), request.uri().path());
             let (name, response) = match route {
@@ -413,5 +454,68 @@ async fn purge_loop(store: Arc<dyn Store>, every: Duration, token: CancellationT
         if purged > 0 {
             tracing::info!(purged, "expired records purged");
         }
+    }
+}
+
+/// Whether `upstream` names this machine's `listen` address: the same port, on the same
+/// address, on loopback or "any address".
+fn points_at(upstream: &http::Uri, listen: SocketAddr) -> bool {
+    let Some(authority) = upstream.authority() else {
+        return false;
+    };
+    if authority.port_u16().unwrap_or(80) != listen.port() {
+        return false;
+    }
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let ip = match host {
+        "localhost" => return true,
+        other => other.parse::<std::net::IpAddr>(),
+    };
+    match ip {
+        Ok(ip) => {
+            ip == listen.ip()
+                || ip.is_unspecified()
+                || listen.ip().is_unspecified() && ip.is_loopback()
+                || ip.is_loopback() && listen.ip().is_loopback()
+        }
+        // Another machine's name: not resolved here.
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::points_at;
+
+    #[test]
+    fn an_upstream_on_the_proxys_own_port_is_a_loop() {
+        let uri = |u: &str| u.parse::<http::Uri>().unwrap();
+        let at = |a: &str| a.parse::<std::net::SocketAddr>().unwrap();
+        assert!(points_at(
+            &uri("http://127.0.0.1:8080"),
+            at("127.0.0.1:8080")
+        ));
+        assert!(points_at(
+            &uri("http://localhost:8080"),
+            at("127.0.0.1:8080")
+        ));
+        assert!(points_at(&uri("http://127.0.0.1:8080"), at("0.0.0.0:8080")));
+        assert!(points_at(&uri("http://[::1]:8080"), at("[::1]:8080")));
+        assert!(points_at(&uri("http://127.0.0.1"), at("127.0.0.1:80")));
+        assert!(!points_at(
+            &uri("http://127.0.0.1:8000"),
+            at("127.0.0.1:8080")
+        ));
+        assert!(!points_at(
+            &uri("http://10.0.0.7:8080"),
+            at("127.0.0.1:8080")
+        ));
+        assert!(!points_at(
+            &uri("http://payments.internal:8080"),
+            at("127.0.0.1:8080")
+        ));
     }
 }

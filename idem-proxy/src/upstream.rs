@@ -9,10 +9,10 @@
 //! | broke the connection before the response head | 502 | held, for the same reason |
 //! | broke off its body midway | the client's connection is cut | held |
 //!
-//! A response whose `Content-Length` is at most 1 MiB is read whole before it is passed
-//! on (within `upstream_timeout`), so that its record is stored before the client sees
-//! it: a retry sent the moment the first answer arrives is a replay, not a 409. Longer
-//! or unsized responses stream.
+//! On a protected route, a response whose `Content-Length` is at most 1 MiB is read whole
+//! before it is passed on (within `upstream_timeout`), so that its record is stored
+//! before the client sees it: a retry sent the moment the first answer arrives is a
+//! replay, not a 409. Longer or unsized responses, and every unprotected one, stream.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -38,6 +38,9 @@ use crate::observe;
 #[derive(Clone)]
 pub(crate) struct Upstream {
     inner: Arc<Inner>,
+    /// Small answers are read whole before they are passed on (protected routes only:
+    /// elsewhere nothing is stored, and a read streams as it comes).
+    buffer: bool,
 }
 
 struct Inner {
@@ -66,9 +69,9 @@ impl Upstream {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.connect_timeout));
         connector.set_nodelay(true);
-        // Idle connections are dropped before common upstream servers close them
-        // (gunicorn 2 s, Node and uvicorn 5 s): a request written on a connection the
-        // upstream is closing fails after it may have been read, and its key is held.
+        // Idle connections are dropped before the upstream closes them (gunicorn after
+        // 2 s, Node and uvicorn 5 s): a request written on a connection the upstream is
+        // closing fails after it may have been read, and its key is held.
         let client = Client::builder(TokioExecutor::new())
             .http2_only(config.upstream_http2)
             .pool_timer(TokioTimer::new())
@@ -80,6 +83,7 @@ impl Upstream {
             return Err(BadUpstream(config.upstream.clone()));
         };
         Ok(Self {
+            buffer: false,
             inner: Arc::new(Inner {
                 client,
                 scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
@@ -94,6 +98,15 @@ impl Upstream {
                 trust_forwarded: config.trust_forwarded_headers,
             }),
         })
+    }
+
+    /// The same upstream, reading small answers whole before passing them on: for a
+    /// protected route, whose answer is then stored before the client sees it.
+    pub(crate) fn buffering(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            buffer: true,
+        }
     }
 
     /// The request on its way to the upstream, and the response on its way back.
@@ -127,23 +140,37 @@ impl Upstream {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|info| info.0.ip());
-        remove_hop_by_hop(&mut parts.headers);
+        remove_hop_by_hop(&mut parts.headers, Direction::Request);
         if !inner.trust_forwarded {
-            // What a client says of where it came from is not believed.
+            // What a client says of where it came from, or of which method or path it
+            // meant, is not believed.
             for name in [
                 "forwarded",
                 "x-forwarded-for",
                 "x-forwarded-proto",
                 "x-forwarded-host",
+                "x-forwarded-port",
+                "x-forwarded-prefix",
                 "x-real-ip",
+                "x-original-url",
+                "x-rewrite-url",
+                "x-http-method-override",
+                "x-http-method",
+                "x-method-override",
             ] {
                 parts.headers.remove(name);
             }
         }
         if let Some(peer) = peer {
-            let forwarded_for = match parts.headers.get("x-forwarded-for").map(|v| v.to_str()) {
-                Some(Ok(earlier)) => format!("{earlier}, {peer}"),
-                _ => peer.to_string(),
+            let earlier: Vec<&str> = parts
+                .headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            let forwarded_for = match earlier.is_empty() {
+                false => format!("{}, {peer}", earlier.join(", ")),
+                true => peer.to_string(),
             };
             if let Ok(value) = HeaderValue::from_str(&forwarded_for) {
                 parts.headers.insert("x-forwarded-for", value);
@@ -181,16 +208,20 @@ impl Upstream {
         match answer {
             Ok(Ok(response)) => {
                 let (mut parts, body) = response.into_parts();
-                remove_hop_by_hop(&mut parts.headers);
-                let small = parts
-                    .headers
-                    .get(header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok())
+                // Both framings: the length is not what the body is (RFC 9112, section
+                // 6.3); hyper's server frames what is passed on by itself.
+                if parts.headers.contains_key(header::TRANSFER_ENCODING) {
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                }
+                remove_hop_by_hop(&mut parts.headers, Direction::Response);
+                // Only a length the client enforces counts, and never more than the bound.
+                let small = http_body::Body::size_hint(&body)
+                    .exact()
                     .is_some_and(|length| length <= BUFFERED_RESPONSE);
-                if !small {
+                if !(self.buffer && small) {
                     return Response::from_parts(parts, Body::new(body));
                 }
+                let body = http_body_util::Limited::new(body, BUFFERED_RESPONSE as usize);
                 match tokio::time::timeout_at(deadline, body.collect()).await {
                     Ok(Ok(collected)) => {
                         let (data, trailers) = {
@@ -279,15 +310,29 @@ fn problem(
     response
 }
 
+/// Which way a message goes through the proxy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Request,
+    Response,
+}
+
 /// Headers that describe one connection (RFC 9110, section 7.6.1), and those the
-/// `Connection` header names: never forwarded either way.
-fn remove_hop_by_hop(headers: &mut HeaderMap) {
+/// `Connection` header names: never forwarded either way. A request's `Connection` cannot
+/// take its key or its credentials away from the upstream, after the proxy used them.
+fn remove_hop_by_hop(headers: &mut HeaderMap, direction: Direction) {
+    let kept = [
+        header::AUTHORIZATION,
+        header::COOKIE,
+        HeaderName::from_static("idempotency-key"),
+    ];
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|value| value.to_str().ok())
         .flat_map(|value| value.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| direction == Direction::Response || !kept.contains(name))
         .collect();
     for name in named {
         headers.remove(name);
@@ -304,7 +349,6 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
         HeaderName::from_static("keep-alive"),
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
-        header::TRAILER,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
         HeaderName::from_static("proxy-connection"),

@@ -43,7 +43,7 @@ fn a_good_file_has_the_documented_defaults() {
     assert_eq!(config.shutdown_grace, Duration::from_secs(30));
     assert!(!config.migrate && config.purge_interval.is_none() && config.store.is_none());
     assert_eq!(config.store_connections, 16);
-    assert_eq!(config.upstream_idle_timeout, Duration::from_secs(4));
+    assert_eq!(config.upstream_idle_timeout, Duration::from_millis(1500));
     assert!(!config.trust_forwarded_headers);
     assert_eq!(config.shutdown_delay, Duration::ZERO);
     let route = &config.routes[0];
@@ -117,7 +117,9 @@ fn mistakes_are_reported_at_their_line_with_what_to_write() {
     assert!(message.contains("700 is not an HTTP status"), "{message}");
 
     let (_, _, message) = refused(&format!("{GOOD}max_request_body = 0\n"));
-    assert!(message.contains("above 0"), "{message}");
+    assert!(message.contains("from 1 to"), "{message}");
+    let (_, _, message) = refused(&format!("{GOOD}max_response_body = 2000000000\n"));
+    assert!(message.contains("1 GiB"), "{message}");
 
     let (_, _, message) = refused(
         &GOOD
@@ -268,4 +270,32 @@ fn settings_that_cannot_work_together_are_refused() {
         "scope = { header = \"x-account-id\", issuer = \"https://id.example\" }",
     ));
     assert!(message.contains("takes no"), "{message}");
+}
+
+#[tokio::test]
+async fn a_route_may_claim_the_trailing_slash_spelling_for_itself() {
+    let text = format!(
+        "{GOOD}\n[[routes]]\nmethods = [\"POST\"]\npath = \"/payments/\"\nkey = \"exempt\"\n"
+    );
+    let mut config = Config::parse("idem.toml", &text).unwrap();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.admin_listen = "127.0.0.1:0".parse().unwrap();
+    Proxy::bind(config, "idem.toml", Arc::new(MemoryStore::new()))
+        .await
+        .expect("`/payments` and `/payments/` are two routes");
+}
+
+#[tokio::test]
+async fn an_upstream_that_is_the_proxy_itself_is_refused_at_bind() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    drop(taken);
+    let text = GOOD.replace("http://127.0.0.1:8000", &format!("http://localhost:{port}"));
+    let mut config = Config::parse("idem.toml", &text).unwrap();
+    config.listen = format!("127.0.0.1:{port}").parse().unwrap();
+    config.admin_listen = "127.0.0.1:0".parse().unwrap();
+    let err = Proxy::bind(config, "idem.toml", Arc::new(MemoryStore::new()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ProxyError::Loop { .. }), "{err}");
 }

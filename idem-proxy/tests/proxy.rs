@@ -700,3 +700,86 @@ async fn a_route_without_methods_protects_writes_and_lets_reads_pass() {
     assert_eq!(write.0, StatusCode::BAD_REQUEST, "{write:?}");
     proxy.shutdown().await;
 }
+
+/// Sends `request` as raw bytes to `addr` and reads the answer until the server closes.
+async fn raw(addr: SocketAddr, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the proxy answers and closes")
+        .unwrap();
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dot_segments_sent_as_is_are_the_same_route() {
+    let (up, proxy) = started("").await;
+    let first = pay_once(&proxy.url("/payments"), "acct_1", Some("k18"), "{}").await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    // reqwest would resolve these itself: sent raw, as a client could.
+    for path in ["/x/../payments", "/./payments", "/payments/%2e%2e/payments"] {
+        let answer = raw(
+            proxy.addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nhost: proxy\r\nx-account-id: acct_1\r\nidempotency-key: k18\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+            ),
+        )
+        .await;
+        assert!(answer.starts_with("HTTP/1.1 201"), "{path}: {answer}");
+        assert!(
+            answer.contains("idempotent-replayed: true"),
+            "{path}: {answer}"
+        );
+    }
+    assert_eq!(up.runs("k18"), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_framed_two_ways_reaches_the_client_framed_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An upstream that says Content-Length: 5 and sends a chunked body of 256 KiB.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let chunk = "y".repeat(64 << 10);
+                let mut answer = String::from(
+                    "HTTP/1.1 201 Created\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+                );
+                for _ in 0..4 {
+                    answer.push_str(&format!("{:x}\r\n{chunk}\r\n", chunk.len()));
+                }
+                answer.push_str("0\r\n\r\n");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let proxy = proxy(&config(addr, ""), Arc::new(MemoryStore::new())).await;
+    let first = pay_once(&proxy.url("/payments"), "acct_1", Some("k19"), "{}").await;
+    assert_eq!(first.0, StatusCode::CREATED, "{:?}", first.1);
+    assert_eq!(
+        first.2.len(),
+        256 << 10,
+        "the whole body, as the chunks framed it"
+    );
+    if let Some(length) = first.1.get("content-length") {
+        assert_eq!(length, "262144", "never the upstream's wrong length");
+    }
+    let retry = pay_once(&proxy.url("/payments"), "acct_1", Some("k19"), "{}").await;
+    assert_eq!(retry.2.len(), 256 << 10);
+    assert_eq!(retry.1["idempotent-replayed"], "true");
+    proxy.shutdown().await;
+}

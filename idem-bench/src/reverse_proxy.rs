@@ -32,11 +32,26 @@ pub(crate) struct Row {
     pub(crate) p99_us: f64,
 }
 
-/// A process stopped when dropped.
+/// A process stopped when dropped: asked with SIGTERM first, so that nginx's master
+/// stops its workers (a SIGKILLed master leaves them running, on the port) and `idem
+/// proxy` shuts down as it would in service; killed if it has not ended 3 s later.
 struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
+        let asked = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .is_ok_and(|status| status.success());
+        if asked {
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if matches!(self.0.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }

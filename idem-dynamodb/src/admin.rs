@@ -1,10 +1,13 @@
 //! The operator's side of the DynamoDB store: a paged `Scan` of the store's prefix for
 //! listing and counting, conditional writes for the release and the deletion.
 //!
-//! Cost: `list` and `stats` read the whole table (a `Scan` filtered to the prefix still
-//! consumes read capacity for every item). Fine for an operator's occasional look; when a
-//! table holds millions of items or many prefixes, a global secondary index keyed by the
-//! prefix (and sorted by creation) would make listing read only the store's own items.
+//! Cost: `list` and `stats` read the whole table, a page of `Scan` at a time, holding no
+//! more than a page, the listing being chosen and a count per scope. The scan returns
+//! each item without its response and steps, but still consumes read capacity for every
+//! whole item (DynamoDB bills what it reads, not what it returns); a listing then reads
+//! its page's items whole. Fine for an operator's occasional look; when a table holds
+//! millions of items or many prefixes, a global secondary index keyed by the prefix (and
+//! sorted by creation) would make listing read only the store's own items.
 
 use std::collections::HashMap;
 
@@ -12,9 +15,9 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
-    Admin, Key, Record, State, StoreError, Timestamp, admin::ListQuery, admin::Page,
-    admin::ReleaseKeyOutcome, admin::Stats, raw::select_page, raw::storage_name, record::AttemptId,
-    store::Operation,
+    Admin, Key, Record, State, StoreError, admin::ListQuery, admin::Page, admin::ReleaseKeyOutcome,
+    admin::Stats, raw::PageSelector, raw::Tally, raw::select_page, raw::storage_name,
+    record::AttemptId, store::Operation,
 };
 
 use crate::errors::map;
@@ -26,18 +29,27 @@ use crate::store::DynamoDbStore;
 const RELEASE_ATTEMPTS: usize = 8;
 
 impl DynamoDbStore {
-    /// Every record under the prefix (a paged, consistent `Scan`), and the clock.
-    async fn records(&self, operation: Operation) -> Result<(Vec<Record>, Timestamp), StoreError> {
-        let now = self.clock_now();
-        let mut records = Vec::new();
+    /// Calls `each` with every record under the prefix, read without its response and
+    /// steps (a paged, consistent `Scan`). Answers how many items of this store's layout
+    /// could not be read as a record: they are skipped, so that one odd item does not
+    /// hide the rest.
+    async fn each_summary(
+        &self,
+        operation: Operation,
+        mut each: impl FnMut(Record),
+    ) -> Result<u64, StoreError> {
+        const PROJECTION: &str = "#pk, #fp, #st, #tk, #at, #lu, #ca, #ea";
+        const FILTER: &str = "begins_with(#pk, :prefix)";
+        let mut unreadable = 0;
         let mut start: Option<HashMap<String, AttributeValue>> = None;
         loop {
             let page = self
                 .client()
                 .scan()
                 .table_name(self.table_name())
-                .filter_expression("begins_with(#pk, :prefix)")
-                .set_expression_attribute_names(Some(names(&["begins_with(#pk, :prefix)"])))
+                .filter_expression(FILTER)
+                .projection_expression(PROJECTION)
+                .set_expression_attribute_names(Some(names(&[FILTER, PROJECTION])))
                 .expression_attribute_values(":prefix", s(self.namespace()))
                 .consistent_read(true)
                 .set_exclusive_start_key(start.take())
@@ -51,11 +63,17 @@ impl DynamoDbStore {
                 let Ok(key) = storage_name::parse_namespaced_key_name(self.prefix(), pk) else {
                     continue;
                 };
-                records.push(item::decode(&key, found)?.0);
+                match item::decode(&key, found) {
+                    Ok((record, _)) => each(record),
+                    Err(err) => {
+                        unreadable += 1;
+                        tracing::warn!(error = %err, "skipped an item that is not a readable record");
+                    }
+                }
             }
             match page.last_evaluated_key() {
                 Some(last) => start = Some(last.clone()),
-                None => return Ok((records, now)),
+                None => return Ok(unreadable),
             }
         }
     }
@@ -64,13 +82,34 @@ impl DynamoDbStore {
 #[async_trait]
 impl Admin for DynamoDbStore {
     async fn list(&self, query: &ListQuery) -> Result<Page, StoreError> {
-        let (records, now) = self.records(Operation::List).await?;
-        select_page(records, query, now)
+        let now = self.clock_now();
+        let mut selector = PageSelector::new(query, now)?;
+        self.each_summary(Operation::List, |record| selector.offer(record))
+            .await?;
+        // The page's records whole (responses and steps), chosen again among themselves:
+        // one that changed or went since the scan falls where it now belongs, or out.
+        let mut whole = Vec::new();
+        for key in selector.kept_keys() {
+            if let Some(found) = self.read(&key, Operation::List).await? {
+                match item::decode(&key, &found) {
+                    Ok((record, _)) => whole.push(record),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "skipped an item that is not a readable record")
+                    }
+                }
+            }
+        }
+        select_page(whole, query, now)
     }
 
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
-        let (records, now) = self.records(Operation::Stats).await?;
-        Ok(Stats::tally(&records, now, top_scopes))
+        let mut tally = Tally::new(self.clock_now());
+        let unreadable = self
+            .each_summary(Operation::Stats, |record| tally.add(&record))
+            .await?;
+        let mut stats = tally.finish(top_scopes);
+        stats.unreadable = unreadable;
+        Ok(stats)
     }
 
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {

@@ -55,11 +55,19 @@ pub(crate) const RENEW_COVERED: &str = "#ttl >= :ttl";
 pub(crate) const RENEW_AND_TTL_UPDATE: &str = "SET #lu = :lu, #ttl = :ttl";
 pub(crate) const CHECKPOINT_UPDATE: &str = "SET #stp.#step = :value";
 
+// The text of PURGEABLE, for the expressions built on it.
+macro_rules! purgeable {
+    () => {
+        "begins_with(#pk, :prefix) AND #ea <= :now AND NOT (#st = :in_progress AND #lu > :cutoff)"
+    };
+}
 /// Absent records (expired, no lease live within the skew margin) of this store's
 /// namespace: `:prefix` is its `namespace_prefix`, which begins the partition key of its
 /// records and of no other namespace's.
-pub(crate) const PURGEABLE: &str = "begins_with(#pk, :prefix) AND #ea <= :now \
-     AND NOT (#st = :in_progress AND #lu > :cutoff)";
+pub(crate) const PURGEABLE: &str = purgeable!();
+
+/// A purge's delete: still absent, and not claimed again since the scan saw `:token`.
+pub(crate) const PURGEABLE_UNCHANGED: &str = concat!("#tk = :token AND ", purgeable!());
 
 /// The attribute names the expressions use: DynamoDB refuses unused ones.
 pub(crate) fn names(expressions: &[&str]) -> HashMap<String, String> {

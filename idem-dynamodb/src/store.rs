@@ -87,7 +87,14 @@ pub struct DynamoDbStore {
     pub(crate) namespace: Arc<str>,
     pub(crate) skew_margin: Duration,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Where the purge's `Scan` goes on from: the key of the last item it looked at, or
+    /// `None` to start at the top. Shared by clones.
+    purge_from: Arc<std::sync::Mutex<Option<HashMap<String, AttributeValue>>>>,
 }
+
+/// How many conditional deletes a purge has in flight at once: one at a time, a purge
+/// runs at one item per round trip.
+const PURGE_CONCURRENCY: usize = 16;
 
 /// How often a complete or fail writes again when the item's creation time was not the
 /// one the write assumed (a lease whose `created_at` is not the item's).
@@ -116,8 +123,52 @@ impl DynamoDbStore {
                 namespace: storage_name::namespace_prefix("").into(),
                 skew_margin: DEFAULT_SKEW_MARGIN,
                 clock: Arc::new(SystemClock),
+                purge_from: Arc::default(),
             },
         })
+    }
+
+    fn purge_position(&self) -> std::sync::MutexGuard<'_, Option<HashMap<String, AttributeValue>>> {
+        self.purge_from
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Deletes the item `pk` if it is still absent and was not claimed again since the
+    /// scan saw `token`; answers whether it did.
+    async fn delete_if_purgeable(
+        &self,
+        pk: &AttributeValue,
+        token: &AttributeValue,
+        now: Timestamp,
+        cutoff: u64,
+    ) -> Result<bool, StoreError> {
+        let condition = x::PURGEABLE_UNCHANGED;
+        let deleted = self
+            .client
+            .delete_item()
+            .table_name(self.table.as_str())
+            .key(item::PK, pk.clone())
+            .condition_expression(condition)
+            .set_expression_attribute_names(Some(names(&[condition])))
+            .expression_attribute_values(":token", token.clone())
+            .expression_attribute_values(":prefix", s(&self.namespace))
+            .expression_attribute_values(":now", n(now.as_unix_millis()))
+            .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
+            .expression_attribute_values(":cutoff", n(cutoff))
+            .send()
+            .await;
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(err)
+                if err
+                    .as_service_error()
+                    .is_some_and(|e| e.is_conditional_check_failed_exception()) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(map(Operation::PurgeExpired, err)),
+        }
     }
 
     /// The client.
@@ -579,12 +630,15 @@ impl Store for DynamoDbStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        // A call goes on from where the last one stopped, so that a purge in batches reads
+        // the table once per pass instead of again from the top for every batch; a call
+        // that reaches the end answers fewer than `limit` and the next starts over.
         let now = self.now();
         let cutoff = self.cutoff(now);
         let filter_names = names(&[x::PURGEABLE, "#tk"]);
         let mut purged = 0;
-        let mut start: Option<HashMap<String, AttributeValue>> = None;
-        loop {
+        let mut start = self.purge_position().take();
+        while purged < limit {
             let page = self
                 .client
                 .scan()
@@ -601,43 +655,40 @@ impl Store for DynamoDbStore {
                 .send()
                 .await
                 .map_err(|err| map(Operation::PurgeExpired, err))?;
-            for found in page.items() {
-                if purged >= limit {
-                    return Ok(purged);
+            let found: Vec<(&AttributeValue, &AttributeValue)> = page
+                .items()
+                .iter()
+                .filter_map(|item| Some((item.get(item::PK)?, item.get(item::TOKEN)?)))
+                .collect();
+            let mut looked_at = 0;
+            for batch in found.chunks(PURGE_CONCURRENCY) {
+                let batch = &batch[..batch.len().min(limit - purged)];
+                if batch.is_empty() {
+                    break;
                 }
-                let (Some(pk), Some(token)) = (found.get(item::PK), found.get(item::TOKEN)) else {
-                    continue;
-                };
-                // Deleted only if still absent and not claimed again since the scan.
-                let condition = format!("#tk = :token AND {}", x::PURGEABLE);
-                let deleted = self
-                    .client
-                    .delete_item()
-                    .table_name(self.table.as_str())
-                    .key(item::PK, pk.clone())
-                    .condition_expression(condition.clone())
-                    .set_expression_attribute_names(Some(names(&[condition.as_str()])))
-                    .expression_attribute_values(":token", token.clone())
-                    .expression_attribute_values(":prefix", s(&self.namespace))
-                    .expression_attribute_values(":now", n(now.as_unix_millis()))
-                    .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
-                    .expression_attribute_values(":cutoff", n(cutoff))
-                    .send()
-                    .await;
-                match deleted {
-                    Ok(_) => purged += 1,
-                    Err(err)
-                        if err
-                            .as_service_error()
-                            .is_some_and(|e| e.is_conditional_check_failed_exception()) => {}
-                    Err(err) => return Err(map(Operation::PurgeExpired, err)),
+                let deletes = batch
+                    .iter()
+                    .map(|(pk, token)| self.delete_if_purgeable(pk, token, now, cutoff));
+                for deleted in futures_util::future::join_all(deletes).await {
+                    if deleted? {
+                        purged += 1;
+                    }
                 }
+                looked_at += batch.len();
+            }
+            if looked_at < found.len() {
+                // Stopped inside this page: go on after the last item looked at.
+                let (pk, _) = found[looked_at - 1];
+                *self.purge_position() = Some(HashMap::from([(item::PK.to_owned(), pk.clone())]));
+                return Ok(purged);
             }
             match page.last_evaluated_key() {
-                Some(last) if purged < limit => start = Some(last.clone()),
-                _ => return Ok(purged),
+                Some(last) => start = Some(last.clone()),
+                None => return Ok(purged), // the end: the next call starts at the top
             }
         }
+        *self.purge_position() = start;
+        Ok(purged)
     }
 
     fn expiry(&self) -> Expiry {

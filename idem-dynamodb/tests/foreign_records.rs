@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use idem_core::{Admin, Key, raw::storage_name};
+use idem_core::{Admin, Key, admin::ListQuery, raw::storage_name};
 use idem_dynamodb::aws_sdk_dynamodb::primitives::Blob;
 use idem_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use idem_testkit::assert_foreign_record_is_refused;
@@ -62,4 +62,12 @@ async fn foreign_items_are_refused_not_absent() {
         put.send().await.unwrap();
         assert_foreign_record_is_refused(Arc::clone(&store), &key, what).await;
     }
+
+    // An operator's count and listing skip what they cannot read instead of failing on
+    // it. The count reads no steps, so the item whose steps are a number counts as a
+    // record; the listing reads its page whole and skips that one too.
+    let stats = store.stats(10).await.unwrap();
+    assert_eq!((stats.total, stats.unreadable), (1, 5), "{stats:?}");
+    let page = store.list(&ListQuery::new()).await.unwrap();
+    assert!(page.records.is_empty(), "{:?}", page.records);
 }

@@ -90,32 +90,40 @@ impl Admin for PostgresStore {
 
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
         let get = |err| map(Operation::Stats, err);
-        let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_stats)))
-            .fetch_one(self.pool())
+        // One statement: every figure from one snapshot.
+        let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_stats)))
+            .bind(i64::try_from(top_scopes).unwrap_or(i64::MAX))
+            .fetch_all(self.pool())
             .await
             .map_err(get)?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::Corrupt {
+                key: None,
+                what: "a stats query that answered no row",
+                source: None,
+            });
+        };
         let mut stats = Stats::default();
-        stats.total = count(&row, "total")?;
-        stats.in_progress = count(&row, "in_progress")?;
-        stats.completed = count(&row, "completed")?;
-        stats.failed = count(&row, "failed")?;
-        stats.in_progress_live = count(&row, "live")?;
-        stats.in_progress_lease_ended = count(&row, "lease_ended")?;
-        stats.absent = count(&row, "absent")?;
+        stats.total = count(row, "total")?;
+        stats.in_progress = count(row, "in_progress")?;
+        stats.completed = count(row, "completed")?;
+        stats.failed = count(row, "failed")?;
+        stats.in_progress_live = count(row, "live")?;
+        stats.in_progress_lease_ended = count(row, "lease_ended")?;
+        stats.absent = count(row, "absent")?;
         stats.oldest_in_progress = row
             .try_get::<Option<i64>, _>("oldest_ms")
             .map_err(get)?
             .map(rows::millis)
             .transpose()?;
         stats.now = rows::millis(row.try_get("now_ms").map_err(get)?)?;
-        stats.top_scopes = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_top_scopes)))
-            .bind(i64::try_from(top_scopes).unwrap_or(i64::MAX))
-            .fetch_all(self.pool())
-            .await
-            .map_err(get)?
-            .iter()
-            .map(|row| Ok((row.try_get("scope").map_err(get)?, count(row, "records")?)))
-            .collect::<Result<_, StoreError>>()?;
+        for row in &rows {
+            let scope: Option<String> = row.try_get("scope").map_err(get)?;
+            let records: Option<i64> = row.try_get("records").map_err(get)?;
+            if let (Some(scope), Some(records)) = (scope, records) {
+                stats.top_scopes.push((scope, records.max(0) as u64));
+            }
+        }
         Ok(stats)
     }
 

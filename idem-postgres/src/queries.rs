@@ -18,7 +18,6 @@ const CHECKPOINT: &str = include_str!("../sql/checkpoint.sql");
 const PURGE: &str = include_str!("../sql/purge.sql");
 const ADMIN_LIST: &str = include_str!("../sql/admin_list.sql");
 const ADMIN_STATS: &str = include_str!("../sql/admin_stats.sql");
-const ADMIN_TOP_SCOPES: &str = include_str!("../sql/admin_top_scopes.sql");
 const ADMIN_RELEASE: &str = include_str!("../sql/admin_release.sql");
 const ADMIN_DELETE: &str = include_str!("../sql/admin_delete.sql");
 const ADMIN_RAW: &str = include_str!("../sql/admin_raw.sql");
@@ -47,7 +46,6 @@ pub(crate) struct Queries {
     pub(crate) purge: Arc<str>,
     pub(crate) admin_list: Arc<str>,
     pub(crate) admin_stats: Arc<str>,
-    pub(crate) admin_top_scopes: Arc<str>,
     pub(crate) admin_release: Arc<str>,
     pub(crate) admin_delete: Arc<str>,
     pub(crate) admin_raw: Arc<str>,
@@ -92,7 +90,6 @@ impl Queries {
             purge: render_all(PURGE),
             admin_list: render_with(ADMIN_LIST, "true", "CASE WHEN $8 THEN r.response END"),
             admin_stats: render_all(ADMIN_STATS),
-            admin_top_scopes: render_all(ADMIN_TOP_SCOPES),
             admin_release: render_all(ADMIN_RELEASE),
             admin_delete: render_all(ADMIN_DELETE),
             admin_raw: render_all(ADMIN_RAW),

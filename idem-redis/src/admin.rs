@@ -1,15 +1,19 @@
 //! The operator's side of the Redis store: `SCAN` over the store's prefix (on every
-//! primary of a Cluster), one `HGETALL` per record, and a Lua script for the release.
+//! primary of a Cluster), each batch of keys read in one pipeline, and a Lua script for
+//! the release.
 //!
-//! Cost: listing and counting read every record of the prefix (one round trip per record
-//! after the scan): fine for an operator's occasional look at thousands of records; for
-//! millions, count with the metrics instead.
+//! Cost: listing and counting read every record of the prefix, without its response and
+//! steps (one pipelined `HMGET` of seven small fields per record, a round trip per
+//! `SCAN` batch of about a thousand keys), holding no more than a batch, the page being
+//! chosen and a count per scope. A listing then reads its page's records whole. The time
+//! grows with the number of records (BENCHMARKS.md has it at ten million); for a
+//! dashboard, count with the metrics instead.
 
 use async_trait::async_trait;
 use idem_core::{
     Admin, Key, Record, State, StoreError, Timestamp, admin::ListQuery, admin::Page,
-    admin::ReleaseKeyOutcome, admin::Stats, raw::select_page, raw::storage_name, record::AttemptId,
-    store::Operation,
+    admin::ReleaseKeyOutcome, admin::Stats, raw::PageSelector, raw::Tally, raw::select_page,
+    raw::storage_name, record::AttemptId, store::Operation,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -42,30 +46,48 @@ fn bytes(value: &Value) -> Option<&[u8]> {
     }
 }
 
-/// Every key of the store's prefix on one node (`route` a single node of a Cluster, or
-/// `None` on a standalone server).
-async fn scan_node(
-    connection: &Connection,
-    prefix: &str,
-    route: Option<&SingleNodeRoutingInfo>,
-    operation: Operation,
-) -> Result<Vec<Vec<u8>>, StoreError> {
-    let mut keys = Vec::new();
-    let mut cursor: u64 = 0;
-    loop {
+/// The fields a listing chooses by and a count reads: all but the response and the steps.
+const SUMMARY: [&str; 7] = ["f", "s", "t", "a", "l", "c", "e"];
+
+/// The keys of the store's prefix on one node, a `SCAN` batch at a time (`route` a single
+/// node of a Cluster, or `None` on a standalone server).
+struct NodeScan<'a> {
+    connection: &'a Connection,
+    pattern: String,
+    route: Option<SingleNodeRoutingInfo>,
+    /// `None` once the scan has come back to cursor 0.
+    cursor: Option<u64>,
+}
+
+impl<'a> NodeScan<'a> {
+    fn new(connection: &'a Connection, prefix: &str, route: Option<SingleNodeRoutingInfo>) -> Self {
+        Self {
+            connection,
+            pattern: pattern(prefix),
+            route,
+            cursor: Some(0),
+        }
+    }
+
+    /// The next batch of key names (possibly empty), or `None` when the scan is over.
+    async fn next(&mut self, operation: Operation) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
+        let Some(cursor) = self.cursor else {
+            return Ok(None);
+        };
         let mut cmd = redis::cmd("SCAN");
         cmd.arg(cursor)
             .arg("MATCH")
-            .arg(pattern(prefix))
+            .arg(&self.pattern)
             .arg("COUNT")
             .arg(SCAN_COUNT);
-        let reply: Value = match (connection, route) {
+        let reply: Value = match (self.connection, &self.route) {
             (Connection::Cluster(cluster), Some(route)) => cluster
                 .clone()
                 .route_command(cmd, RoutingInfo::SingleNode(route.clone()))
                 .await
                 .map_err(|err| map(operation, err))?,
-            _ => connection
+            _ => self
+                .connection
                 .query(&cmd)
                 .await
                 .map_err(|err| map(operation, err))?,
@@ -76,14 +98,41 @@ async fn scan_node(
         let [next, Value::Array(found)] = parts.as_slice() else {
             return Err(unexpected("a SCAN reply of another shape"));
         };
-        keys.extend(found.iter().filter_map(bytes).map(<[u8]>::to_vec));
-        cursor = bytes(next)
+        let next: u64 = bytes(next)
             .and_then(|b| std::str::from_utf8(b).ok())
             .and_then(|text| text.parse().ok())
             .ok_or_else(|| unexpected("a SCAN cursor that is not a number"))?;
-        if cursor == 0 {
-            return Ok(keys);
+        self.cursor = (next != 0).then_some(next);
+        Ok(Some(
+            found.iter().filter_map(bytes).map(<[u8]>::to_vec).collect(),
+        ))
+    }
+
+    /// Runs `pipeline` on this scan's node, one answer per command, errors included as
+    /// [`Value::ServerError`].
+    async fn pipeline(
+        &self,
+        pipeline: &mut redis::Pipeline,
+        count: usize,
+        operation: Operation,
+    ) -> Result<Vec<Value>, StoreError> {
+        pipeline.ignore_errors();
+        let answers: Vec<Value> = match (self.connection, &self.route) {
+            (Connection::Cluster(cluster), Some(route)) => cluster
+                .clone()
+                .route_pipeline(pipeline.clone(), 0, count, route.clone())
+                .await
+                .map_err(|err| map(operation, err))?,
+            _ => self
+                .connection
+                .query_pipeline(pipeline)
+                .await
+                .map_err(|err| map(operation, err))?,
+        };
+        if answers.len() != count {
+            return Err(unexpected("a pipeline answered another number of replies"));
         }
+        Ok(answers)
     }
 }
 
@@ -133,49 +182,76 @@ async fn primaries(
 }
 
 impl RedisStore {
-    /// Every record under the prefix, and the server's clock.
-    async fn records(&self, operation: Operation) -> Result<(Vec<Record>, Timestamp), StoreError> {
-        let connection = self.connection();
-        let mut names = Vec::new();
-        match connection {
-            Connection::Standalone(_) => {
-                names = scan_node(connection, self.prefix(), None, operation).await?
-            }
-            Connection::Cluster(_) => {
-                for node in primaries(connection, operation).await? {
-                    names.extend(
-                        scan_node(connection, self.prefix(), Some(&node), operation).await?,
-                    );
-                }
-            }
-        }
-        let mut records = Vec::with_capacity(names.len());
-        for name in names {
-            let Some(key) = self.key_of(&name) else {
-                continue;
-            };
-            let fields: Vec<Vec<u8>> = connection
-                .query(redis::cmd("HGETALL").arg(&name))
-                .await
-                .map_err(|err| map(operation, err))?;
-            if fields.is_empty() {
-                continue; // deleted since the scan
-            }
-            records.push(decode(key, fields)?);
-        }
-        let time: Vec<String> = connection
+    /// The server's clock.
+    async fn server_time(&self, operation: Operation) -> Result<Timestamp, StoreError> {
+        let time: Vec<String> = self
+            .connection()
             .query(&redis::cmd("TIME"))
             .await
             .map_err(|err| map(operation, err))?;
-        let now = match time.as_slice() {
+        match time.as_slice() {
             [seconds, micros] => {
                 let seconds: u64 = seconds.parse().map_err(|_| unexpected("a bad TIME"))?;
                 let micros: u64 = micros.parse().map_err(|_| unexpected("a bad TIME"))?;
-                Timestamp::from_unix_millis(seconds * 1000 + micros / 1000)
+                Ok(Timestamp::from_unix_millis(seconds * 1000 + micros / 1000))
             }
-            _ => return Err(unexpected("a TIME reply of another shape")),
-        };
-        Ok((records, now))
+            _ => Err(unexpected("a TIME reply of another shape")),
+        }
+    }
+
+    /// Every node to scan: the primaries of a Cluster, or the one server.
+    async fn nodes(
+        &self,
+        operation: Operation,
+    ) -> Result<Vec<Option<SingleNodeRoutingInfo>>, StoreError> {
+        Ok(match self.connection() {
+            Connection::Standalone(_) => vec![None],
+            Connection::Cluster(_) => primaries(self.connection(), operation)
+                .await?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        })
+    }
+
+    /// Calls `each` with every record under the prefix, read without its response and
+    /// steps, a `SCAN` batch at a time. Answers how many keys of this store's layout could
+    /// not be read as a record (another type of key, or fields idem did not write): they
+    /// are skipped, so that one odd key does not hide the rest.
+    async fn each_summary(
+        &self,
+        operation: Operation,
+        mut each: impl FnMut(Record),
+    ) -> Result<u64, StoreError> {
+        let mut unreadable = 0;
+        for node in self.nodes(operation).await? {
+            let mut scan = NodeScan::new(self.connection(), self.prefix(), node);
+            while let Some(names) = scan.next(operation).await? {
+                let keys: Vec<(Key, &[u8])> = names
+                    .iter()
+                    .filter_map(|name| Some((self.key_of(name)?, name.as_slice())))
+                    .collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                let mut pipeline = redis::pipe();
+                for (_, name) in &keys {
+                    pipeline.cmd("HMGET").arg(*name).arg(&SUMMARY[..]);
+                }
+                let answers = scan.pipeline(&mut pipeline, keys.len(), operation).await?;
+                for ((key, _), answer) in keys.into_iter().zip(answers) {
+                    match summary(key, answer) {
+                        Ok(Some(record)) => each(record),
+                        Ok(None) => {} // deleted since the scan
+                        Err(err) => {
+                            unreadable += 1;
+                            tracing::warn!(error = %err, "skipped a key that is not a readable record");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(unreadable)
     }
 
     /// The key a Redis key name of this store holds.
@@ -224,16 +300,73 @@ fn decode(key: Key, fields: Vec<Vec<u8>>) -> Result<Record, StoreError> {
     parts.response(response).build()
 }
 
+/// A record from the answer to `HMGET` of [`SUMMARY`]: no response, no steps. `None`
+/// when every field is missing (the key was deleted since the scan).
+fn summary(key: Key, answer: Value) -> Result<Option<Record>, StoreError> {
+    let values = match answer {
+        Value::Array(values) => values,
+        Value::ServerError(err) => {
+            return Err(StoreError::Corrupt {
+                what: "a key of the store's layout that is not a record's hash",
+                key: Some(key.short_hash()),
+                source: Some(redis::RedisError::from(err).into()),
+            });
+        }
+        _ => return Err(unexpected("an HMGET reply that is not an array").for_key(&key)),
+    };
+    if values.len() != SUMMARY.len() {
+        return Err(unexpected("an HMGET reply of another length").for_key(&key));
+    }
+    if values.iter().all(|value| matches!(value, Value::Nil)) {
+        return Ok(None);
+    }
+    let mut fields = Vec::with_capacity(2 * SUMMARY.len());
+    for (name, value) in SUMMARY.iter().zip(&values) {
+        if let Some(value) = bytes(value) {
+            fields.push(name.as_bytes().to_vec());
+            fields.push(value.to_vec());
+        }
+    }
+    decode(key, fields).map(Some)
+}
+
 #[async_trait]
 impl Admin for RedisStore {
     async fn list(&self, query: &ListQuery) -> Result<Page, StoreError> {
-        let (records, now) = self.records(Operation::List).await?;
-        select_page(records, query, now)
+        let now = self.server_time(Operation::List).await?;
+        let mut selector = PageSelector::new(query, now)?;
+        self.each_summary(Operation::List, |record| selector.offer(record))
+            .await?;
+        // The page's records whole (responses and steps), chosen again among themselves:
+        // one that changed or went since the scan falls where it now belongs, or out.
+        let mut whole = Vec::new();
+        for key in selector.kept_keys() {
+            let fields: Vec<Vec<u8>> = self
+                .connection()
+                .query(redis::cmd("HGETALL").arg(self.record_key(&key)))
+                .await
+                .map_err(|err| map(Operation::List, err))?;
+            if !fields.is_empty() {
+                match decode(key, fields) {
+                    Ok(record) => whole.push(record),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "skipped a key that is not a readable record")
+                    }
+                }
+            }
+        }
+        select_page(whole, query, now)
     }
 
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
-        let (records, now) = self.records(Operation::Stats).await?;
-        Ok(Stats::tally(&records, now, top_scopes))
+        let now = self.server_time(Operation::Stats).await?;
+        let mut tally = Tally::new(now);
+        let unreadable = self
+            .each_summary(Operation::Stats, |record| tally.add(&record))
+            .await?;
+        let mut stats = tally.finish(top_scopes);
+        stats.unreadable = unreadable;
+        Ok(stats)
     }
 
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {

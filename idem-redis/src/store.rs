@@ -93,6 +93,20 @@ impl Connection {
         }
     }
 
+    /// Runs a pipeline on a standalone server (a Cluster's are routed by the caller).
+    pub(crate) async fn query_pipeline<T: FromRedisValue>(
+        &self,
+        pipeline: &redis::Pipeline,
+    ) -> RedisResult<T> {
+        match self {
+            Connection::Standalone(one) => {
+                let result = pipeline.query_async(&mut one.manager()).await;
+                one.after(result)
+            }
+            Connection::Cluster(cluster) => pipeline.query_async(&mut cluster.clone()).await,
+        }
+    }
+
     pub(crate) async fn invoke<T: FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Admin, Key, Store, StoreError, record::AttemptId, store::ClaimOutcome, store::ClaimRequest,
+    Admin, Key, Store, StoreError, admin::ListQuery, record::AttemptId, store::ClaimOutcome,
+    store::ClaimRequest,
 };
 
 use idem_testkit::assert_foreign_record_is_refused;
@@ -109,6 +110,24 @@ async fn foreign_records_are_refused_not_absent() {
     );
     let shown = store.get(&key).await.unwrap().expect("still readable");
     assert_eq!(shown.token, idem_core::raw::MAX_TOKEN);
+
+    // An operator's count and listing skip what they cannot read (the nine hashes above,
+    // and a key of the store's layout that is not a hash) instead of failing on it.
+    let _: () = redis::cmd("SET")
+        .arg(format!("{prefix}{{7:foreign:a-string}}"))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let stats = store.stats(10).await.unwrap();
+    assert_eq!((stats.total, stats.unreadable), (1, 10), "{stats:?}");
+    let page = store.list(&ListQuery::new()).await.unwrap();
+    let listed: Vec<&Key> = page
+        .records
+        .iter()
+        .map(|listed| &listed.record.key)
+        .collect();
+    assert_eq!(listed, vec![&key]);
 }
 
 /// A hash's fields, as `HSET` takes them.

@@ -91,7 +91,9 @@ impl Admin for SqliteStore {
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {
         let now = self.now();
         self.run(Operation::Stats, move |connection| {
-            let count = || -> Result<Stats, rusqlite::Error> {
+            let mut count = || -> Result<Stats, rusqlite::Error> {
+                // One read transaction: the totals and the top scopes from one snapshot.
+                let connection = connection.transaction()?;
                 let mut stats = connection.query_row(STATS, params![sql_millis(now)], |row| {
                     let n = |i| row.get::<_, i64>(i).map(|v| v.max(0) as u64);
                     let oldest: Option<i64> = row.get(7)?;

@@ -37,14 +37,25 @@ pub(super) async fn run(
     Ok(())
 }
 
+/// In-progress records past their retention: counted in neither lease group.
+fn past_retention(stats: &Stats) -> u64 {
+    stats
+        .in_progress
+        .saturating_sub(stats.in_progress_live)
+        .saturating_sub(stats.in_progress_lease_ended)
+}
+
 fn text(stats: &Stats, target: &dyn Location, expiry: Expiry) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{target}, counted at {}", render::time(stats.now));
     let _ = writeln!(s, "records                {:>12}", stats.total);
     let _ = writeln!(
         s,
-        "  in progress          {:>12}   lease live {}, lease ended {}",
-        stats.in_progress, stats.in_progress_live, stats.in_progress_lease_ended
+        "  in progress          {:>12}   lease live {}, lease ended {}, past retention {}",
+        stats.in_progress,
+        stats.in_progress_live,
+        stats.in_progress_lease_ended,
+        past_retention(stats)
     );
     let _ = writeln!(s, "  completed            {:>12}", stats.completed);
     let _ = writeln!(s, "  failed               {:>12}", stats.failed);
@@ -54,6 +65,13 @@ fn text(stats: &Stats, target: &dyn Location, expiry: Expiry) -> String {
         _ => "   (`idem purge` deletes them)",
     };
     let _ = writeln!(s, "expired, not yet gone  {:>12}{backlog}", stats.absent);
+    if stats.unreadable > 0 {
+        let _ = writeln!(
+            s,
+            "unreadable, skipped    {:>12}   (not records idem wrote; the warnings name their key hashes)",
+            stats.unreadable
+        );
+    }
     match stats.oldest_in_progress {
         Some(created) => {
             let _ = writeln!(
@@ -102,7 +120,7 @@ fn prometheus(stats: &Stats, raw_scopes: bool) -> String {
     );
     family(
         "idem_store_in_progress_records",
-        "In-progress records by lease: live, or ended (abandoned until a retry takes over).",
+        "In-progress records by lease: live, ended (abandoned until a retry takes over), or past_retention (a retry starts afresh; a purge deletes them).",
         &[
             (
                 "{lease=\"live\"}".into(),
@@ -111,6 +129,10 @@ fn prometheus(stats: &Stats, raw_scopes: bool) -> String {
             (
                 "{lease=\"ended\"}".into(),
                 stats.in_progress_lease_ended.to_string(),
+            ),
+            (
+                "{lease=\"past_retention\"}".into(),
+                past_retention(stats).to_string(),
             ),
         ],
     );
@@ -174,9 +196,11 @@ struct StatsJson {
     in_progress: u64,
     in_progress_live: u64,
     in_progress_lease_ended: u64,
+    in_progress_past_retention: u64,
     completed: u64,
     failed: u64,
     expired_not_deleted: u64,
+    unreadable: u64,
     oldest_in_progress_created: Option<String>,
     oldest_in_progress_age_seconds: Option<f64>,
     top_scopes: Vec<ScopeJson>,
@@ -197,9 +221,11 @@ impl StatsJson {
             in_progress: stats.in_progress,
             in_progress_live: stats.in_progress_live,
             in_progress_lease_ended: stats.in_progress_lease_ended,
+            in_progress_past_retention: past_retention(stats),
             completed: stats.completed,
             failed: stats.failed,
             expired_not_deleted: stats.absent,
+            unreadable: stats.unreadable,
             oldest_in_progress_created: stats.oldest_in_progress.map(render::time),
             oldest_in_progress_age_seconds: stats.oldest_in_progress_age().map(|d| d.as_secs_f64()),
             top_scopes: stats
@@ -242,7 +268,7 @@ mod tests {
     #[test]
     fn prometheus_text_is_well_formed() {
         let mut stats = Stats::default();
-        stats.in_progress = 3;
+        stats.in_progress = 4;
         stats.in_progress_live = 1;
         stats.in_progress_lease_ended = 2;
         stats.absent = 7;
@@ -251,12 +277,16 @@ mod tests {
         stats.top_scopes = vec![("tenant \"a\"\\b\n".into(), 9)];
         let text = prometheus(&stats, true);
         assert!(
-            text.contains("idem_store_records{state=\"in_progress\"} 3\n"),
+            text.contains("idem_store_records{state=\"in_progress\"} 4\n"),
             "{text}"
         );
         assert!(
             text.contains("idem_store_in_progress_records{lease=\"ended\"} 2\n"),
             "{text}"
+        );
+        assert!(
+            text.contains("idem_store_in_progress_records{lease=\"past_retention\"} 1\n"),
+            "the one in progress in neither lease group: {text}"
         );
         assert!(text.contains("idem_store_expired_records 7\n"), "{text}");
         assert!(

@@ -1,9 +1,8 @@
 //! What a store holds, counted.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::{Record, State, Timestamp};
+use crate::{Record, Timestamp};
 
 /// What a store holds, counted at `now`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -19,12 +18,20 @@ pub struct Stats {
     pub failed: u64,
     /// In progress with a live lease.
     pub in_progress_live: u64,
-    /// In progress with a lease that has ended: abandoned until a retry takes over.
+    /// In progress with a lease that has ended, and still present (within its retention):
+    /// abandoned until a retry takes over. An in-progress record past its retention is
+    /// counted in [`absent`](Self::absent) instead: a retry would start afresh, and a
+    /// purge deletes it.
     pub in_progress_lease_ended: u64,
     /// Absent (expired, no live lease) and not yet deleted: what a purge would delete.
     pub absent: u64,
-    /// When the oldest in-progress record was created.
+    /// When the oldest present in-progress record was created (absent ones are left out:
+    /// they hold no work back).
     pub oldest_in_progress: Option<Timestamp>,
+    /// Keys of the store's layout that could not be read as records, skipped: only stores
+    /// that read every record to count them find these (the others count in their
+    /// database), and log a warning naming each by its key's short hash.
+    pub unreadable: u64,
     /// The scopes holding the most records, most first, with their counts.
     pub top_scopes: Vec<(String, u64)>,
     /// The store's clock when it counted.
@@ -39,48 +46,16 @@ impl Stats {
     }
 
     /// Counts `records` at `now`, keeping the `top` largest scopes: for stores that read
-    /// every record to count them.
+    /// every record to count them ([`crate::raw::Tally`] counts them one at a time).
     pub fn tally<'r>(
         records: impl IntoIterator<Item = &'r Record>,
         now: Timestamp,
         top: usize,
     ) -> Self {
-        let mut stats = Stats {
-            now,
-            ..Stats::default()
-        };
-        let mut scopes: HashMap<&str, u64> = HashMap::new();
+        let mut tally = crate::raw::Tally::new(now);
         for record in records {
-            stats.total += 1;
-            match record.state {
-                State::InProgress => {
-                    stats.in_progress += 1;
-                    if record.lease_is_live(now) {
-                        stats.in_progress_live += 1;
-                    } else {
-                        stats.in_progress_lease_ended += 1;
-                    }
-                    stats.oldest_in_progress = Some(
-                        stats
-                            .oldest_in_progress
-                            .map_or(record.created_at, |oldest| oldest.min(record.created_at)),
-                    );
-                }
-                State::Completed => stats.completed += 1,
-                State::Failed => stats.failed += 1,
-            }
-            if record.is_absent(now) {
-                stats.absent += 1;
-            }
-            *scopes.entry(record.key.scope()).or_default() += 1;
+            tally.add(record);
         }
-        let mut scopes: Vec<(String, u64)> = scopes
-            .into_iter()
-            .map(|(scope, count)| (scope.to_owned(), count))
-            .collect();
-        scopes.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        scopes.truncate(top);
-        stats.top_scopes = scopes;
-        stats
+        tally.finish(top)
     }
 }

@@ -11,8 +11,9 @@
 //!   every backend keeps (`limits.rs`).
 //! - [`storage_name`]: the injective (namespace, scope, key) → name encoding of flat key
 //!   spaces (Redis keys, DynamoDB partition keys).
-//! - [`select_page`]: [`Admin::list`](crate::Admin::list) for stores that read every
-//!   record (`page.rs`).
+//! - [`select_page`], [`PageSelector`], [`Tally`]: [`Admin::list`](crate::Admin::list)
+//!   and [`Admin::stats`](crate::Admin::stats) for stores that read every record, the
+//!   latter two one record at a time in bounded memory (`page.rs`).
 //! - [`raw_text`], [`raw_of`]: [`Admin::raw`](crate::Admin::raw)'s way of showing stored
 //!   values (`text.rs`).
 
@@ -22,5 +23,5 @@ pub mod storage_name;
 mod text;
 
 pub use limits::{MAX_DURATION, MAX_TOKEN, clamp_duration, duration_millis};
-pub use page::select_page;
+pub use page::{PageSelector, Tally, select_page};
 pub use text::{raw_of, raw_text};

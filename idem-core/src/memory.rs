@@ -1,13 +1,13 @@
 //! The in-memory store: the state machine applied to a sharded map.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 
 use crate::machine::{self, Transition};
 use crate::{
@@ -18,7 +18,9 @@ use crate::{
 /// Enough shards that 16 tasks on different keys rarely meet on one lock.
 const SHARDS: usize = 64;
 
-type Shard = Mutex<HashMap<Key, Record>>;
+/// Records by key, each holding its own key: one hash per operation picks the shard and
+/// finds the slot, and no key is stored twice.
+type Shard = Mutex<HashTable<Record>>;
 
 /// A [`Store`] in process memory, built directly on the state machine in [`crate::machine`].
 ///
@@ -77,16 +79,23 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, key: &Key) -> &Shard {
-        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
-        &self.shards[index]
+    /// The key's hash and its shard. The shard comes from the hash's top bits, which the
+    /// table does not use to place records (it takes the low bits and the top seven).
+    fn locate(&self, key: &Key) -> (u64, &Shard) {
+        let hash = self.hasher.hash_one(key);
+        let index = ((hash >> 32) as usize) % self.shards.len();
+        (hash, &self.shards[index])
+    }
+
+    fn find<'t>(&self, table: &'t HashTable<Record>, hash: u64, key: &Key) -> Option<&'t Record> {
+        table.find(hash, |record| record.key == *key)
     }
 
     /// Every record, copied out shard by shard.
     fn snapshot(&self) -> Vec<Record> {
         self.shards
             .iter()
-            .flat_map(|shard| lock(shard).values().cloned().collect::<Vec<_>>())
+            .flat_map(|shard| lock(shard).iter().cloned().collect::<Vec<_>>())
             .collect()
     }
 
@@ -96,14 +105,16 @@ impl MemoryStore {
         key: &Key,
         transition: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
     ) -> O {
-        let mut records = lock(self.shard(key));
+        let (hash, shard) = self.locate(key);
+        let mut records = lock(shard);
         let now = self.clock.now();
         // One hash and probe per operation: the entry serves the read and the write.
-        match records.entry(key.clone()) {
+        let rehash = |record: &Record| self.hasher.hash_one(&record.key);
+        match records.entry(hash, |record| record.key == *key, rehash) {
             Entry::Occupied(mut entry) => {
                 let Transition { outcome, write } = transition(Some(entry.get()), now);
                 if let Some(record) = write {
-                    entry.insert(record);
+                    *entry.get_mut() = record;
                 }
                 outcome
             }
@@ -120,7 +131,7 @@ impl MemoryStore {
 
 // No operation leaves a shard half-written (the new record is computed before it is
 // inserted), so a panic elsewhere while holding a lock cannot corrupt it.
-fn lock(shard: &Shard) -> MutexGuard<'_, HashMap<Key, Record>> {
+fn lock(shard: &Shard) -> MutexGuard<'_, HashTable<Record>> {
     shard.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -183,8 +194,9 @@ impl Store for MemoryStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let records = lock(self.shard(key));
-        Ok(machine::visible(records.get(key), self.clock.now()).cloned())
+        let (hash, shard) = self.locate(key);
+        let records = lock(shard);
+        Ok(machine::visible(self.find(&records, hash, key), self.clock.now()).cloned())
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
@@ -195,16 +207,15 @@ impl Store for MemoryStore {
             }
             let mut records = lock(shard);
             let now = self.clock.now();
-            let doomed: Vec<Key> = records
-                .iter()
-                .filter(|(_, record)| machine::is_purgeable(record, now))
-                .map(|(key, _)| key.clone())
-                .take(limit - purged)
-                .collect();
-            purged += doomed.len();
-            for key in doomed {
-                records.remove(&key);
-            }
+            let mut room = limit - purged;
+            records.retain(|record| {
+                let doomed = room > 0 && machine::is_purgeable(record, now);
+                if doomed {
+                    room -= 1;
+                }
+                !doomed
+            });
+            purged = limit - room;
         }
         Ok(purged)
     }
@@ -237,10 +248,20 @@ impl crate::Admin for MemoryStore {
     }
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        Ok(lock(self.shard(key)).remove(key).is_some())
+        let (hash, shard) = self.locate(key);
+        let mut records = lock(shard);
+        match records.find_entry(hash, |record| record.key == *key) {
+            Ok(entry) => {
+                entry.remove();
+                Ok(true)
+            }
+            Err(_) => Ok(false),
+        }
     }
 
     async fn raw(&self, key: &Key) -> Result<Option<crate::admin::RawRecord>, StoreError> {
-        Ok(lock(self.shard(key)).get(key).map(crate::raw::raw_of))
+        let (hash, shard) = self.locate(key);
+        let records = lock(shard);
+        Ok(self.find(&records, hash, key).map(crate::raw::raw_of))
     }
 }

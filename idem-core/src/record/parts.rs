@@ -155,35 +155,71 @@ impl RecordParts {
     ///
     /// # Errors
     /// [`StoreError::Corrupt`].
-    pub fn build(mut self) -> Result<Record, StoreError> {
-        let key = Some(self.key.short_hash());
-        let corrupt = |what| StoreError::Corrupt {
-            what,
+    pub fn build(self) -> Result<Record, StoreError> {
+        let Self {
             key,
-            source: None,
-        };
-        if let Some(what) = self.error {
-            return Err(corrupt(what));
+            fingerprint,
+            state,
+            token,
+            attempt,
+            lease_until,
+            created_at,
+            expires_at,
+            response,
+            steps,
+            error,
+        } = self;
+        match (
+            error,
+            fingerprint,
+            state,
+            token,
+            attempt,
+            lease_until,
+            created_at,
+            expires_at,
+        ) {
+            (
+                None,
+                Some(fingerprint),
+                Some(state),
+                Some(token),
+                Some(attempt),
+                Some(lease_until),
+                Some(created_at),
+                Some(expires_at),
+            ) => Ok(Record {
+                key,
+                fingerprint,
+                state,
+                token,
+                attempt,
+                lease_until,
+                created_at,
+                expires_at,
+                response,
+                steps,
+            }),
+            // The key's hash only on this path: a decode that succeeds never needs it.
+            (error, fingerprint, state, token, attempt, lease_until, created_at, expires_at) => {
+                let what = error
+                    .or(fingerprint.is_none().then_some("a missing fingerprint"))
+                    .or(state.is_none().then_some("a missing state"))
+                    .or(token.is_none().then_some("a missing token"))
+                    .or(attempt.is_none().then_some("a missing attempt id"))
+                    .or(lease_until.is_none().then_some("a missing lease end"))
+                    .or(created_at.is_none().then_some("a missing creation time"))
+                    .unwrap_or(if expires_at.is_none() {
+                        "a missing expiry"
+                    } else {
+                        "a record that could not be rebuilt"
+                    });
+                Err(StoreError::Corrupt {
+                    what,
+                    key: Some(key.short_hash()),
+                    source: None,
+                })
+            }
         }
-        let missing = |what: &'static str| move || corrupt(what);
-        let record = Record {
-            fingerprint: self
-                .fingerprint
-                .ok_or_else(missing("a missing fingerprint"))?,
-            state: self.state.ok_or_else(missing("a missing state"))?,
-            token: self.token.ok_or_else(missing("a missing token"))?,
-            attempt: self.attempt.ok_or_else(missing("a missing attempt id"))?,
-            lease_until: self
-                .lease_until
-                .ok_or_else(missing("a missing lease end"))?,
-            created_at: self
-                .created_at
-                .ok_or_else(missing("a missing creation time"))?,
-            expires_at: self.expires_at.ok_or_else(missing("a missing expiry"))?,
-            response: self.response.take(),
-            steps: std::mem::take(&mut self.steps),
-            key: self.key,
-        };
-        Ok(record)
     }
 }

@@ -1,14 +1,17 @@
--- One statement per claim. A finished record that is present (completed or failed, not
--- expired) is read and answered as it is: no write, no row lock, which is every replay.
--- Otherwise the upsert writes when the key is new, absent (expired and held by no live
--- lease), or in progress with an expired lease under the same fingerprint (a takeover).
--- When it does not write, the existing record comes back in the same round trip, and the
--- client answers replay, mismatch or in-flight from it with the state machine.
+-- One statement per claim. A present record that this claim will not write is read and
+-- answered as it is: no write and no row lock. That is every replay (a finished record),
+-- every in-flight answer (a live lease), every mismatch, and a retried claim asking for
+-- the lease its first try took. Otherwise the upsert writes when the key is new, absent
+-- (expired and held by no live lease), or in progress with an expired lease under the
+-- same fingerprint (a takeover). When the upsert does not write (the record changed since
+-- the read), the record comes back in the same round trip all the same. The client
+-- answers from what it gets with the state machine.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
 WITH finished AS (
     SELECT {columns}
     FROM {table}
-    WHERE scope = $1 AND key = $2 AND state <> 'in_progress' AND expires_at > now()
+    WHERE scope = $1 AND key = $2 AND {present}
+      AND NOT (state = 'in_progress' AND lease_until <= now() AND fingerprint = $3::bytea)
 ),
 claimed AS (
     INSERT INTO {table} AS r

@@ -54,6 +54,37 @@ impl DynamoDbStoreBuilder {
         self
     }
 
+    /// Whether a claim first reads the item (strongly consistent) and answers a finished
+    /// record's replay or mismatch from the read (default: `false`, the conditional
+    /// write alone).
+    ///
+    /// - Off, every claim is one conditional `UpdateItem`. A replay, an in-flight answer
+    ///   and a mismatch are failed conditions, which DynamoDB bills as writes sized by the
+    ///   stored item: one write unit per started KB, up to 400 for a 400 KB record; one
+    ///   hot key takes at most 1 000 write units a second, so about ten replays a second
+    ///   of a 100 KB result.
+    /// - On, a replay or a mismatch of a finished record is one `GetItem`: one read unit
+    ///   per started 4 KB (a write unit costs five read units on demand), and a hot key
+    ///   takes 3 000 read units a second. Every other claim, a fresh key above all, pays
+    ///   the read (one read unit, and a round trip) before its write.
+    /// - Turn it on when stored results are large (several KB and more) or retries come in
+    ///   storms; keep it off when most keys are fresh and results small, which is most
+    ///   traffic. BENCHMARKS.md has the units and latencies measured for each.
+    ///
+    /// ```
+    /// # async fn run(client: aws_sdk_dynamodb::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = idem_dynamodb::DynamoDbStore::builder(client, "idem")?
+    ///     .claim_reads_first(true)
+    ///     .build();
+    /// # let _ = store;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn claim_reads_first(mut self, read_first: bool) -> Self {
+        self.store.claim_reads_first = read_first;
+        self
+    }
+
     /// The clock the store reads (default: the system clock).
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.store.clock = Arc::new(clock);

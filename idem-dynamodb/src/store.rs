@@ -87,6 +87,8 @@ pub struct DynamoDbStore {
     pub(crate) namespace: Arc<str>,
     pub(crate) skew_margin: Duration,
     pub(crate) clock: Arc<dyn Clock>,
+    /// Whether a claim reads the item first and answers a finished one from the read.
+    pub(crate) claim_reads_first: bool,
     /// Where the purge's `Scan` goes on from: the key of the last item it looked at, or
     /// `None` to start at the top. Shared by clones.
     purge_from: Arc<std::sync::Mutex<Option<HashMap<String, AttributeValue>>>>,
@@ -123,6 +125,7 @@ impl DynamoDbStore {
                 namespace: storage_name::namespace_prefix("").into(),
                 skew_margin: DEFAULT_SKEW_MARGIN,
                 clock: Arc::new(SystemClock),
+                claim_reads_first: false,
                 purge_from: Arc::default(),
             },
         })
@@ -262,6 +265,35 @@ impl DynamoDbStore {
 
     fn now(&self) -> Timestamp {
         self.clock.now()
+    }
+
+    /// A claim's answer from a strongly consistent read, when the item is a finished
+    /// record still present: its replay, or a mismatch. A finished record never changes
+    /// until it is absent, so the read is as good as the conditional write, and costs read
+    /// units sized by the item instead of write units. Anything else (no item, one in
+    /// progress, one absent) is `None`: the conditional write decides.
+    async fn answer_from_read(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<Option<ClaimOutcome>, StoreError> {
+        let Some(found) = self.read(&request.key, Operation::Claim).await? else {
+            return Ok(None);
+        };
+        let (mut seen, _) = item::decode(&request.key, &found)?;
+        if seen.state == State::InProgress {
+            return Ok(None);
+        }
+        seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
+        let answer = machine::claim(Some(&seen), request, self.now());
+        Ok(match (answer.outcome, answer.write) {
+            (
+                outcome @ (ClaimOutcome::Replay { .. }
+                | ClaimOutcome::ReplayFailure { .. }
+                | ClaimOutcome::Mismatch),
+                None,
+            ) => Some(outcome),
+            _ => None,
+        })
     }
 
     async fn fresh(
@@ -430,6 +462,7 @@ impl fmt::Debug for DynamoDbStore {
             .field("table", &self.table)
             .field("prefix", &self.prefix)
             .field("skew_margin", &self.skew_margin)
+            .field("claim_reads_first", &self.claim_reads_first)
             .field("clock", &self.clock)
             .finish()
     }
@@ -438,6 +471,11 @@ impl fmt::Debug for DynamoDbStore {
 #[async_trait]
 impl Store for DynamoDbStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        if self.claim_reads_first
+            && let Some(answer) = self.answer_from_read(request).await?
+        {
+            return Ok(answer);
+        }
         for _ in 0..CLAIM_ATTEMPTS {
             let now = self.now();
             let old = match self.fresh(request, now).await? {

@@ -270,13 +270,17 @@ pub(crate) async fn redis(url: &str) -> Result<Backend, BoxError> {
 }
 
 pub(crate) fn dynamodb_client(endpoint: &str) -> aws_sdk_dynamodb::Client {
-    let config = aws_sdk_dynamodb::Config::builder()
+    aws_sdk_dynamodb::Client::from_conf(dynamodb_config(endpoint))
+}
+
+/// The client configuration for DynamoDB Local at `endpoint`.
+pub(crate) fn dynamodb_config(endpoint: &str) -> aws_sdk_dynamodb::Config {
+    aws_sdk_dynamodb::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .endpoint_url(endpoint)
         .region(Region::new("us-east-1"))
         .credentials_provider(Credentials::new("bench", "bench", None, None, "idem-bench"))
-        .build();
-    aws_sdk_dynamodb::Client::from_conf(config)
+        .build()
 }
 
 async fn dynamodb_pair(

@@ -106,3 +106,21 @@ fn many_tasks_once(n: usize, tasks: usize, threads: usize) -> Result<f64, BoxErr
         Ok((n / tasks * tasks) as f64 / started.elapsed().as_secs_f64())
     })
 }
+
+/// Median over `rounds` of the nanoseconds one [`Fingerprint::of_bytes`] of the
+/// benchmark's request takes, `n` in a row.
+pub(crate) fn fingerprint_ns(n: usize, rounds: usize) -> f64 {
+    median(
+        (0..rounds.max(1))
+            .map(|_| {
+                let started = Instant::now();
+                for _ in 0..n {
+                    std::hint::black_box(Fingerprint::of_bytes(std::hint::black_box(
+                        crate::target::REQUEST,
+                    )));
+                }
+                started.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64
+            })
+            .collect(),
+    )
+}

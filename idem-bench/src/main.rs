@@ -11,6 +11,7 @@
 //! cargo build --release -p idem-cli -p idem-bench
 //! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
 //! cargo run --release -p idem-bench -- --codec --backends memory,sqlite,postgres
+//! cargo run --release -p idem-bench -- --dynamodb-capacity --backends dynamodb
 //! ```
 //!
 //! ## Where things live
@@ -21,10 +22,12 @@
 //!   charts.
 //! - Segments of their own: `server.rs` (server time per operation), `floor.rs` (the
 //!   memory store's floor), `http.rs` (the HTTP layer), `codec.rs` (encryption),
-//!   `purge.rs` (`idem purge`), `scaling.rs` (10^4 to 10^7 records); `proxy.rs` and
+//!   `purge.rs` (`idem purge`), `scaling.rs` (10^4 to 10^7 records, with operators'
+//!   calls), `capacity.rs` (DynamoDB's capacity units per call); `proxy.rs` and
 //!   `counting.rs` count round trips.
 
 mod backends;
+mod capacity;
 mod charts;
 mod codec;
 mod counting;
@@ -108,10 +111,23 @@ struct Args {
     /// --backends. Quick mode runs a small one, on SQLite, after its run.
     #[arg(long)]
     reverse_proxy: bool,
+    /// Only measure DynamoDB's consumed capacity and latency per store call, fresh and
+    /// replayed, with the default claim and with claims that read first, for stored
+    /// results of 36 bytes to 350 KB (DynamoDB of --backends). Quick mode runs a small
+    /// one after its run.
+    #[arg(long)]
+    dynamodb_capacity: bool,
     /// The `idem` binary for the purge and reverse proxy measurements (default: the one
     /// built beside this benchmark, `cargo build --release -p idem-cli`).
     #[arg(long, value_name = "PATH")]
     idem: Option<PathBuf>,
+    /// An earlier build of `idem` whose operator commands the scaling run times too, for a
+    /// before and after on the same records.
+    #[arg(long, value_name = "PATH")]
+    idem_before: Option<PathBuf>,
+    /// The longest an operator command of the scaling run may take before it is stopped.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    operator_limit: f64,
 }
 
 /// Completed keys prepared per target for the replay and mixed workloads (replays cycle
@@ -126,6 +142,15 @@ fn pool_size(backend: &str, quick: bool) -> usize {
 }
 
 /// Seconds per timed round.
+/// The `idem` binaries whose operator commands the scaling run times.
+fn operator_binaries(args: &Args, idem: &std::path::Path) -> scaling::OperatorBinaries {
+    scaling::OperatorBinaries {
+        after: Some(idem.to_path_buf()),
+        before: args.idem_before.clone(),
+        limit: Duration::from_secs_f64(args.operator_limit.max(0.1)),
+    }
+}
+
 fn round_seconds(args: &Args) -> f64 {
     args.seconds
         .unwrap_or(if args.quick { 0.05 } else { 1.0 })
@@ -425,12 +450,19 @@ async fn main() -> Result<(), BoxError> {
         codec: Vec::new(),
         scaling: scaling::ScaleReport::default(),
         reverse_proxy: Vec::new(),
+        dynamodb_capacity: Vec::new(),
     };
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let idem = match &args.idem {
         Some(path) => path.clone(),
-        None if args.purge.is_some() || args.reverse_proxy || args.quick => purge::sibling_idem()?,
+        None if args.purge.is_some()
+            || args.reverse_proxy
+            || args.quick
+            || !args.scaling.is_empty() =>
+        {
+            purge::sibling_idem()?
+        }
         None => PathBuf::new(),
     };
     if !args.redraw.is_empty() {
@@ -461,6 +493,13 @@ async fn main() -> Result<(), BoxError> {
         reverse_proxy::print(&report.reverse_proxy);
         return finish(&args, &report);
     }
+    if args.dynamodb_capacity {
+        if args.backends.iter().any(|b| b == "dynamodb") {
+            report.dynamodb_capacity = capacity::run(args.rounds.unwrap_or(200).max(1)).await?;
+        }
+        capacity::print(&report.dynamodb_capacity);
+        return finish(&args, &report);
+    }
     if args.codec {
         report.codec = codec::run(&args.backends, args.quick, &dir).await?;
         let _ = std::fs::remove_dir_all(&dir);
@@ -475,6 +514,7 @@ async fn main() -> Result<(), BoxError> {
             round_seconds(&args),
             if args.quick { 200 } else { 100_000 },
             &dir,
+            &operator_binaries(&args, &idem),
         )
         .await?;
         let _ = std::fs::remove_dir_all(&dir);
@@ -519,6 +559,7 @@ async fn main() -> Result<(), BoxError> {
                 pairs_per_sec_16_tasks: floor::many_tasks(n, 16, cores, rounds)
                     .map_err(|e| e.to_string())?,
                 threads: cores,
+                fingerprint_ns: floor::fingerprint_ns(1_000_000, rounds),
             })
         })
         .await??;
@@ -529,12 +570,23 @@ async fn main() -> Result<(), BoxError> {
         report.codec = codec::run(&args.backends, true, &dir).await?;
         // A tiny scaling run, so the seeding and the purge measurement cannot rot.
         let seconds = round_seconds(&args);
-        report.scaling =
-            scaling::run(&args.backends, &[1_000, 10_000], 1_000, seconds, 200, &dir).await?;
+        report.scaling = scaling::run(
+            &args.backends,
+            &[1_000, 10_000],
+            1_000,
+            seconds,
+            200,
+            &dir,
+            &operator_binaries(&args, &idem),
+        )
+        .await?;
         // And the proxy on SQLite, so that its benchmark cannot rot either.
         let sqlite = proxy_stores(&["sqlite".to_owned()], &dir)?;
         report.reverse_proxy =
             reverse_proxy::run(&idem, &sqlite, &[1, 16], seconds, 1, &dir).await?;
+        if args.backends.iter().any(|b| b == "dynamodb") {
+            report.dynamodb_capacity = capacity::run(3).await?;
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     print(&report);
@@ -544,6 +596,7 @@ async fn main() -> Result<(), BoxError> {
     codec::print(&report.codec);
     scaling::print(&report.scaling);
     reverse_proxy::print(&report.reverse_proxy);
+    capacity::print(&report.dynamodb_capacity);
     finish(&args, &report)
 }
 

@@ -70,6 +70,9 @@ pub(crate) struct MemoryFloor {
     pub(crate) pairs_per_sec_one_core: f64,
     pub(crate) pairs_per_sec_16_tasks: f64,
     pub(crate) threads: usize,
+    /// What the fingerprint of one request costs, measured apart: the targets fingerprint
+    /// no request inside the timed loop, as the raw baselines do not.
+    pub(crate) fingerprint_ns: f64,
 }
 
 #[derive(Serialize)]
@@ -85,6 +88,7 @@ pub(crate) struct Report {
     pub(crate) codec: Vec<codec::CodecRow>,
     pub(crate) scaling: scaling::ScaleReport,
     pub(crate) reverse_proxy: Vec<crate::reverse_proxy::Row>,
+    pub(crate) dynamodb_capacity: Vec<crate::capacity::CapacityRow>,
 }
 
 pub(crate) fn print(report: &Report) {
@@ -195,6 +199,11 @@ pub(crate) fn print(report: &Report) {
         println!(
             "\nmemory store, Store level: {:.0} claim+complete pairs/s on one core; {:.0} pairs/s with 16 tasks on distinct keys over {} threads",
             floor.pairs_per_sec_one_core, floor.pairs_per_sec_16_tasks, floor.threads
+        );
+        println!(
+            "fingerprint of a {}-byte request (Fingerprint::of_bytes, SHA-256): {:.0} ns",
+            crate::target::REQUEST.len(),
+            floor.fingerprint_ns
         );
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, PutRequest, WriteRequest};
-use idem_core::{Fingerprint, Key, Store, raw::storage_name};
+use idem_core::{Admin, Fingerprint, Key, Store, raw::storage_name};
 use idem_dynamodb::DynamoDbStore;
 use idem_redis::RedisStore;
 use idem_sqlite::SqliteStore;
@@ -63,11 +63,35 @@ pub(crate) struct ScaleSeed {
     pub(crate) secs: f64,
 }
 
+/// One operator's command (`idem stats`, `idem list`) at one size, spawn to exit.
+#[derive(Clone, Serialize)]
+pub(crate) struct ScaleOperator {
+    pub(crate) backend: &'static str,
+    pub(crate) records: u64,
+    /// Which `idem` binary ran it: `after` (the one measured) or `before` (`--idem-before`).
+    pub(crate) binary: &'static str,
+    /// The command, as the operator types it (store flags left out).
+    pub(crate) operation: &'static str,
+    /// `None` when it was stopped at the time limit.
+    pub(crate) secs: Option<f64>,
+}
+
+/// The `idem` binaries whose operator commands are timed: the one measured, and
+/// optionally an earlier build to compare with.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct OperatorBinaries {
+    pub(crate) after: Option<std::path::PathBuf>,
+    pub(crate) before: Option<std::path::PathBuf>,
+    /// Each command is stopped after this long.
+    pub(crate) limit: Duration,
+}
+
 #[derive(Default, Serialize)]
 pub(crate) struct ScaleReport {
     pub(crate) rows: Vec<ScaleRow>,
     pub(crate) purges: Vec<ScalePurge>,
     pub(crate) seeds: Vec<ScaleSeed>,
+    pub(crate) operators: Vec<ScaleOperator>,
 }
 
 /// Writes seeded records `seed-<from>` .. `seed-<to - 1>` as copies of the template.
@@ -85,10 +109,13 @@ trait Seeder: Send + Sync {
 struct Setup {
     name: &'static str,
     target: Arc<dyn Target>,
-    store: Arc<dyn Store>,
+    store: Arc<dyn Admin>,
     seeder: Box<dyn Seeder>,
     /// Most records this backend is seeded to.
     max: u64,
+    /// The flags and environment that point `idem` at the same records.
+    cli: Vec<String>,
+    cli_env: Vec<(&'static str, &'static str)>,
 }
 
 /// The fingerprint every scaling record is claimed with, template and seeds alike.
@@ -96,7 +123,7 @@ fn fingerprint() -> Fingerprint {
     Fingerprint::of_bytes("idem-bench scaling")
 }
 
-fn setup_target<S: Store + Clone + 'static>(store: &S) -> (Arc<dyn Target>, Arc<dyn Store>) {
+fn setup_target<S: Admin + Clone + 'static>(store: &S) -> (Arc<dyn Target>, Arc<dyn Admin>) {
     (
         Arc::new(IdemTarget::with_fingerprint(store.clone(), fingerprint())),
         Arc::new(store.clone()),
@@ -111,6 +138,7 @@ pub(crate) async fn run(
     seconds: f64,
     purge_budget: usize,
     dir: &Path,
+    binaries: &OperatorBinaries,
 ) -> Result<ScaleReport, BoxError> {
     let mut report = ScaleReport::default();
     for name in backends {
@@ -186,6 +214,9 @@ pub(crate) async fn run(
                     report.rows.push(row);
                 }
             }
+            report
+                .operators
+                .extend(operators(&setup, records, binaries).await?);
             if setup.seeder.keeps_expired() {
                 let started = Instant::now();
                 let mut purged = 0usize;
@@ -221,6 +252,86 @@ pub(crate) async fn run(
     Ok(report)
 }
 
+/// What an operator asks of a store this size, each command timed once from spawn to
+/// exit with each binary: the counts, the first page, a page of a scope prefix every
+/// record matches and of one none does (the listing read to its end for nothing), and
+/// stuck work (none here: the seeded records are finished).
+async fn operators(
+    setup: &Setup,
+    records: u64,
+    binaries: &OperatorBinaries,
+) -> Result<Vec<ScaleOperator>, BoxError> {
+    const COMMANDS: [(&str, &[&str]); 5] = [
+        ("stats", &["stats"]),
+        ("list", &["list"]),
+        (
+            "list --scope-prefix bench/",
+            &["list", "--scope-prefix", "bench/"],
+        ),
+        (
+            "list --scope-prefix nobody/",
+            &["list", "--scope-prefix", "nobody/"],
+        ),
+        ("list --stuck 1m", &["list", "--stuck", "1m"]),
+    ];
+    let mut rows = Vec::new();
+    for (binary, path) in [("after", &binaries.after), ("before", &binaries.before)] {
+        let Some(path) = path else { continue };
+        for (operation, args) in COMMANDS {
+            let mut command = std::process::Command::new(path);
+            command
+                .args(args)
+                .args(&setup.cli)
+                .envs(setup.cli_env.iter().copied())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped());
+            let limit = binaries.limit;
+            let secs = tokio::task::spawn_blocking(move || timed(command, limit)).await??;
+            eprintln!(
+                "  {binary:<6} idem {operation:<28} {}",
+                secs.map_or_else(
+                    || format!("stopped after {limit:?}"),
+                    |s| format!("{s:.3} s")
+                )
+            );
+            rows.push(ScaleOperator {
+                backend: setup.name,
+                records,
+                binary,
+                operation,
+                secs,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs `command` to its end, or kills it after `limit` (`None`); a failure is an error.
+fn timed(mut command: std::process::Command, limit: Duration) -> Result<Option<f64>, BoxError> {
+    let started = Instant::now();
+    let mut child = command.spawn()?;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let secs = started.elapsed().as_secs_f64();
+            if !status.success() {
+                let mut said = String::new();
+                if let Some(mut stderr) = child.stderr.take() {
+                    use std::io::Read;
+                    let _ = stderr.read_to_string(&mut said);
+                }
+                return Err(format!("{command:?} failed ({status}): {said}").into());
+            }
+            return Ok(Some(secs));
+        }
+        if started.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup>, BoxError> {
     let run = std::process::id();
     Ok(Some(match name {
@@ -235,6 +346,8 @@ async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup
                 store,
                 seeder: Box::new(SqliteSeeder { path: path.clone() }),
                 max: u64::MAX,
+                cli: vec!["--store".into(), format!("sqlite://{}", path.display())],
+                cli_env: vec![],
             }
         }
         "postgres" => {
@@ -251,6 +364,13 @@ async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup
                 store,
                 seeder: Box::new(PostgresSeeder { pool }),
                 max: u64::MAX,
+                cli: vec![
+                    "--store".into(),
+                    url.clone(),
+                    "--table".into(),
+                    "idem_bench_scaling".into(),
+                ],
+                cli_env: vec![],
             }
         }
         "redis" => {
@@ -266,6 +386,13 @@ async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup
                 name: "redis",
                 target,
                 store,
+                cli: vec![
+                    "--store".into(),
+                    url.clone(),
+                    "--prefix".into(),
+                    prefix.clone(),
+                ],
+                cli_env: vec![],
                 seeder: Box::new(RedisSeeder { connection, prefix }),
                 max: u64::MAX,
             }
@@ -292,6 +419,16 @@ async fn setup(name: &str, dir: &Path, dynamodb_max: u64) -> Result<Option<Setup
                 name: "dynamodb",
                 target,
                 store,
+                cli: vec![
+                    "--store".into(),
+                    format!("dynamodb://{DYNAMODB_TABLE}?region=us-east-1&endpoint={endpoint}"),
+                    "--prefix".into(),
+                    prefix.clone(),
+                ],
+                cli_env: vec![
+                    ("AWS_ACCESS_KEY_ID", "bench"),
+                    ("AWS_SECRET_ACCESS_KEY", "bench"),
+                ],
                 seeder: Box::new(DynamoDbSeeder { client, prefix }),
                 max: dynamodb_max,
             }
@@ -571,5 +708,21 @@ pub(crate) fn print(report: &ScaleReport) {
                 seed.backend, seed.records, seed.secs
             ),
         }
+    }
+    if report.operators.is_empty() {
+        return;
+    }
+    println!("\n| backend | records | `idem` command | binary | seconds, spawn to exit |");
+    println!("|---|---:|---|---|---:|");
+    for row in &report.operators {
+        println!(
+            "| {} | {} | `{}` | {} | {} |",
+            row.backend,
+            row.records,
+            row.operation,
+            row.binary,
+            row.secs
+                .map_or_else(|| "stopped at the limit".to_string(), |s| format!("{s:.3}"))
+        );
     }
 }

@@ -141,7 +141,6 @@ fn pool_size(backend: &str, quick: bool) -> usize {
     }
 }
 
-/// Seconds per timed round.
 /// The `idem` binaries whose operator commands the scaling run times.
 fn operator_binaries(args: &Args, idem: &std::path::Path) -> scaling::OperatorBinaries {
     scaling::OperatorBinaries {
@@ -151,6 +150,7 @@ fn operator_binaries(args: &Args, idem: &std::path::Path) -> scaling::OperatorBi
     }
 }
 
+/// Seconds per timed round.
 fn round_seconds(args: &Args) -> f64 {
     args.seconds
         .unwrap_or(if args.quick { 0.05 } else { 1.0 })

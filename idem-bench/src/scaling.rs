@@ -284,7 +284,7 @@ async fn operators(
                 .args(&setup.cli)
                 .envs(setup.cli_env.iter().copied())
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped());
+                .stderr(std::process::Stdio::null());
             let limit = binaries.limit;
             let secs = tokio::task::spawn_blocking(move || timed(command, limit)).await??;
             eprintln!(
@@ -306,7 +306,8 @@ async fn operators(
     Ok(rows)
 }
 
-/// Runs `command` to its end, or kills it after `limit` (`None`); a failure is an error.
+/// Runs `command` to its end, or kills it after `limit` (`None`); a failure is an error
+/// naming the command only (its flags hold the store's URL).
 fn timed(mut command: std::process::Command, limit: Duration) -> Result<Option<f64>, BoxError> {
     let started = Instant::now();
     let mut child = command.spawn()?;
@@ -314,12 +315,8 @@ fn timed(mut command: std::process::Command, limit: Duration) -> Result<Option<f
         if let Some(status) = child.try_wait()? {
             let secs = started.elapsed().as_secs_f64();
             if !status.success() {
-                let mut said = String::new();
-                if let Some(mut stderr) = child.stderr.take() {
-                    use std::io::Read;
-                    let _ = stderr.read_to_string(&mut said);
-                }
-                return Err(format!("{command:?} failed ({status}): {said}").into());
+                let args: Vec<_> = command.get_args().take(3).collect();
+                return Err(format!("idem {args:?}... failed ({status})").into());
             }
             return Ok(Some(secs));
         }

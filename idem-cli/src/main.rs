@@ -54,7 +54,17 @@ fn main() -> ExitCode {
                 usize::from,
             )
         }
-        _ => 2,
+        _ => {
+            // The stores' own warnings (a key skipped as unreadable, by its short hash)
+            // are for the operator who ran the command.
+            tracing_subscriber::fmt()
+                .with_writer(std::io::stderr)
+                .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+                .without_time()
+                .with_target(false)
+                .init();
+            2
+        }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)

@@ -16,8 +16,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
     Admin, Key, Record, State, StoreError, admin::ListQuery, admin::Page, admin::ReleaseKeyOutcome,
-    admin::Stats, raw::PageSelector, raw::Tally, raw::select_page, raw::storage_name,
-    record::AttemptId, store::Operation,
+    admin::Stats, raw::PageSelector, raw::Tally, raw::storage_name, record::AttemptId,
+    store::Operation,
 };
 
 use crate::errors::map;
@@ -86,12 +86,14 @@ impl Admin for DynamoDbStore {
         let mut selector = PageSelector::new(query, now)?;
         self.each_summary(Operation::List, |record| selector.offer(record))
             .await?;
-        // The page's records whole (responses and steps), chosen again among themselves:
-        // one that changed or went since the scan falls where it now belongs, or out.
-        let mut whole = Vec::new();
-        for key in selector.kept_keys() {
-            if let Some(found) = self.read(&key, Operation::List).await? {
-                match item::decode(&key, &found) {
+        // The page's items whole (responses and steps); the cursor stays the one the
+        // selection found, so an item that changed or went since the scan is left out of
+        // this page without ending the listing.
+        let plan = selector.plan();
+        let mut whole = Vec::with_capacity(plan.keys().len());
+        for key in plan.keys() {
+            if let Some(found) = self.read(key, Operation::List).await? {
+                match item::decode(key, &found) {
                     Ok((record, _)) => whole.push(record),
                     Err(err) => {
                         tracing::warn!(error = %err, "skipped an item that is not a readable record")
@@ -99,7 +101,7 @@ impl Admin for DynamoDbStore {
                 }
             }
         }
-        select_page(whole, query, now)
+        Ok(plan.page(whole))
     }
 
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {

@@ -55,10 +55,19 @@
 //!
 //! DynamoDB's TTL deletes absent records by itself, lazily (typically within days); reads
 //! and claims check presence themselves, so a late deletion changes nothing but storage.
-//! `purge_expired` scans the whole table: a TTL-enabled table rarely needs it. A table
-//! shared by many prefixes, or an operator who must list records, pays for a `Scan`
+//! `purge_expired` scans the table, each call going on from where the last one stopped,
+//! with several conditional deletes in flight: a TTL-enabled table rarely needs it. A
+//! table shared by many prefixes, or an operator who must list records, pays for a `Scan`
 //! per call; a global secondary index on a prefix attribute would pay off beyond a few
 //! hundred thousand items.
+//!
+//! ## What a replay costs
+//!
+//! By default a claim is one conditional write, so a replay is a failed condition, which
+//! DynamoDB bills as a write sized by the stored item (one unit per started KB).
+//! [`DynamoDbStoreBuilder::claim_reads_first`] makes it a strongly consistent read (one
+//! unit per started 4 KB, at a fifth of a write unit's price) at the cost of a read before
+//! every other claim; its docs say when that pays.
 //!
 //! ## Operating
 //!

@@ -42,7 +42,9 @@ const CLAIM_ATTEMPTS: usize = 8;
 ///   by no live lease), with `ReturnValuesOnConditionCheckFailure = ALL_OLD`, so a replay,
 ///   a mismatch or an in-flight answer costs one round trip; a takeover adds a second
 ///   conditional write (a compare-and-set on the token it read). When the server sends no
-///   old item, one strongly consistent `GetItem` reads it.
+///   old item, one strongly consistent `GetItem` reads it. With
+///   [`claim_reads_first`](crate::DynamoDbStoreBuilder::claim_reads_first), a
+///   `GetItem` comes first and answers a finished record's replay or mismatch alone.
 /// - Every fenced write is an `UpdateItem` conditioned on the token, the attempt, the
 ///   state and presence; a failed condition is an outcome, never an error. A renewal is
 ///   one conditional write; it also moves the TTL, in the same write, when the new lease
@@ -97,6 +99,19 @@ pub struct DynamoDbStore {
 /// How many conditional deletes a purge has in flight at once: one at a time, a purge
 /// runs at one item per round trip.
 const PURGE_CONCURRENCY: usize = 16;
+
+/// Puts the purge's position back when a call ends, however it ends (a return, an error,
+/// a dropped future): at the page it was working on, or where it stopped.
+struct ResumeGuard<'a> {
+    store: &'a DynamoDbStore,
+    at: Option<HashMap<String, AttributeValue>>,
+}
+
+impl Drop for ResumeGuard<'_> {
+    fn drop(&mut self) {
+        *self.store.purge_position() = self.at.take();
+    }
+}
 
 /// How often a complete or fail writes again when the item's creation time was not the
 /// one the write assumed (a lease whose `created_at` is not the item's).
@@ -279,7 +294,11 @@ impl DynamoDbStore {
         let Some(found) = self.read(&request.key, Operation::Claim).await? else {
             return Ok(None);
         };
-        let (mut seen, _) = item::decode(&request.key, &found)?;
+        // An item that does not decode is the conditional write's to judge (it claims one
+        // that is absent), so that both paths answer alike.
+        let Ok((mut seen, _)) = item::decode(&request.key, &found) else {
+            return Ok(None);
+        };
         if seen.state == State::InProgress {
             return Ok(None);
         }
@@ -669,13 +688,19 @@ impl Store for DynamoDbStore {
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         // A call goes on from where the last one stopped, so that a purge in batches reads
-        // the table once per pass instead of again from the top for every batch; a call
-        // that reaches the end answers fewer than `limit` and the next starts over.
+        // the table once per pass instead of again from the top for every batch. A call
+        // that reaches the end of the table stops there, and the next starts at the top:
+        // a record that became absent behind the position waits for the next pass. A call
+        // that fails or is dropped leaves the position at the start of the page it was
+        // working on.
         let now = self.now();
         let cutoff = self.cutoff(now);
         let filter_names = names(&[x::PURGEABLE, "#tk"]);
         let mut purged = 0;
-        let mut start = self.purge_position().take();
+        let mut resume = ResumeGuard {
+            store: self,
+            at: self.purge_position().take(),
+        };
         while purged < limit {
             let page = self
                 .client
@@ -689,7 +714,7 @@ impl Store for DynamoDbStore {
                 .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
                 .expression_attribute_values(":cutoff", n(cutoff))
                 .consistent_read(true)
-                .set_exclusive_start_key(start.take())
+                .set_exclusive_start_key(resume.at.clone())
                 .send()
                 .await
                 .map_err(|err| map(Operation::PurgeExpired, err))?;
@@ -717,15 +742,17 @@ impl Store for DynamoDbStore {
             if looked_at < found.len() {
                 // Stopped inside this page: go on after the last item looked at.
                 let (pk, _) = found[looked_at - 1];
-                *self.purge_position() = Some(HashMap::from([(item::PK.to_owned(), pk.clone())]));
+                resume.at = Some(HashMap::from([(item::PK.to_owned(), pk.clone())]));
                 return Ok(purged);
             }
             match page.last_evaluated_key() {
-                Some(last) => start = Some(last.clone()),
-                None => return Ok(purged), // the end: the next call starts at the top
+                Some(last) => resume.at = Some(last.clone()),
+                None => {
+                    resume.at = None; // the end: the next call starts at the top
+                    return Ok(purged);
+                }
             }
         }
-        *self.purge_position() = start;
         Ok(purged)
     }
 

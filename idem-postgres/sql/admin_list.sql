@@ -7,7 +7,8 @@ SELECT scope, key, {columns},
 FROM {table} AS r
 WHERE ($1::text IS NULL OR state = $1)
   AND ($2::bigint IS NULL
-       OR (state = 'in_progress' AND lease_until <= now() - $2 * interval '1 millisecond'))
+       OR (state = 'in_progress' AND lease_until <= now() - $2 * interval '1 millisecond'
+           AND expires_at > now()))
   AND ($3::text IS NULL OR starts_with(scope, $3))
   AND ($4::bigint IS NULL
        OR (created_at, scope, key) > ('epoch'::timestamptz + $4 * interval '1 microsecond', $5, $6))

@@ -7,7 +7,7 @@
 -- the read), the record comes back in the same round trip all the same. The client
 -- answers from what it gets with the state machine.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
-WITH finished AS (
+WITH settled AS (
     SELECT {columns}
     FROM {table}
     WHERE scope = $1 AND key = $2 AND {present}
@@ -20,7 +20,7 @@ claimed AS (
     SELECT $1::text, $2::text, $3::bytea, 'in_progress', 1, $4::bytea,
            now() + $5::bigint * interval '1 millisecond', now(),
            now() + $6::bigint * interval '1 millisecond', NULL, '{}'::jsonb, false
-    WHERE NOT EXISTS (SELECT 1 FROM finished)
+    WHERE NOT EXISTS (SELECT 1 FROM settled)
     ON CONFLICT (scope, key) DO UPDATE SET
         -- An absent record is replaced by a fresh one; a takeover keeps what it had.
         fingerprint = CASE WHEN NOT {r.present} THEN excluded.fingerprint ELSE r.fingerprint END,
@@ -39,11 +39,11 @@ claimed AS (
            AND r.lease_until <= now())
     RETURNING {columns}
 )
-SELECT false AS claimed, * FROM finished
+SELECT false AS claimed, * FROM settled
 UNION ALL
 SELECT true AS claimed, * FROM claimed
 UNION ALL
 SELECT false AS claimed, {columns}
 FROM {table}
 WHERE scope = $1 AND key = $2
-  AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM finished)
+  AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM settled)

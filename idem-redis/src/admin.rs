@@ -12,8 +12,8 @@
 use async_trait::async_trait;
 use idem_core::{
     Admin, Key, Record, State, StoreError, Timestamp, admin::ListQuery, admin::Page,
-    admin::ReleaseKeyOutcome, admin::Stats, raw::PageSelector, raw::Tally, raw::select_page,
-    raw::storage_name, record::AttemptId, store::Operation,
+    admin::ReleaseKeyOutcome, admin::Stats, raw::PageSelector, raw::Tally, raw::storage_name,
+    record::AttemptId, store::Operation,
 };
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -238,9 +238,30 @@ impl RedisStore {
                 for (_, name) in &keys {
                     pipeline.cmd("HMGET").arg(*name).arg(&SUMMARY[..]);
                 }
-                let answers = scan.pipeline(&mut pipeline, keys.len(), operation).await?;
-                for ((key, _), answer) in keys.into_iter().zip(answers) {
-                    match summary(key, answer) {
+                // A pipeline that fails as a whole (a Cluster moving slots answers MOVED
+                // for some of its keys), or an answer that is an error other than a key of
+                // another type, is asked again key by key, each routed by its own slot.
+                let answers = scan
+                    .pipeline(&mut pipeline, keys.len(), operation)
+                    .await
+                    .unwrap_or_default();
+                for (i, (key, name)) in keys.into_iter().enumerate() {
+                    let answer = match answers.get(i) {
+                        Some(Value::ServerError(err)) if err.code() != "WRONGTYPE" => {
+                            self.summary_alone(name, operation).await?
+                        }
+                        Some(answer) => Some(answer.clone()),
+                        None => self.summary_alone(name, operation).await?,
+                    };
+                    let read = match answer {
+                        Some(answer) => summary(key, answer),
+                        None => Err(StoreError::Corrupt {
+                            what: "a key of the store's layout that is not a record's hash",
+                            key: Some(key.short_hash()),
+                            source: None,
+                        }),
+                    };
+                    match read {
                         Ok(Some(record)) => each(record),
                         Ok(None) => {} // deleted since the scan
                         Err(err) => {
@@ -252,6 +273,22 @@ impl RedisStore {
             }
         }
         Ok(unreadable)
+    }
+
+    /// One key's summary fields on their own, routed by the key; `None` for a key of
+    /// another type (unreadable as a record). Any other error fails the call.
+    async fn summary_alone(
+        &self,
+        name: &[u8],
+        operation: Operation,
+    ) -> Result<Option<Value>, StoreError> {
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(name).arg(&SUMMARY[..]);
+        match self.connection().query::<Value>(&cmd).await {
+            Ok(value) => Ok(Some(value)),
+            Err(err) if err.code() == Some("WRONGTYPE") => Ok(None),
+            Err(err) => Err(map(operation, err)),
+        }
     }
 
     /// The key a Redis key name of this store holds.
@@ -337,17 +374,19 @@ impl Admin for RedisStore {
         let mut selector = PageSelector::new(query, now)?;
         self.each_summary(Operation::List, |record| selector.offer(record))
             .await?;
-        // The page's records whole (responses and steps), chosen again among themselves:
-        // one that changed or went since the scan falls where it now belongs, or out.
-        let mut whole = Vec::new();
-        for key in selector.kept_keys() {
+        // The page's records whole (responses and steps); the cursor stays the one the
+        // selection found, so a record that changed or went since the scan is left out of
+        // this page without ending the listing.
+        let plan = selector.plan();
+        let mut whole = Vec::with_capacity(plan.keys().len());
+        for key in plan.keys() {
             let fields: Vec<Vec<u8>> = self
                 .connection()
-                .query(redis::cmd("HGETALL").arg(self.record_key(&key)))
+                .query(redis::cmd("HGETALL").arg(self.record_key(key)))
                 .await
                 .map_err(|err| map(Operation::List, err))?;
             if !fields.is_empty() {
-                match decode(key, fields) {
+                match decode(key.clone(), fields) {
                     Ok(record) => whole.push(record),
                     Err(err) => {
                         tracing::warn!(error = %err, "skipped a key that is not a readable record")
@@ -355,7 +394,7 @@ impl Admin for RedisStore {
                 }
             }
         }
-        select_page(whole, query, now)
+        Ok(plan.page(whole))
     }
 
     async fn stats(&self, top_scopes: usize) -> Result<Stats, StoreError> {

@@ -62,9 +62,12 @@
 //!
 //! [`RedisStore`] implements [`idem_core::Admin`], which the `idem` command drives
 //! (`idem --store redis+cluster://10.0.0.1:7001,10.0.0.2:7001 stats`). Listing and counting
-//! `SCAN` the prefix on every primary of a Cluster and read each record (one round trip
-//! per record): fine for an operator's occasional look at thousands of records; for
-//! millions, watch the metrics instead. The release is one Lua script.
+//! `SCAN` the prefix on every primary of a Cluster and read each record's small fields,
+//! a pipeline per `SCAN` batch, in bounded memory: their time grows with the number of
+//! records (BENCHMARKS.md has it at a million and ten million), so for a dashboard watch
+//! the metrics instead. A key that is not a readable record is skipped, counted in
+//! `Stats::unreadable` and named by its short hash in a warning. The release is one Lua
+//! script.
 //!
 //! ## Opening from a URL
 //!

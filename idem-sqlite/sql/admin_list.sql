@@ -4,7 +4,7 @@
 SELECT scope, key
 FROM idem_records
 WHERE (?2 IS NULL OR state = ?2)
-  AND (?3 IS NULL OR (state = 'in_progress' AND lease_until + ?3 <= ?1))
+  AND (?3 IS NULL OR (state = 'in_progress' AND lease_until + ?3 <= ?1 AND expires_at > ?1))
   AND (?4 IS NULL OR substr(scope, 1, length(?4)) = ?4)
   AND (?5 IS NULL OR (created_at, scope, key) > (?5, ?6, ?7))
 ORDER BY created_at, scope, key

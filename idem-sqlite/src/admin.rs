@@ -13,6 +13,7 @@ use crate::rows;
 use crate::store::SqliteStore;
 
 const LIST: &str = include_str!("../sql/admin_list.sql");
+const LIST_STUCK: &str = include_str!("../sql/admin_list_stuck.sql");
 const STATS: &str = include_str!("../sql/admin_stats.sql");
 const TOP_SCOPES: &str = include_str!("../sql/admin_top_scopes.sql");
 const DELETE_RECORD: &str = include_str!("../sql/delete_record.sql");
@@ -46,8 +47,10 @@ impl Admin for SqliteStore {
                     ),
                     None => (None, None, None),
                 };
+                // Stuck work has a query of its own, which the lease index answers.
+                let sql = if stuck.is_some() { LIST_STUCK } else { LIST };
                 let keys: Vec<(String, String)> = connection
-                    .prepare_cached(LIST)?
+                    .prepare_cached(sql)?
                     .query_map(
                         params![
                             sql_millis(now),

@@ -26,7 +26,8 @@ pub const MAX_PAGE: usize = 10_000;
 pub struct ListQuery {
     /// Only records in this state.
     pub state: Option<State>,
-    /// Only records in progress whose lease ended at least this long ago: stuck work.
+    /// Only records in progress whose lease ended at least this long ago and still present:
+    /// stuck work.
     pub stuck_for: Option<Duration>,
     /// Only records whose scope begins with this.
     pub scope_prefix: Option<String>,
@@ -64,7 +65,11 @@ impl ListQuery {
         self
     }
 
-    /// Only in-progress records whose lease ended at least `for` ago.
+    /// Only in-progress records whose lease ended at least `for` ago and that are still
+    /// present: stuck work a retry would take over. One past its retention is absent (a
+    /// retry starts afresh, a purge deletes it), like the records
+    /// [`Stats::in_progress_lease_ended`](crate::admin::Stats::in_progress_lease_ended)
+    /// leaves out.
     #[must_use]
     pub fn stuck_for(mut self, duration: Duration) -> Self {
         self.stuck_for = Some(duration);
@@ -108,7 +113,9 @@ impl ListQuery {
     pub fn matches(&self, record: &Record, now: Timestamp) -> bool {
         self.state.is_none_or(|state| record.state == state)
             && self.stuck_for.is_none_or(|stuck| {
-                record.state == State::InProgress && record.lease_until.saturating_add(stuck) <= now
+                record.state == State::InProgress
+                    && record.lease_until.saturating_add(stuck) <= now
+                    && !record.is_absent(now)
             })
             && self
                 .scope_prefix

@@ -11,7 +11,7 @@
 //!   every backend keeps (`limits.rs`).
 //! - [`storage_name`]: the injective (namespace, scope, key) → name encoding of flat key
 //!   spaces (Redis keys, DynamoDB partition keys).
-//! - [`select_page`], [`PageSelector`], [`Tally`]: [`Admin::list`](crate::Admin::list)
+//! - [`select_page`], [`PageSelector`], [`PagePlan`], [`Tally`]: [`Admin::list`](crate::Admin::list)
 //!   and [`Admin::stats`](crate::Admin::stats) for stores that read every record, the
 //!   latter two one record at a time in bounded memory (`page.rs`).
 //! - [`raw_text`], [`raw_of`]: [`Admin::raw`](crate::Admin::raw)'s way of showing stored
@@ -23,5 +23,5 @@ pub mod storage_name;
 mod text;
 
 pub use limits::{MAX_DURATION, MAX_TOKEN, clamp_duration, duration_millis};
-pub use page::{PageSelector, Tally, select_page};
+pub use page::{PagePlan, PageSelector, Tally, select_page};
 pub use text::{raw_of, raw_text};

@@ -124,9 +124,10 @@ impl PageSelector {
                 .is_some_and(|youngest| position < youngest.position())
     }
 
-    /// Offers one record; it is kept if it belongs on the page so far.
+    /// Offers one record; it is kept if it belongs on the page so far. A key offered twice
+    /// (a `SCAN` may return one twice) is kept once.
     pub fn offer(&mut self, record: Record) {
-        if !self.wants(&record) {
+        if !self.wants(&record) || self.kept.iter().any(|kept| kept.0.key == record.key) {
             return;
         }
         self.kept.push(Ordered(record));
@@ -135,16 +136,31 @@ impl PageSelector {
         }
     }
 
-    /// The keys of the records kept so far, oldest first: for a store that offered
-    /// records without their responses and reads the page's records whole at the end.
-    pub fn kept_keys(&self) -> Vec<Key> {
-        let mut keys: Vec<(Timestamp, Key)> = self
+    /// The page as chosen from records offered without their responses and steps: its
+    /// keys to read whole, and its cursor, fixed now from what was offered. See
+    /// [`PagePlan::page`].
+    pub fn plan(self) -> PagePlan {
+        let mut kept: Vec<Record> = self
             .kept
-            .iter()
-            .map(|kept| (kept.0.created_at, kept.0.key.clone()))
+            .into_sorted_vec()
+            .into_iter()
+            .map(|kept| kept.0)
             .collect();
-        keys.sort();
-        keys.into_iter().map(|(_, key)| key).collect()
+        let boundary = (kept.len() > self.size).then(|| {
+            let last = &kept[self.size - 1];
+            (last.created_at, last.key.clone())
+        });
+        kept.truncate(self.size);
+        PagePlan {
+            keys: kept.into_iter().map(|record| record.key).collect(),
+            next: boundary
+                .as_ref()
+                .map(|(created, key)| Cursor::at(created.as_unix_millis(), key)),
+            boundary,
+            after: self.after,
+            query: self.query,
+            now: self.now,
+        }
     }
 
     /// The page: at most the query's page size, and a cursor when more records matched.
@@ -163,6 +179,56 @@ impl PageSelector {
             .map(|record| Listed::new(record, with_responses))
             .collect();
         Page::new(records, next, self.now)
+    }
+}
+
+/// A page chosen from records read without their responses and steps ([`PageSelector::plan`]):
+/// the keys to read whole, and the cursor, which stays what the selection found so that a
+/// record that changed or went between the two reads never ends the listing early.
+#[derive(Debug)]
+pub struct PagePlan {
+    keys: Vec<Key>,
+    next: Option<Cursor>,
+    /// The position of the page's last record when more followed.
+    boundary: Option<(Timestamp, Key)>,
+    after: Option<(Timestamp, Key)>,
+    query: ListQuery,
+    now: Timestamp,
+}
+
+impl PagePlan {
+    /// The keys of the page, oldest first: read each one whole.
+    pub fn keys(&self) -> &[Key] {
+        &self.keys
+    }
+
+    /// The page from the records read whole. A record that went since the selection, no
+    /// longer matches, or moved past the page's end (a new lifetime, created later) is
+    /// left out; the cursor is the selection's, so the next page starts where this one
+    /// was chosen to end.
+    pub fn page(self, whole: impl IntoIterator<Item = Record>) -> Page {
+        let mut records: Vec<Record> = whole
+            .into_iter()
+            .filter(|record| self.query.matches(record, self.now))
+            .filter(|record| {
+                let position = (record.created_at, &record.key);
+                self.after
+                    .as_ref()
+                    .is_none_or(|(created, key)| position > (*created, key))
+                    && self
+                        .boundary
+                        .as_ref()
+                        .is_none_or(|(created, key)| position <= (*created, key))
+            })
+            .collect();
+        records.sort_by(|a, b| (a.created_at, &a.key).cmp(&(b.created_at, &b.key)));
+        records.dedup_by(|a, b| a.key == b.key);
+        let with_responses = self.query.with_responses;
+        let records = records
+            .into_iter()
+            .map(|record| Listed::new(record, with_responses))
+            .collect();
+        Page::new(records, self.next, self.now)
     }
 }
 
@@ -343,6 +409,47 @@ mod tests {
                 let last = page.records.last().unwrap();
                 prop_assert_eq!(page.next, Some(Cursor::after_record(&last.record)));
             }
+        }
+
+        /// A page planned from summaries keeps its cursor when records go or change before
+        /// they are read whole: the listing never ends early and never skips a record.
+        #[test]
+        fn a_plan_keeps_its_cursor_whatever_the_second_read_finds(
+            seeds in proptest::collection::vec((0..40u16, 0..20u64), 1..40),
+            limit in 1..6usize,
+            gone in proptest::collection::vec(any::<bool>(), 40),
+        ) {
+            let mut records: Vec<Record> = Vec::new();
+            for (key, created) in seeds {
+                let key = format!("k{key}");
+                if !records.iter().any(|r| r.key.key() == key) {
+                    records.push(record("s", &key, created, 100, true));
+                }
+            }
+            let now = Timestamp::from_unix_millis(25);
+            let query = ListQuery::new().limit(limit);
+            let whole = select_page(records.clone(), &query, now).unwrap();
+            let mut selector = PageSelector::new(&query, now).unwrap();
+            for record in records.iter().cloned() {
+                selector.offer(record);
+            }
+            let plan = selector.plan();
+            let planned: Vec<Key> = plan.keys().to_vec();
+            let expected: Vec<Key> = whole.records.iter().map(|l| l.record.key.clone()).collect();
+            prop_assert_eq!(&planned, &expected);
+            // Some records went before the second read.
+            let reread: Vec<Record> = records
+                .iter()
+                .filter(|r| planned.contains(&r.key))
+                .enumerate()
+                .filter(|(i, _)| !gone[*i])
+                .map(|(_, r)| r.clone())
+                .collect();
+            let page = plan.page(reread.clone());
+            prop_assert_eq!(page.next.clone(), whole.next.clone(), "the cursor is the selection's");
+            let got: Vec<Key> = page.records.iter().map(|l| l.record.key.clone()).collect();
+            let kept: Vec<Key> = expected.into_iter().filter(|k| reread.iter().any(|r| &r.key == k)).collect();
+            prop_assert_eq!(got, kept);
         }
 
         /// Counted one at a time, the tally is the sum of what each record is.

@@ -1,0 +1,95 @@
+//! `purge_expired` in batches: each call goes on from where the last one stopped, deletes
+//! every absent record of its prefix once and nothing else, and a call that is dropped
+//! midway leaves the next one to finish the pass.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::{Admin, Key, Store, store::ClaimOutcome, store::ClaimRequest};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// 40 absent records and 20 present ones, interleaved; the keys of each.
+async fn seed(store: &impl Store) -> (Vec<Key>, Vec<Key>) {
+    let (mut absent, mut present) = (Vec::new(), Vec::new());
+    for i in 0..60 {
+        let key = Key::new("purge", format!("k{i}")).unwrap();
+        let keep = i % 3 == 0;
+        let life = if keep { HOUR } else { Duration::ZERO };
+        let request = ClaimRequest::new(
+            key.clone(),
+            idem_core::Fingerprint::of_bytes("f"),
+            life,
+            life,
+        );
+        assert!(matches!(
+            store.claim(&request).await.unwrap(),
+            ClaimOutcome::Claimed { .. }
+        ));
+        if keep {
+            present.push(key);
+        } else {
+            absent.push(key);
+        }
+    }
+    (absent, present)
+}
+
+#[tokio::test]
+async fn batches_go_on_from_where_the_last_one_stopped() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let store = common::store(&endpoint).await;
+    let (absent, present) = seed(&store).await;
+    let mut answers = Vec::new();
+    loop {
+        let purged = store.purge_expired(7).await.unwrap();
+        answers.push(purged);
+        if purged < 7 {
+            break;
+        }
+    }
+    // One pass, each record met once: full batches, then the rest.
+    assert_eq!(answers, vec![7, 7, 7, 7, 7, 5]);
+    for key in &absent {
+        assert!(store.raw(key).await.unwrap().is_none(), "{key:?} was left");
+    }
+    for key in &present {
+        assert!(
+            store.get(key).await.unwrap().is_some(),
+            "{key:?} was purged"
+        );
+    }
+    assert_eq!(
+        store.purge_expired(1000).await.unwrap(),
+        0,
+        "a new pass finds none"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_call_leaves_the_next_to_finish_the_pass() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let store = common::store(&endpoint).await;
+    let (absent, present) = seed(&store).await;
+    // Dropped at its first wait, and again a little later.
+    for wait in [Duration::ZERO, Duration::from_millis(3)] {
+        let _ = tokio::time::timeout(wait, store.purge_expired(7)).await;
+    }
+    while store.purge_expired(7).await.unwrap() == 7 {}
+    // Whatever the dropped calls did, a second pass from the top finds the rest.
+    let _ = store.purge_expired(1000).await.unwrap();
+    for key in &absent {
+        assert!(store.raw(key).await.unwrap().is_none(), "{key:?} was left");
+    }
+    for key in &present {
+        assert!(
+            store.get(key).await.unwrap().is_some(),
+            "{key:?} was purged"
+        );
+    }
+}

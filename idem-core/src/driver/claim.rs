@@ -19,7 +19,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             retention,
             in_flight,
             ..
-        } = self.settings;
+        } = *self.settings;
         // The same request (same attempt id) on every try: a claim that landed but whose
         // answer was lost returns the same lease instead of in-flight.
         let request = ClaimRequest::new(key.clone(), fingerprint, lease, retention);

@@ -102,7 +102,8 @@ pub struct Idempotency<S: ?Sized = dyn Store> {
     store: Arc<S>,
     /// The same store, as the trait object contexts hold.
     shared: Arc<dyn Store>,
-    settings: Settings,
+    /// Shared by clones: a clone (one per request in a server) copies three pointers.
+    settings: Arc<Settings>,
 }
 
 impl<S: ?Sized> Clone for Idempotency<S> {
@@ -110,7 +111,7 @@ impl<S: ?Sized> Clone for Idempotency<S> {
         Self {
             store: Arc::clone(&self.store),
             shared: Arc::clone(&self.shared),
-            settings: self.settings.clone(),
+            settings: Arc::clone(&self.settings),
         }
     }
 }
@@ -134,7 +135,7 @@ impl<S: Store + 'static> Idempotency<S> {
         Self {
             shared: store.clone(),
             store,
-            settings,
+            settings: Arc::new(settings),
         }
     }
 

@@ -241,10 +241,13 @@ impl RedisStore {
                 // A pipeline that fails as a whole (a Cluster moving slots answers MOVED
                 // for some of its keys), or an answer that is an error other than a key of
                 // another type, is asked again key by key, each routed by its own slot.
-                let answers = scan
-                    .pipeline(&mut pipeline, keys.len(), operation)
-                    .await
-                    .unwrap_or_default();
+                let answers = match scan.pipeline(&mut pipeline, keys.len(), operation).await {
+                    Ok(answers) => answers,
+                    Err(err) => {
+                        tracing::warn!(error = %err, "a pipeline failed; reading its keys one by one");
+                        Vec::new()
+                    }
+                };
                 for (i, (key, name)) in keys.into_iter().enumerate() {
                     let answer = match answers.get(i) {
                         Some(Value::ServerError(err)) if err.code() != "WRONGTYPE" => {

@@ -1,6 +1,6 @@
 //! Listing and counting for stores that read every record to answer them.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use crate::admin::{Cursor, ListQuery, Listed, Page, Stats};
 use crate::{Key, Record, State, StoreError, Timestamp};
@@ -55,6 +55,8 @@ pub struct PageSelector {
     size: usize,
     /// The page and one more (whether there is a next page), youngest on top.
     kept: BinaryHeap<Ordered>,
+    /// The keys in `kept`: a key offered twice is kept once.
+    kept_keys: HashSet<Key>,
 }
 
 #[derive(Debug)]
@@ -100,12 +102,13 @@ impl PageSelector {
             after,
             size,
             kept: BinaryHeap::with_capacity(size + 1),
+            kept_keys: HashSet::with_capacity(size + 1),
         })
     }
 
     /// Whether a record at this position, with this state, lease and scope, could be on
-    /// the page: lets a store skip reading the rest of a record that cannot.
-    pub fn wants(&self, record: &Record) -> bool {
+    /// the page so far.
+    fn wants(&self, record: &Record) -> bool {
         if !self.query.matches(record, self.now) {
             return false;
         }
@@ -127,12 +130,15 @@ impl PageSelector {
     /// Offers one record; it is kept if it belongs on the page so far. A key offered twice
     /// (a `SCAN` may return one twice) is kept once.
     pub fn offer(&mut self, record: Record) {
-        if !self.wants(&record) || self.kept.iter().any(|kept| kept.0.key == record.key) {
+        if !self.wants(&record) || self.kept_keys.contains(&record.key) {
             return;
         }
+        self.kept_keys.insert(record.key.clone());
         self.kept.push(Ordered(record));
-        if self.kept.len() > self.size + 1 {
-            self.kept.pop();
+        if self.kept.len() > self.size + 1
+            && let Some(dropped) = self.kept.pop()
+        {
+            self.kept_keys.remove(&dropped.0.key);
         }
     }
 
@@ -222,7 +228,6 @@ impl PagePlan {
             })
             .collect();
         records.sort_by(|a, b| (a.created_at, &a.key).cmp(&(b.created_at, &b.key)));
-        records.dedup_by(|a, b| a.key == b.key);
         let with_responses = self.query.with_responses;
         let records = records
             .into_iter()

@@ -156,7 +156,32 @@ impl RecordParts {
     /// # Errors
     /// [`StoreError::Corrupt`].
     pub fn build(self) -> Result<Record, StoreError> {
-        let Self {
+        let key = self.key;
+        // The key's hash only on an error: a decode that succeeds never needs it.
+        let corrupt = |what| StoreError::Corrupt {
+            what,
+            key: Some(key.short_hash()),
+            source: None,
+        };
+        if let Some(what) = self.error {
+            return Err(corrupt(what));
+        }
+        let fingerprint = self
+            .fingerprint
+            .ok_or_else(|| corrupt("a missing fingerprint"))?;
+        let state = self.state.ok_or_else(|| corrupt("a missing state"))?;
+        let token = self.token.ok_or_else(|| corrupt("a missing token"))?;
+        let attempt = self
+            .attempt
+            .ok_or_else(|| corrupt("a missing attempt id"))?;
+        let lease_until = self
+            .lease_until
+            .ok_or_else(|| corrupt("a missing lease end"))?;
+        let created_at = self
+            .created_at
+            .ok_or_else(|| corrupt("a missing creation time"))?;
+        let expires_at = self.expires_at.ok_or_else(|| corrupt("a missing expiry"))?;
+        Ok(Record {
             key,
             fingerprint,
             state,
@@ -165,61 +190,8 @@ impl RecordParts {
             lease_until,
             created_at,
             expires_at,
-            response,
-            steps,
-            error,
-        } = self;
-        match (
-            error,
-            fingerprint,
-            state,
-            token,
-            attempt,
-            lease_until,
-            created_at,
-            expires_at,
-        ) {
-            (
-                None,
-                Some(fingerprint),
-                Some(state),
-                Some(token),
-                Some(attempt),
-                Some(lease_until),
-                Some(created_at),
-                Some(expires_at),
-            ) => Ok(Record {
-                key,
-                fingerprint,
-                state,
-                token,
-                attempt,
-                lease_until,
-                created_at,
-                expires_at,
-                response,
-                steps,
-            }),
-            // The key's hash only on this path: a decode that succeeds never needs it.
-            (error, fingerprint, state, token, attempt, lease_until, created_at, expires_at) => {
-                let what = error
-                    .or(fingerprint.is_none().then_some("a missing fingerprint"))
-                    .or(state.is_none().then_some("a missing state"))
-                    .or(token.is_none().then_some("a missing token"))
-                    .or(attempt.is_none().then_some("a missing attempt id"))
-                    .or(lease_until.is_none().then_some("a missing lease end"))
-                    .or(created_at.is_none().then_some("a missing creation time"))
-                    .unwrap_or(if expires_at.is_none() {
-                        "a missing expiry"
-                    } else {
-                        "a record that could not be rebuilt"
-                    });
-                Err(StoreError::Corrupt {
-                    what,
-                    key: Some(key.short_hash()),
-                    source: None,
-                })
-            }
-        }
+            response: self.response,
+            steps: self.steps,
+        })
     }
 }

@@ -31,6 +31,9 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - Every transition is one `BEGIN IMMEDIATE` transaction that reads the record, applies
 ///   the state machine ([`idem_core::machine`]) and writes the result, so concurrent
 ///   claims from threads or processes serialise on SQLite's write lock.
+/// - A claim first reads in a transaction that takes no lock (WAL mode): a replay, a
+///   mismatch or another attempt in flight is answered there, without waiting for a
+///   writer in another process. Only a claim that writes takes the write lock.
 /// - File databases use WAL mode, `synchronous = FULL` (a committed result survives a power
 ///   cut) and a busy timeout (default 5 s, then a retryable [`StoreError::Busy`]).
 /// - rusqlite is blocking, so each store owns one connection on a thread of its own; async
@@ -283,19 +286,30 @@ impl SqliteStore {
         let (key, clock) = (key.clone(), Arc::clone(&self.clock));
         self.connection
             .run(operation, move |connection| {
-                let run = || -> Result<O, RowError> {
-                    let tx =
-                        connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                    // Read the clock once the write lock is held, so time moves forward
-                    // with the order of transactions.
-                    let outcome = rows::apply(&tx, &key, clock.now(), step)?;
-                    tx.commit()?;
-                    Ok(outcome)
-                };
-                run().map_err(|err| err.into_store_error(operation).for_key(&key))
+                apply_locked(connection, operation, &key, &*clock, step)
             })
             .await
     }
+}
+
+/// One `BEGIN IMMEDIATE` transaction: reads `key`'s record, applies `step` and writes what
+/// it returns.
+fn apply_locked<O>(
+    connection: &mut Connection,
+    operation: Operation,
+    key: &Key,
+    clock: &dyn Clock,
+    step: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
+) -> Result<O, StoreError> {
+    let run = || -> Result<O, RowError> {
+        let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Read the clock once the write lock is held, so time moves forward with the
+        // order of transactions.
+        let outcome = rows::apply(&tx, key, clock.now(), step)?;
+        tx.commit()?;
+        Ok(outcome)
+    };
+    run().map_err(|err| err.into_store_error(operation).for_key(key))
 }
 
 impl fmt::Debug for SqliteStore {
@@ -311,11 +325,39 @@ impl fmt::Debug for SqliteStore {
 impl Store for SqliteStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let request = request.clone();
-        let key = request.key.clone();
-        self.transition(Operation::Claim, &key, move |record, now| {
-            machine::claim(record, &request, now)
-        })
-        .await
+        let clock = Arc::clone(&self.clock);
+        self.connection
+            .run(Operation::Claim, move |connection| {
+                let key = request.key.clone();
+                // First in a read transaction, which takes no lock in WAL mode: a claim
+                // that writes nothing (a replay, a mismatch, another attempt in flight, a
+                // retried claim's own lease) is answered from it without waiting for the
+                // write lock another process may hold. The clock is read after the
+                // snapshot began, and no lease or retention seen live at that later time
+                // can have ended before it.
+                let mut answer = || -> Result<Option<ClaimOutcome>, RowError> {
+                    let tx = connection.transaction()?;
+                    let existing = rows::read(&tx, &key)?;
+                    let Transition { outcome, write } =
+                        machine::claim(existing.as_ref(), &request, clock.now());
+                    Ok(write.is_none().then_some(outcome))
+                };
+                match answer() {
+                    Ok(Some(outcome)) => return Ok(outcome),
+                    Ok(None) => {}
+                    Err(err) => return Err(err.into_store_error(Operation::Claim).for_key(&key)),
+                }
+                // It writes: again under the write lock, from a read that no other writer
+                // can change before this transaction commits.
+                apply_locked(
+                    connection,
+                    Operation::Claim,
+                    &key,
+                    &*clock,
+                    move |record, now| machine::claim(record, &request, now),
+                )
+            })
+            .await
     }
 
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {

@@ -100,6 +100,41 @@ pub(crate) async fn list_filters_and_orders(store: &dyn Admin, caps: &Capabiliti
             "past their retention, in-progress records are absent, not stuck"
         );
     }
+    // Stuck work under a scope prefix, a page at a time: the filters and the cursor combine.
+    let stuck: Vec<Key> = (0..3)
+        .map(|i| key("acct_3/refund", &format!("e-ended-{i}")))
+        .collect();
+    for k in &stuck {
+        let _ = claimed(store, &request(k, "f", ZERO, HOUR)).await;
+    }
+    let _ = claimed(
+        store,
+        &request(&key("acct_3/refund", "f-live"), "f", HOUR, HOUR),
+    )
+    .await;
+    let _ = claimed(
+        store,
+        &request(&key("acct_4/refund", "g-ended"), "f", ZERO, HOUR),
+    )
+    .await;
+    let mut query = ListQuery::new()
+        .stuck_for(ZERO)
+        .scope_prefix("acct_3/")
+        .limit(2);
+    let mut walked = Vec::new();
+    for _ in 0..4 {
+        let page = ok(store.list(&query).await, "list");
+        assert!(page.records.len() <= 2, "a page holds at most its limit");
+        walked.extend(page.records.into_iter().map(|l| l.record.key));
+        match page.next {
+            Some(next) => query = query.after(next),
+            None => break,
+        }
+    }
+    assert_eq!(
+        walked, stuck,
+        "stuck work under the prefix, each record once and in order, page after page"
+    );
 }
 
 pub(crate) async fn list_pages_through_every_record_once(store: &dyn Admin) {

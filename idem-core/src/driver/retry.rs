@@ -1,6 +1,7 @@
 //! Store calls bounded in time and tried again while they fail with a retryable error.
 
 use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -16,11 +17,21 @@ const STORE_ATTEMPTS: u32 = 3;
 const STORE_BACKOFF: Duration = Duration::from_millis(25);
 
 /// One store call, failed as unavailable (retryable) when it takes longer than `timeout`.
+///
+/// The call is polled once before its timer is armed: a call that answers without waiting
+/// (the memory store, a cached answer) then costs no clock read and no timer. A first poll
+/// only runs until the call's first wait, so the bound on the wait itself is unchanged.
 async fn bounded<O>(
     operation: Operation,
     timeout: Duration,
     call: impl Future<Output = Result<O, StoreError>>,
 ) -> Result<O, StoreError> {
+    let mut call = std::pin::pin!(call);
+    // Ready at once, so the closure runs exactly once.
+    let answered = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    if let Poll::Ready(result) = answered {
+        return result;
+    }
     tokio::time::timeout(timeout, call)
         .await
         .unwrap_or_else(|_| {

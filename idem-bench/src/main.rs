@@ -12,6 +12,7 @@
 //! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
 //! cargo run --release -p idem-bench -- --codec --backends memory,sqlite,postgres
 //! cargo run --release -p idem-bench -- --dynamodb-capacity --backends dynamodb
+//! cargo run --release -p idem-bench -- --churn 10000000 --churn-seconds 600
 //! ```
 //!
 //! ## Where things live
@@ -23,12 +24,14 @@
 //! - Segments of their own: `server.rs` (server time per operation), `floor.rs` (the
 //!   memory store's floor), `http.rs` (the HTTP layer), `codec.rs` (encryption),
 //!   `purge.rs` (`idem purge`), `scaling.rs` (10^4 to 10^7 records, with operators'
-//!   calls), `capacity.rs` (DynamoDB's capacity units per call); `proxy.rs` and
+//!   calls), `capacity.rs` (DynamoDB's capacity units per call), `churn.rs` (PostgreSQL
+//!   with claims, completions and the purge at once); `proxy.rs` and
 //!   `counting.rs` count round trips.
 
 mod backends;
 mod capacity;
 mod charts;
+mod churn;
 mod codec;
 mod counting;
 mod floor;
@@ -117,6 +120,18 @@ struct Args {
     /// one after its run.
     #[arg(long)]
     dynamodb_capacity: bool,
+    /// Only the PostgreSQL churn run: seed this many completed records whose expiries are
+    /// spread over twice --churn-seconds, then run 16 clients executing fresh keys and a
+    /// purger together, sampling the table (sizes, dead rows, autovacuum runs, expired
+    /// records waiting) and the clients' latency. Quick mode runs a small one after its run.
+    #[arg(long, value_name = "RECORDS")]
+    churn: Option<u64>,
+    /// How long the churn run lasts.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600.0)]
+    churn_seconds: f64,
+    /// How often the churn run samples.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
+    churn_sample: f64,
     /// The `idem` binary for the purge and reverse proxy measurements (default: the one
     /// built beside this benchmark, `cargo build --release -p idem-cli`).
     #[arg(long, value_name = "PATH")]
@@ -451,6 +466,7 @@ async fn main() -> Result<(), BoxError> {
         scaling: scaling::ScaleReport::default(),
         reverse_proxy: Vec::new(),
         dynamodb_capacity: Vec::new(),
+        churn: None,
     };
     let dir = std::env::temp_dir().join(format!("idem-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -498,6 +514,11 @@ async fn main() -> Result<(), BoxError> {
             report.dynamodb_capacity = capacity::run(args.rounds.unwrap_or(200).max(1)).await?;
         }
         capacity::print(&report.dynamodb_capacity);
+        return finish(&args, &report);
+    }
+    if let Some(records) = args.churn {
+        report.churn = churn::run(records, args.churn_seconds, args.churn_sample).await?;
+        churn::print(&report.churn);
         return finish(&args, &report);
     }
     if args.codec {
@@ -587,6 +608,9 @@ async fn main() -> Result<(), BoxError> {
         if args.backends.iter().any(|b| b == "dynamodb") {
             report.dynamodb_capacity = capacity::run(3).await?;
         }
+        if args.backends.iter().any(|b| b == "postgres") {
+            report.churn = churn::run(2_000, 1.0, 0.25).await?;
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
     print(&report);
@@ -597,6 +621,7 @@ async fn main() -> Result<(), BoxError> {
     scaling::print(&report.scaling);
     reverse_proxy::print(&report.reverse_proxy);
     capacity::print(&report.dynamodb_capacity);
+    churn::print(&report.churn);
     finish(&args, &report)
 }
 

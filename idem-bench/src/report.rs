@@ -89,6 +89,7 @@ pub(crate) struct Report {
     pub(crate) scaling: scaling::ScaleReport,
     pub(crate) reverse_proxy: Vec<crate::reverse_proxy::Row>,
     pub(crate) dynamodb_capacity: Vec<crate::capacity::CapacityRow>,
+    pub(crate) churn: Option<crate::churn::ChurnReport>,
 }
 
 pub(crate) fn print(report: &Report) {

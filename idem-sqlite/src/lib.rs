@@ -55,7 +55,8 @@
 //! ## Where things live
 //!
 //! Every transition is `BEGIN IMMEDIATE`, a read, [`idem_core::machine`], a write, in
-//! `src/store.rs` (`SqliteStore::transition`), with the SQL in `sql/`:
+//! `src/store.rs` (`apply_locked`), with the SQL in `sql/`. A claim reads first in a
+//! transaction that takes no lock and answers there when the machine writes nothing:
 //!
 //! | operation | files |
 //! |---|---|

@@ -33,7 +33,9 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   claims from threads or processes serialise on SQLite's write lock.
 /// - A claim first reads in a transaction that takes no lock (WAL mode): a replay, a
 ///   mismatch or another attempt in flight is answered there, without waiting for a
-///   writer in another process. Only a claim that writes takes the write lock.
+///   writer on another connection or in another process. Only a claim that writes takes
+///   the write lock. The store's own calls still run one at a time on its connection, so
+///   a replay queued behind this store's own write waits for that write.
 /// - File databases use WAL mode, `synchronous = FULL` (a committed result survives a power
 ///   cut) and a busy timeout (default 5 s, then a retryable [`StoreError::Busy`]).
 /// - rusqlite is blocking, so each store owns one connection on a thread of its own; async
@@ -79,6 +81,10 @@ pub struct SqliteStoreBuilder {
 impl SqliteStoreBuilder {
     /// How long a transition waits for another connection's write lock before it fails
     /// with a retryable [`StoreError::Busy`] (default 5 s).
+    ///
+    /// A claim's first read waits under the same bound only where reads can be locked
+    /// out: never in WAL mode (files), but in a database whose journal could not be set
+    /// to WAL a reader waits for a writer's commit, and a claim may then wait twice.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self

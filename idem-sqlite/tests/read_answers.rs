@@ -107,7 +107,10 @@ async fn an_expired_record_read_first_is_claimed_under_the_lock() {
     else {
         panic!("a new key is claimed");
     };
-    store.complete(&lease, b"receipt").await.unwrap();
+    assert_eq!(
+        store.complete(&lease, b"receipt").await.unwrap(),
+        WriteOutcome::Applied
+    );
 
     // Past its retention the record is absent: the read finds nothing to answer and the
     // claim starts it afresh, with another fingerprint too.

@@ -143,6 +143,8 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// - A heartbeat: one try, bounded by the heartbeat interval.
     ///
     /// The work's own time, and its undos', come on top: idem never cuts the work short.
+    /// The bound starts at a call's first wait: a store that blocks its thread before
+    /// returning to the runtime (it should not) is not cut short by it.
     ///
     /// ```
     /// use idem_core::{Idempotency, MemoryStore};

@@ -12,14 +12,13 @@
 //! waiting, beside the clients' throughput and latency and the purge's rate over the
 //! sample.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use idem_core::Store;
 use serde::Serialize;
 use sqlx::Row;
-use tokio::sync::Mutex;
 
 use crate::target::{BoxError, Done, IdemTarget, Target};
 
@@ -54,12 +53,16 @@ pub(crate) struct ChurnSetup {
 pub(crate) struct ChurnSample {
     /// Seconds since the run began, at the end of the window.
     pub(crate) at_secs: f64,
+    /// The server's estimates (`pg_stat_user_tables`), which lag by a few seconds.
     pub(crate) live_rows: i64,
     pub(crate) dead_rows: i64,
+    /// `pg_table_size`: the heap with its TOAST, free space and visibility maps.
     pub(crate) table_mb: f64,
+    /// `pg_indexes_size`.
     pub(crate) indexes_mb: f64,
     /// Expired records no purge has deleted yet.
     pub(crate) expired_waiting: i64,
+    /// Autovacuum runs of the table finished so far.
     pub(crate) autovacuums: i64,
     pub(crate) executes_per_sec: f64,
     pub(crate) p50_us: f64,
@@ -85,19 +88,44 @@ pub(crate) async fn run(
     let Some(url) = crate::service("IDEM_TEST_POSTGRES_URL")? else {
         return Ok(None);
     };
+    // The clients' pool (16 connections, one per client), and one of its own for the
+    // purger and the sampler, so that neither waits for a client's connection.
+    let clients_pool = crate::backends::pg_pool(&url).await?;
     let pool = crate::backends::pg_pool(&url).await?;
-    let store = crate::backends::fresh_pg_store(pool.clone(), TABLE).await?;
-    let result = measure(&pool, store, records, seconds, sample_seconds).await;
+    let store = crate::backends::fresh_pg_store(clients_pool, TABLE).await?;
+    let purger = idem_postgres::PostgresStore::builder(pool.clone())
+        .table(TABLE)?
+        .build();
+    let result = measure(&pool, store, purger, records, seconds, sample_seconds).await;
     let drop = format!("DROP TABLE IF EXISTS {TABLE}");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+    let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
-        .await?;
-    result.map(Some)
+        .await;
+    // The measurement's own error first: a table left behind is the lesser news.
+    let report = result?;
+    dropped?;
+    Ok(Some(report))
+}
+
+/// Stops the clients and the purger however the measurement ends, an error included.
+struct StopOnDrop {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 async fn measure(
     pool: &sqlx::PgPool,
     store: idem_postgres::PostgresStore,
+    purger_store: idem_postgres::PostgresStore,
     records: u64,
     seconds: f64,
     sample_seconds: f64,
@@ -135,6 +163,7 @@ async fn measure(
     );
 
     let stop = Arc::new(AtomicBool::new(false));
+    // Each execute's latency, pushed as it ends, so every one lands in its own window.
     let latencies = Arc::new(Mutex::new(Vec::<Duration>::with_capacity(1 << 16)));
     let next = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..CLIENTS)
@@ -146,19 +175,14 @@ async fn measure(
                 Arc::clone(&next),
             );
             tokio::spawn(async move {
-                let mut mine = Vec::with_capacity(32);
                 while !stop.load(Ordering::Relaxed) {
                     let op = next.fetch_add(1, Ordering::Relaxed);
                     let began = Instant::now();
                     if target.execute(&format!("churn-{op}")).await? != Done::Executed {
                         return Err::<(), BoxError>(format!("churn key {op} was not fresh").into());
                     }
-                    mine.push(began.elapsed());
-                    if mine.len() == mine.capacity() {
-                        latencies.lock().await.append(&mut mine);
-                    }
+                    lock(&latencies).push(began.elapsed());
                 }
-                latencies.lock().await.append(&mut mine);
                 Ok(())
             })
         })
@@ -174,7 +198,7 @@ async fn measure(
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let began = Instant::now();
-                let deleted = store.purge_expired(PURGE_CALL).await?;
+                let deleted = purger_store.purge_expired(PURGE_CALL).await?;
                 slowest.fetch_max(began.elapsed().as_micros() as u64, Ordering::Relaxed);
                 purged.fetch_add(deleted as u64, Ordering::Relaxed);
                 if deleted < PURGE_CALL {
@@ -186,22 +210,31 @@ async fn measure(
         })
     };
 
+    let guard = StopOnDrop {
+        stop: Arc::clone(&stop),
+        tasks: clients
+            .iter()
+            .map(|client| client.abort_handle())
+            .chain([purger.abort_handle()])
+            .collect(),
+    };
     let started = Instant::now();
+    let end = started + Duration::from_secs_f64(seconds);
     let mut samples = Vec::new();
     let mut window_start = started;
     let mut purged_before = 0;
-    while started.elapsed().as_secs_f64() < seconds {
-        let left = seconds - started.elapsed().as_secs_f64();
-        tokio::time::sleep(Duration::from_secs_f64(sample_seconds.min(left))).await;
+    while window_start < end {
+        let window_end = (window_start + Duration::from_secs_f64(sample_seconds)).min(end);
+        tokio::time::sleep_until(window_end.into()).await;
         let now = Instant::now();
         let window = now.duration_since(window_start).as_secs_f64().max(1e-9);
         window_start = now;
-        let mut window_latencies = std::mem::take(&mut *latencies.lock().await);
-        window_latencies.sort_unstable();
+        let mut window_latencies = std::mem::take(&mut *lock(&latencies));
         let purged_now = purged.load(Ordering::Relaxed);
+        window_latencies.sort_unstable();
         let table = table_figures(pool).await?;
         let sample = ChurnSample {
-            at_secs: started.elapsed().as_secs_f64(),
+            at_secs: now.duration_since(started).as_secs_f64(),
             live_rows: table.live_rows,
             dead_rows: table.dead_rows,
             table_mb: table.table_bytes as f64 / 1e6,
@@ -217,7 +250,7 @@ async fn measure(
         };
         purged_before = purged_now;
         eprintln!(
-            "  churn {:>6.0} s: {:>9} live {:>8} dead, {:>7.0} MB heap {:>7.0} MB indexes, \
+            "  churn {:>6.0} s: {:>9} live {:>8} dead, {:>7.0} MB table {:>7.0} MB indexes, \
              {:>8} expired waiting, {:>6.0} executes/s p99 {:>6.0} µs, {:>6.0} purged/s",
             sample.at_secs,
             sample.live_rows,
@@ -231,7 +264,10 @@ async fn measure(
         );
         samples.push(sample);
     }
-    stop.store(true, Ordering::Relaxed);
+    // A normal end: the tasks see `stop` and finish their current call.
+    let mut guard = guard;
+    guard.tasks.clear();
+    drop(guard);
     for client in clients {
         client.await??;
     }
@@ -340,8 +376,8 @@ pub(crate) fn print(report: &Option<ChurnReport>) {
         println!("  {name} = {value}");
     }
     println!(
-        "\n| at (s) | live rows | dead rows | heap MB | indexes MB | expired waiting | \
-         autovacuums | executes/s | p50 / p99 / max (µs) | purged/s | slowest purge call (ms) |"
+        "\n| at (s) | live rows (est.) | dead rows (est.) | table MB | indexes MB | expired waiting | \
+         autovacuums done | executes/s | p50 / p99 / max (µs) | purged/s | slowest purge call (ms) |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in &report.samples {
@@ -362,4 +398,11 @@ pub(crate) fn print(report: &Option<ChurnReport>) {
             s.slowest_purge_ms
         );
     }
+}
+
+/// The latencies' lock; a client that panicked while holding it left whole entries only.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

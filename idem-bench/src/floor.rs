@@ -1,13 +1,17 @@
 //! The memory store's own floor: claim-and-complete pairs per second at the Store level,
-//! on one core, and with 16 tasks on different keys over every core.
+//! on one core, and with 16 tasks on different keys over every core; and the driver's
+//! cost per `execute` on the same store and core, typed and as bytes, so that what the
+//! driver adds to the store is a figure of its own rather than a difference of two noisy
+//! throughputs.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    Fingerprint, Key, MemoryStore, Store, store::ClaimOutcome, store::ClaimRequest,
-    store::WriteOutcome,
+    Fingerprint, Idempotency, Key, MemoryStore, Outcome, Store, WorkError, store::ClaimOutcome,
+    store::ClaimRequest, store::WriteOutcome,
 };
+use serde::Serialize;
 
 use crate::target::{BoxError, RESPONSE};
 
@@ -123,4 +127,89 @@ pub(crate) fn fingerprint_ns(n: usize, rounds: usize) -> f64 {
             })
             .collect(),
     )
+}
+
+/// Nanoseconds per `execute` on the memory store on one core (medians of the rounds).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct DriverFloor {
+    /// The store alone: one claim and one completion, requests built beforehand.
+    pub(crate) store_pair_ns: f64,
+    /// `execute` of a new key, its work returning the typed receipt (serde_json).
+    pub(crate) fresh_ns: f64,
+    /// `execute` of a completed key: the typed receipt decoded from the store's bytes.
+    pub(crate) replay_ns: f64,
+    /// `execute_bytes` of a new key (no serde).
+    pub(crate) fresh_bytes_ns: f64,
+    /// `execute_bytes` of a completed key.
+    pub(crate) replay_bytes_ns: f64,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    charge: String,
+    status: String,
+}
+
+/// The driver's floor: `n` keys built before the clock starts, executed fresh and then
+/// replayed, typed and as bytes, each on a new store, median of `rounds`.
+pub(crate) fn driver(n: usize, rounds: usize) -> Result<DriverFloor, BoxError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let fingerprint = Fingerprint::of_bytes(crate::target::REQUEST);
+    let keys: Vec<Key> = (0..n)
+        .map(|i| Key::new("bench/checkout", format!("k{i}")))
+        .collect::<Result<_, _>>()?;
+    let per_op = |started: Instant| started.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64;
+    let mut runs: [Vec<f64>; 4] = Default::default();
+    for _ in 0..rounds.max(1) {
+        runtime.block_on(async {
+            let typed = Idempotency::new(MemoryStore::new());
+            for replay in [false, true] {
+                let started = Instant::now();
+                for key in &keys {
+                    let outcome = typed
+                        .execute(key, fingerprint, |_ctx| async {
+                            Ok::<_, WorkError<()>>(Receipt {
+                                charge: "ch_3PqX9".into(),
+                                status: "ok".into(),
+                            })
+                        })
+                        .await?;
+                    if !matches!(outcome, Outcome::Completed { replayed, .. } if replayed == replay)
+                    {
+                        return Err::<(), BoxError>(
+                            "the typed execute did not end as expected".into(),
+                        );
+                    }
+                }
+                runs[usize::from(replay)].push(per_op(started));
+            }
+            let bytes = Idempotency::new(MemoryStore::new());
+            for replay in [false, true] {
+                let started = Instant::now();
+                for key in &keys {
+                    let outcome = bytes
+                        .execute_bytes(key, fingerprint, |_ctx| async {
+                            Ok::<_, WorkError<Vec<u8>>>(RESPONSE.to_vec())
+                        })
+                        .await?;
+                    if !matches!(outcome, Outcome::Completed { replayed, .. } if replayed == replay)
+                    {
+                        return Err("the bytes execute did not end as expected".into());
+                    }
+                }
+                runs[2 + usize::from(replay)].push(per_op(started));
+            }
+            Ok(())
+        })?;
+    }
+    let [fresh, replay, fresh_bytes, replay_bytes] = runs;
+    Ok(DriverFloor {
+        store_pair_ns: 1e9 / one_core(n, rounds)?,
+        fresh_ns: median(fresh),
+        replay_ns: median(replay),
+        fresh_bytes_ns: median(fresh_bytes),
+        replay_bytes_ns: median(replay_bytes),
+    })
 }

@@ -581,6 +581,7 @@ async fn main() -> Result<(), BoxError> {
                     .map_err(|e| e.to_string())?,
                 threads: cores,
                 fingerprint_ns: floor::fingerprint_ns(1_000_000, rounds),
+                driver: floor::driver(n, rounds).map_err(|e| e.to_string())?,
             })
         })
         .await??;

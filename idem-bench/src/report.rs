@@ -73,6 +73,8 @@ pub(crate) struct MemoryFloor {
     /// What the fingerprint of one request costs, measured apart: the targets fingerprint
     /// no request inside the timed loop, as the raw baselines do not.
     pub(crate) fingerprint_ns: f64,
+    /// The driver's cost per `execute` on the same store, one core.
+    pub(crate) driver: crate::floor::DriverFloor,
 }
 
 #[derive(Serialize)]
@@ -205,6 +207,11 @@ pub(crate) fn print(report: &Report) {
             "fingerprint of a {}-byte request (Fingerprint::of_bytes, SHA-256): {:.0} ns",
             crate::target::REQUEST.len(),
             floor.fingerprint_ns
+        );
+        let d = &floor.driver;
+        println!(
+            "the driver on one core, ns per execute: fresh {:.0} (as bytes {:.0}), replay {:.0} (as bytes {:.0}); the store alone: {:.0} ns per claim+complete",
+            d.fresh_ns, d.fresh_bytes_ns, d.replay_ns, d.replay_bytes_ns, d.store_pair_ns
         );
     }
 }

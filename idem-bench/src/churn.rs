@@ -3,11 +3,12 @@
 //!
 //! The table is seeded (copies of one record the store wrote itself, as in the scaling
 //! run) with completed records whose expiries are spread evenly over twice the run's
-//! length from the moment each seeding statement ran, so records expire at a steady rate
-//! all through the run (`records / (2 × seconds)` a second) on top of those that expired
-//! while the table was being seeded. During the run 16 clients execute fresh keys as fast
+//! length from the moment seeding began, so records expire at a steady rate all through
+//! the run (`records / (2 × seconds)` a second); those that expired while the table was
+//! being seeded wait at the start. During the run 16 clients execute fresh keys as fast
 //! as they can (their records outlive the run) and one purger calls `purge_expired`
-//! without pause while it finds work. Every sample reads the server's own figures (table
+//! without pause while it finds work (`--churn-without-purge` leaves it out, for the
+//! same run without deletes). Every sample reads the server's own figures (table
 //! and index sizes, live and dead rows, autovacuum runs) and the expired records still
 //! waiting, beside the clients' throughput and latency and the purge's rate over the
 //! sample.
@@ -40,9 +41,13 @@ pub(crate) struct ChurnSetup {
     pub(crate) records: u64,
     pub(crate) seconds: f64,
     pub(crate) sample_seconds: f64,
-    /// Records seeded a second's worth of expiry: `records / (2 × seconds)`.
+    /// Seeded records expiring a second: `records / (2 × seconds)`.
     pub(crate) expiring_per_sec: f64,
     pub(crate) seed_secs: f64,
+    /// Records that expired while the table was being seeded, waiting when the run began.
+    pub(crate) expired_at_start: i64,
+    /// Whether the purger ran.
+    pub(crate) purge: bool,
     /// `autovacuum`, `autovacuum_vacuum_scale_factor`, `autovacuum_vacuum_cost_limit` ... as
     /// the server reported them.
     pub(crate) server_settings: Vec<(String, String)>,
@@ -84,6 +89,7 @@ pub(crate) async fn run(
     records: u64,
     seconds: f64,
     sample_seconds: f64,
+    purge: bool,
 ) -> Result<Option<ChurnReport>, BoxError> {
     let Some(url) = crate::service("IDEM_TEST_POSTGRES_URL")? else {
         return Ok(None);
@@ -96,7 +102,16 @@ pub(crate) async fn run(
     let purger = idem_postgres::PostgresStore::builder(pool.clone())
         .table(TABLE)?
         .build();
-    let result = measure(&pool, store, purger, records, seconds, sample_seconds).await;
+    let result = measure(
+        &pool,
+        store,
+        purger,
+        records,
+        seconds,
+        sample_seconds,
+        purge,
+    )
+    .await;
     let drop = format!("DROP TABLE IF EXISTS {TABLE}");
     let dropped = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
         .execute(&pool)
@@ -129,6 +144,7 @@ async fn measure(
     records: u64,
     seconds: f64,
     sample_seconds: f64,
+    purge: bool,
 ) -> Result<ChurnReport, BoxError> {
     let seconds = seconds.max(0.1);
     let sample_seconds = sample_seconds.clamp(0.05, seconds);
@@ -138,10 +154,13 @@ async fn measure(
     }
     let spread = 2.0 * seconds;
     let seeding = Instant::now();
+    let base: f64 = sqlx::query_scalar("SELECT extract(epoch FROM now())::float8")
+        .fetch_one(pool)
+        .await?;
     let mut from = 0;
     while from < records {
         let to = (from + SEED_CHUNK).min(records);
-        seed(pool, from, to, records, spread).await?;
+        seed(pool, from, to, records, base, spread).await?;
         from = to;
     }
     let seed_secs = seeding.elapsed().as_secs_f64();
@@ -154,6 +173,8 @@ async fn measure(
         sample_seconds,
         expiring_per_sec: records as f64 / spread,
         seed_secs,
+        expired_at_start: table_figures(pool).await?.expired_waiting,
+        purge,
         server_settings: settings(pool).await?,
     };
     eprintln!(
@@ -196,7 +217,7 @@ async fn measure(
             Arc::clone(&slowest_purge_us),
         );
         tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
+            while purge && !stop.load(Ordering::Relaxed) {
                 let began = Instant::now();
                 let deleted = purger_store.purge_expired(PURGE_CALL).await?;
                 slowest.fetch_max(began.elapsed().as_micros() as u64, Ordering::Relaxed);
@@ -273,19 +294,20 @@ async fn measure(
     }
     purger.await??;
     // Records expired all through the run: a purger that deleted none is broken.
-    if records > 0 && purged.load(Ordering::Relaxed) == 0 {
+    if purge && records > 0 && purged.load(Ordering::Relaxed) == 0 {
         return Err("the churn run's purger deleted no expired record".into());
     }
     Ok(ChurnReport { setup, samples })
 }
 
 /// Seeds `seed-<from>` .. `seed-<to - 1>`; record `g` expires `g / records × spread`
-/// seconds after the statement's `now()`.
+/// seconds after `base` (Unix seconds).
 async fn seed(
     pool: &sqlx::PgPool,
     from: u64,
     to: u64,
     records: u64,
+    base: f64,
     spread: f64,
 ) -> Result<(), BoxError> {
     let insert = format!(
@@ -293,7 +315,7 @@ async fn seed(
              lease_until, created_at, expires_at, response, steps, resumed)
          SELECT t.scope, 'seed-' || g, t.fingerprint, t.state, t.token, t.attempt,
              t.lease_until, t.created_at,
-             now() + make_interval(secs => g::float8 / $3::float8 * $4::float8),
+             to_timestamp($5::float8 + g::float8 / $3::float8 * $4::float8),
              t.response, t.steps, t.resumed
          FROM {TABLE} t, generate_series($1::bigint, $2::bigint - 1) g
          WHERE t.key = 'template'"
@@ -303,6 +325,7 @@ async fn seed(
         .bind(to as i64)
         .bind(records as f64)
         .bind(spread)
+        .bind(base)
         .execute(pool)
         .await?;
     Ok(())
@@ -368,9 +391,19 @@ pub(crate) fn print(report: &Option<ChurnReport>) {
     };
     let setup = &report.setup;
     println!(
-        "\nPostgreSQL churn: {} records seeded in {:.1} s, {:.0} expiring a second, {} clients \
-         executing fresh keys and one purger for {:.0} s",
-        setup.records, setup.seed_secs, setup.expiring_per_sec, CLIENTS, setup.seconds
+        "\nPostgreSQL churn: {} records seeded in {:.1} s ({} expired by the start), {:.0} \
+         expiring a second, {} clients executing fresh keys {} for {:.0} s",
+        setup.records,
+        setup.seed_secs,
+        setup.expired_at_start,
+        setup.expiring_per_sec,
+        CLIENTS,
+        if setup.purge {
+            "and one purger"
+        } else {
+            "and no purge"
+        },
+        setup.seconds
     );
     for (name, value) in &setup.server_settings {
         println!("  {name} = {value}");

@@ -132,6 +132,10 @@ struct Args {
     /// How often the churn run samples.
     #[arg(long, value_name = "SECONDS", default_value_t = 30.0)]
     churn_sample: f64,
+    /// The churn run without its purger: the same claims on the same table with no
+    /// deletes, to compare with.
+    #[arg(long)]
+    churn_without_purge: bool,
     /// The `idem` binary for the purge and reverse proxy measurements (default: the one
     /// built beside this benchmark, `cargo build --release -p idem-cli`).
     #[arg(long, value_name = "PATH")]
@@ -517,7 +521,13 @@ async fn main() -> Result<(), BoxError> {
         return finish(&args, &report);
     }
     if let Some(records) = args.churn {
-        report.churn = churn::run(records, args.churn_seconds, args.churn_sample).await?;
+        report.churn = churn::run(
+            records,
+            args.churn_seconds,
+            args.churn_sample,
+            !args.churn_without_purge,
+        )
+        .await?;
         churn::print(&report.churn);
         return finish(&args, &report);
     }
@@ -610,7 +620,7 @@ async fn main() -> Result<(), BoxError> {
             report.dynamodb_capacity = capacity::run(3).await?;
         }
         if args.backends.iter().any(|b| b == "postgres") {
-            report.churn = churn::run(2_000, 1.0, 0.25).await?;
+            report.churn = churn::run(2_000, 1.0, 0.25, true).await?;
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -3,9 +3,9 @@
 --
 -- ORDER BY expiry keeps the plan on the expiry index, oldest first: without it, once the
 -- statistics say many rows have expired (they are gathered before the rows were purged),
--- the planner prefers reading the table from its start until the batch is full, and on a
--- table whose early pages hold new records that read runs through millions of live rows
--- for every batch.
+-- the planner may prefer reading the table from its start until the batch is full, and
+-- on a table whose early pages hold new records that read can run through millions of
+-- live rows.
 DELETE FROM {table}
 WHERE ctid IN (
     SELECT ctid FROM {table}

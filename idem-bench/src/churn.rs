@@ -67,13 +67,17 @@ pub(crate) struct ChurnSample {
     pub(crate) indexes_mb: f64,
     /// Expired records no purge has deleted yet.
     pub(crate) expired_waiting: i64,
-    /// Autovacuum runs of the table finished so far.
+    /// Autovacuum runs of the table finished since it was created (seeding included).
     pub(crate) autovacuums: i64,
+    /// Autoanalyze runs likewise: the statistics the planner chooses plans from.
+    pub(crate) autoanalyzes: i64,
     pub(crate) executes_per_sec: f64,
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
     pub(crate) max_us: f64,
     pub(crate) purged_per_sec: f64,
+    /// `purge_expired` calls that ended in the window.
+    pub(crate) purge_calls: u64,
     /// The slowest `purge_expired` call that ended in the window.
     pub(crate) slowest_purge_ms: f64,
 }
@@ -91,6 +95,18 @@ pub(crate) async fn run(
     sample_seconds: f64,
     purge: bool,
 ) -> Result<Option<ChurnReport>, BoxError> {
+    // Checked before seeding: a bad duration found later would leave the table behind.
+    for (name, value) in [
+        ("--churn-seconds", seconds),
+        ("--churn-sample", sample_seconds),
+    ] {
+        if !(value.is_finite() && value > 0.0 && value <= 86_400.0) {
+            return Err(format!(
+                "{name} must be a number of seconds above 0 and at most a day, not {value}"
+            )
+            .into());
+        }
+    }
     let Some(url) = crate::service("IDEM_TEST_POSTGRES_URL")? else {
         return Ok(None);
     };
@@ -210,17 +226,20 @@ async fn measure(
         .collect();
     let purged = Arc::new(AtomicU64::new(0));
     let slowest_purge_us = Arc::new(AtomicU64::new(0));
+    let purge_calls = Arc::new(AtomicU64::new(0));
     let purger = {
-        let (stop, purged, slowest) = (
+        let (stop, purged, slowest, calls) = (
             Arc::clone(&stop),
             Arc::clone(&purged),
             Arc::clone(&slowest_purge_us),
+            Arc::clone(&purge_calls),
         );
         tokio::spawn(async move {
             while purge && !stop.load(Ordering::Relaxed) {
                 let began = Instant::now();
                 let deleted = purger_store.purge_expired(PURGE_CALL).await?;
                 slowest.fetch_max(began.elapsed().as_micros() as u64, Ordering::Relaxed);
+                calls.fetch_add(1, Ordering::Relaxed);
                 purged.fetch_add(deleted as u64, Ordering::Relaxed);
                 if deleted < PURGE_CALL {
                     // Caught up: what expires next is a moment away.
@@ -262,11 +281,13 @@ async fn measure(
             indexes_mb: table.index_bytes as f64 / 1e6,
             expired_waiting: table.expired_waiting,
             autovacuums: table.autovacuums,
+            autoanalyzes: table.autoanalyzes,
             executes_per_sec: window_latencies.len() as f64 / window,
             p50_us: percentile_us(&window_latencies, 0.50),
             p99_us: percentile_us(&window_latencies, 0.99),
             max_us: percentile_us(&window_latencies, 1.0),
             purged_per_sec: (purged_now - purged_before) as f64 / window,
+            purge_calls: purge_calls.swap(0, Ordering::Relaxed),
             slowest_purge_ms: slowest_purge_us.swap(0, Ordering::Relaxed) as f64 / 1e3,
         };
         purged_before = purged_now;
@@ -284,6 +305,10 @@ async fn measure(
             sample.purged_per_sec
         );
         samples.push(sample);
+        // A client or the purger that stopped early failed: end now and report why.
+        if clients.iter().any(|client| client.is_finished()) || purge && purger.is_finished() {
+            break;
+        }
     }
     // A normal end: the tasks see `stop` and finish their current call.
     let mut guard = guard;
@@ -338,11 +363,12 @@ struct TableFigures {
     index_bytes: i64,
     expired_waiting: i64,
     autovacuums: i64,
+    autoanalyzes: i64,
 }
 
 async fn table_figures(pool: &sqlx::PgPool) -> Result<TableFigures, BoxError> {
     let query = format!(
-        "SELECT s.n_live_tup, s.n_dead_tup, s.autovacuum_count,
+        "SELECT s.n_live_tup, s.n_dead_tup, s.autovacuum_count, s.autoanalyze_count,
              pg_table_size('{TABLE}'), pg_indexes_size('{TABLE}'),
              (SELECT count(*) FROM {TABLE} WHERE expires_at <= now())
          FROM pg_stat_user_tables s WHERE s.relname = '{TABLE}'"
@@ -354,9 +380,10 @@ async fn table_figures(pool: &sqlx::PgPool) -> Result<TableFigures, BoxError> {
         live_rows: row.try_get(0)?,
         dead_rows: row.try_get(1)?,
         autovacuums: row.try_get(2)?,
-        table_bytes: row.try_get(3)?,
-        index_bytes: row.try_get(4)?,
-        expired_waiting: row.try_get(5)?,
+        autoanalyzes: row.try_get(3)?,
+        table_bytes: row.try_get(4)?,
+        index_bytes: row.try_get(5)?,
+        expired_waiting: row.try_get(6)?,
     })
 }
 
@@ -410,12 +437,13 @@ pub(crate) fn print(report: &Option<ChurnReport>) {
     }
     println!(
         "\n| at (s) | live rows (est.) | dead rows (est.) | table MB | indexes MB | expired waiting | \
-         autovacuums done | executes/s | p50 / p99 / max (µs) | purged/s | slowest purge call (ms) |"
+         autovacuums / autoanalyzes done | executes/s | p50 / p99 / max (µs) | purged/s | \
+         purge calls | slowest purge call (ms) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in &report.samples {
         println!(
-            "| {:.0} | {} | {} | {:.0} | {:.0} | {} | {} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} | {:.0} |",
+            "| {:.0} | {} | {} | {:.0} | {:.0} | {} | {} / {} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} | {} | {:.0} |",
             s.at_secs,
             s.live_rows,
             s.dead_rows,
@@ -423,11 +451,13 @@ pub(crate) fn print(report: &Option<ChurnReport>) {
             s.indexes_mb,
             s.expired_waiting,
             s.autovacuums,
+            s.autoanalyzes,
             s.executes_per_sec,
             s.p50_us,
             s.p99_us,
             s.max_us,
             s.purged_per_sec,
+            s.purge_calls,
             s.slowest_purge_ms
         );
     }

@@ -23,8 +23,9 @@
 //! | Completed | `Replay(response)` | none | `cases::claim::completed_record_replays`, `cases::payloads::replays_are_byte_exact`, `cases::fencing::fingerprint_survives_completion` |
 //! | Failed | `ReplayFailure(response)` | none | `cases::claim::failed_record_replays_failure`, `cases::payloads::replays_are_byte_exact` |
 //! | InProgress, same attempt id, lease live | `Claimed` with the same lease (`resumed: false`) | none | `cases::claim::same_attempt_gets_its_lease_back` |
+//! | InProgress, lease ended, same attempt id (a late copy of a claim it won) | `InFlight { retry_after: 0 }` | none | `cases::long_work::a_late_claim_of_the_same_attempt_takes_nothing_over` |
 //! | InProgress, lease live | `InFlight { retry_after }` | none | `cases::claim::live_lease_is_in_flight`, `cases::retention::a_live_lease_is_never_absent`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_claims_have_one_winner` |
-//! | InProgress, lease expired | `Claimed { resumed: true }` (takeover; steps kept) | token + 1, new attempt, new lease | `cases::claim::expired_lease_is_taken_over`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_takeovers_have_one_winner` |
+//! | InProgress, lease expired | `Claimed { resumed: true }` (takeover; steps kept) | token + 1, new attempt, new lease, `expires_at = max(expires_at, lease_until + retention)` ([`kept_past`]) | `cases::claim::expired_lease_is_taken_over`, `cases::long_work::no_lease_ends_at_the_retention_cliff`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_takeovers_have_one_winner` |
 //!
 //! # Fenced writes
 //!
@@ -35,23 +36,32 @@
 //!
 //! | op | effect when the fence holds | checked by (`idem-testkit`) |
 //! |---|---|---|
-//! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::complete_stores_the_response`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent`, `cases::payloads::large_responses_replay_or_are_refused` |
-//! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + retention)` | `cases::fencing::fail_stores_the_failure`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent` |
-//! | `release(lease)` | `lease_until = now`; token and steps kept, so the next claim takes over; a record already expired (a live lease held it) gets `expires_at = now + retention` ([`replayable_until`]). With no step recorded, `expires_at = now` instead: the record is absent at once and the next claim is fresh, under any fingerprint | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::fencing::release_without_steps_forgets_the_key`, `cases::retention::a_release_after_the_retention_keeps_its_steps`, `cases::claim::tokens_strictly_increase` |
-//! | `renew(lease, extend)` | `lease_until = now + extend` | `cases::fencing::renew_extends_the_lease`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::a_live_lease_is_never_absent`, `cases::retention::extreme_durations_work` |
-//! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes` | `cases::fencing::checkpoint_records_steps`, `cases::payloads::steps_count_toward_the_record_limit` |
+//! | `complete(lease, response)` | Completed, response stored, `expires_at = max(expires_at, now + lease.retention)` | `cases::fencing::complete_stores_the_response`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent`, `cases::payloads::large_responses_replay_or_are_refused` |
+//! | `fail(lease, response)` | Failed, response stored, `expires_at = max(expires_at, now + lease.retention)` | `cases::fencing::fail_stores_the_failure`, `cases::retention::late_results_stay_replayable`, `cases::retention::a_live_lease_is_never_absent` |
+//! | `release(lease)` | `lease_until = min(lease_until, now)`; token, steps and `expires_at` kept (the checkpoints kept the record one retention past the lease), so the next claim takes over. With no step recorded, `expires_at = now` instead: the record is absent at once and the next claim is fresh, under any fingerprint | `cases::fencing::release_lets_the_next_claim_take_over`, `cases::fencing::release_without_steps_forgets_the_key`, `cases::retention::a_release_after_the_retention_keeps_its_steps`, `cases::claim::tokens_strictly_increase` |
+//! | `renew(lease, extend)` | only while the lease is live (else `Fenced`): `lease_until = now + extend`, `expires_at = max(expires_at, lease_until + lease.retention)` | `cases::fencing::renew_extends_the_lease`, `cases::long_work::no_lease_ends_at_the_retention_cliff`, `cases::long_work::an_ended_lease_is_not_renewed`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::a_live_lease_is_never_absent`, `cases::retention::extreme_durations_work` |
+//! | `checkpoint(lease, step, bytes)` | `steps[step] = bytes`, `expires_at = max(expires_at, lease_until + lease.retention)` | `cases::fencing::checkpoint_records_steps`, `cases::long_work::no_lease_ends_at_the_retention_cliff`, `cases::payloads::steps_count_toward_the_record_limit` |
 //!
 //! `get` hides absent records; `purge_expired` removes absent records ([`is_purgeable`]).
 //!
+//! # No lease ends at the retention cliff
+//!
+//! A lease carries its claim's retention ([`Lease::retention`]). Takeovers, renewals and
+//! checkpoints keep the record at least that long past the end of its lease
+//! ([`kept_past`]): an owner that stops without a word (a crash, a pause, a partition)
+//! leaves a record that the retry finds, with its steps, however long the work ran and
+//! however close to its expiry the lease ended. Without it, a record whose retention
+//! passed while its work ran was absent the moment the lease lapsed, and the retry ran
+//! every checkpointed step again.
+//!
 //! # A stored result stays replayable
 //!
-//! A record's retention is `expires_at - created_at` (the claim that created it set
-//! `expires_at = now + retention`). Work kept alive by heartbeats past the retention, or a
-//! takeover near its end, may finish after `expires_at`; without more, its result would
-//! be absent the moment it is stored, and the next retry would run the work again. So a
-//! `complete` or `fail` that applies also moves `expires_at` to at least
-//! `now + retention` ([`replayable_until`]): every stored result is replayed for at least
-//! one retention after it was stored.
+//! Work kept alive by heartbeats past the retention, or a takeover near its end, may
+//! finish after the claim's `expires_at`; without more, its result would be absent the
+//! moment it is stored, and the next retry would run the work again. So a `complete` or
+//! `fail` that applies also moves `expires_at` to at least `now + lease.retention`
+//! ([`kept_past`]): every stored result is replayed for at least one retention after it
+//! was stored.
 
 use std::time::Duration;
 
@@ -117,7 +127,11 @@ pub fn claim(
             response: None,
             steps: Default::default(),
         };
-        let outcome = ClaimOutcome::claimed(lease_of(&fresh), false, Default::default());
+        let outcome = ClaimOutcome::claimed(
+            lease_of(&fresh, request.retention),
+            false,
+            Default::default(),
+        );
         return Transition::write(outcome, fresh);
     };
     if record.fingerprint != request.fingerprint {
@@ -133,7 +147,7 @@ pub fn claim(
         State::InProgress if record.lease_is_live(now) => {
             if record.attempt == request.attempt {
                 Transition::answer(ClaimOutcome::claimed(
-                    lease_of(record),
+                    lease_of(record, request.retention),
                     false,
                     record.steps.clone(),
                 ))
@@ -143,14 +157,27 @@ pub fn claim(
                 ))
             }
         }
+        // The attempt whose lease this was, after that lease ended (released, or run
+        // out): a late copy of a claim it already won. Taking over would hold the key a
+        // whole lease for an owner that is gone; the caller's next claim, under a new
+        // attempt id, takes over.
+        State::InProgress if record.attempt == request.attempt => {
+            Transition::answer(ClaimOutcome::in_flight(Duration::ZERO))
+        }
         State::InProgress => {
+            let lease_until = now.saturating_add(clamp_duration(request.lease));
             let taken = Record {
                 token: record.token.saturating_add(1),
                 attempt: request.attempt,
-                lease_until: now.saturating_add(clamp_duration(request.lease)),
+                lease_until,
+                expires_at: kept_past(record.expires_at, lease_until, request.retention),
                 ..record.clone()
             };
-            let outcome = ClaimOutcome::claimed(lease_of(&taken), true, taken.steps.clone());
+            let outcome = ClaimOutcome::claimed(
+                lease_of(&taken, request.retention),
+                true,
+                taken.steps.clone(),
+            );
             Transition::write(outcome, taken)
         }
     }
@@ -182,35 +209,44 @@ pub fn fail(
 /// nothing left to resume, so its lifetime ends too (`expires_at = now`): it is absent at
 /// once, and the next claim is fresh under any fingerprint (a corrected request under
 /// the same key is not a mismatch). A record with steps is kept for a takeover, since
-/// those steps did take effect for this request, with its expiry as it was; only a
-/// record already past its expiry (work kept alive by heartbeats past its retention) is
-/// kept one retention more ([`replayable_until`]), so that it is not absent at once and
-/// its steps do not run again. A release repeated changes nothing more.
+/// those steps did take effect for this request, with its expiry as it is: the
+/// checkpoints kept it one retention past the lease's end ([`kept_past`]), and the
+/// release only brings that end forward. A lease that has ended already keeps its end,
+/// so a release repeated changes nothing more.
 pub fn release(
     existing: Option<&Record>,
     lease: &Lease,
     now: Timestamp,
 ) -> Transition<WriteOutcome> {
     fenced_update(existing, lease, now, |record| {
+        // A lease that ran out already ends where it ended: a release repeated moves
+        // nothing, and no lease end moves past the one the record is kept for.
+        record.lease_until = record.lease_until.min(now);
         if record.steps.is_empty() {
             record.expires_at = now;
-        } else if record.is_expired(now) {
-            record.expires_at = replayable_until(record, now);
         }
-        record.lease_until = now;
     })
 }
 
-/// Renew: the lease now ends at `now + extend`.
+/// Renew: the lease now ends at `now + extend`, and the record is kept at least one
+/// retention past that end.
+///
+/// Only a live lease is renewed: once it has ended (released, or run out before the
+/// renewal arrived) the owner has let go, whether or not another attempt took over yet,
+/// so a late renewal is `Fenced` and the owner learns that it must stop.
 pub fn renew(
     existing: Option<&Record>,
     lease: &Lease,
     extend: Duration,
     now: Timestamp,
 ) -> Transition<RenewOutcome> {
+    if !existing.is_some_and(|record| record.lease_is_live(now)) {
+        return Transition::answer(RenewOutcome::Fenced);
+    }
     let lease_until = now.saturating_add(clamp_duration(extend));
     let update = fenced_update(existing, lease, now, |record| {
-        record.lease_until = lease_until
+        record.lease_until = lease_until;
+        record.expires_at = kept_past(record.expires_at, lease_until, lease.retention);
     });
     match update.outcome {
         WriteOutcome::Applied => Transition {
@@ -221,7 +257,8 @@ pub fn renew(
     }
 }
 
-/// Checkpoint: `steps[step] = value`.
+/// Checkpoint: `steps[step] = value`, and the record is kept at least one retention past
+/// the end of its lease.
 pub fn checkpoint(
     existing: Option<&Record>,
     lease: &Lease,
@@ -233,7 +270,19 @@ pub fn checkpoint(
         record
             .steps
             .insert(step.as_str().to_owned(), value.to_vec());
+        record.expires_at = kept_past(record.expires_at, record.lease_until, lease.retention);
     })
+}
+
+/// The expiry that keeps a record at least `retention` past `lease_until`: `expires_at`,
+/// or `lease_until + retention` when that is later.
+///
+/// A record whose owner stops (a crash, a pause, a partition) must still be there when
+/// the retry comes: its steps say what already happened, and [`Record::derive`] keys
+/// depend on its creation time. Takeovers, renewals and checkpoints apply it, so no
+/// lease of a record ends within one retention of the record's expiry.
+pub fn kept_past(expires_at: Timestamp, lease_until: Timestamp, retention: Duration) -> Timestamp {
+    expires_at.max(lease_until.saturating_add(clamp_duration(retention)))
 }
 
 /// An operator's release (see [`Admin::release_key`](crate::Admin::release_key)): a fenced
@@ -269,8 +318,9 @@ pub fn release_key(
     }
 }
 
-/// The lease a record grants to its current owner.
-pub fn lease_of(record: &Record) -> Lease {
+/// The lease a record grants to its current owner, claimed with `retention` (the claim
+/// request's).
+pub fn lease_of(record: &Record, retention: Duration) -> Lease {
     Lease::new(
         record.key.clone(),
         record.token,
@@ -278,6 +328,7 @@ pub fn lease_of(record: &Record) -> Lease {
         record.lease_until,
         record.created_at,
     )
+    .with_retention(retention)
 }
 
 /// The record if it is present and still carries the lease's token and attempt.
@@ -303,15 +354,6 @@ fn fenced_update(
     }
 }
 
-/// The `expires_at` a record takes when its result is stored at `now`: its expiry, or one
-/// retention (`expires_at - created_at`) after `now` when that is later.
-pub fn replayable_until(record: &Record, now: Timestamp) -> Timestamp {
-    let retention = record
-        .expires_at
-        .saturating_duration_since(record.created_at);
-    record.expires_at.max(now.saturating_add(retention))
-}
-
 fn finish(
     existing: Option<&Record>,
     lease: &Lease,
@@ -323,7 +365,7 @@ fn finish(
         // The same owner retrying after its first write landed.
         Some(record) if record.state == terminal => Transition::answer(WriteOutcome::Applied),
         _ => fenced_update(existing, lease, now, |record| {
-            record.expires_at = replayable_until(record, now);
+            record.expires_at = kept_past(record.expires_at, now, lease.retention);
             record.state = terminal;
             record.response = Some(response.to_vec());
         }),
@@ -439,12 +481,90 @@ mod tests {
     }
 
     #[test]
-    fn same_attempt_after_expiry_takes_over() {
+    fn a_late_claim_of_the_same_attempt_takes_nothing_over() {
         let req = request("a");
-        let (_, _, record) = claimed(claim(None, &req, T0));
-        let (lease, resumed, _) = claimed(claim(Some(&record), &req, record.lease_until));
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        // Its lease ran out: a late copy of the claim that won it holds nothing again.
+        let late = claim(Some(&record), &req, record.lease_until);
+        assert_eq!(late.outcome, ClaimOutcome::in_flight(Duration::ZERO));
+        assert_eq!(late.write, None);
+        // Released (with a step, so the record stays): the same.
+        let step = StepName::new("s").unwrap();
+        let stepped = checkpoint(Some(&record), &lease, &step, b"1", T0)
+            .write
+            .unwrap();
+        let released = release(Some(&stepped), &lease, T0).write.unwrap();
+        let late = claim(Some(&released), &req, T0);
+        assert_eq!(late.outcome, ClaimOutcome::in_flight(Duration::ZERO));
+        assert_eq!(late.write, None);
+        // Another attempt takes over.
+        let other = req.clone().with_attempt(AttemptId::random());
+        let (taken, resumed, _) = claimed(claim(Some(&released), &other, T0));
         assert!(resumed);
-        assert_eq!(lease.token, 2);
+        assert_eq!(taken.token, 2);
+    }
+
+    #[test]
+    fn an_ended_lease_is_not_renewed() {
+        let (lease, _, record) = claimed(claim(None, &request("a"), T0));
+        let step = StepName::new("s").unwrap();
+        let stepped = checkpoint(Some(&record), &lease, &step, b"1", T0)
+            .write
+            .unwrap();
+        let released = release(Some(&stepped), &lease, T0).write.unwrap();
+        let late = renew(Some(&released), &lease, HOUR, T0);
+        assert_eq!(late.outcome, RenewOutcome::Fenced);
+        assert_eq!(late.write, None);
+        // Run out, not yet taken over: fenced as well.
+        let ran_out = renew(Some(&record), &lease, HOUR, record.lease_until);
+        assert_eq!(ran_out.outcome, RenewOutcome::Fenced);
+        // One millisecond before its end it is still renewed.
+        let just = Timestamp::from_unix_millis(record.lease_until.as_unix_millis() - 1);
+        assert!(matches!(
+            renew(Some(&record), &lease, HOUR, just).outcome,
+            RenewOutcome::Renewed(_)
+        ));
+    }
+
+    /// Lease and retention of 2 s: the work checkpoints `charge` and stops without a word
+    /// (its lease runs out). The retry 2.1 s later must find the step, not a fresh record.
+    #[test]
+    fn no_lease_ends_at_the_retention_cliff() {
+        let two = Duration::from_secs(2);
+        let mut req = request("a");
+        req.lease = two;
+        req.retention = two;
+        let at = |millis| T0.saturating_add(Duration::from_millis(millis));
+        let (lease, _, record) = claimed(claim(None, &req, T0));
+        assert_eq!(lease.retention, two);
+        let step = StepName::new("charge").unwrap();
+        let stepped = checkpoint(Some(&record), &lease, &step, b"ch_1", at(100))
+            .write
+            .unwrap();
+        assert_eq!(stepped.expires_at, record.lease_until.saturating_add(two));
+        let retry = req.clone().with_attempt(AttemptId::random());
+        let (taken, resumed, record) = claimed(claim(Some(&stepped), &retry, at(2_100)));
+        assert!(resumed, "the step is still there");
+        assert!(record.steps.contains_key("charge"));
+        // The takeover's lease too ends a retention before the record does.
+        assert_eq!(record.expires_at, taken.lease_until.saturating_add(two));
+        // So do renewals, however long the work goes on.
+        let mut record = record;
+        let mut lease = taken;
+        for second in 3..50 {
+            let renewed = renew(Some(&record), &lease, two, at(second * 1000));
+            let RenewOutcome::Renewed(next) = renewed.outcome else {
+                panic!("renew applies")
+            };
+            record = renewed.write.unwrap();
+            assert_eq!(record.expires_at, next.lease_until.saturating_add(two));
+            lease = next;
+        }
+        // The owner stops; a retry just before the record's end still resumes.
+        let end = Timestamp::from_unix_millis(record.expires_at.as_unix_millis() - 1);
+        let later = req.with_attempt(AttemptId::random());
+        let (_, resumed, _) = claimed(claim(Some(&record), &later, end));
+        assert!(resumed);
     }
 
     #[test]
@@ -492,7 +612,11 @@ mod tests {
             .unwrap();
         let released = release(Some(&stepped), &lease, T0).write.unwrap();
         assert!(!released.lease_is_live(T0));
-        assert_eq!(released.expires_at, record.expires_at);
+        // The checkpoint kept the record a retention past the lease; the release keeps it.
+        assert_eq!(
+            released.expires_at,
+            record.lease_until.saturating_add(24 * HOUR)
+        );
         assert_eq!(
             claim(Some(&released), &request("b"), T0).outcome,
             ClaimOutcome::Mismatch
@@ -570,12 +694,14 @@ mod tests {
             .unwrap();
         let done = complete(Some(&with_step), &lease, b"ok", later);
         assert_eq!(done.outcome, WriteOutcome::Applied);
-        // Stored, the result is replayed for one retention: zero here, so the expired
-        // record is absent at once and the next claim is fresh (the driver refuses a
+        // The renewal kept the record to its new lease's end (retention zero), and so does
+        // the result; then it is absent and the next claim is fresh (the driver refuses a
         // retention shorter than the lease; the next test has a real one).
         let done = done.write.unwrap();
-        assert!(done.is_absent(later));
-        let (next, resumed, _) = claimed(claim(Some(&done), &request("b"), later));
+        assert_eq!(done.expires_at, renewed.lease_until);
+        assert!(!done.is_absent(later));
+        assert!(done.is_absent(renewed.lease_until));
+        let (next, resumed, _) = claimed(claim(Some(&done), &request("b"), renewed.lease_until));
         assert!(!resumed);
         assert_eq!(next.token, lease.token + 1);
     }
@@ -593,7 +719,10 @@ mod tests {
         let renewed = renew(Some(&renewed), &lease, minute, at(100))
             .write
             .unwrap();
-        let late = at(150);
+        // Each renewal kept the record one retention past the lease: 160 s + 90 s.
+        assert_eq!(renewed.expires_at, at(250));
+        // The lease ran out at 160 s; nobody took over, and the result lands at 200 s.
+        let late = at(200);
         let done = complete(Some(&renewed), &lease, b"ok", late).write.unwrap();
         assert_eq!(
             done.expires_at,

@@ -14,46 +14,57 @@ pub(crate) const FRESH_UPDATE: &str = "SET #fp = :fp, #st = :in_progress, #at = 
      #ca = :now, #ea = :ea, #ttl = :ttl, #stp = :no_steps, #rz = :false \
      ADD #tk :one REMOVE #rs";
 
-/// Takeover of an expired lease, as a compare-and-set on the token that was read.
+/// Takeover of an expired lease, as a compare-and-set on the token and expiry that were
+/// read. The new expiry, `max(expires_at, lease_until + retention)`, is computed from the
+/// expiry read.
 pub(crate) const TAKEOVER_CONDITION: &str = "#tk = :seen_token AND #at = :seen_attempt \
-     AND #st = :in_progress AND #fp = :fp AND #lu <= :cutoff AND #ea > :now";
+     AND #st = :in_progress AND #fp = :fp AND #lu <= :cutoff AND #ea > :now \
+     AND #ea = :seen_ea";
 pub(crate) const TAKEOVER_UPDATE: &str =
-    "SET #tk = :token, #at = :at, #lu = :lu, #ttl = :ttl, #rz = :true";
+    "SET #tk = :token, #at = :at, #lu = :lu, #ea = :ea, #ttl = :ttl, #rz = :true";
 
 /// Every write after a claim: the owner's token and attempt, in progress, present
 /// (unexpired, or held by a lease live within the skew margin).
 pub(crate) const FENCE: &str = "#tk = :token AND #at = :at AND #st = :in_progress \
      AND (#ea > :now OR #lu > :cutoff)";
-/// complete and fail, beside the fence: the creation time the write assumes.
-pub(crate) const FINISH_CREATED: &str = "#ca = :ca";
-/// complete and fail: a result stored late is kept one retention after now, so the expiry
-/// moves to `max(expires_at, now + (expires_at - created_at))`, which is
-/// `expires_at + :late` with `:late = max(0, now - created_at)` (exact for the item, whose
-/// creation time the condition checks). The TTL moves by `:late_s`, the same in seconds
-/// rounded up, so it still covers the expiry.
-pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response, \
-     #ea = #ea + :late, #ttl = #ttl + :late_s";
+/// complete and fail: a result is kept at least one retention (the lease's) after now, so
+/// the expiry becomes `max(expires_at, :ea)` with `:ea = now + retention`. DynamoDB has no
+/// `max`, so there are two writes, each beside the fence and the condition that makes it
+/// the right one: the expiry already covers `:ea` (the common case: the result is stored
+/// within the lease, which the record outlives by a retention), or it moves to `:ea`.
+pub(crate) const EXPIRY_COVERS: &str = "#ea >= :ea";
+pub(crate) const EXPIRY_SHORT: &str = "#ea < :ea";
+pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response";
+pub(crate) const FINISH_AND_EXPIRY_UPDATE: &str =
+    "SET #st = :terminal, #rs = :response, #ea = :ea, #ttl = :ttl";
 /// A release, beside the fence, when the record holds no step: nothing took effect, so
 /// the record's lifetime ends too and the next claim is fresh under any fingerprint. The
 /// lease ends at the cutoff, not now: its owner let go, so no claim waits out the skew
 /// margin for it, and the record is absent at once.
 pub(crate) const RELEASE_WITHOUT_STEPS: &str = "(attribute_not_exists(#stp) OR size(#stp) = :zero)";
 pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :cutoff, #ea = :now";
-/// A release of a record with steps, beside the fence: kept for a takeover, its expiry
-/// as it was.
+/// A release of a record with steps, beside the fence and `LEASE_NOT_ENDED`: kept for a
+/// takeover, its expiry as it was (its checkpoints kept it one retention past the lease).
+/// A lease that ran out already keeps its end, and the release writes nothing.
 pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
-/// The same for a record past its expiry already (a live lease held it), kept one
-/// retention more, beside the fence and `RELEASE_EXPIRY_SEEN` (the expiry the new one was
-/// computed from, so that a retry whose first try landed does not move it twice).
-pub(crate) const RELEASE_EXTEND_UPDATE: &str = "SET #lu = :now, #ea = :ea, #ttl = :ttl";
-pub(crate) const RELEASE_EXPIRY_SEEN: &str = "#ea = :seen_ea";
-/// A renewal whose new lease end the item's TTL already covers: the common case, one
-/// conditional write.
+pub(crate) const LEASE_NOT_ENDED: &str = "#lu > :now";
+/// A renewal, beside the fence: only of a lease live within the skew margin, and keeping
+/// the record one retention past the new end, `max(expires_at, :ea)` with
+/// `:ea = lease_until + retention`, as two writes like the finish's. The TTL condition
+/// keeps the first from leaving a TTL short of the new lease end plus the margin.
+pub(crate) const LEASE_LIVE: &str = "#lu > :cutoff";
+pub(crate) const TTL_COVERS: &str = "#ttl >= :ttl";
 pub(crate) const RENEW_UPDATE: &str = "SET #lu = :lu";
-pub(crate) const RENEW_COVERED: &str = "#ttl >= :ttl";
-/// A renewal that must move the TTL too: both in the same conditional write.
+pub(crate) const RENEW_AND_EXPIRY_UPDATE: &str = "SET #lu = :lu, #ea = :ea, #ttl = :ttl";
+/// A renewal whose expiry covers the new end but whose TTL does not cover it plus the
+/// skew margin (a margin longer than the retention).
 pub(crate) const RENEW_AND_TTL_UPDATE: &str = "SET #lu = :lu, #ttl = :ttl";
+/// A checkpoint, beside the fence: keeping the record one retention past its lease's end,
+/// `max(expires_at, :ea)` with `:ea = lease_until + retention`, as two writes like the
+/// finish's.
 pub(crate) const CHECKPOINT_UPDATE: &str = "SET #stp.#step = :value";
+pub(crate) const CHECKPOINT_AND_EXPIRY_UPDATE: &str =
+    "SET #stp.#step = :value, #ea = :ea, #ttl = :ttl";
 
 // The text of PURGEABLE, for the expressions built on it.
 macro_rules! purgeable {
@@ -95,7 +106,7 @@ mod tests {
         let mut keys: Vec<_> = names.keys().map(String::as_str).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["#at", "#ea", "#lu", "#st", "#tk"]);
-        assert!(super::names(&[RENEW_COVERED]).contains_key("#ttl"));
+        assert!(super::names(&[TTL_COVERS]).contains_key("#ttl"));
         assert!(!super::names(&[CHECKPOINT_UPDATE]).contains_key("#st"));
         assert!(super::names(&[CHECKPOINT_UPDATE]).contains_key("#stp"));
     }

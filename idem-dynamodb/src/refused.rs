@@ -19,11 +19,11 @@ pub(crate) enum Refused {
     Landed,
     /// Another owner, another terminal state, or no record: fenced.
     Fenced,
-    /// The fence holds: only the creation time the write assumed was wrong. Write again
-    /// assuming the item's.
+    /// The fence holds: only the expiry the write assumed was wrong (it moved, or the
+    /// other write is the right one). Write again, choosing from the item's.
     Again {
-        /// The item's creation time.
-        created_at: Timestamp,
+        /// The item's expiry.
+        expires_at: Timestamp,
     },
 }
 
@@ -47,7 +47,7 @@ pub(crate) fn refused_finish(
     match (answer.outcome, answer.write) {
         (WriteOutcome::Applied, None) => Refused::Landed,
         (WriteOutcome::Applied, Some(_)) => Refused::Again {
-            created_at: seen.created_at,
+            expires_at: seen.expires_at,
         },
         _ => Refused::Fenced,
     }
@@ -91,7 +91,7 @@ mod tests {
         let record = machine::claim(None, &request, T0)
             .write
             .expect("a fresh claim");
-        let lease = machine::lease_of(&record);
+        let lease = machine::lease_of(&record, Duration::from_secs(3600));
         (record, lease)
     }
 
@@ -164,18 +164,19 @@ mod tests {
     }
 
     #[test]
-    fn a_wrong_creation_time_is_corrected_from_the_item() {
-        let (record, mut lease) = claimed();
-        lease.created_at = at(5);
+    fn a_fence_that_holds_is_written_again_from_the_items_expiry() {
+        let (record, lease) = claimed();
         assert_eq!(
             refused_finish(
-                Some(record),
+                Some(record.clone()),
                 &lease,
                 State::Completed,
                 at(10),
                 Duration::ZERO
             ),
-            Refused::Again { created_at: T0 }
+            Refused::Again {
+                expires_at: record.expires_at
+            }
         );
     }
 
@@ -195,7 +196,9 @@ mod tests {
         assert_eq!(refused(Duration::ZERO), Refused::Fenced);
         assert_eq!(
             refused(Duration::from_secs(2)),
-            Refused::Again { created_at: T0 }
+            Refused::Again {
+                expires_at: record.expires_at
+            }
         );
     }
 }

@@ -113,9 +113,22 @@ impl Drop for ResumeGuard<'_> {
     }
 }
 
-/// How often a complete or fail writes again when the item's creation time was not the
-/// one the write assumed (a lease whose `created_at` is not the item's).
+/// How often a write that also keeps the record (complete, fail, release, renew,
+/// checkpoint) is sent again when the item was not as the write assumed: the expiry it
+/// assumed, or the lease end it assumed.
 const FINISH_ATTEMPTS: usize = 3;
+
+/// Which write a renewal sends (see `Store::renew` below).
+#[derive(Clone, Copy)]
+enum RenewPlan {
+    /// The expiry covers the new end plus the retention, the TTL the new end plus the
+    /// margin: only the lease moves.
+    LeaseOnly,
+    /// The expiry moves to the new end plus the retention, and the TTL with it.
+    Expiry,
+    /// The expiry (as seen) covers; the TTL moves.
+    Ttl { seen_ea: Timestamp },
+}
 
 impl DynamoDbStore {
     /// A store on `table` with the defaults (no prefix, 2 s skew margin, system clock).
@@ -348,7 +361,7 @@ impl DynamoDbStore {
                 })?;
                 let (record, _) = item::decode(&request.key, item)?;
                 Ok(Ok(ClaimOutcome::claimed(
-                    machine::lease_of(&record),
+                    machine::lease_of(&record, request.retention),
                     false,
                     record.steps,
                 )))
@@ -364,11 +377,14 @@ impl DynamoDbStore {
         now: Timestamp,
     ) -> Result<Option<ClaimOutcome>, StoreError> {
         let lease_until = now.saturating_add(idem_core::raw::clamp_duration(request.lease));
+        let expires_at = machine::kept_past(seen.expires_at, lease_until, request.retention);
         let token = seen.token.saturating_add(1);
         let result = self
             .update(&request.key, x::TAKEOVER_UPDATE, x::TAKEOVER_CONDITION)
             .expression_attribute_values(":seen_token", n(seen.token))
             .expression_attribute_values(":seen_attempt", b(seen.attempt.as_bytes()))
+            .expression_attribute_values(":seen_ea", n(seen.expires_at.as_unix_millis()))
+            .expression_attribute_values(":ea", n(expires_at.as_unix_millis()))
             .expression_attribute_values(":in_progress", s(State::InProgress.as_str()))
             .expression_attribute_values(":fp", b(request.fingerprint.as_bytes()))
             .expression_attribute_values(":cutoff", n(self.cutoff(now)))
@@ -376,7 +392,7 @@ impl DynamoDbStore {
             .expression_attribute_values(":token", n(token))
             .expression_attribute_values(":at", b(request.attempt.as_bytes()))
             .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
-            .expression_attribute_values(":ttl", self.ttl(seen.expires_at, lease_until))
+            .expression_attribute_values(":ttl", self.ttl(expires_at, lease_until))
             .expression_attribute_values(":true", AttributeValue::Bool(true))
             .return_values(ReturnValue::AllNew)
             .send()
@@ -390,7 +406,7 @@ impl DynamoDbStore {
                 })?;
                 let (record, _) = item::decode(&request.key, item)?;
                 Ok(Some(ClaimOutcome::claimed(
-                    machine::lease_of(&record),
+                    machine::lease_of(&record, request.retention),
                     true,
                     record.steps,
                 )))
@@ -420,19 +436,22 @@ impl DynamoDbStore {
         if response.len() > MAX_RECORD_BYTES {
             return Err(too_large());
         }
-        let condition = format!("{} AND {}", x::FENCE, x::FINISH_CREATED);
-        // The item's creation time, as the lease tells it; the item corrects it if not.
-        let mut created_at = lease.created_at;
+        // Most results are stored within the lease, which the record outlives by a
+        // retention: the first write assumes the expiry covers one retention from now.
+        let mut covers = true;
         for _ in 0..FINISH_ATTEMPTS {
             let now = self.now();
-            let late = duration_millis(now.saturating_duration_since(created_at));
+            let ea = machine::kept_past(now, now, lease.retention);
             let result = self
-                .fenced(lease, x::FINISH_UPDATE, &condition, now)
+                .expiry_write(
+                    lease,
+                    now,
+                    (ea, Timestamp::from_unix_millis(0)),
+                    covers,
+                    (x::FINISH_UPDATE, x::FINISH_AND_EXPIRY_UPDATE),
+                )
                 .expression_attribute_values(":terminal", s(terminal.as_str()))
                 .expression_attribute_values(":response", b(response))
-                .expression_attribute_values(":ca", n(created_at.as_unix_millis()))
-                .expression_attribute_values(":late", n(late))
-                .expression_attribute_values(":late_s", n(late.div_ceil(1000)))
                 .send()
                 .await;
             let Err(err) = result else {
@@ -454,7 +473,7 @@ impl DynamoDbStore {
             match refused_finish(seen, lease, terminal, now, self.skew_margin) {
                 Refused::Landed => return Ok(WriteOutcome::Applied),
                 Refused::Fenced => return Ok(WriteOutcome::Fenced),
-                Refused::Again { created_at: item } => created_at = item,
+                Refused::Again { expires_at } => covers = expires_at >= ea,
             }
         }
         Err(StoreError::Busy {
@@ -463,14 +482,32 @@ impl DynamoDbStore {
         })
     }
 
-    async fn fenced_write(
+    /// A fenced write that also keeps the record until `ea` at least (`expires_at =
+    /// max(expires_at, ea)`), `(ea, lease_until)` being the expiry and the lease end the
+    /// TTL must cover: `updates.0` beside the condition that the expiry covers `ea` when
+    /// `covers`, else `updates.1` (which sets `:ea` and `:ttl`) beside the condition that
+    /// it does not. DynamoDB has no `max`; a refused write tells the caller which to send
+    /// next.
+    fn expiry_write(
         &self,
-        operation: Operation,
-        builder: UpdateItemFluentBuilder,
-    ) -> Result<WriteOutcome, StoreError> {
-        match builder.send().await {
-            Ok(_) => Ok(WriteOutcome::Applied),
-            Err(err) => condition_failed(err, operation).map(|_| WriteOutcome::Fenced),
+        lease: &Lease,
+        now: Timestamp,
+        (ea, lease_until): (Timestamp, Timestamp),
+        covers: bool,
+        updates: (&str, &str),
+    ) -> UpdateItemFluentBuilder {
+        let (update, expiry) = if covers {
+            (updates.0, x::EXPIRY_COVERS)
+        } else {
+            (updates.1, x::EXPIRY_SHORT)
+        };
+        let builder = self
+            .fenced(lease, update, &format!("{} AND {expiry}", x::FENCE), now)
+            .expression_attribute_values(":ea", n(ea.as_unix_millis()));
+        if covers {
+            builder
+        } else {
+            builder.expression_attribute_values(":ttl", self.ttl(ea, lease_until))
         }
     }
 }
@@ -566,8 +603,8 @@ impl Store for DynamoDbStore {
             Ok(_) => return Ok(WriteOutcome::Applied),
             Err(err) => condition_failed(err, operation)?,
         };
-        // Steps, or a fence that failed: the old item tells which, and whether the record
-        // is past its expiry already.
+        // Steps, or a fence that failed: the old item tells which, and whether the lease
+        // has ended already.
         for _ in 0..FINISH_ATTEMPTS {
             let item = match old {
                 Some(item) => Some(item),
@@ -581,24 +618,21 @@ impl Store for DynamoDbStore {
             let now = self.now();
             let mut counted = seen.clone();
             counted.lease_until = counted.lease_until.saturating_add(self.skew_margin);
-            let Some(released) = machine::release(Some(&counted), lease, now).write else {
+            if machine::release(Some(&counted), lease, now).write.is_none() {
                 return Ok(WriteOutcome::Fenced);
-            };
+            }
             // No step: a forget that landed before (its retry fails the first condition),
             // on a clock that went back since. Forgotten already.
             if seen.steps.is_empty() {
                 return Ok(WriteOutcome::Fenced);
             }
-            let builder = if released.expires_at == seen.expires_at {
-                self.fenced(lease, x::RELEASE_UPDATE, x::FENCE, now)
-            } else {
-                let condition = format!("{} AND {}", x::FENCE, x::RELEASE_EXPIRY_SEEN);
-                let ttl = item::ttl_seconds(released.expires_at, now, self.skew_margin);
-                self.fenced(lease, x::RELEASE_EXTEND_UPDATE, &condition, now)
-                    .expression_attribute_values(":ea", n(released.expires_at.as_unix_millis()))
-                    .expression_attribute_values(":ttl", n(ttl))
-                    .expression_attribute_values(":seen_ea", n(seen.expires_at.as_unix_millis()))
-            };
+            // A lease that ran out already keeps its end, and the expiry stays: the fence
+            // held in the item just read, and there is nothing to write.
+            if seen.lease_until <= now {
+                return Ok(WriteOutcome::Applied);
+            }
+            let condition = format!("{} AND {}", x::FENCE, x::LEASE_NOT_ENDED);
+            let builder = self.fenced(lease, x::RELEASE_UPDATE, &condition, now);
             match builder.send().await {
                 Ok(_) => return Ok(WriteOutcome::Applied),
                 Err(err) => old = condition_failed(err, operation)?,
@@ -611,42 +645,73 @@ impl Store for DynamoDbStore {
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        let operation = Operation::Renew;
         let now = self.now();
         let lease_until = now.saturating_add(idem_core::raw::clamp_duration(extend));
         let renewed = RenewOutcome::Renewed(lease.clone().with_lease_until(lease_until));
-        // The TTL this lease needs; the item's expiry can only push it later.
-        let needed = self.ttl(Timestamp::from_unix_millis(0), lease_until);
-        let covered = format!("{} AND {}", x::FENCE, x::RENEW_COVERED);
-        let result = self
-            .fenced(lease, x::RENEW_UPDATE, &covered, now)
-            .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
-            .expression_attribute_values(":ttl", needed.clone())
-            .send()
-            .await;
-        let old = match result {
-            Ok(_) => return Ok(renewed),
-            Err(err) => condition_failed(err, Operation::Renew)?,
-        };
-        // Refused: fenced, or the TTL must move with the lease. The old item tells which;
-        // without one, the write below decides on the fence alone.
-        let fenced = old
-            .map(|item| item::decode(&lease.key, &item))
-            .transpose()?
-            .is_some_and(|(record, _)| {
-                let mut seen = record;
-                seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
-                machine::renew(Some(&seen), lease, extend, now).outcome == RenewOutcome::Fenced
-            });
-        if fenced {
-            return Ok(RenewOutcome::Fenced);
+        // The record is kept one retention past the new end.
+        let ea = machine::kept_past(lease_until, lease_until, lease.retention);
+        // What the first write assumes: the expiry covers `ea`, and the TTL the new lease
+        // end (the common case: each renewal moves both by the same interval). A refused
+        // write's old item tells what to write instead.
+        let mut plan = RenewPlan::LeaseOnly;
+        for _ in 0..FINISH_ATTEMPTS {
+            let live = format!("{} AND {}", x::FENCE, x::LEASE_LIVE);
+            let builder = match plan {
+                RenewPlan::LeaseOnly => {
+                    let condition =
+                        format!("{live} AND {} AND {}", x::EXPIRY_COVERS, x::TTL_COVERS);
+                    self.fenced(lease, x::RENEW_UPDATE, &condition, now)
+                        .expression_attribute_values(":ea", n(ea.as_unix_millis()))
+                        .expression_attribute_values(":ttl", self.ttl(ea, lease_until))
+                }
+                RenewPlan::Expiry => {
+                    let condition = format!("{live} AND {}", x::EXPIRY_SHORT);
+                    self.fenced(lease, x::RENEW_AND_EXPIRY_UPDATE, &condition, now)
+                        .expression_attribute_values(":ea", n(ea.as_unix_millis()))
+                        .expression_attribute_values(":ttl", self.ttl(ea, lease_until))
+                }
+                // The expiry covers `ea` but the TTL is short of the lease end plus the
+                // margin: the TTL moves, computed from the expiry the condition checks.
+                RenewPlan::Ttl { seen_ea } => {
+                    let condition = format!("{live} AND #ea = :ea");
+                    self.fenced(lease, x::RENEW_AND_TTL_UPDATE, &condition, now)
+                        .expression_attribute_values(":ea", n(seen_ea.as_unix_millis()))
+                        .expression_attribute_values(":ttl", self.ttl(seen_ea, lease_until))
+                }
+            };
+            let old = match builder
+                .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
+                .send()
+                .await
+            {
+                Ok(_) => return Ok(renewed),
+                Err(err) => condition_failed(err, operation)?,
+            };
+            let old = match old {
+                Some(old) => Some(old),
+                // Some servers send no old item: read it, strongly consistent.
+                None => self.read(&lease.key, operation).await?,
+            };
+            let Some(old) = old else {
+                return Ok(RenewOutcome::Fenced);
+            };
+            let (mut seen, _) = item::decode(&lease.key, &old)?;
+            seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
+            if machine::renew(Some(&seen), lease, extend, now).outcome == RenewOutcome::Fenced {
+                return Ok(RenewOutcome::Fenced);
+            }
+            plan = if seen.expires_at < ea {
+                RenewPlan::Expiry
+            } else {
+                RenewPlan::Ttl {
+                    seen_ea: seen.expires_at,
+                }
+            };
         }
-        let builder = self
-            .fenced(lease, x::RENEW_AND_TTL_UPDATE, x::FENCE, now)
-            .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
-            .expression_attribute_values(":ttl", needed);
-        Ok(match self.fenced_write(Operation::Renew, builder).await? {
-            WriteOutcome::Applied => renewed,
-            WriteOutcome::Fenced => RenewOutcome::Fenced,
+        Err(StoreError::Busy {
+            operation,
+            source: "the item kept changing under the renewal; retry".into(),
         })
     }
 
@@ -665,15 +730,55 @@ impl Store for DynamoDbStore {
         if size > MAX_RECORD_BYTES {
             return Err(too_large());
         }
-        let builder = self
-            .fenced(lease, x::CHECKPOINT_UPDATE, x::FENCE, self.now())
-            .expression_attribute_names("#step", step.as_str())
-            .expression_attribute_values(":value", b(value));
-        match builder.send().await {
-            Ok(_) => Ok(WriteOutcome::Applied),
-            Err(err) if is_item_too_large(&err) => Err(too_large()),
-            Err(err) => condition_failed(err, Operation::Checkpoint).map(|_| WriteOutcome::Fenced),
+        let operation = Operation::Checkpoint;
+        // The record is kept one retention past its lease's end: the lease's as the owner
+        // knows it first (its renewals moved the expiry with it), the item's after a
+        // refusal.
+        let mut lease_until = lease.lease_until;
+        let mut covers = true;
+        for _ in 0..FINISH_ATTEMPTS {
+            let now = self.now();
+            let ea = machine::kept_past(lease_until, lease_until, lease.retention);
+            let builder = self
+                .expiry_write(
+                    lease,
+                    now,
+                    (ea, lease_until),
+                    covers,
+                    (x::CHECKPOINT_UPDATE, x::CHECKPOINT_AND_EXPIRY_UPDATE),
+                )
+                .expression_attribute_names("#step", step.as_str())
+                .expression_attribute_values(":value", b(value));
+            let old = match builder.send().await {
+                Ok(_) => return Ok(WriteOutcome::Applied),
+                Err(err) if is_item_too_large(&err) => return Err(too_large()),
+                Err(err) => condition_failed(err, operation)?,
+            };
+            let old = match old {
+                Some(old) => Some(old),
+                // Some servers send no old item: read it, strongly consistent.
+                None => self.read(&lease.key, operation).await?,
+            };
+            let Some(old) = old else {
+                return Ok(WriteOutcome::Fenced);
+            };
+            let (seen, _) = item::decode(&lease.key, &old)?;
+            let mut counted = seen.clone();
+            counted.lease_until = counted.lease_until.saturating_add(self.skew_margin);
+            if machine::checkpoint(Some(&counted), lease, step, value, now)
+                .write
+                .is_none()
+            {
+                return Ok(WriteOutcome::Fenced);
+            }
+            lease_until = seen.lease_until;
+            covers =
+                seen.expires_at >= machine::kept_past(lease_until, lease_until, lease.retention);
         }
+        Err(StoreError::Busy {
+            operation,
+            source: "the item kept changing under the checkpoint; retry".into(),
+        })
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {

@@ -332,13 +332,27 @@ async fn a_renewal_past_retention_moves_the_ttl_in_the_same_write() {
             other => panic!("no ttl: {other:?}"),
         }
     };
-    let before = ttl().await;
-    // A renewal inside the TTL leaves it; one past it moves it with the lease.
-    let RenewOutcome::Renewed(short) = store.renew(&lease, Duration::from_secs(30)).await.unwrap()
+    let retention = Duration::from_secs(60);
+    let covers = |ttl: u64, lease_until: idem_core::Timestamp| {
+        ttl * 1000 >= lease_until.saturating_add(retention).as_unix_millis()
+    };
+    // A renewal keeps the record one retention past its new end: the expiry and the TTL
+    // move in the same write.
+    let RenewOutcome::Renewed(first) = store.renew(&lease, Duration::from_secs(30)).await.unwrap()
     else {
         panic!("renewed")
     };
-    assert_eq!(ttl().await, before);
+    let moved = ttl().await;
+    assert!(
+        covers(moved, first.lease_until),
+        "the TTL ({moved} s) covers the lease and the retention"
+    );
+    // One whose end plus the retention the expiry covers already leaves both.
+    let RenewOutcome::Renewed(short) = store.renew(&first, Duration::from_secs(10)).await.unwrap()
+    else {
+        panic!("renewed")
+    };
+    assert_eq!(ttl().await, moved);
     let RenewOutcome::Renewed(long) = store
         .renew(&short, Duration::from_secs(7200))
         .await
@@ -348,8 +362,8 @@ async fn a_renewal_past_retention_moves_the_ttl_in_the_same_write() {
     };
     let after = ttl().await;
     assert!(
-        after * 1000 >= long.lease_until.as_unix_millis(),
-        "the TTL ({after} s) covers the lease ({:?})",
+        covers(after, long.lease_until),
+        "the TTL ({after} s) covers the lease ({:?}) and the retention",
         long.lease_until
     );
 }

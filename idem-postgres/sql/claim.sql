@@ -5,13 +5,16 @@
 -- (expired and held by no live lease), or in progress with an expired lease under the
 -- same fingerprint (a takeover). When the upsert does not write (the record changed since
 -- the read), the record comes back in the same round trip all the same. The client
--- answers from what it gets with the state machine.
+-- answers from what it gets with the state machine. A takeover keeps the record one
+-- retention past its new lease; the attempt whose lease ended takes nothing over (a late
+-- copy of a claim it already won), so it is read and answered in flight.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
 WITH settled AS (
     SELECT {columns}
     FROM {table}
     WHERE scope = $1 AND key = $2 AND {present}
-      AND NOT (state = 'in_progress' AND lease_until <= now() AND fingerprint = $3::bytea)
+      AND NOT (state = 'in_progress' AND lease_until <= now() AND fingerprint = $3::bytea
+               AND attempt <> $4::bytea)
 ),
 claimed AS (
     INSERT INTO {table} AS r
@@ -29,14 +32,18 @@ claimed AS (
         attempt     = excluded.attempt,
         lease_until = excluded.lease_until,
         created_at  = CASE WHEN NOT {r.present} THEN excluded.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN NOT {r.present} THEN excluded.expires_at ELSE r.expires_at END,
+        expires_at  = CASE WHEN NOT {r.present} THEN excluded.expires_at
+                           ELSE GREATEST(r.expires_at,
+                                         excluded.lease_until + $6::bigint * interval '1 millisecond')
+                      END,
         response    = CASE WHEN NOT {r.present} THEN NULL ELSE r.response END,
         steps       = CASE WHEN NOT {r.present} THEN '{}'::jsonb ELSE r.steps END,
         resumed     = {r.present}
     WHERE NOT {r.present}
        OR (r.fingerprint = excluded.fingerprint
            AND r.state = 'in_progress'
-           AND r.lease_until <= now())
+           AND r.lease_until <= now()
+           AND r.attempt <> excluded.attempt)
     RETURNING {columns}
 )
 SELECT false AS claimed, * FROM settled

@@ -2,8 +2,9 @@
 -- same owner already left the record in the same terminal state (a retry after a lost
 -- answer). A result stored late (heartbeats or a takeover kept the work past the
 -- retention) is kept one whole retention after now: expires_at moves to
--- max(expires_at, now() + (expires_at - created_at)).
--- $1 scope, $2 key, $3 token, $4 attempt, $5 response, $6 terminal state
+-- max(expires_at, now() + the lease's retention).
+-- $1 scope, $2 key, $3 token, $4 attempt, $5 response, $6 terminal state,
+-- $7 the lease's retention (ms)
 WITH locked AS (
     -- The owner's row as it is now. A retry waits (in the update below, or here) for the
     -- row lock its own first try holds; once that commits, a locking read returns the
@@ -18,7 +19,7 @@ WITH locked AS (
 finished AS (
     UPDATE {table}
     SET state = $6, response = $5,
-        expires_at = GREATEST(expires_at, now() + (expires_at - created_at))
+        expires_at = GREATEST(expires_at, now() + $7::bigint * interval '1 millisecond')
     WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
       AND state = 'in_progress' AND {present}
     RETURNING 1

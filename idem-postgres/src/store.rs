@@ -255,6 +255,7 @@ impl PostgresStore {
         self.fenced(&self.queries.finish, lease)
             .bind(response)
             .bind(state)
+            .bind(millis(lease.retention))
     }
 
     async fn finish(
@@ -344,7 +345,7 @@ impl Store for PostgresStore {
             let decoded = rows::decode(key, &row, Operation::Claim)?;
             if claimed {
                 return Ok(ClaimOutcome::claimed(
-                    machine::lease_of(&decoded.record),
+                    machine::lease_of(&decoded.record, request.retention),
                     decoded.resumed,
                     decoded.record.steps,
                 ));
@@ -381,6 +382,7 @@ impl Store for PostgresStore {
         let row = self
             .fenced(&self.queries.renew, lease)
             .bind(millis(extend))
+            .bind(millis(lease.retention))
             .fetch_optional(&self.pool)
             .await
             .map_err(|err| map(Operation::Renew, err))?;
@@ -405,7 +407,8 @@ impl Store for PostgresStore {
         let query = self
             .fenced(&self.queries.checkpoint, lease)
             .bind(step.as_str())
-            .bind(value);
+            .bind(value)
+            .bind(millis(lease.retention));
         self.fenced_update(Operation::Checkpoint, query).await
     }
 

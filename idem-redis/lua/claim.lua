@@ -51,9 +51,16 @@ if now < r.l then
   end
   return { 'in_flight', r.l - now }
 end
--- Takeover of an expired lease: next token, new attempt and lease, steps kept.
+if r.a == attempt then
+  -- The attempt whose lease ended (released, or run out): a late copy of a claim it
+  -- already won. Taking over would hold the key a whole lease for an owner that is gone.
+  return { 'in_flight', 0 }
+end
+-- Takeover of an expired lease: next token, new attempt and lease, steps kept, and the
+-- record kept one retention past the new lease's end.
 if r.t >= MAX_INTEGER then corrupt('token') end
 r.t, r.l = r.t + 1, now + lease
-redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'z', '1')
+r.e = math.max(r.e, math.min(r.l + retention, MAX_INTEGER))
+redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'e', num(r.e), 'z', '1')
 keep(key, r, now)
 return claimed(r.t, r.l, 1, r.c, steps_of(key))

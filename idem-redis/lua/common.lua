@@ -119,9 +119,9 @@ end
 
 -- complete and fail: 1 when applied (or already applied by this owner), 0 when fenced.
 -- Reads only what the fence and the expiry need (state, token, attempt, lease end,
--- expiry, creation), each validated before use.
-local function finish(key, token, attempt, response, terminal)
-  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e', 'c')
+-- expiry), each validated before use.
+local function finish(key, token, attempt, response, terminal, retention)
+  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e')
   if not v[1] then
     return 0
   end
@@ -142,11 +142,8 @@ local function finish(key, token, attempt, response, terminal)
     return 0
   end
   -- A result stored late (heartbeats or a takeover kept the work past the retention) is
-  -- kept one whole retention (expiry - creation) after now, never less than before.
-  local retention = math.max(r.e - integer(v[6], 'created_at'), 0)
-  if now + retention > r.e then
-    r.e = math.min(now + retention, MAX_INTEGER)
-  end
+  -- kept one whole retention (the lease's) after now, never less than before.
+  r.e = math.max(r.e, math.min(now + retention, MAX_INTEGER))
   r.s = terminal
   redis.call('HSET', key, 's', terminal, 'r', response, 'e', num(r.e))
   -- A finished record's key lives until its expiry: the lease no longer holds it.

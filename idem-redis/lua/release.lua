@@ -1,21 +1,19 @@
 -- release. KEYS[1] record; ARGV token, attempt. 1 applied, 0 fenced.
 -- Without a step nothing took effect, so the record's lifetime ends too: keep() deletes
 -- it, and the next claim is fresh under any fingerprint. With steps it is kept for a
--- takeover.
+-- takeover, with its expiry as it is: its checkpoints kept it one retention past the
+-- lease's end. A lease that ran out already keeps its end, so a release repeated moves
+-- nothing.
 local key = KEYS[1]
 local now = now_ms()
 local r = owned(key, tonumber(ARGV[1]), ARGV[2], now)
 if r == nil or r.s ~= 'in_progress' then
   return 0
 end
-r.l = now
+r.l = math.min(r.l, now)
 if #steps_of(key) == 0 then
   r.e = now
-elseif now >= r.e then
-  -- Kept for a takeover: past its expiry already (a live lease held it), it is kept one
-  -- retention more so that its steps do not run again.
-  r.e = math.min(now + math.max(r.e - r.c, 0), MAX_INTEGER)
 end
-redis.call('HSET', key, 'l', num(now), 'e', num(r.e))
+redis.call('HSET', key, 'l', num(r.l), 'e', num(r.e))
 keep(key, r, now)
 return 1

@@ -412,7 +412,8 @@ impl Store for RedisStore {
                     request.attempt,
                     lease_until,
                     created_at,
-                );
+                )
+                .with_retention(request.retention);
                 ClaimOutcome::claimed(lease, resumed, steps(items)?)
             }
             b"replay" => ClaimOutcome::replay(bytes(next()?)?),
@@ -428,18 +429,25 @@ impl Store for RedisStore {
     }
 
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        let retention = millis(lease.retention).to_string();
         self.write(
             Operation::Complete,
             &self.scripts.complete,
             lease,
-            &[response],
+            &[response, retention.as_bytes()],
         )
         .await
     }
 
     async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-        self.write(Operation::Fail, &self.scripts.fail, lease, &[response])
-            .await
+        let retention = millis(lease.retention).to_string();
+        self.write(
+            Operation::Fail,
+            &self.scripts.fail,
+            lease,
+            &[response, retention.as_bytes()],
+        )
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
@@ -449,12 +457,13 @@ impl Store for RedisStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         let extend = millis(extend).to_string();
+        let retention = millis(lease.retention).to_string();
         let lease_until = self
             .fenced(
                 Operation::Renew,
                 &self.scripts.renew,
                 lease,
-                &[extend.as_bytes()],
+                &[extend.as_bytes(), retention.as_bytes()],
             )
             .await?;
         if lease_until < 0 {
@@ -471,11 +480,12 @@ impl Store for RedisStore {
         step: &StepName,
         value: &[u8],
     ) -> Result<WriteOutcome, StoreError> {
+        let retention = millis(lease.retention).to_string();
         self.write(
             Operation::Checkpoint,
             &self.scripts.checkpoint,
             lease,
-            &[step.as_str().as_bytes(), value],
+            &[step.as_str().as_bytes(), value, retention.as_bytes()],
         )
         .await
     }

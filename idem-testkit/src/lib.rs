@@ -134,7 +134,13 @@ macro_rules! __with_cases {
             a_live_lease_is_never_absent => ALiveLeaseIsNeverAbsent:
                 "A record whose retention ended but whose lease lives is in flight, not claimed afresh; its owner still writes.";
             a_release_after_the_retention_keeps_its_steps => AReleaseAfterTheRetentionKeepsItsSteps:
-                "A release of a record with steps after its retention ended (a live lease held it) keeps the record for one retention after the release: the next claim takes over with the steps.";
+                "A release of a record with steps after its retention ended (a live lease held it) keeps the record at least one retention past the lease's end; repeated, it moves nothing; the next claim takes over with the steps.";
+            no_lease_ends_at_the_retention_cliff => NoLeaseEndsAtTheRetentionCliff:
+                "Checkpoints, takeovers and renewals keep the record one retention past the lease's end (the lease carries the claim's retention): with lease and retention equal, a retry after the lease ran out takes over with the steps.";
+            an_ended_lease_is_not_renewed => AnEndedLeaseIsNotRenewed:
+                "A renewal of a lease that was released or ran out is Fenced and changes nothing, even before another attempt took over; the owner's late result still lands.";
+            a_late_claim_of_the_same_attempt_takes_nothing_over => ALateClaimOfTheSameAttemptTakesNothingOver:
+                "A claim by the attempt whose lease ended (released or run out) answers InFlight with zero and writes nothing; another attempt takes over.";
             late_results_stay_replayable => LateResultsStayReplayable:
                 "A result or failure stored after the record's retention ended (a live lease held it) is replayed and shown by get for one whole retention after it is stored.";
             different_fingerprint_is_a_mismatch => DifferentFingerprintIsAMismatch:

@@ -231,6 +231,12 @@ fn comparable_claim(
             if lease.key != request.key {
                 return Err("the lease is for another key".into());
             }
+            if lease.retention != request.retention {
+                return Err(format!(
+                    "the lease carries a retention of {:?}, not the request's {:?}",
+                    lease.retention, request.retention
+                ));
+            }
             let times = if exact_times {
                 format!(
                     ", lease until {:?}, created {:?}",
@@ -247,7 +253,8 @@ fn comparable_claim(
         ClaimOutcome::Replay { response, .. } => format!("Replay({response:?})"),
         ClaimOutcome::ReplayFailure { response, .. } => format!("ReplayFailure({response:?})"),
         ClaimOutcome::InFlight { retry_after, .. } => {
-            if retry_after.is_zero() || *retry_after > 2 * HOUR {
+            // Zero is the answer to a late claim of the attempt whose lease ended.
+            if *retry_after > 2 * HOUR {
                 return Err(format!(
                     "InFlight with an impossible retry_after {retry_after:?}"
                 ));

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use idem_core::{ManualClock, Store};
 
 use crate::cases::{
-    claim, concurrency, driver, edges, fencing, namespaces, payloads, retention, saga, security,
+    claim, concurrency, driver, edges, fencing, long_work, namespaces, payloads, retention, saga,
+    security,
 };
 use crate::{Capabilities, Namespace, model, quiet};
 
@@ -196,6 +197,15 @@ impl Suite {
             }
             Case::AReleaseAfterTheRetentionKeepsItsSteps => {
                 retention::a_release_after_the_retention_keeps_its_steps(s, caps).await
+            }
+            Case::NoLeaseEndsAtTheRetentionCliff => {
+                long_work::no_lease_ends_at_the_retention_cliff(s, caps).await
+            }
+            Case::AnEndedLeaseIsNotRenewed => {
+                long_work::an_ended_lease_is_not_renewed(s, caps).await
+            }
+            Case::ALateClaimOfTheSameAttemptTakesNothingOver => {
+                long_work::a_late_claim_of_the_same_attempt_takes_nothing_over(s, caps).await
             }
             Case::GetHidesAbsentRecords => retention::get_hides_absent_records(s, caps).await,
             Case::LifetimesAreToldApart => retention::lifetimes_are_told_apart(store, caps).await,

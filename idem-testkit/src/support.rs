@@ -11,6 +11,12 @@ use idem_core::{
 pub(crate) const HOUR: Duration = Duration::from_secs(3600);
 /// A lease or retention that is over the moment it starts.
 pub(crate) const ZERO: Duration = Duration::ZERO;
+/// A lease that lasts through a few round trips to any server.
+pub(crate) const MINUTE: Duration = Duration::from_secs(60);
+/// The driver's lease in the cases that let it run out: long enough for a claim and a
+/// step's round trips on a loaded server before the owner's lease ends on its own clock
+/// (the driver starts no effect after that), short enough to wait out.
+pub(crate) const SHORT_LEASE: Duration = Duration::from_millis(500);
 
 pub(crate) fn key(scope: &str, key: &str) -> Key {
     Key::new(scope, key).expect("test keys are valid")

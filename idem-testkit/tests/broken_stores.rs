@@ -71,9 +71,19 @@ enum Flaw {
     /// A release ends the record's lifetime even when it holds steps: the next claim
     /// starts afresh and runs those steps again.
     ReleaseForgetsSteps,
-    /// A release of a record with steps keeps `expires_at` as it was: after the retention
-    /// ended, the record is absent at once and its steps run again.
-    ReleaseKeepsExpiry,
+    /// Takeovers, renewals and checkpoints keep `expires_at` as it was (an earlier
+    /// contract): a record whose owner stops at the end of its retention is absent the
+    /// moment the lease lapses, and its steps run again.
+    ExpiryIgnoresTheLease,
+    /// Claims answer leases without the request's retention (a store that builds its
+    /// lease with `Lease::new` alone), so renewals and checkpoints keep nothing past the
+    /// lease.
+    LeaseWithoutRetention,
+    /// A renewal applies to a lease that has ended (released, or run out) while nobody
+    /// took over: a late heartbeat holds the key for an owner that is gone.
+    RenewsEndedLeases,
+    /// A late claim of the attempt whose lease ended takes the record over again.
+    LateClaimTakesOver,
 }
 
 /// The record limit of the stores that declare one here: small, so the cases stay quick.
@@ -262,6 +272,48 @@ impl FlawedStore {
 impl Store for FlawedStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.refuse(Operation::Claim, &[request.lease, request.retention])?;
+        if self.has(Flaw::ExpiryIgnoresTheLease) {
+            return Ok(self.apply(&request.key, |r, now| {
+                let mut step = machine::claim(r, request, now);
+                if let (Some(written), Some(before)) = (step.write.as_mut(), r)
+                    && !before.is_absent(now)
+                {
+                    written.expires_at = before.expires_at;
+                }
+                step
+            }));
+        }
+        if self.has(Flaw::LeaseWithoutRetention) {
+            let outcome = self.apply(&request.key, |r, now| machine::claim(r, request, now));
+            return Ok(match outcome {
+                ClaimOutcome::Claimed {
+                    lease,
+                    resumed,
+                    steps,
+                    ..
+                } => ClaimOutcome::claimed(lease.with_retention(Duration::ZERO), resumed, steps),
+                other => other,
+            });
+        }
+        if self.has(Flaw::LateClaimTakesOver) {
+            return Ok(self.apply(&request.key, |r, now| {
+                // The attempt whose lease ended looks like any other to this store.
+                let ended_own = r.filter(|record| {
+                    record.state == State::InProgress
+                        && record.attempt == request.attempt
+                        && !record.lease_is_live(now)
+                        && !record.is_absent(now)
+                });
+                match ended_own {
+                    Some(record) => {
+                        let mut other = record.clone();
+                        other.attempt = AttemptId::from_bytes([0xee; 16]);
+                        machine::claim(Some(&other), request, now)
+                    }
+                    None => machine::claim(r, request, now),
+                }
+            }));
+        }
         if self.has(Flaw::TakeoverForgetsSteps) {
             let outcome = self.apply(&request.key, |r, now| machine::claim(r, request, now));
             return Ok(match outcome {
@@ -357,12 +409,11 @@ impl Store for FlawedStore {
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
         let kept = self.has(Flaw::ReleaseKeepsAnEmptyRecord);
         let forgets = self.has(Flaw::ReleaseForgetsSteps);
-        let keeps_expiry = self.has(Flaw::ReleaseKeepsExpiry);
         Ok(self.apply(&lease.key, |r, now| {
             let mut step = machine::release(r, lease, now);
             if let (Some(written), Some(before)) = (step.write.as_mut(), r) {
                 let stepless = before.steps.is_empty();
-                if kept && stepless || keeps_expiry && !stepless {
+                if kept && stepless {
                     written.expires_at = before.expires_at;
                 }
                 if forgets {
@@ -375,7 +426,26 @@ impl Store for FlawedStore {
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         self.refuse(Operation::Renew, &[extend])?;
-        Ok(self.apply(&lease.key, |r, now| machine::renew(r, lease, extend, now)))
+        Ok(self.apply(&lease.key, |r, now| {
+            match r {
+                // A lease that ended looks live to this store, for the moment of the call.
+                Some(record) if self.has(Flaw::RenewsEndedLeases) && !record.is_absent(now) => {
+                    let mut live = record.clone();
+                    live.lease_until = live
+                        .lease_until
+                        .max(now.saturating_add(Duration::from_millis(1)));
+                    machine::renew(Some(&live), lease, extend, now)
+                }
+                Some(record) if self.has(Flaw::ExpiryIgnoresTheLease) => {
+                    let mut step = machine::renew(r, lease, extend, now);
+                    if let Some(written) = step.write.as_mut() {
+                        written.expires_at = record.expires_at;
+                    }
+                    step
+                }
+                _ => machine::renew(r, lease, extend, now),
+            }
+        }))
     }
 
     async fn checkpoint(
@@ -394,7 +464,12 @@ impl Store for FlawedStore {
             return Err(too_large(limit));
         }
         self.apply(&lease.key, |r, now| {
-            let written = machine::checkpoint(r, lease, step, value, now);
+            let mut written = machine::checkpoint(r, lease, step, value, now);
+            if let (Some(after), Some(before)) = (written.write.as_mut(), r)
+                && self.has(Flaw::ExpiryIgnoresTheLease)
+            {
+                after.expires_at = before.expires_at;
+            }
             let beside = match (self.limit, r) {
                 (Some(_), Some(before)) if !self.has(Flaw::LimitIgnoresSteps) => {
                     steps_size(before, Some(step.as_str()))
@@ -741,6 +816,7 @@ async fn a_store_whose_takeover_forgets_steps_is_reported() {
         &[
             Case::ReleaseLetsTheNextClaimTakeOver,
             Case::AReleaseAfterTheRetentionKeepsItsSteps,
+            Case::NoLeaseEndsAtTheRetentionCliff,
         ],
     );
 }
@@ -768,18 +844,78 @@ async fn a_release_that_forgets_steps_is_reported() {
         &[
             Case::MatchesTheStateMachine,
             Case::StepsRunOnceAcrossTakeovers,
+            // Both release a record with a step first.
+            Case::AnEndedLeaseIsNotRenewed,
+            Case::ALateClaimOfTheSameAttemptTakesNothingOver,
         ],
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_release_that_keeps_the_expiry_is_reported() {
-    let report = suite(Some(Flaw::ReleaseKeepsExpiry)).run_all().await;
+async fn a_store_whose_expiry_ignores_the_lease_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::ExpiryIgnoresTheLease), setup)
+            .run_all()
+            .await;
+        assert_reported(
+            &report,
+            &[Case::NoLeaseEndsAtTheRetentionCliff],
+            &[
+                Case::MatchesTheStateMachine,
+                Case::ALiveLeaseIsNeverAbsent,
+                Case::AReleaseAfterTheRetentionKeepsItsSteps,
+                Case::AbsentRecordIsClaimedFresh,
+            ],
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_without_its_retention_is_reported() {
+    let report = suite_with(Some(Flaw::LeaseWithoutRetention), MANUAL)
+        .run_all()
+        .await;
     assert_reported(
         &report,
-        &[Case::AReleaseAfterTheRetentionKeepsItsSteps],
-        &[Case::MatchesTheStateMachine],
+        &[
+            Case::NoLeaseEndsAtTheRetentionCliff,
+            Case::MatchesTheStateMachine,
+        ],
+        &[
+            Case::ALiveLeaseIsNeverAbsent,
+            Case::AReleaseAfterTheRetentionKeepsItsSteps,
+            Case::AbsentRecordIsClaimedFresh,
+            Case::LateResultsStayReplayable,
+        ],
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_that_renews_ended_leases_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::RenewsEndedLeases), setup)
+            .run_all()
+            .await;
+        assert_reported(
+            &report,
+            &[Case::AnEndedLeaseIsNotRenewed, Case::RenewExtendsTheLease],
+            &[Case::MatchesTheStateMachine],
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_claim_that_takes_over_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::LateClaimTakesOver), setup)
+            .run_all()
+            .await;
+        assert_reported(
+            &report,
+            &[Case::ALateClaimOfTheSameAttemptTakesNothingOver],
+            &[Case::MatchesTheStateMachine],
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -954,6 +1090,9 @@ const LEASE_ENDS_MEET: &[Case] = &[
     Case::ReleaseWithoutStepsForgetsTheKey,
     Case::AReleaseAfterTheRetentionKeepsItsSteps,
     Case::RenewExtendsTheLease,
+    Case::AnEndedLeaseIsNotRenewed,
+    Case::ALateClaimOfTheSameAttemptTakesNothingOver,
+    Case::NoLeaseEndsAtTheRetentionCliff,
     Case::StaleOwnerIsFencedAfterTakeover,
     Case::WritesAfterTheEndAreFenced,
     Case::NamespacesAreIsolated,

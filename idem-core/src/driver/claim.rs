@@ -7,7 +7,7 @@ use tokio::time::Instant;
 use super::builder::Settings;
 use super::{Error, Idempotency, InFlightPolicy, observe, policy, retry_store};
 use crate::raw::clamp_duration;
-use crate::record::{Lease, Steps};
+use crate::record::{AttemptId, Lease, Steps};
 use crate::store::{ClaimOutcome, ClaimRequest, Operation};
 use crate::{Fingerprint, Key, Store};
 
@@ -22,7 +22,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         } = *self.settings;
         // The same request (same attempt id) on every try: a claim that landed but whose
         // answer was lost returns the same lease instead of in-flight.
-        let request = ClaimRequest::new(key.clone(), fingerprint, lease, retention);
+        let mut request = ClaimRequest::new(key.clone(), fingerprint, lease, retention);
         let waiting = match in_flight {
             // A wait too long for the clock to count is a wait without end.
             InFlightPolicy::Wait { timeout } => Some(Instant::now().checked_add(timeout)),
@@ -87,6 +87,10 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                             let pause = policy::jittered(backoff).min(left);
                             tokio::time::sleep(pause).await;
                             backoff = (backoff * 2).min(policy::WAIT_MAX_BACKOFF);
+                            // A new attempt after an in-flight answer: the store answers
+                            // the attempt whose lease ended (this one's, if a try landed
+                            // and its answer came too late) in flight, never a takeover.
+                            request = request.with_attempt(AttemptId::random());
                             continue;
                         }
                         None => {

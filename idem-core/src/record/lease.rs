@@ -1,7 +1,7 @@
 //! The right to do the work: a lease, and the attempt id that claimed it.
 
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::{Key, Timestamp};
 
@@ -79,10 +79,11 @@ impl fmt::Debug for AttemptId {
 /// Every write after a claim carries the lease; the store applies it only while the
 /// record still carries this token and attempt and is in progress (fencing).
 ///
-/// Stores build leases with [`Lease::new`] (or [`machine::lease_of`](crate::machine::lease_of));
-/// the fields are public to read.
+/// Stores build leases with [`Lease::new`] and [`Lease::with_retention`] (or
+/// [`machine::lease_of`](crate::machine::lease_of)); the fields are public to read.
 ///
 /// ```
+/// use std::time::Duration;
 /// use idem_core::{record::AttemptId, Key, record::Lease, Timestamp};
 ///
 /// let lease = Lease::new(
@@ -91,8 +92,10 @@ impl fmt::Debug for AttemptId {
 ///     AttemptId::random(),
 ///     Timestamp::from_unix_millis(60_000),
 ///     Timestamp::from_unix_millis(0),
-/// );
+/// )
+/// .with_retention(Duration::from_secs(86_400));
 /// assert_eq!(lease.token, 1);
+/// assert_eq!(lease.retention, Duration::from_secs(86_400));
 /// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -111,11 +114,18 @@ pub struct Lease {
     /// When the record the lease belongs to was created, on the store's clock: it tells
     /// one lifetime of a key from the next, after a record expired and was deleted.
     pub created_at: Timestamp,
+    /// The retention of the claim that granted the lease
+    /// ([`ClaimRequest::retention`](crate::store::ClaimRequest::retention)). The lease's
+    /// renewals and checkpoints keep the record at least this long past the lease's end,
+    /// so that an owner that stops (a crash, a pause, a lost heartbeat) leaves its steps
+    /// for the retry that takes over, however long the work ran.
+    pub retention: Duration,
 }
 
 impl Lease {
     /// A lease of `attempt` on `key` with `token`, ending at `lease_until`, on the record
-    /// created at `created_at`.
+    /// created at `created_at`, with a retention of zero: a store answering a claim sets
+    /// the request's with [`Lease::with_retention`].
     pub fn new(
         key: Key,
         token: u64,
@@ -129,7 +139,16 @@ impl Lease {
             attempt,
             lease_until,
             created_at,
+            retention: Duration::ZERO,
         }
+    }
+
+    /// The same lease with `retention`: the claim request's, which a store answering a
+    /// claim must carry over (see [`Lease::retention`]).
+    #[must_use]
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// The same lease ending at `lease_until` (what a renewal answers).

@@ -112,9 +112,15 @@ pub trait Store: Send + Sync {
     ///   (`Claimed`, `resumed: false`, stored steps), writing nothing.
     /// - In progress with a live lease: [`ClaimOutcome::InFlight`] with the time left,
     ///   even when the record's retention has ended.
+    /// - In progress with an ended lease held by the same attempt id (a late copy of a
+    ///   claim that attempt already won): `InFlight` with zero time left, writing nothing.
     /// - In progress with an expired lease: takeover: token + 1, the new attempt id,
-    ///   `lease_until = now + lease`, steps kept, `Claimed` with `resumed: true`.
-    /// - The lease answered carries the record's `created_at`.
+    ///   `lease_until = now + lease`,
+    ///   `expires_at = max(expires_at, lease_until + retention)`
+    ///   ([`machine::kept_past`](crate::machine::kept_past)), steps kept, `Claimed` with
+    ///   `resumed: true`.
+    /// - The lease answered carries the record's `created_at` and the request's
+    ///   `retention` ([`Lease::with_retention`]).
     /// - Exactly one of any number of concurrent claims on a fresh key (or of a takeover)
     ///   is `Claimed`.
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError>;
@@ -123,10 +129,10 @@ pub trait Store: Send + Sync {
     ///
     /// - Applies only while the fence holds (see the trait docs); otherwise `Fenced`.
     /// - Keeps the fingerprint, token, steps, `created_at` and `lease_until`.
-    /// - Sets `expires_at = max(expires_at, now + (expires_at - created_at))`
-    ///   ([`machine::replayable_until`](crate::machine::replayable_until)): a result stored
-    ///   late (work kept alive past its retention by heartbeats, or a takeover near its
-    ///   end) is still replayed for one whole retention.
+    /// - Sets `expires_at = max(expires_at, now + lease.retention)`
+    ///   ([`machine::kept_past`](crate::machine::kept_past)): a result stored late (work
+    ///   kept alive past its retention by heartbeats, or a takeover near its end) is still
+    ///   replayed for one whole retention.
     /// - Retried by the same owner after the first call landed (record Completed with the
     ///   lease's token and attempt): `Applied`, writing nothing.
     /// - A response the store cannot hold (see [`Store::max_record_bytes`]) is
@@ -142,20 +148,37 @@ pub trait Store: Send + Sync {
     /// Ends the lease now so that the next claim takes over at once.
     ///
     /// - Applies only while the fence holds; otherwise `Fenced`.
-    /// - Sets `lease_until = now`; keeps the token, attempt and steps.
+    /// - Sets `lease_until = min(lease_until, now)` (a lease that ran out keeps its
+    ///   end); keeps the token, attempt and steps.
+    /// - A record without steps: also `expires_at = now`. Nothing took effect, so the
+    ///   record is absent at once and the next claim is fresh, under any fingerprint.
+    /// - A record with steps keeps its `expires_at`: its checkpoints kept it one
+    ///   retention past the lease's end, so the steps are there for the takeover.
+    /// - Repeated by the same owner, it changes nothing more: `Applied` while the record
+    ///   is present, `Fenced` once the first release forgot it.
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError>;
 
     /// Extends the lease (a heartbeat).
     ///
-    /// - Applies only while the fence holds; otherwise [`RenewOutcome::Fenced`].
+    /// - Applies only while the fence holds **and** the lease is live
+    ///   (`now < lease_until`); otherwise [`RenewOutcome::Fenced`]. A lease that ended
+    ///   (released, or run out before the renewal arrived) is over for its owner even
+    ///   when no other attempt took over yet.
     /// - Sets `lease_until = now + extend` and answers the lease with its new end; the
     ///   record stays present as long as that lease lives, even past its retention.
+    /// - Sets `expires_at = max(expires_at, lease_until + lease.retention)`
+    ///   ([`machine::kept_past`](crate::machine::kept_past)): an owner that stops
+    ///   leaves its record one retention past the lease's end.
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError>;
 
     /// Records a named checkpoint for multi-step work.
     ///
     /// - Applies only while the fence holds; otherwise `Fenced`.
     /// - Sets `steps[step] = value`, replacing an earlier value of the same step.
+    /// - Sets `expires_at = max(expires_at, lease_until + lease.retention)`
+    ///   ([`machine::kept_past`](crate::machine::kept_past)), `lease_until` being the
+    ///   record's: a step is never lost to the record's expiry while its owner could
+    ///   still come back.
     /// - Steps survive takeovers and are cleared when an absent record is claimed afresh.
     /// - A value the store cannot hold is [`StoreError::TooLarge`] naming the step and
     ///   writes nothing.

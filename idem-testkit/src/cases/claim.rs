@@ -54,7 +54,7 @@ pub(crate) async fn absent_record_is_claimed_fresh(store: &dyn Store, caps: &Cap
     if let Some(clock) = &caps.manual_clock {
         let k = key("orders", "k2");
         let retention = Duration::from_secs(60);
-        let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, retention)).await;
+        let (lease, _, _) = claimed(store, &request(&k, "a", retention, retention)).await;
         let step = StepName::new("debit").expect("valid");
         assert_eq!(
             ok(store.checkpoint(&lease, &step, b"x").await, "checkpoint"),
@@ -64,7 +64,8 @@ pub(crate) async fn absent_record_is_claimed_fresh(store: &dyn Store, caps: &Cap
             ok(store.complete(&lease, b"old").await, "complete"),
             WriteOutcome::Applied
         );
-        clock.advance(retention);
+        // The checkpoint kept the record one retention past its lease of a minute.
+        clock.advance(2 * retention);
         assert_eq!(
             get(store, &k).await,
             None,

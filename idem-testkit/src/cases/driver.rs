@@ -10,12 +10,8 @@ use idem_core::{
 };
 use tokio::sync::{Barrier, oneshot};
 
-use crate::support::{HOUR, key, let_time_pass};
+use crate::support::{HOUR, SHORT_LEASE, key, let_time_pass};
 use crate::{Capabilities, quiet};
-
-/// Long enough that a busy machine never outlives it by accident between two calls, short
-/// enough that stores on a real clock can wait it out in a blink.
-const SHORT_LEASE: Duration = Duration::from_millis(5);
 
 /// A driver with `lease`, an hour's retention and no heartbeat: leases end when a case
 /// says so.

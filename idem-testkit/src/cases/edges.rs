@@ -146,13 +146,13 @@ async fn to_the_millisecond(store: &dyn Store, clock: &ManualClock) {
     clock.advance(9 * MS);
     in_flight_for(store, &k, MS, "1 ms before lease_until").await;
     clock.advance(MS);
-    let (taken, resumed, _) = claimed(store, &request(&k, "a", ZERO, HOUR)).await;
+    let (taken, resumed, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
     assert!(
         resumed && taken.token == old.token + 1,
         "at now == lease_until the claim takes over"
     );
 
-    // A renewal: the same, from the moment it was granted.
+    // A renewal (here to a shorter lease): the same, from the moment it was granted.
     let renewed = match ok(store.renew(&taken, 10 * MS).await, "renew") {
         RenewOutcome::Renewed(renewed) => renewed,
         RenewOutcome::Fenced => panic!("the owner's renewal was fenced"),
@@ -252,7 +252,7 @@ async fn short_spans_on_the_store_clock(store: &dyn Store, attempt: usize) -> bo
     let owner = match live_unless_slow(store, &k, started, SHORT, "just claimed").await {
         Ok(()) => {
             tokio::time::sleep(SHORT + MARGIN).await;
-            let (taken, resumed, _) = claimed(store, &request(&k, "a", ZERO, HOUR)).await;
+            let (taken, resumed, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
             assert!(
                 resumed && taken.token == first.token + 1,
                 "after the lease ended, a claim takes over"
@@ -265,7 +265,7 @@ async fn short_spans_on_the_store_clock(store: &dyn Store, attempt: usize) -> bo
         }
     };
 
-    // A renewal of a lease that was over: live again at once, over once waited out.
+    // A renewal of a live lease to a short one: live at once, over once waited out.
     let started = Instant::now();
     match ok(store.renew(&owner, RENEWAL).await, "renew") {
         RenewOutcome::Renewed(_) => {}

@@ -5,7 +5,7 @@ use idem_core::{
     store::WriteOutcome,
 };
 
-use crate::support::{HOUR, ZERO, claim, claimed, get, get_some, key, ok, request};
+use crate::support::{HOUR, MINUTE, ZERO, claim, claimed, get, get_some, key, ok, request};
 
 fn step(name: &str) -> StepName {
     StepName::new(name).expect("valid step name")
@@ -116,8 +116,8 @@ pub(crate) async fn release_without_steps_forgets_the_key(store: &dyn Store) {
 
 pub(crate) async fn renew_extends_the_lease(store: &dyn Store) {
     let k = key("orders", "k1");
-    // Lease zero, renewed for an hour: live again, so a duplicate is in flight.
-    let (lease, _, _) = claimed(store, &request(&k, "a", ZERO, HOUR)).await;
+    // A lease of a minute, renewed for an hour: a duplicate is in flight.
+    let (lease, _, _) = claimed(store, &request(&k, "a", MINUTE, HOUR)).await;
     let renewed = match ok(store.renew(&lease, HOUR).await, "renew") {
         RenewOutcome::Renewed(renewed) => renewed,
         RenewOutcome::Fenced => panic!("the owner's renewal was fenced"),
@@ -138,6 +138,12 @@ pub(crate) async fn renew_extends_the_lease(store: &dyn Store) {
         ok(store.renew(&renewed, ZERO).await, "renew"),
         RenewOutcome::Renewed(_)
     ));
+    // Over, it is not renewed again: its owner has let go.
+    assert_eq!(
+        ok(store.renew(&renewed, HOUR).await, "renew"),
+        RenewOutcome::Fenced,
+        "a renewal of a lease that has ended must be fenced"
+    );
     let (next, resumed, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
     assert!(resumed);
     assert_eq!(next.token, lease.token + 1);

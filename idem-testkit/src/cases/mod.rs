@@ -6,6 +6,7 @@ pub(crate) mod concurrency;
 pub(crate) mod driver;
 pub(crate) mod edges;
 pub(crate) mod fencing;
+pub(crate) mod long_work;
 pub(crate) mod namespaces;
 pub(crate) mod payloads;
 pub(crate) mod retention;

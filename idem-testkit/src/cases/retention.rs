@@ -81,10 +81,10 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
         (State::InProgress, lease.token)
     );
     // Its owner still writes.
-    assert!(matches!(
-        ok(store.renew(&lease, HOUR).await, "renew"),
-        RenewOutcome::Renewed(_)
-    ));
+    let renewed = match ok(store.renew(&lease, HOUR).await, "renew") {
+        RenewOutcome::Renewed(renewed) => renewed,
+        RenewOutcome::Fenced => panic!("a live owner's renewal past retention was fenced"),
+    };
     let step = StepName::new("debit").expect("valid");
     assert_eq!(
         ok(store.checkpoint(&lease, &step, b"1").await, "checkpoint"),
@@ -94,9 +94,28 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
         ok(store.complete(&lease, b"done").await, "complete"),
         WriteOutcome::Applied
     );
-    // A result is kept one retention after it is stored: zero here, so the record is
-    // absent at once and the next claim is fresh. (A longer retention is in
-    // `late_results_stay_replayable`.)
+    // The renewal kept the record one retention (zero) past its lease's end, and the
+    // result with it.
+    let done = get(store, &k)
+        .await
+        .expect("a result stored within the renewed lease is shown until the lease's end");
+    assert_eq!(done.state, State::Completed);
+    assert!(
+        done.expires_at >= renewed.lease_until,
+        "the renewal must keep the record to the end of its lease at least: expires_at \
+         {:?}, lease until {:?}",
+        done.expires_at,
+        renewed.lease_until
+    );
+    // Nothing kept this one past its retention: its result is kept one retention after it
+    // is stored, zero here, so it is absent at once and the next claim is fresh. (A
+    // longer retention is in `late_results_stay_replayable`.)
+    let k = key("live-lease", "k2");
+    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO)).await;
+    assert_eq!(
+        ok(store.complete(&lease, b"done").await, "complete"),
+        WriteOutcome::Applied
+    );
     assert_eq!(get(store, &k).await, None);
     let (next, resumed, steps) = claimed(store, &request(&k, "b", HOUR, HOUR)).await;
     assert!(!resumed && steps.is_empty());
@@ -112,9 +131,17 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
         )
         .await;
         clock.advance(Duration::from_secs(80));
-        let (taken, resumed, _) =
-            claimed(store, &request(&k, "a", Duration::from_secs(60), HOUR)).await;
+        let (taken, resumed, _) = claimed(
+            store,
+            &request(&k, "a", Duration::from_secs(60), Duration::from_secs(90)),
+        )
+        .await;
         assert!(resumed && taken.token == first.token + 1);
+        assert_eq!(
+            get_some(store, &k).await.expires_at,
+            taken.created_at.saturating_add(Duration::from_secs(230)),
+            "a takeover keeps the record one retention past its lease: 140 s + 90 s"
+        );
         clock.advance(Duration::from_secs(20)); // 100 s: retention over, lease until 140 s
         assert!(
             matches!(
@@ -123,17 +150,19 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
             ),
             "the takeover's live lease holds the record past its retention"
         );
+        // 200 s: the lease ended at 140 s and nobody took over; the owner's result lands.
+        clock.advance(Duration::from_secs(100));
         assert_eq!(
             ok(store.complete(&taken, b"r").await, "complete"),
             WriteOutcome::Applied
         );
-        // Stored 10 s after the retention of 90 s ended, the result is replayed for 90 s
-        // more, then it is absent.
+        // Stored at 200 s, the result is replayed for the retention of 90 s, then it is
+        // absent.
         let done = get_some(store, &k).await;
         assert_eq!(
             done.expires_at,
-            done.created_at.saturating_add(Duration::from_secs(190)),
-            "a result stored at 100 s is kept until 100 s + the retention of 90 s"
+            done.created_at.saturating_add(Duration::from_secs(290)),
+            "a result stored at 200 s is kept until 200 s + the retention of 90 s"
         );
         clock.advance(Duration::from_secs(89));
         assert!(
@@ -168,12 +197,14 @@ pub(crate) async fn a_live_lease_is_never_absent(store: &dyn Store, caps: &Capab
             claim(store, &request(&k, "a", HOUR, HOUR)).await,
             ClaimOutcome::InFlight { .. }
         ));
-        // Failed 60 s after creation, 30 s past the retention: kept 30 s more.
+        // Failed 60 s after creation: the last renewal (to 70 s) keeps it one retention
+        // past that lease, until 100 s, which is later than one retention after the
+        // failure (90 s).
         assert_eq!(
             ok(store.fail(&beat, b"no").await, "fail"),
             WriteOutcome::Applied
         );
-        clock.advance(Duration::from_secs(29));
+        clock.advance(Duration::from_secs(39));
         assert!(matches!(
             claim(store, &request(&k, "a", HOUR, HOUR)).await,
             ClaimOutcome::ReplayFailure { .. }
@@ -215,8 +246,9 @@ pub(crate) async fn a_release_after_the_retention_keeps_its_steps(
     if caps.manual_clock.is_some() {
         assert_eq!(
             kept,
-            2 * SHORT_RETENTION,
-            "released one retention after creation: kept one retention after that"
+            HOUR + SHORT_RETENTION,
+            "the checkpoint kept the record one retention past its lease of an hour, and \
+             the release keeps it so"
         );
     }
     // Released again (a retry whose first try landed): nothing moves twice.

@@ -5,16 +5,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use idem_core::{Compensation, Context, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use tokio::sync::oneshot;
 
 use crate::Capabilities;
 use crate::cases::driver::driver;
-use crate::support::{HOUR, key, let_time_pass};
-
-const SHORT_LEASE: Duration = Duration::from_millis(5);
+use crate::support::{HOUR, SHORT_LEASE, key, let_time_pass};
 
 /// What the saga's effects and undos did, in order.
 #[derive(Clone, Default)]

@@ -14,14 +14,13 @@ use idem_core::{
 
 use crate::Capabilities;
 use crate::cases::driver::builder;
-use crate::support::{HOUR, claimed, get_some, key, let_time_pass, ok};
+use crate::support::{HOUR, SHORT_LEASE, claimed, get_some, key, let_time_pass, ok};
 
 const OLD_KEY: [u8; 32] = [0x11; 32];
 const NEW_KEY: [u8; 32] = [0x22; 32];
 const SECRET_RESULT: &str = "Ada Lovelace, card ending 4242";
 const SECRET_STEP: &str = "iban DE89 3704 0044 0532 0130 00";
 const SECRET_FAILURE: &str = "declined for Ada Lovelace";
-const SHORT_LEASE: Duration = Duration::from_millis(5);
 
 fn encrypted(store: Arc<dyn Store>, codec: Aes256GcmCodec) -> Idempotency<Arc<dyn Store>> {
     builder(store, SHORT_LEASE)

@@ -35,6 +35,9 @@ struct Inner {
     /// last renewal was sent (never later than the store's own end of the lease): the
     /// store's `lease_until` is on the store's clock, which this process cannot read.
     lease_deadline: Mutex<tokio::time::Instant>,
+    /// How much earlier than `lease_deadline` the owner stops starting effects (see
+    /// `policy::LOCAL_EXPIRY_FRACTION`).
+    lease_margin: std::time::Duration,
     fingerprint: Fingerprint,
     resumed: bool,
     steps: Mutex<Steps>,
@@ -62,6 +65,7 @@ impl Context {
         store: Arc<dyn Store>,
         lease: Lease,
         lease_deadline: tokio::time::Instant,
+        lease_length: std::time::Duration,
         fingerprint: Fingerprint,
         resumed: bool,
         steps: Steps,
@@ -76,6 +80,7 @@ impl Context {
                 store,
                 lease: Mutex::new(lease),
                 lease_deadline: Mutex::new(lease_deadline),
+                lease_margin: lease_length / super::policy::LOCAL_EXPIRY_FRACTION,
                 fingerprint,
                 resumed,
                 steps: Mutex::new(steps),
@@ -109,6 +114,7 @@ impl Context {
                 lease_deadline: Mutex::new(
                     tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365),
                 ),
+                lease_margin: std::time::Duration::ZERO,
                 fingerprint,
                 resumed: false,
                 steps: Mutex::new(Steps::new()),
@@ -430,13 +436,29 @@ impl Context {
         }))
     }
 
-    /// True once the driver learned that another attempt took this key over.
+    /// True once the lease is lost: the store fenced one of this owner's writes (another
+    /// attempt took the key over), or the lease ended on this process's own clock without
+    /// a renewal that extended it (a partition, an overloaded store, a pause longer than
+    /// the heartbeat). From then on [`Context::step`] starts no new effect.
+    ///
+    /// The owner cannot tell "taken over" from "cut off": a lease it last confirmed and
+    /// that has ended may be another attempt's by now, so it stops either way, a fiftieth
+    /// of the lease early to allow for clock drift.
     pub fn is_lease_lost(&self) -> bool {
-        self.inner.lost.load(Ordering::SeqCst)
+        if self.inner.lost.load(Ordering::SeqCst) {
+            return true;
+        }
+        if self.lease_ended_locally() {
+            self.mark_lost();
+            return true;
+        }
+        false
     }
 
-    /// Completes when the lease is lost: `select!` on it to stop work that no longer
-    /// counts. Never completes while the lease is held.
+    /// Completes when the lease is lost (see [`Context::is_lease_lost`]): `select!` on it
+    /// to stop work that no longer counts. Never completes while the lease is held;
+    /// completes by itself, with no store call, once the lease ends on this process's
+    /// clock without a renewal.
     pub async fn lease_lost(&self) {
         loop {
             let notified = self.inner.lost_notify.notified();
@@ -445,8 +467,27 @@ impl Context {
             if self.is_lease_lost() {
                 return;
             }
-            notified.await;
+            let end = self.local_end();
+            tokio::select! {
+                () = notified => {}
+                // A renewal may have moved the end meanwhile: checked again at the top.
+                () = tokio::time::sleep_until(end) => {}
+            }
         }
+    }
+
+    /// When this owner stops starting effects: the lease's end on this process's clock,
+    /// less the margin.
+    fn local_end(&self) -> tokio::time::Instant {
+        let deadline = self.lease_deadline();
+        deadline
+            .checked_sub(self.inner.lease_margin)
+            .unwrap_or(deadline)
+    }
+
+    /// True once the lease has ended on this process's clock (less the margin).
+    fn lease_ended_locally(&self) -> bool {
+        !self.inner.detached && tokio::time::Instant::now() >= self.local_end()
     }
 
     pub(crate) fn mark_lost(&self) {

@@ -5,6 +5,13 @@ use std::time::Duration;
 /// The shortest lease `Heartbeat::Auto` renews: a third of it must be a whole millisecond.
 pub(crate) const AUTO_HEARTBEAT_MIN_LEASE: Duration = Duration::from_millis(3);
 
+/// The part of a lease by which the owner's own idea of its end comes early: one
+/// fiftieth. The end is counted on the process's monotonic clock from when the claim or
+/// the renewal was sent, so it is never later than the store's; this covers clock rate
+/// drift between the two (far below 2 %) and the time between a check and the effect
+/// that follows it.
+pub(crate) const LOCAL_EXPIRY_FRACTION: u32 = 50;
+
 /// Whether the driver renews the lease while the work runs.
 ///
 /// ```

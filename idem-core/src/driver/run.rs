@@ -73,6 +73,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             store,
             lease,
             deadline,
+            self.settings.lease,
             fingerprint,
             resumed,
             steps,

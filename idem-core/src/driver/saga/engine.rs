@@ -142,11 +142,14 @@ async fn compensate(saga: Saga) -> Result<Vec<u8>, Error> {
         .filter(|step| seen.insert(step.clone()))
         .collect();
     for step in listed.into_iter().rev() {
-        let mark = context
+        let started = context
             .checkpointed(&saga::undo_checkpoint(&step))
             .map_err(interrupted)?;
+        let ended = context
+            .checkpointed(&saga::undone_checkpoint(&step))
+            .map_err(interrupted)?;
         let stopped = compensation.failed.is_some();
-        match UndoMark::read(mark.as_deref()) {
+        match UndoMark::read(started.as_deref(), ended.as_deref()) {
             UndoMark::Done => compensation.undone.push(step),
             UndoMark::Started => compensation.interrupted.push(step),
             _ if stopped => compensation.pending.push(step),
@@ -238,35 +241,40 @@ enum Ran {
     NoRoom,
 }
 
-/// Runs one undo, its checkpoint marked started before and ended after.
+/// Runs one undo, marked started (`idem.undo:STEP`) before and ended (`idem.undone:STEP`)
+/// after, both with the owner's token.
 async fn run_undo(
     context: &Context,
     step: &str,
     undo: Box<dyn FnOnce() -> saga::UndoFuture + Send>,
 ) -> Result<Ran, Error> {
     let key = context.key();
-    let mark =
+    let token = context.token();
+    let started =
         step_name(&saga::undo_checkpoint(step)).map_err(|err| interruption_error(&key, err))?;
-    match context.checkpoint_own(&mark, UndoMark::started()).await {
+    let ended_mark =
+        step_name(&saga::undone_checkpoint(step)).map_err(|err| interruption_error(&key, err))?;
+    match context
+        .checkpoint_own(&started, &UndoMark::started(token))
+        .await
+    {
         Ok(()) => {}
         Err(Interrupted(Reason::Unstorable(_))) => return Ok(Ran::NoRoom),
         Err(other) => return Err(interruption_error(&key, other)),
     }
     let result = undo().await;
-    if !matches!(result, UndoResult::Unknown) {
-        let ended = match context
-            .checkpoint_own(&mark, &UndoMark::ended(&result))
-            .await
-        {
+    if let Some(mark) = UndoMark::ended(token, &result) {
+        let ended = match context.checkpoint_own(&ended_mark, &mark).await {
             // An undo's error too large for its mark: the mark keeps that it failed for
             // good (which stops the compensation on any takeover too), not the error.
             Err(Interrupted(Reason::Unstorable(_)))
                 if matches!(result, UndoResult::Permanent(_)) =>
             {
                 let failed = UndoResult::Permanent(serde_json::Value::Null);
-                context
-                    .checkpoint_own(&mark, &UndoMark::ended(&failed))
-                    .await
+                match UndoMark::ended(token, &failed) {
+                    Some(mark) => context.checkpoint_own(&ended_mark, &mark).await,
+                    None => Ok(()),
+                }
             }
             ended => ended,
         };

@@ -16,6 +16,7 @@ use super::error::{Interrupted, Reason, WorkError};
 pub(crate) const SAGA_STEP: &str = "idem.saga";
 /// Prefix of the checkpoint each finished undo leaves.
 const UNDO_PREFIX: &str = "idem.undo:";
+const UNDONE_PREFIX: &str = "idem.undone:";
 /// Step names starting with this are idem's own.
 pub(crate) const RESERVED_PREFIX: &str = "idem.";
 /// The checkpoint a run leaves before releasing its key when it derived a key for another
@@ -38,7 +39,7 @@ pub(crate) const DERIVED_STEP: &str = "idem.derived";
 ///     Running --> Failed: Permanent, no undo registered
 ///     Running --> Held: Unknown (lease kept, nothing undone)
 ///     Running --> Compensating: Permanent with undos registered (failure and their steps checkpointed as idem.saga)
-///     Compensating --> Compensating: undo of the latest listed step not yet run: idem.undo:STEP marked started, the undo runs, marked ended
+///     Compensating --> Compensating: undo of the latest listed step not yet run: idem.undo:STEP marked started (with the token), the undo runs, idem.undone:STEP marked with how it ended (with the token)
 ///     Compensating --> Compensating: crash or lost lease, then a takeover replays the steps (registering their undos), skips ended undos, reports started ones interrupted
 ///     Compensating --> Held: an undo is Retryable (Error::CompensationPending, lease kept)
 ///     Compensating --> Compensated: every listed step undone, pending or interrupted (Outcome::Compensated)
@@ -106,10 +107,20 @@ pub(crate) enum UndoResult {
     Unknown,
 }
 
-/// What the checkpoint `idem.undo:STEP` says of an undo. Written before the undo runs
-/// (`started`) and again when it ends, so that an undo whose end no owner saw is never run
-/// a second time: a refund issued twice is money gone, while an undo reported
-/// interrupted is one an operator checks.
+/// What the checkpoints of an undo say of it. Two marks, each written by one owner once
+/// per run of the undo, so that a mark never moves backwards:
+///
+/// - `idem.undo:STEP` is `started:TOKEN`, written before the undo runs;
+/// - `idem.undone:STEP` is `TOKEN:HOW`, written when it ends (`true`, `retry`, or
+///   `failed:` and the error as JSON); an undo whose outcome is unknown leaves none.
+///
+/// The end counts only when its token is at least the start's: an owner that starts the
+/// undo again (after `retry`) makes the earlier end stale until it writes its own, so an
+/// undo whose end no owner saw is never run a second time (a refund issued twice is money
+/// gone, while an undo reported interrupted is one an operator checks). A delayed copy of
+/// an owner's own `started` write that lands after its end mark changes nothing either:
+/// the end carries the same token. Before this, one name held both marks, and such a copy
+/// turned a `retry` back into `started`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum UndoMark {
     /// No owner started it.
@@ -130,12 +141,43 @@ const MARK_RETRY: &[u8] = b"retry";
 const MARK_FAILED: &[u8] = b"failed:";
 
 impl UndoMark {
-    pub(crate) fn read(stored: Option<&[u8]>) -> Self {
-        match stored {
+    /// The undo's state from its start mark (`idem.undo:STEP`) and its end mark
+    /// (`idem.undone:STEP`), as stored.
+    pub(crate) fn read(started: Option<&[u8]>, ended: Option<&[u8]>) -> Self {
+        // An earlier version kept the whole state under the start mark's name, untokened:
+        // any end mark is later than it.
+        let started_by = started.map(|mark| match mark.strip_prefix(b"started:") {
+            Some(token) => Self::token(token).unwrap_or(u64::MAX),
+            None => 0,
+        });
+        if let Some((token, how)) = ended.and_then(Self::split_end)
+            && started_by.is_none_or(|start| token >= start)
+        {
+            return Self::how(how);
+        }
+        match started {
             None => UndoMark::NotRun,
-            Some(MARK_DONE) => UndoMark::Done,
-            Some(MARK_RETRY) => UndoMark::Retry,
-            Some(bytes) => match bytes.strip_prefix(MARK_FAILED) {
+            Some(mark) if mark.starts_with(b"started:") => UndoMark::Started,
+            Some(legacy) => Self::how(legacy),
+        }
+    }
+
+    fn token(digits: &[u8]) -> Option<u64> {
+        std::str::from_utf8(digits).ok()?.parse().ok()
+    }
+
+    /// `TOKEN:HOW` into its token and `HOW`; an end mark that does not read so counts
+    /// as none, and the start mark decides.
+    fn split_end(mark: &[u8]) -> Option<(u64, &[u8])> {
+        let colon = mark.iter().position(|&byte| byte == b':')?;
+        Some((Self::token(&mark[..colon])?, &mark[colon + 1..]))
+    }
+
+    fn how(how: &[u8]) -> Self {
+        match how {
+            MARK_DONE => UndoMark::Done,
+            MARK_RETRY => UndoMark::Retry,
+            bytes => match bytes.strip_prefix(MARK_FAILED) {
                 Some(json) => UndoMark::Failed(
                     serde_json::from_slice(json).unwrap_or(serde_json::Value::Null),
                 ),
@@ -145,24 +187,32 @@ impl UndoMark {
         }
     }
 
-    pub(crate) fn started() -> &'static [u8] {
-        MARK_STARTED
+    /// The start mark of an owner holding `token`.
+    pub(crate) fn started(token: u64) -> Vec<u8> {
+        let mut out = MARK_STARTED.to_vec();
+        out.push(b':');
+        out.extend_from_slice(token.to_string().as_bytes());
+        out
     }
 
-    /// The mark an undo's result leaves.
-    pub(crate) fn ended(result: &UndoResult) -> Vec<u8> {
-        match result {
+    /// The end mark an undo's result leaves under `token`; none for an outcome that is
+    /// unknown (it may have taken effect: the start mark stands).
+    pub(crate) fn ended(token: u64, result: &UndoResult) -> Option<Vec<u8>> {
+        let how = match result {
             UndoResult::Done => MARK_DONE.to_vec(),
             UndoResult::NotYet => MARK_RETRY.to_vec(),
-            // It may have taken effect: the mark stays `started`.
-            UndoResult::Unknown => MARK_STARTED.to_vec(),
+            UndoResult::Unknown => return None,
             UndoResult::Permanent(error) => {
                 let mut out = MARK_FAILED.to_vec();
                 // A serde_json::Value always serialises.
                 out.extend_from_slice(&serde_json::to_vec(error).unwrap_or_default());
                 out
             }
-        }
+        };
+        let mut out = token.to_string().into_bytes();
+        out.push(b':');
+        out.extend_from_slice(&how);
+        Some(out)
     }
 }
 
@@ -200,16 +250,27 @@ pub(crate) fn decode_saga(stored: &[u8]) -> Result<(Option<Vec<String>>, &[u8]),
     Ok((Some(serde_json::from_slice(list)?), failure))
 }
 
-/// The checkpoint an undo of `step` leaves: `idem.undo:STEP`, or for a step name too long
-/// to fit beside the prefix, `idem.undo#` and the name's SHA-256 (still one name per step).
+/// The checkpoint an undo of `step` leaves when it starts: `idem.undo:STEP`, or for a
+/// step name too long to fit beside the prefix, `idem.undo#` and the name's SHA-256
+/// (still one name per step).
 pub(crate) fn undo_checkpoint(step: &str) -> String {
-    if UNDO_PREFIX.len() + step.len() <= crate::key::MAX_PART_LEN {
-        return format!("{UNDO_PREFIX}{step}");
+    mark_name(UNDO_PREFIX, "idem.undo#", step)
+}
+
+/// The checkpoint an undo of `step` leaves when it ends: `idem.undone:STEP`, or
+/// `idem.undone#` and the name's SHA-256, as [`undo_checkpoint`].
+pub(crate) fn undone_checkpoint(step: &str) -> String {
+    mark_name(UNDONE_PREFIX, "idem.undone#", step)
+}
+
+fn mark_name(prefix: &str, hashed: &str, step: &str) -> String {
+    if prefix.len() + step.len() <= crate::key::MAX_PART_LEN {
+        return format!("{prefix}{step}");
     }
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(step.as_bytes());
     let hex: String = digest.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!("idem.undo#{hex}")
+    format!("{hashed}{hex}")
 }
 
 impl Context {
@@ -352,12 +413,16 @@ mod tests {
     #[test]
     fn undo_checkpoints_fit_every_step_name() {
         assert_eq!(undo_checkpoint("charge"), "idem.undo:charge");
+        assert_eq!(undone_checkpoint("charge"), "idem.undone:charge");
         let long = "s".repeat(crate::key::MAX_PART_LEN);
         let other = format!("{}t", "s".repeat(crate::key::MAX_PART_LEN - 1));
         for name in [&long, &other] {
             assert!(crate::key::StepName::new(undo_checkpoint(name)).is_ok());
+            assert!(crate::key::StepName::new(undone_checkpoint(name)).is_ok());
+            assert_ne!(undo_checkpoint(name), undone_checkpoint(name));
         }
         assert_ne!(undo_checkpoint(&long), undo_checkpoint(&other));
+        assert_ne!(undone_checkpoint(&long), undone_checkpoint(&other));
     }
 
     #[test]
@@ -375,13 +440,15 @@ mod tests {
         assert!(decode_saga(b"idem.saga/2\n\x00\x00\x00\x09[]").is_err());
         assert!(decode_saga(b"idem.saga/2\n\x00").is_err());
 
+        let started = UndoMark::started(5);
         for result in [
             UndoResult::Done,
             UndoResult::NotYet,
             UndoResult::Unknown,
             UndoResult::Permanent(serde_json::json!({"code": 7})),
         ] {
-            let mark = UndoMark::read(Some(&UndoMark::ended(&result)));
+            let ended = UndoMark::ended(5, &result);
+            let mark = UndoMark::read(Some(&started), ended.as_deref());
             let expected = match result {
                 UndoResult::Done => UndoMark::Done,
                 UndoResult::NotYet => UndoMark::Retry,
@@ -390,9 +457,64 @@ mod tests {
             };
             assert_eq!(mark, expected);
         }
-        assert_eq!(UndoMark::read(None), UndoMark::NotRun);
-        assert_eq!(UndoMark::read(Some(UndoMark::started())), UndoMark::Started);
-        assert_eq!(UndoMark::read(Some(b"from the future")), UndoMark::Started);
+        assert_eq!(UndoMark::read(None, None), UndoMark::NotRun);
+        assert_eq!(UndoMark::read(Some(&started), None), UndoMark::Started);
+        assert_eq!(
+            UndoMark::read(Some(b"started:from the future"), Some(b"5:true")),
+            UndoMark::Started,
+            "a start mark whose token does not read is later than any end"
+        );
+        assert_eq!(
+            UndoMark::read(Some(&started), Some(b"not an end mark")),
+            UndoMark::Started
+        );
+        assert_eq!(
+            UndoMark::read(Some(&started), Some(b"5:from the future")),
+            UndoMark::Started
+        );
+    }
+
+    #[test]
+    fn undo_marks_only_move_forward() {
+        let retry = UndoMark::ended(5, &UndoResult::NotYet);
+        // A run at token 5 ended `retry`; a delayed copy of its own start mark changes
+        // nothing.
+        assert_eq!(
+            UndoMark::read(Some(&UndoMark::started(5)), retry.as_deref()),
+            UndoMark::Retry
+        );
+        // A later owner (token 7) started it again and was never seen to end: the earlier
+        // `retry` is stale, and the undo is never run a third time.
+        assert_eq!(
+            UndoMark::read(Some(&UndoMark::started(7)), retry.as_deref()),
+            UndoMark::Started
+        );
+        let done = UndoMark::ended(7, &UndoResult::Done);
+        assert_eq!(
+            UndoMark::read(Some(&UndoMark::started(7)), done.as_deref()),
+            UndoMark::Done
+        );
+    }
+
+    #[test]
+    fn marks_of_an_earlier_version_still_read() {
+        assert_eq!(UndoMark::read(Some(b"started"), None), UndoMark::Started);
+        assert_eq!(UndoMark::read(Some(b"true"), None), UndoMark::Done);
+        assert_eq!(UndoMark::read(Some(b"retry"), None), UndoMark::Retry);
+        assert_eq!(
+            UndoMark::read(Some(b"failed:{\"code\":7}"), None),
+            UndoMark::Failed(serde_json::json!({"code": 7}))
+        );
+        assert_eq!(
+            UndoMark::read(Some(b"from the future"), None),
+            UndoMark::Started
+        );
+        // An end mark of this version is later than any of them.
+        let done = UndoMark::ended(3, &UndoResult::Done);
+        assert_eq!(
+            UndoMark::read(Some(b"retry"), done.as_deref()),
+            UndoMark::Done
+        );
     }
 
     #[test]

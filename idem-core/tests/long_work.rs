@@ -1,0 +1,323 @@
+//! Long work and owners that stop without a word (docs/DESIGN.md §2.5): the retention
+//! cliff, an owner cut off from its store, and undo marks that only move forward.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use idem_core::{
+    Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore, Outcome, Record,
+    Store, StoreError, WorkError, key::StepName, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::Operation, store::RenewOutcome, store::WriteOutcome,
+};
+
+fn key(name: &str) -> Key {
+    Key::new("long-work", name).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_bytes("request")
+}
+
+/// The memory store, with renewals cut off on demand (a partition between the owner and
+/// its store) and, on demand, an undo's start mark delivered again right after its end
+/// mark (a delayed duplicate of the owner's own write).
+struct Store2 {
+    inner: MemoryStore,
+    renewals_fail: AtomicBool,
+    redeliver_start_marks: AtomicBool,
+    /// The last start mark written: the lease, its name and its value.
+    start_mark: Mutex<Option<(Lease, StepName, Vec<u8>)>>,
+    renewals: AtomicUsize,
+}
+
+impl Store2 {
+    fn new(inner: MemoryStore) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            renewals_fail: AtomicBool::new(false),
+            redeliver_start_marks: AtomicBool::new(false),
+            start_mark: Mutex::new(None),
+            renewals: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait]
+impl Store for Store2 {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.inner.complete(lease, response).await
+    }
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.inner.fail(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        if self.renewals_fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable {
+                operation: Operation::Renew,
+                source: "no route to host".into(),
+            });
+        }
+        self.inner.renew(lease, extend).await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        let written = self.inner.checkpoint(lease, step, value).await?;
+        if self.redeliver_start_marks.load(Ordering::SeqCst)
+            && step.as_str().starts_with("idem.undo")
+        {
+            if value.starts_with(b"started") {
+                *self.start_mark.lock().unwrap() =
+                    Some((lease.clone(), step.clone(), value.to_vec()));
+            } else {
+                let delayed = self.start_mark.lock().unwrap().take();
+                if let Some((lease, step, value)) = delayed {
+                    // The start mark's first delivery was slow: a copy lands after the end.
+                    let _ = self.inner.checkpoint(&lease, &step, &value).await?;
+                }
+            }
+        }
+        Ok(written)
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+/// The issue's minimal case: lease and retention of 2 s; the work checkpoints `charge`,
+/// then its outcome is unknown (it stops without releasing). 2.1 s later the retry must
+/// find the step, not a fresh record.
+#[tokio::test]
+async fn a_retry_after_the_lease_ran_out_never_charges_twice() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let two = Duration::from_secs(2);
+    let idem = Idempotency::builder(store)
+        .lease(two)
+        .retention(two)
+        .build()
+        .unwrap();
+    let charges = Arc::new(AtomicUsize::new(0));
+    let run = |charges: Arc<AtomicUsize>, finish: bool| {
+        move |ctx: idem_core::Context| async move {
+            let charge: String = ctx
+                .step("charge", || async move {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, WorkError<String>>("ch_1".to_string())
+                })
+                .await?;
+            if finish {
+                Ok(charge)
+            } else {
+                Err(WorkError::Unknown("the receipt timed out".to_string()))
+            }
+        }
+    };
+    let first = idem
+        .execute(&key("cliff"), fp(), run(Arc::clone(&charges), false))
+        .await;
+    assert!(matches!(first, Ok(Outcome::Unknown(_))), "{first:?}");
+    clock.advance(Duration::from_millis(2_100));
+    let second = idem
+        .execute(&key("cliff"), fp(), run(Arc::clone(&charges), true))
+        .await
+        .unwrap();
+    assert_eq!(second.value(), Some("ch_1".to_string()));
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        1,
+        "the retry after the lease ran out charged again: the record was gone with its step"
+    );
+}
+
+/// Renewals fail without being fenced (a partition): once the lease it last confirmed has
+/// ended by its own clock, the owner starts no new step, and the work is told.
+#[tokio::test(start_paused = true)]
+async fn an_owner_cut_off_from_its_store_stops_starting_steps() {
+    let store = Store2::new(MemoryStore::new());
+    let lease = Duration::from_millis(300);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(lease)
+        .build()
+        .unwrap();
+    store.renewals_fail.store(true, Ordering::SeqCst);
+    let started = tokio::time::Instant::now();
+    let steps = Arc::new(Mutex::new(Vec::new()));
+    let told = Arc::new(AtomicBool::new(false));
+    let outcome = idem
+        .execute(&key("partition"), fp(), {
+            let (steps, told) = (Arc::clone(&steps), Arc::clone(&told));
+            move |ctx| async move {
+                let watcher = tokio::spawn({
+                    let (ctx, told) = (ctx.clone(), Arc::clone(&told));
+                    async move {
+                        ctx.lease_lost().await;
+                        told.store(true, Ordering::SeqCst);
+                    }
+                });
+                for i in 0..40u32 {
+                    let steps = Arc::clone(&steps);
+                    ctx.step(&format!("s{i}"), || async move {
+                        steps.lock().unwrap().push(started.elapsed());
+                        Ok::<_, WorkError<String>>(i)
+                    })
+                    .await?;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                watcher.abort();
+                Ok::<_, WorkError<String>>(())
+            }
+        })
+        .await;
+    assert!(
+        matches!(outcome, Err(Error::LeaseLost)),
+        "the work is interrupted once the lease ends on the owner's clock: {outcome:?}"
+    );
+    let steps = steps.lock().unwrap().clone();
+    assert!(
+        store.renewals.load(Ordering::SeqCst) >= 2,
+        "the heartbeat tried to renew"
+    );
+    assert!(
+        steps.iter().all(|at| *at < lease),
+        "no step starts after the lease ended: {steps:?}"
+    );
+    assert_eq!(
+        steps.len(),
+        6,
+        "steps every 50 ms until the lease's end: {steps:?}"
+    );
+    assert!(told.load(Ordering::SeqCst), "Context::lease_lost completed");
+}
+
+/// The same owner with a store that answers: its renewals move its lease, and the work
+/// runs past the first lease to its end.
+#[tokio::test(start_paused = true)]
+async fn an_owner_whose_renewals_land_goes_on() {
+    let store = Store2::new(MemoryStore::new());
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("renewed"), fp(), |ctx| async move {
+            for i in 0..20u32 {
+                ctx.step(
+                    &format!("s{i}"),
+                    || async move { Ok::<_, WorkError<String>>(i) },
+                )
+                .await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok::<_, WorkError<String>>(ctx.is_lease_lost())
+        })
+        .await
+        .unwrap();
+    assert_eq!(outcome.value(), Some(false));
+}
+
+/// Without heartbeats, `lease_lost` completes by itself when the lease ends, with no
+/// store call, and a step after that is refused.
+#[tokio::test(start_paused = true)]
+async fn without_heartbeats_the_lease_ends_on_the_owners_clock() {
+    let store = Store2::new(MemoryStore::new());
+    let lease = Duration::from_millis(500);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(lease)
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let outcome = idem
+        .execute(&key("no-heartbeat"), fp(), |ctx| async move {
+            ctx.lease_lost().await;
+            let waited = started.elapsed();
+            assert!(ctx.is_lease_lost());
+            let late = ctx
+                .step("late", || async { Ok::<_, WorkError<String>>(()) })
+                .await;
+            Ok::<_, WorkError<String>>((waited, late.is_err()))
+        })
+        .await
+        .unwrap();
+    let (waited, refused) = outcome.value().unwrap();
+    assert!(refused, "a step after the lease ended is refused");
+    assert!(
+        waited < lease && waited >= lease - lease / 50,
+        "lease_lost completes a fiftieth of the lease before its end: {waited:?}"
+    );
+    assert_eq!(store.renewals.load(Ordering::SeqCst), 0);
+}
+
+/// An undo answers Retryable, so its end mark says `retry`; a delayed copy of its own
+/// start mark lands after that. The next run must still run the undo (not report it
+/// interrupted), and exactly once more.
+#[tokio::test(start_paused = true)]
+async fn delayed_start_marks_do_not_undo_an_end() {
+    let clock = ManualClock::new();
+    let store = Store2::new(MemoryStore::with_clock(clock.clone()));
+    store.redeliver_start_marks.store(true, Ordering::SeqCst);
+    let lease = Duration::from_secs(30);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(lease)
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let run = |refunds: Arc<AtomicUsize>| {
+        move |ctx: idem_core::Context| async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>("ch_1".to_string()) },
+                move |_charge: String| async move {
+                    // Refunds are down the first time: nothing happened.
+                    if refunds.fetch_add(1, Ordering::SeqCst) == 0 {
+                        Err(WorkError::Retryable("refunds are down".to_string()))
+                    } else {
+                        Ok(())
+                    }
+                },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("no courier".to_string()))
+        }
+    };
+    let first = idem
+        .execute(&key("undo-marks"), fp(), run(Arc::clone(&refunds)))
+        .await;
+    assert!(
+        matches!(first, Err(Error::CompensationPending { ref step }) if step == "charge"),
+        "{first:?}"
+    );
+    clock.advance(lease);
+    let second = idem
+        .execute(&key("undo-marks"), fp(), run(Arc::clone(&refunds)))
+        .await
+        .unwrap();
+    let Outcome::Compensated { compensation, .. } = second else {
+        panic!("compensated: {second:?}")
+    };
+    assert_eq!(
+        compensation.undone,
+        ["charge"],
+        "the retryable undo ran again; a stale start mark must not make it interrupted: \
+         {compensation:?}"
+    );
+    assert!(compensation.interrupted.is_empty());
+    assert_eq!(refunds.load(Ordering::SeqCst), 2);
+}

@@ -21,11 +21,18 @@ fn fp() -> Fingerprint {
 }
 
 /// The memory store, with renewals cut off on demand (a partition between the owner and
-/// its store) and, on demand, an undo's start mark delivered again right after its end
-/// mark (a delayed duplicate of the owner's own write).
+/// its store, always or for a window of time), renewals answered late, a first claim that
+/// never arrives, and, on demand, an undo's start mark delivered again right after its
+/// end mark (a delayed duplicate of the owner's own write).
 struct Store2 {
     inner: MemoryStore,
     renewals_fail: AtomicBool,
+    /// Renewals sent within this window fail.
+    renewals_fail_between: Mutex<Option<(tokio::time::Instant, tokio::time::Instant)>>,
+    /// Renewals apply at once and answer this much later.
+    renewal_answers_after: Mutex<Duration>,
+    /// The next claim never reaches the store and never answers.
+    claim_lost_once: AtomicBool,
     redeliver_start_marks: AtomicBool,
     /// The last start mark written: the lease, its name and its value.
     start_mark: Mutex<Option<(Lease, StepName, Vec<u8>)>>,
@@ -37,6 +44,9 @@ impl Store2 {
         Arc::new(Self {
             inner,
             renewals_fail: AtomicBool::new(false),
+            renewals_fail_between: Mutex::new(None),
+            renewal_answers_after: Mutex::new(Duration::ZERO),
+            claim_lost_once: AtomicBool::new(false),
             redeliver_start_marks: AtomicBool::new(false),
             start_mark: Mutex::new(None),
             renewals: AtomicUsize::new(0),
@@ -47,6 +57,9 @@ impl Store2 {
 #[async_trait]
 impl Store for Store2 {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        if self.claim_lost_once.swap(false, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.inner.claim(request).await
     }
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
@@ -60,13 +73,20 @@ impl Store for Store2 {
     }
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        if self.renewals_fail.load(Ordering::SeqCst) {
+        let now = tokio::time::Instant::now();
+        let cut_off = *self.renewals_fail_between.lock().unwrap();
+        if self.renewals_fail.load(Ordering::SeqCst)
+            || cut_off.is_some_and(|(from, to)| from <= now && now < to)
+        {
             return Err(StoreError::Unavailable {
                 operation: Operation::Renew,
                 source: "no route to host".into(),
             });
         }
-        self.inner.renew(lease, extend).await
+        let renewed = self.inner.renew(lease, extend).await;
+        let late = *self.renewal_answers_after.lock().unwrap();
+        tokio::time::sleep(late).await;
+        renewed
     }
     async fn checkpoint(
         &self,
@@ -320,4 +340,109 @@ async fn delayed_start_marks_do_not_undo_an_end() {
     );
     assert!(compensation.interrupted.is_empty());
     assert_eq!(refunds.load(Ordering::SeqCst), 2);
+}
+
+/// A renewal sent while the lease was live, answered just after the owner's own end of
+/// the lease (a slow store): the lease never lapsed, and the owner goes on. It stops for
+/// good only when fenced.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_just_after_the_owners_end_keeps_the_lease() {
+    let store = Store2::new(MemoryStore::new());
+    // Every 150 ms on a lease of 300: each renewal lands at once and answers 147 ms
+    // later, past the owner's end (294 ms after the claim), within its 150 ms bound.
+    *store.renewal_answers_after.lock().unwrap() = Duration::from_millis(147);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(Duration::from_millis(300))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(150)))
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("slow-renewal"), fp(), |ctx| async move {
+            // Someone watches the lease: it reads the lost state in the window.
+            let watcher = tokio::spawn({
+                let ctx = ctx.clone();
+                async move { ctx.lease_lost().await }
+            });
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            ctx.step("late", || async { Ok::<_, WorkError<String>>(1) })
+                .await?;
+            watcher.abort();
+            Ok::<_, WorkError<String>>("done".to_string())
+        })
+        .await;
+    assert!(
+        matches!(outcome, Ok(Outcome::Completed { .. })),
+        "the renewals kept the lease; the owner must not have stopped for good: {outcome:?}"
+    );
+}
+
+/// The work fails late in its lease, the last renewal before it having failed: the
+/// compensation's heartbeat renews at once (one interval after the lease was last
+/// confirmed), not one interval after the compensation began, past the lease's end.
+#[tokio::test(start_paused = true)]
+async fn a_compensation_late_in_the_lease_renews_at_once() {
+    let store = Store2::new(MemoryStore::new());
+    let start = tokio::time::Instant::now();
+    *store.renewals_fail_between.lock().unwrap() = Some((
+        start + Duration::from_millis(150),
+        start + Duration::from_millis(250),
+    ));
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let undone = Arc::new(Mutex::new(Vec::new()));
+    let outcome = idem
+        .execute(&key("late-compensation"), fp(), {
+            let undone = Arc::clone(&undone);
+            move |ctx| async move {
+                for (name, takes) in [("reserve", 10), ("charge", 150)] {
+                    let undone = Arc::clone(&undone);
+                    ctx.step_with_undo(
+                        name,
+                        || async { Ok::<_, WorkError<String>>(()) },
+                        move |()| async move {
+                            tokio::time::sleep(Duration::from_millis(takes)).await;
+                            undone.lock().unwrap().push(name);
+                            Ok(())
+                        },
+                    )
+                    .await?;
+                }
+                // The renewal at 100 ms landed (the lease now ends at 400 ms); the one at
+                // 200 ms failed. The work fails at 299 ms.
+                tokio::time::sleep_until(start + Duration::from_millis(299)).await;
+                Err::<(), _>(WorkError::Permanent("no courier".to_string()))
+            }
+        })
+        .await;
+    let Ok(Outcome::Compensated { compensation, .. }) = outcome else {
+        panic!("the compensation finishes: {outcome:?}")
+    };
+    assert_eq!(compensation.undone, ["charge", "reserve"]);
+    assert_eq!(*undone.lock().unwrap(), ["charge", "reserve"]);
+}
+
+/// The first try of the claim never arrives; the second, after the store timeout, wins a
+/// lease that starts then. The owner's own end of the lease counts from a renewal sent
+/// at once, not from the first try: its steps run.
+#[tokio::test(start_paused = true)]
+async fn a_claim_won_on_a_retry_starts_with_a_whole_lease() {
+    let store = Store2::new(MemoryStore::new());
+    store.claim_lost_once.store(true, Ordering::SeqCst);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(Duration::from_secs(2))
+        .store_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("slow-claim"), fp(), |ctx| async move {
+            ctx.step("charge", || async { Ok::<_, WorkError<String>>(1) })
+                .await
+        })
+        .await;
+    assert!(
+        matches!(outcome, Ok(Outcome::Completed { .. })),
+        "a lease won on the second try, 3 s after the first was sent, is whole: {outcome:?}"
+    );
 }

@@ -50,14 +50,11 @@ pub(crate) const RELEASE_UPDATE: &str = "SET #lu = :now";
 pub(crate) const LEASE_NOT_ENDED: &str = "#lu > :now";
 /// A renewal, beside the fence: only of a lease live within the skew margin, and keeping
 /// the record one retention past the new end, `max(expires_at, :ea)` with
-/// `:ea = lease_until + retention`, as two writes like the finish's. The TTL condition
-/// keeps the first from leaving a TTL short of the new lease end plus the margin.
+/// `:ea = lease_until + retention`, as two writes like the finish's: the expiry and the
+/// TTL move (beside `EXPIRY_SHORT`), or the expiry read covers it and the TTL is set from
+/// it and the new end (beside `#ea = :ea`, the expiry read).
 pub(crate) const LEASE_LIVE: &str = "#lu > :cutoff";
-pub(crate) const TTL_COVERS: &str = "#ttl >= :ttl";
-pub(crate) const RENEW_UPDATE: &str = "SET #lu = :lu";
 pub(crate) const RENEW_AND_EXPIRY_UPDATE: &str = "SET #lu = :lu, #ea = :ea, #ttl = :ttl";
-/// A renewal whose expiry covers the new end but whose TTL does not cover it plus the
-/// skew margin (a margin longer than the retention).
 pub(crate) const RENEW_AND_TTL_UPDATE: &str = "SET #lu = :lu, #ttl = :ttl";
 /// A checkpoint, beside the fence: keeping the record one retention past its lease's end,
 /// `max(expires_at, :ea)` with `:ea = lease_until + retention`, as two writes like the
@@ -106,7 +103,7 @@ mod tests {
         let mut keys: Vec<_> = names.keys().map(String::as_str).collect();
         keys.sort_unstable();
         assert_eq!(keys, ["#at", "#ea", "#lu", "#st", "#tk"]);
-        assert!(super::names(&[TTL_COVERS]).contains_key("#ttl"));
+        assert!(super::names(&[RENEW_AND_TTL_UPDATE]).contains_key("#ttl"));
         assert!(!super::names(&[CHECKPOINT_UPDATE]).contains_key("#st"));
         assert!(super::names(&[CHECKPOINT_UPDATE]).contains_key("#stp"));
     }

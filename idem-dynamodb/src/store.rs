@@ -121,12 +121,10 @@ const FINISH_ATTEMPTS: usize = 3;
 /// Which write a renewal sends (see `Store::renew` below).
 #[derive(Clone, Copy)]
 enum RenewPlan {
-    /// The expiry covers the new end plus the retention, the TTL the new end plus the
-    /// margin: only the lease moves.
-    LeaseOnly,
     /// The expiry moves to the new end plus the retention, and the TTL with it.
     Expiry,
-    /// The expiry (as seen) covers; the TTL moves.
+    /// The expiry (as seen) covers the new end plus the retention: the lease moves, and
+    /// the TTL is set from the expiry seen and the new end.
     Ttl { seen_ea: Timestamp },
 }
 
@@ -436,9 +434,11 @@ impl DynamoDbStore {
         if response.len() > MAX_RECORD_BYTES {
             return Err(too_large());
         }
-        // Most results are stored within the lease, which the record outlives by a
-        // retention: the first write assumes the expiry covers one retention from now.
-        let mut covers = true;
+        // The first write assumes the expiry falls short of one retention from now: so it
+        // does for a record no checkpoint or renewal moved (most work, stored within its
+        // first lease). A record that one did moved one retention past the lease, and
+        // the second write is the other one.
+        let mut covers = false;
         for _ in 0..FINISH_ATTEMPTS {
             let now = self.now();
             let ea = machine::kept_past(now, now, lease.retention);
@@ -651,28 +651,21 @@ impl Store for DynamoDbStore {
         let renewed = RenewOutcome::Renewed(lease.clone().with_lease_until(lease_until));
         // The record is kept one retention past the new end.
         let ea = machine::kept_past(lease_until, lease_until, lease.retention);
-        // What the first write assumes: the expiry covers `ea`, and the TTL the new lease
-        // end (the common case: each renewal moves both by the same interval). A refused
-        // write's old item tells what to write instead.
-        let mut plan = RenewPlan::LeaseOnly;
+        // What the first write assumes: the expiry falls short of `ea` (every renewal moves
+        // the lease end forward, and the expiry must follow). A refused write's old item
+        // tells what to write instead.
+        let mut plan = RenewPlan::Expiry;
         for _ in 0..FINISH_ATTEMPTS {
             let live = format!("{} AND {}", x::FENCE, x::LEASE_LIVE);
             let builder = match plan {
-                RenewPlan::LeaseOnly => {
-                    let condition =
-                        format!("{live} AND {} AND {}", x::EXPIRY_COVERS, x::TTL_COVERS);
-                    self.fenced(lease, x::RENEW_UPDATE, &condition, now)
-                        .expression_attribute_values(":ea", n(ea.as_unix_millis()))
-                        .expression_attribute_values(":ttl", self.ttl(ea, lease_until))
-                }
                 RenewPlan::Expiry => {
                     let condition = format!("{live} AND {}", x::EXPIRY_SHORT);
                     self.fenced(lease, x::RENEW_AND_EXPIRY_UPDATE, &condition, now)
                         .expression_attribute_values(":ea", n(ea.as_unix_millis()))
                         .expression_attribute_values(":ttl", self.ttl(ea, lease_until))
                 }
-                // The expiry covers `ea` but the TTL is short of the lease end plus the
-                // margin: the TTL moves, computed from the expiry the condition checks.
+                // The TTL is computed from the expiry the condition checks, so it covers
+                // both that expiry and the new end plus the margin.
                 RenewPlan::Ttl { seen_ea } => {
                     let condition = format!("{live} AND #ea = :ea");
                     self.fenced(lease, x::RENEW_AND_TTL_UPDATE, &condition, now)

@@ -97,8 +97,8 @@ pub(crate) fn answer(
         ),
         Err(Error::LeaseLost) => respond(
             Answer::LeaseLost,
-            config.problem(StatusCode::CONFLICT, "taken-over", "Another attempt took this request over")
-                .detail("Retry to get that attempt's response.")
+            config.problem(StatusCode::CONFLICT, "taken-over", "This attempt lost its lease")
+                .detail("Another attempt took this request over, or this one was cut off from the idempotency store until its lease ended; retry to get the request's response.")
                 .retry_after(1)
                 .into_http_response(),
         ),

@@ -275,7 +275,8 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// # Errors
     /// [`ConfigError`] for a zero lease, a retention shorter than the lease, a duration
     /// over [`MAX_DURATION`], a zero cap, a heartbeat interval that is zero or not shorter
-    /// than the lease, or the automatic heartbeat with a lease under 3 ms.
+    /// than the lease less a fiftieth (when the owner stops itself), or the automatic
+    /// heartbeat with a lease under 3 ms.
     pub fn build(self) -> Result<Idempotency<S>, ConfigError> {
         let Settings {
             lease,
@@ -307,7 +308,11 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
             return Err(ConfigError::ZeroStoreTimeout);
         }
         match heartbeat {
-            Heartbeat::Every(every) if every.is_zero() || every >= lease => {
+            // A renewal must be sent before the owner stops itself, a fiftieth of the
+            // lease before its end.
+            Heartbeat::Every(every)
+                if every.is_zero() || every >= lease - lease / policy::LOCAL_EXPIRY_FRACTION =>
+            {
                 return Err(ConfigError::HeartbeatNotShorterThanLease { every, lease });
             }
             Heartbeat::Auto if lease < policy::AUTO_HEARTBEAT_MIN_LEASE => {

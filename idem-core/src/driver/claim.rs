@@ -8,7 +8,7 @@ use super::builder::Settings;
 use super::{Error, Idempotency, InFlightPolicy, observe, policy, retry_store};
 use crate::raw::clamp_duration;
 use crate::record::{AttemptId, Lease, Steps};
-use crate::store::{ClaimOutcome, ClaimRequest, Operation};
+use crate::store::{ClaimOutcome, ClaimRequest, Operation, RenewOutcome};
 use crate::{Fingerprint, Key, Store};
 
 impl<S: Store + ?Sized + 'static> Idempotency<S> {
@@ -62,9 +62,14 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                         observe::count(observe::TAKEOVERS);
                         tracing::info!(token = granted.token, "took over an expired lease");
                     }
+                    let (granted, deadline) = if tries > 1 {
+                        self.confirm(granted, sent).await
+                    } else {
+                        (granted, sent + clamp_duration(lease))
+                    };
                     Claim::Won {
                         lease: granted,
-                        deadline: sent + clamp_duration(lease),
+                        deadline,
                         resumed,
                         steps,
                     }
@@ -104,6 +109,27 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     return Err(Error::Mismatch);
                 }
             });
+        }
+    }
+}
+
+impl<S: Store + ?Sized + 'static> Idempotency<S> {
+    /// A lease won on a retried claim, with its end on this process's clock. Which try
+    /// landed is unknown, so the end counts from the first try's send (`sent`): after
+    /// slow tries that may be past already, and the work could start no step. One
+    /// renewal, sent now, gives an end counted from now; a renewal that fails leaves the
+    /// first count (the safe side).
+    async fn confirm(&self, granted: Lease, sent: Instant) -> (Lease, Instant) {
+        let lease = clamp_duration(self.settings.lease);
+        let resent = Instant::now();
+        let renewal = tokio::time::timeout(
+            self.settings.store_timeout,
+            self.store.renew(&granted, self.settings.lease),
+        )
+        .await;
+        match renewal {
+            Ok(Ok(RenewOutcome::Renewed(renewed))) => (renewed, resent + lease),
+            _ => (granted, sent + lease),
         }
     }
 }

@@ -436,29 +436,25 @@ impl Context {
         }))
     }
 
-    /// True once the lease is lost: the store fenced one of this owner's writes (another
-    /// attempt took the key over), or the lease ended on this process's own clock without
-    /// a renewal that extended it (a partition, an overloaded store, a pause longer than
-    /// the heartbeat). From then on [`Context::step`] starts no new effect.
+    /// True while the lease counts as lost: the store fenced one of this owner's writes
+    /// (another attempt took the key over: for good), or the lease has ended on this
+    /// process's own clock with no renewal confirmed since (a partition, an overloaded
+    /// store, a pause longer than the heartbeat). While it is, [`Context::step`] starts no
+    /// new effect.
     ///
     /// The owner cannot tell "taken over" from "cut off": a lease it last confirmed and
     /// that has ended may be another attempt's by now, so it stops either way, a fiftieth
-    /// of the lease early to allow for clock drift.
+    /// of the lease early to allow for clock drift. A renewal sent before that end and
+    /// answered after it proves the lease never lapsed (the store renews live leases
+    /// only), and the lease counts as held again.
     pub fn is_lease_lost(&self) -> bool {
-        if self.inner.lost.load(Ordering::SeqCst) {
-            return true;
-        }
-        if self.lease_ended_locally() {
-            self.mark_lost();
-            return true;
-        }
-        false
+        self.inner.lost.load(Ordering::SeqCst) || self.lease_ended_locally()
     }
 
-    /// Completes when the lease is lost (see [`Context::is_lease_lost`]): `select!` on it
-    /// to stop work that no longer counts. Never completes while the lease is held;
-    /// completes by itself, with no store call, once the lease ends on this process's
-    /// clock without a renewal.
+    /// Completes once the lease counts as lost (see [`Context::is_lease_lost`]): `select!`
+    /// on it to stop work that no longer counts. Completes by itself, with no store call,
+    /// a fiftieth of the lease before its end on this process's clock when no renewal
+    /// moved that end; never while a renewal keeps the lease.
     pub async fn lease_lost(&self) {
         loop {
             let notified = self.inner.lost_notify.notified();
@@ -466,6 +462,11 @@ impl Context {
             notified.as_mut().enable();
             if self.is_lease_lost() {
                 return;
+            }
+            if self.inner.detached {
+                // No lease to run out: only a fence ends it.
+                notified.await;
+                continue;
             }
             let end = self.local_end();
             tokio::select! {

@@ -469,7 +469,7 @@ pub enum ConfigError {
     ZeroResponseCap,
     /// A heartbeat interval of zero, or not shorter than the lease, cannot keep it alive.
     #[error(
-        "the heartbeat interval ({every:?}) must be above zero and shorter than the lease ({lease:?})"
+        "the heartbeat interval ({every:?}) must be above zero and shorter than the lease ({lease:?}) less a fiftieth, when the owner stops starting work; leave room for the renewal's round trip (the default renews every third)"
     )]
     HeartbeatNotShorterThanLease {
         /// The interval asked for.

@@ -51,7 +51,15 @@ pub(super) async fn run_while<Fut: Future>(
             return Poll::Ready(output);
         }
         let ticks = ticks.get_or_insert_with(|| {
-            let mut ticks = tokio::time::interval_at(started + every, every);
+            // One interval after the lease was last confirmed (the claim, or the last
+            // renewal, was sent), not after this call began: a compensation that starts
+            // late in the lease renews at once instead of a whole interval on, past the
+            // lease's end.
+            let confirmed = context
+                .lease_deadline()
+                .checked_sub(clamp_duration(extend))
+                .map_or(started, |sent| sent.min(started));
+            let mut ticks = tokio::time::interval_at(confirmed + every, every);
             ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticks
         });

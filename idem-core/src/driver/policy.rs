@@ -32,9 +32,12 @@ pub enum Heartbeat {
     /// builder refuses shorter ones with this setting.
     #[default]
     Auto,
-    /// Never renew: work that outlives its lease may be taken over.
+    /// Never renew: once the lease ends on the process's clock, the work's steps are
+    /// refused ([`Context::is_lease_lost`](crate::Context::is_lease_lost)), and another
+    /// attempt may take over.
     Off,
-    /// Renew at this interval, which must be shorter than the lease.
+    /// Renew at this interval, which must be shorter than the lease less a fiftieth (the
+    /// owner stops itself that early), with room for the renewal's round trip.
     Every(Duration),
 }
 

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use idem_core::{
-    Store, key::StepName, store::ClaimOutcome, store::RenewOutcome, store::WriteOutcome,
+    Record, Store, key::StepName, record::Lease, store::ClaimOutcome, store::RenewOutcome,
+    store::WriteOutcome,
 };
 
 use crate::Capabilities;
@@ -19,6 +20,23 @@ const SHORT: Duration = Duration::from_millis(200);
 
 fn step(name: &str) -> StepName {
     StepName::new(name).expect("valid step name")
+}
+
+/// Checkpoints a step under `lease` (so that the release keeps the record for a
+/// takeover), releases, and answers the record as released.
+async fn step_and_release(store: &dyn Store, lease: &Lease) -> Record {
+    assert_eq!(
+        ok(
+            store.checkpoint(lease, &step("s"), b"1").await,
+            "checkpoint"
+        ),
+        WriteOutcome::Applied
+    );
+    assert_eq!(
+        ok(store.release(lease).await, "release"),
+        WriteOutcome::Applied
+    );
+    get_some(store, &lease.key).await
 }
 
 pub(crate) async fn no_lease_ends_at_the_retention_cliff(store: &dyn Store, caps: &Capabilities) {
@@ -93,18 +111,7 @@ pub(crate) async fn an_ended_lease_is_not_renewed(store: &dyn Store, caps: &Capa
     // its way lands after the release.
     let k = key("long-work", "released");
     let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
-    assert_eq!(
-        ok(
-            store.checkpoint(&lease, &step("s"), b"1").await,
-            "checkpoint"
-        ),
-        WriteOutcome::Applied
-    );
-    assert_eq!(
-        ok(store.release(&lease).await, "release"),
-        WriteOutcome::Applied
-    );
-    let released = get_some(store, &k).await;
+    let released = step_and_release(store, &lease).await;
     assert_eq!(
         ok(store.renew(&lease, HOUR).await, "renew"),
         RenewOutcome::Fenced,
@@ -148,18 +155,7 @@ pub(crate) async fn a_late_claim_of_the_same_attempt_takes_nothing_over(
     let k = key("long-work", "late-claim");
     let won = request(&k, "a", HOUR, HOUR);
     let (lease, _, _) = claimed(store, &won).await;
-    assert_eq!(
-        ok(
-            store.checkpoint(&lease, &step("s"), b"1").await,
-            "checkpoint"
-        ),
-        WriteOutcome::Applied
-    );
-    assert_eq!(
-        ok(store.release(&lease).await, "release"),
-        WriteOutcome::Applied
-    );
-    let released = get_some(store, &k).await;
+    let released = step_and_release(store, &lease).await;
     match claim(store, &won).await {
         ClaimOutcome::InFlight { retry_after, .. } => assert_eq!(
             retry_after,

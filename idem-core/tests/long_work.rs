@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore, Outcome, Record,
-    Store, StoreError, WorkError, key::StepName, record::Lease, store::ClaimOutcome,
-    store::ClaimRequest, store::Operation, store::RenewOutcome, store::WriteOutcome,
+    Admin, ConfigError, Error, Fingerprint, Heartbeat, Idempotency, Key, ManualClock, MemoryStore,
+    Outcome, Record, Store, StoreError, WorkError, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
+    store::WriteOutcome,
 };
 
 fn key(name: &str) -> Key {
@@ -33,6 +34,10 @@ struct Store2 {
     renewal_answers_after: Mutex<Duration>,
     /// The next claim never reaches the store and never answers.
     claim_lost_once: AtomicBool,
+    /// Claims apply at once and answer this much later.
+    claim_answers_after: Mutex<Duration>,
+    /// An operator releases the key just before the next renewal arrives.
+    operator_release_before_renewal: AtomicBool,
     redeliver_start_marks: AtomicBool,
     /// The last start mark written: the lease, its name and its value.
     start_mark: Mutex<Option<(Lease, StepName, Vec<u8>)>>,
@@ -47,6 +52,8 @@ impl Store2 {
             renewals_fail_between: Mutex::new(None),
             renewal_answers_after: Mutex::new(Duration::ZERO),
             claim_lost_once: AtomicBool::new(false),
+            claim_answers_after: Mutex::new(Duration::ZERO),
+            operator_release_before_renewal: AtomicBool::new(false),
             redeliver_start_marks: AtomicBool::new(false),
             start_mark: Mutex::new(None),
             renewals: AtomicUsize::new(0),
@@ -60,7 +67,10 @@ impl Store for Store2 {
         if self.claim_lost_once.swap(false, Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.inner.claim(request).await
+        let claimed = self.inner.claim(request).await;
+        let late = *self.claim_answers_after.lock().unwrap();
+        tokio::time::sleep(late).await;
+        claimed
     }
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
         self.inner.complete(lease, response).await
@@ -73,6 +83,12 @@ impl Store for Store2 {
     }
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
+        if self
+            .operator_release_before_renewal
+            .swap(false, Ordering::SeqCst)
+        {
+            self.inner.release_key(&lease.key).await?;
+        }
         let now = tokio::time::Instant::now();
         let cut_off = *self.renewals_fail_between.lock().unwrap();
         if self.renewals_fail.load(Ordering::SeqCst)
@@ -358,7 +374,8 @@ async fn a_renewal_answered_just_after_the_owners_end_keeps_the_lease() {
         .unwrap();
     let outcome = idem
         .execute(&key("slow-renewal"), fp(), |ctx| async move {
-            // Someone watches the lease: it reads the lost state in the window.
+            // Someone watches the lease: it reads the lost state in the window (294 to
+            // 297 ms), which an owner that stopped for good on that reading never left.
             let watcher = tokio::spawn({
                 let ctx = ctx.clone();
                 async move { ctx.lease_lost().await }
@@ -445,4 +462,76 @@ async fn a_claim_won_on_a_retry_starts_with_a_whole_lease() {
         matches!(outcome, Ok(Outcome::Completed { .. })),
         "a lease won on the second try, 3 s after the first was sent, is whole: {outcome:?}"
     );
+}
+
+/// One claim try answered after most of the lease (a slow store, a timeout longer than
+/// the lease): the owner confirms its lease with a renewal before it starts, so its steps
+/// run.
+#[tokio::test(start_paused = true)]
+async fn a_claim_answered_late_starts_with_a_whole_lease() {
+    let store = Store2::new(MemoryStore::new());
+    *store.claim_answers_after.lock().unwrap() = Duration::from_millis(1_500);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(Duration::from_secs(2))
+        .store_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("late-claim-answer"), fp(), |ctx| async move {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            ctx.step("charge", || async { Ok::<_, WorkError<String>>(1) })
+                .await
+        })
+        .await;
+    assert!(
+        matches!(outcome, Ok(Outcome::Completed { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(store.renewals.load(Ordering::SeqCst), 1, "confirmed once");
+}
+
+/// A claim answered late, and an operator released the key before the confirming
+/// renewal: the work never starts.
+#[tokio::test(start_paused = true)]
+async fn a_claim_fenced_before_the_work_starts_runs_nothing() {
+    let store = Store2::new(MemoryStore::new());
+    *store.claim_answers_after.lock().unwrap() = Duration::from_secs(11);
+    store
+        .operator_release_before_renewal
+        .store(true, Ordering::SeqCst);
+    let idem = Idempotency::builder(Arc::clone(&store))
+        .lease(Duration::from_secs(30))
+        .store_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let outcome = idem
+        .execute(&key("fenced-claim"), fp(), {
+            let ran = Arc::clone(&ran);
+            move |_ctx| async move {
+                ran.store(true, Ordering::SeqCst);
+                Ok::<_, WorkError<String>>(())
+            }
+        })
+        .await;
+    assert!(matches!(outcome, Err(Error::LeaseLost)), "{outcome:?}");
+    assert!(!ran.load(Ordering::SeqCst), "the work must not start");
+}
+
+/// `Heartbeat::Every` must leave a renewal time to land before the owner stops itself.
+#[test]
+fn a_heartbeat_too_close_to_the_lease_is_refused() {
+    let lease = Duration::from_millis(300);
+    let longest = (lease - lease / 50) * 9 / 10;
+    let build = |every| {
+        Idempotency::builder(MemoryStore::new())
+            .lease(lease)
+            .heartbeat(Heartbeat::Every(every))
+            .build()
+    };
+    assert!(build(longest).is_ok());
+    assert!(matches!(
+        build(longest + Duration::from_nanos(1)),
+        Err(ConfigError::HeartbeatNotShorterThanLease { .. })
+    ));
 }

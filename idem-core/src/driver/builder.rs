@@ -274,9 +274,9 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     ///
     /// # Errors
     /// [`ConfigError`] for a zero lease, a retention shorter than the lease, a duration
-    /// over [`MAX_DURATION`], a zero cap, a heartbeat interval that is zero or not shorter
-    /// than the lease less a fiftieth (when the owner stops itself), or the automatic
-    /// heartbeat with a lease under 3 ms.
+    /// over [`MAX_DURATION`], a zero cap, a heartbeat interval that is zero or longer
+    /// than nine tenths of the lease less a fiftieth (when the owner stops itself), or
+    /// the automatic heartbeat with a lease under 3 ms.
     pub fn build(self) -> Result<Idempotency<S>, ConfigError> {
         let Settings {
             lease,
@@ -308,10 +308,11 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
             return Err(ConfigError::ZeroStoreTimeout);
         }
         match heartbeat {
-            // A renewal must be sent before the owner stops itself, a fiftieth of the
-            // lease before its end.
+            // A renewal must land before the owner stops itself, a fiftieth of the lease
+            // before its end: a tenth of that is left for the tick and the round trip.
             Heartbeat::Every(every)
-                if every.is_zero() || every >= lease - lease / policy::LOCAL_EXPIRY_FRACTION =>
+                if every.is_zero()
+                    || every > (lease - lease / policy::LOCAL_EXPIRY_FRACTION) * 9 / 10 =>
             {
                 return Err(ConfigError::HeartbeatNotShorterThanLease { every, lease });
             }

@@ -62,8 +62,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                         observe::count(observe::TAKEOVERS);
                         tracing::info!(token = granted.token, "took over an expired lease");
                     }
-                    let (granted, deadline) = if tries > 1 {
-                        self.confirm(granted, sent).await
+                    // A claim answered a third of a lease after its first try was sent
+                    // (slow tries, retries): counted from that send, its lease may be
+                    // mostly gone, or over, on this process's clock.
+                    let late = sent.elapsed() >= clamp_duration(lease) / 3;
+                    let (granted, deadline) = if late {
+                        self.confirm(granted, sent).await?
                     } else {
                         (granted, sent + clamp_duration(lease))
                     };
@@ -114,22 +118,41 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
 }
 
 impl<S: Store + ?Sized + 'static> Idempotency<S> {
-    /// A lease won on a retried claim, with its end on this process's clock. Which try
-    /// landed is unknown, so the end counts from the first try's send (`sent`): after
-    /// slow tries that may be past already, and the work could start no step. One
+    /// A lease won on a late claim, with its end on this process's clock.
+    /// Which try landed is unknown, so the end counts from the first try's send (`sent`):
+    /// after slow tries that may be past already, and the work could start no step. One
     /// renewal, sent now, gives an end counted from now; a renewal that fails leaves the
-    /// first count (the safe side).
-    async fn confirm(&self, granted: Lease, sent: Instant) -> (Lease, Instant) {
+    /// first count (the safe side). A fenced one means the key is no longer this
+    /// attempt's (an operator released it, or the lease ended and another took over):
+    /// the work does not start.
+    async fn confirm(&self, granted: Lease, sent: Instant) -> Result<(Lease, Instant), Error> {
         let lease = clamp_duration(self.settings.lease);
         let resent = Instant::now();
+        // A millisecond more than the lease, so that the renewal moves the end even when
+        // it lands in the millisecond the claim did; the end counted here is the lease.
+        let extend = lease.saturating_add(std::time::Duration::from_millis(1));
         let renewal = tokio::time::timeout(
             self.settings.store_timeout,
-            self.store.renew(&granted, self.settings.lease),
+            self.store.renew(&granted, extend),
         )
         .await;
         match renewal {
-            Ok(Ok(RenewOutcome::Renewed(renewed))) => (renewed, resent + lease),
-            _ => (granted, sent + lease),
+            Ok(Ok(RenewOutcome::Renewed(renewed))) => Ok((renewed, resent + lease)),
+            Ok(Ok(RenewOutcome::Fenced)) => {
+                observe::count(observe::FENCED_WRITES);
+                tracing::info!("a claim won late was fenced before the work began");
+                Err(Error::LeaseLost)
+            }
+            Ok(Err(err)) => {
+                observe::store_error(Operation::Renew);
+                tracing::warn!(error = %err, "could not confirm a claim won late");
+                Ok((granted, sent + lease))
+            }
+            Err(_) => {
+                observe::store_error(Operation::Renew);
+                tracing::warn!("could not confirm a claim won late: the renewal timed out");
+                Ok((granted, sent + lease))
+            }
         }
     }
 }

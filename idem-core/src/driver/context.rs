@@ -454,7 +454,8 @@ impl Context {
     /// Completes once the lease counts as lost (see [`Context::is_lease_lost`]): `select!`
     /// on it to stop work that no longer counts. Completes by itself, with no store call,
     /// a fiftieth of the lease before its end on this process's clock when no renewal
-    /// moved that end; never while a renewal keeps the lease.
+    /// confirmed since moved that end. A renewal still on its way may then land and
+    /// restore the lease: the owner could not know, and stopping was the safe side.
     pub async fn lease_lost(&self) {
         loop {
             let notified = self.inner.lost_notify.notified();
@@ -489,6 +490,11 @@ impl Context {
     /// True once the lease has ended on this process's clock (less the margin).
     fn lease_ended_locally(&self) -> bool {
         !self.inner.detached && tokio::time::Instant::now() >= self.local_end()
+    }
+
+    /// True once the store fenced one of this owner's writes: lost for good.
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.inner.lost.load(Ordering::SeqCst)
     }
 
     pub(crate) fn mark_lost(&self) {

@@ -467,9 +467,10 @@ pub enum ConfigError {
     /// The response cap was zero.
     #[error("the response size cap must be at least one byte")]
     ZeroResponseCap,
-    /// A heartbeat interval of zero, or not shorter than the lease, cannot keep it alive.
+    /// A heartbeat interval of zero, or too close to the lease for a renewal to land
+    /// before the owner stops itself, cannot keep it alive.
     #[error(
-        "the heartbeat interval ({every:?}) must be above zero and shorter than the lease ({lease:?}) less a fiftieth, when the owner stops starting work; leave room for the renewal's round trip (the default renews every third)"
+        "the heartbeat interval ({every:?}) must be above zero and at most nine tenths of the lease ({lease:?}) less a fiftieth, when the owner stops starting work, so that a renewal lands before (the default renews every third)"
     )]
     HeartbeatNotShorterThanLease {
         /// The interval asked for.

@@ -70,7 +70,9 @@ pub(super) async fn run_while<Fut: Future>(
                 }
                 renewal = None;
             }
-            if context.is_lease_lost() || !keep() || ticks.poll_tick(cx).is_pending() {
+            // Only a fence ends the renewals: past the owner's own end of the lease a
+            // renewal may still find it live in the store (the margin), and counts.
+            if context.is_fenced() || !keep() || ticks.poll_tick(cx).is_pending() {
                 break;
             }
             renewal = Some(Box::pin(renew(context.clone(), extend, every)));

@@ -32,12 +32,13 @@ pub enum Heartbeat {
     /// builder refuses shorter ones with this setting.
     #[default]
     Auto,
-    /// Never renew: once the lease ends on the process's clock, the work's steps are
-    /// refused ([`Context::is_lease_lost`](crate::Context::is_lease_lost)), and another
-    /// attempt may take over.
+    /// Never renew while the work runs (a claim won late is still confirmed with one
+    /// renewal): once the lease ends on the process's clock, the work's steps are refused
+    /// ([`Context::is_lease_lost`](crate::Context::is_lease_lost)), and another attempt
+    /// may take over.
     Off,
-    /// Renew at this interval, which must be shorter than the lease less a fiftieth (the
-    /// owner stops itself that early), with room for the renewal's round trip.
+    /// Renew at this interval: at most nine tenths of the lease less a fiftieth (the
+    /// owner stops itself a fiftieth early), so that a renewal lands before.
     Every(Duration),
 }
 

@@ -12,7 +12,7 @@ use idem_core::{
 
 use crate::Capabilities;
 use crate::support::{
-    HOUR, ZERO, claim, claimed, fp, get, get_some, key, let_time_pass, ok, request,
+    HOUR, SHORT_LEASE, ZERO, claim, claimed, fp, get, get_some, key, let_time_pass, ok, request,
 };
 
 pub(crate) async fn get_hides_absent_records(store: &dyn Store, caps: &Capabilities) {
@@ -449,8 +449,10 @@ pub(crate) async fn lifetimes_are_told_apart(store: Arc<dyn Store>, caps: &Capab
     );
 
     // Driver level: the derived keys of two lifetimes differ, so a downstream system that
-    // deduplicates on them never merges the two.
-    let short = Duration::from_millis(5);
+    // deduplicates on them never merges the two. The lease lasts through a claim's round
+    // trips on a loaded server: shorter, the driver would find it over before the work
+    // began, and start nothing.
+    let short = SHORT_LEASE;
     let idem = Idempotency::builder(Arc::clone(&store))
         .lease(short)
         .retention(short)
@@ -473,7 +475,7 @@ pub(crate) async fn lifetimes_are_told_apart(store: Arc<dyn Store>, caps: &Capab
         }
     };
     let (derived_1, created_1, _) = run().await;
-    let_time_pass(caps, PAUSE).await;
+    let_time_pass(caps, short + PAUSE).await;
     if !vanishes {
         let _ = ok(store.purge_expired(1000).await, "purge");
     }

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// A namespace name chosen by the suite for one store: a table, a key prefix, a
 /// directory, whatever the store isolates its records by.
 ///
-/// - Fresh for every case (and every generated sequence), unique within the test process:
-///   a store on a shared server must see nothing outside it.
+/// - Fresh for every case (and every generated sequence), unique within the test process
+///   and, with a tag drawn per process, across processes that reuse a process id: a store
+///   on a shared server must see nothing outside it.
 /// - Only lower-case ASCII letters, digits and `_`, starting with a letter, at most 24
 ///   bytes: valid as a PostgreSQL table name, a Redis or DynamoDB key prefix, a file name.
 /// - Use it verbatim (as the whole prefix or table name): the namespace case hands two
@@ -26,14 +27,35 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct Namespace(String);
 
+/// Five letters drawn once per process from the clock: a test process that gets the
+/// process id of an earlier one (a runner starts thousands, and ids wrap) must not meet
+/// the records that one left on a shared server, which live as long as their retention.
+fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos());
+        let mut left = nanos ^ (nanos >> 29);
+        (0..5)
+            .map(|_| {
+                let letter = (b'a' + (left % 26) as u8) as char;
+                left /= 26;
+                letter
+            })
+            .collect()
+    })
+}
+
 impl Namespace {
     /// A name no other namespace of this process has had. Fresh names end with `_`, so
     /// none is ever the prefix-colliding twin (the name with `1` appended) of another.
     pub fn fresh() -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         Self(format!(
-            "t{}_{}_",
+            "t{}{}_{}_",
             std::process::id(),
+            process_tag(),
             NEXT.fetch_add(1, Ordering::SeqCst)
         ))
     }

@@ -9,6 +9,7 @@ use super::{
     DEFAULT_STORE_TIMEOUT, Heartbeat, Idempotency, InFlightPolicy, KeyBudget, KeyPolicy, Provider,
     SettingsWarning, policy, provider,
 };
+use super::policy::Jitter;
 #[allow(unused_imports)]
 use super::{Context, Error, TokenBucket, observe};
 use crate::codec::PlainCodec;
@@ -29,6 +30,7 @@ pub(super) struct Settings {
     pub(super) scope_label: Option<ScopeLabel>,
     pub(super) providers: Vec<Provider>,
     pub(super) warnings: Vec<SettingsWarning>,
+    pub(super) jitter: Jitter,
 }
 
 /// The application's map from a scope to a metrics label.
@@ -56,6 +58,7 @@ impl Default for Settings {
             scope_label: None,
             providers: Vec::new(),
             warnings: Vec::new(),
+            jitter: Jitter::default(),
         }
     }
 }
@@ -158,6 +161,25 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
     /// ```
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.settings.store_timeout = timeout;
+        self
+    }
+
+    /// Draws the backoff jitter of the driver's store retries and of a waiting duplicate's
+    /// polls from a generator seeded with `seed`, instead of the operating system's.
+    ///
+    /// For simulations that must replay a run exactly (idem-testkit's explorer seeds each
+    /// process's driver); leave it unset in production, where processes seeded alike
+    /// would back off in step.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    ///
+    /// let idem = Idempotency::builder(MemoryStore::new()).jitter_seed(7).build()?;
+    /// # let _ = idem;
+    /// # Ok::<(), idem_core::ConfigError>(())
+    /// ```
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.settings.jitter = Jitter::seeded(seed);
         self
     }
 

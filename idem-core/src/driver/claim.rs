@@ -34,7 +34,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             let timeout = self.settings.store_timeout;
             let sent = Instant::now();
             let mut tries = 0u32;
-            let outcome = retry_store(Operation::Claim, timeout, None, || {
+            let outcome = retry_store(Operation::Claim, timeout, None, &self.settings.jitter, || {
                 tries += 1;
                 self.store.claim(&request)
             })
@@ -93,7 +93,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                                 waited = true;
                                 observe::count(observe::WAITS);
                             }
-                            let pause = policy::jittered(backoff).min(left);
+                            let pause = self.settings.jitter.jittered(backoff).min(left);
                             tokio::time::sleep(pause).await;
                             backoff = (backoff * 2).min(policy::WAIT_MAX_BACKOFF);
                             // A new attempt after an in-flight answer: the store answers

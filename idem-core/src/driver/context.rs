@@ -44,6 +44,8 @@ struct Inner {
     limits: Limits,
     codec: Arc<dyn Codec>,
     store_timeout: std::time::Duration,
+    /// Where the backoff of its writes' retries draws its jitter.
+    jitter: super::policy::Jitter,
     serde: bool,
     lost: AtomicBool,
     lost_notify: Notify,
@@ -72,6 +74,7 @@ impl Context {
         limits: Limits,
         codec: Arc<dyn Codec>,
         store_timeout: std::time::Duration,
+        jitter: super::policy::Jitter,
         serde: bool,
     ) -> Self {
         let compensating = steps.contains_key(saga::SAGA_STEP);
@@ -87,6 +90,7 @@ impl Context {
                 limits,
                 codec,
                 store_timeout,
+                jitter,
                 serde,
                 lost: AtomicBool::new(false),
                 lost_notify: Notify::new(),
@@ -121,6 +125,7 @@ impl Context {
                 limits,
                 codec,
                 store_timeout: std::time::Duration::from_secs(1),
+                jitter: super::policy::Jitter::default(),
                 serde: false,
                 lost: AtomicBool::new(false),
                 lost_notify: Notify::new(),
@@ -527,6 +532,7 @@ impl Context {
             write,
             self.inner.store_timeout,
             Some(self.lease_deadline()),
+            self.inner.jitter.clone(),
         )
         .await
     }

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::error::Error;
 use super::wire::Marker;
+use super::policy::Jitter;
 use super::{Context, interruption_error, retry_store};
 use crate::record::ValuePart;
 use crate::{
@@ -51,10 +52,11 @@ pub(crate) async fn write(
     write: Write,
     timeout: Duration,
     deadline: Option<Instant>,
+    jitter: Jitter,
 ) -> Result<WriteOutcome, StoreError> {
     let operation = write.operation();
     let task = survive(tracing::Instrument::in_current_span(async move {
-        retry_store(operation, timeout, deadline, || async {
+        retry_store(operation, timeout, deadline, &jitter, || async {
             match &write {
                 Write::Complete(bytes) => store.complete(&lease, bytes).await,
                 Write::Fail(bytes) => store.fail(&lease, bytes).await,

@@ -1,5 +1,7 @@
 //! Driver policies: heartbeats and what a duplicate does while another attempt runs.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The shortest lease `Heartbeat::Auto` renews: a third of it must be a whole millisecond.
@@ -86,10 +88,62 @@ pub enum InFlightPolicy {
 pub(crate) const WAIT_FIRST_BACKOFF: Duration = Duration::from_millis(10);
 pub(crate) const WAIT_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// `backoff` scaled by a random factor in [0.5, 1.0], so waiters do not poll in step.
-pub(crate) fn jittered(backoff: Duration) -> Duration {
-    let mut byte = [0u8; 1];
-    // Without randomness, waiters still back off; they just poll in step.
-    let random = getrandom::fill(&mut byte).map_or(255, |()| byte[0]);
-    backoff.mul_f64(0.5 + f64::from(random) / 510.0)
+/// Where the driver's backoff jitter comes from: the operating system's generator, or a
+/// seeded one (`IdempotencyBuilder::jitter_seed`) so that a simulation replays exactly.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Jitter(Option<Arc<AtomicU64>>);
+
+impl Jitter {
+    pub(crate) fn seeded(seed: u64) -> Self {
+        Self(Some(Arc::new(AtomicU64::new(seed))))
+    }
+
+    /// `backoff` scaled by a random factor in [0.5, 1.0], so waiters do not poll in step.
+    pub(crate) fn jittered(&self, backoff: Duration) -> Duration {
+        let random = match &self.0 {
+            // SplitMix64: one step of the sequence, its top byte.
+            Some(state) => {
+                let mut z = state
+                    .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+                    .wrapping_add(0x9E37_79B9_7F4A_7C15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                (z ^ (z >> 31)).to_be_bytes()[0]
+            }
+            None => {
+                let mut byte = [0u8; 1];
+                // Without randomness, waiters still back off; they just poll in step.
+                getrandom::fill(&mut byte).map_or(255, |()| byte[0])
+            }
+        };
+        backoff.mul_f64(0.5 + f64::from(random) / 510.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seeded_jitter_repeats_its_sequence_within_half_to_whole() {
+        let backoff = Duration::from_millis(100);
+        let draw = |jitter: &Jitter| -> Vec<Duration> {
+            (0..64).map(|_| jitter.jittered(backoff)).collect()
+        };
+        let (one, again, other) = (
+            draw(&Jitter::seeded(7)),
+            draw(&Jitter::seeded(7)),
+            draw(&Jitter::seeded(8)),
+        );
+        assert_eq!(one, again);
+        assert_ne!(one, other);
+        assert!(one.iter().all(|d| *d >= backoff / 2 && *d <= backoff));
+        // Clones share the sequence: a driver's tasks draw from one generator.
+        let shared = Jitter::seeded(7);
+        let clone = shared.clone();
+        assert_eq!(
+            [shared.jittered(backoff), clone.jittered(backoff)],
+            [one[0], one[1]]
+        );
+    }
 }

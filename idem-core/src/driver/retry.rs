@@ -58,6 +58,7 @@ pub(crate) async fn retry_store<O, Fut>(
     operation: Operation,
     timeout: Duration,
     deadline: Option<Instant>,
+    jitter: &policy::Jitter,
     mut call: impl FnMut() -> Fut,
 ) -> Result<O, StoreError>
 where
@@ -77,7 +78,7 @@ where
                     && (tries < STORE_ATTEMPTS || lease_left && tries < MAX_WRITE_ATTEMPTS) =>
             {
                 tracing::debug!(error = %err, tries, "retrying a store call");
-                tokio::time::sleep(policy::jittered(backoff)).await;
+                tokio::time::sleep(jitter.jittered(backoff)).await;
                 backoff = (backoff * 2).min(MAX_WRITE_BACKOFF);
                 tries += 1;
             }

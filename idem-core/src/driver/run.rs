@@ -80,6 +80,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             limits,
             codec,
             self.settings.store_timeout,
+            self.settings.jitter.clone(),
             W::SERDE,
         );
         let started = Instant::now();
@@ -139,6 +140,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     durable::Write::Release,
                     self.settings.store_timeout,
                     None,
+                    self.settings.jitter.clone(),
                 );
                 if let Err(err) = Box::pin(release).await {
                     tracing::warn!(error = %err, "could not release the lease; it will expire");
@@ -179,7 +181,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Ok(()) => Ok(Some(budget)),
             Err(retry_after) => {
                 let timeout = self.settings.store_timeout;
-                let get = retry_store(Operation::Get, timeout, None, || self.store.get(key));
+                let jitter = &self.settings.jitter;
+                let get = retry_store(Operation::Get, timeout, None, jitter, || self.store.get(key));
                 if Box::pin(get).await?.is_some() {
                     return Ok(None);
                 }

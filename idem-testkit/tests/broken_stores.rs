@@ -15,6 +15,7 @@ use idem_core::{
     record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
     store::WriteOutcome,
 };
+use idem_testkit::explore::{Explorer, Fault, Report as ExploreReport, Scenario, Target};
 use idem_testkit::{AdminCase, AdminSuite, Case, CaseName, Namespace, Report, Suite};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1174,4 +1175,65 @@ fn part_of(terminal: State) -> ValuePart {
     } else {
         ValuePart::Result
     }
+}
+
+/// The explorer over a store with `flaw`: each run a fresh namespace on the run's virtual
+/// clock.
+fn explore_flawed(flaw: Flaw, scenarios: &[Scenario]) -> ExploreReport {
+    let make = factory(Some(flaw), Setup::default());
+    let target = Target::virtual_time(format!("{flaw:?}"), move |clock| {
+        let store = make(Arc::new(clock), Namespace::fresh());
+        async move { Ok::<_, std::convert::Infallible>(store.await) }
+    });
+    let report = Explorer::new(target)
+        .scenarios(scenarios.iter().copied())
+        .run()
+        .expect("the exploration runs");
+    println!("{report}");
+    report
+}
+
+/// The runs of `report` that broke `kind`, each with a fault of `faults` in its plan.
+fn found_with(report: &ExploreReport, kind: &str, faults: &[Fault]) -> usize {
+    report
+        .violations()
+        .filter(|v| v.broken.kind() == kind)
+        .filter(|v| v.faults.iter().any(|f| faults.contains(&f.fault)))
+        .count()
+}
+
+#[test]
+fn the_explorer_reports_a_renewal_landing_after_the_release() {
+    // The first run answers Retryable and releases; a copy of a heartbeat's renewal lands
+    // after that, and this store extends the lease it ended: the key is held for nobody.
+    let report = explore_flawed(Flaw::RenewsEndedLeases, &[Scenario::RetryableThenDone]);
+    assert!(
+        found_with(&report, "late grant", &[Fault::DuplicatedLate]) > 0,
+        "{report}"
+    );
+}
+
+#[test]
+fn the_explorer_reports_a_late_claim_that_takes_over() {
+    // A copy of the claim lands after the release: this store takes the key over for an
+    // execute that is gone.
+    let report = explore_flawed(Flaw::LateClaimTakesOver, &[Scenario::RetryableThenDone]);
+    assert!(
+        found_with(&report, "late grant", &[Fault::DuplicatedLate]) > 0,
+        "{report}"
+    );
+}
+
+#[test]
+fn the_unflawed_store_passes_the_explorer() {
+    let make = factory(None, Setup::default());
+    let target = Target::virtual_time("unflawed", move |clock| {
+        let store = make(Arc::new(clock), Namespace::fresh());
+        async move { Ok::<_, std::convert::Infallible>(store.await) }
+    });
+    let report = Explorer::new(target)
+        .scenarios([Scenario::RetryableThenDone, Scenario::LongWork])
+        .run()
+        .expect("the exploration runs");
+    assert!(report.passed(), "{report}");
 }

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use idem_core::{Timestamp, store::Operation};
 
-use super::faults::Process;
-use super::ledger::{Answer, Effect, End, Event, compensation_text};
+use super::faults::{Process, Site};
+use super::ledger::{Answer, Effect, End, Event, compensation_text, held_until};
 use super::report::Broken;
 use super::scenarios::{Expect, Scenario};
 use super::{Timing, execute_bound};
@@ -34,6 +34,7 @@ pub(crate) fn check(
     ends(scenario, timing, events, &mut verdict);
     resumed(events, &mut verdict);
     renewals(events, &mut verdict);
+    late_grants(events, &mut verdict);
     effects(timing, events, &mut verdict);
     results(scenario, events, retries, &mut verdict);
     compensation(scenario, events, fault_free, &mut verdict);
@@ -43,7 +44,7 @@ pub(crate) fn check(
 /// Panics, executions that never returned, answers no correct driver gives, and
 /// executions over their bound.
 fn ends(scenario: Scenario, timing: &Timing, events: &[Event], verdict: &mut Verdict) {
-    for event in events {
+    for (ended_at, event) in events.iter().enumerate() {
         let Event::Ended { process, end } = event else {
             continue;
         };
@@ -62,9 +63,25 @@ fn ends(scenario: Scenario, timing: &Timing, events: &[Event], verdict: &mut Ver
                 error: error.clone(),
             }),
             End::Returned { answer, took } => {
+                // Its own result landed (a retried write whose first try was stored, a
+                // commit in the work's transaction): the lease was not lost, and the
+                // caller must get that result.
+                let own_result_stored = events[..ended_at]
+                    .iter()
+                    .any(|event| matches!(event, Event::Finished { process: p } if *p == process));
                 let unexpected = match answer {
+                    Answer::Error {
+                        name: "lease lost" | "interrupted: lease lost",
+                        ..
+                    } if own_result_stored => true,
                     Answer::Error { fine, .. } => !fine,
-                    Answer::Retryable(_) => !scenario.may_answer_retryable(),
+                    // The completion scenario's work answers `Retryable` when its own
+                    // commit is fenced: only after a pause or a partition lost its lease.
+                    Answer::Retryable(_) => {
+                        !(scenario.may_answer_retryable()
+                            || scenario == Scenario::PrepareCompletion
+                                && cut_before(events, process, ended_at))
+                    }
                     Answer::Unknown(_) => !scenario.may_answer_unknown(),
                     _ => false,
                 };
@@ -155,12 +172,20 @@ fn resumed(events: &[Event], verdict: &mut Verdict) {
         }
     }
     for event in events {
+        // What the store said when it granted this token: a takeover or not. A token
+        // above 1 alone does not say it (a fresh claim over an absent record continues
+        // the old record's tokens); a claim of the same attempt answered again says no
+        // more than the grant it repeats.
         if let Event::WorkStarted {
             process,
             token,
             resumed,
         } = event
-            && *resumed != (*token > 1)
+            && *resumed
+                != events.iter().any(|granted| {
+                    matches!(granted, Event::Claimed { process: p, token: t, resumed: true, .. }
+                        if p == process && t == token)
+                })
         {
             verdict.broken.push(Broken::Resumed {
                 process: *process,
@@ -191,6 +216,57 @@ fn renewals(events: &[Event], verdict: &mut Verdict) {
     }
 }
 
+/// No claim or renewal of a process is granted after that process released the key, and
+/// no claim takes the key over for a process whose `execute` had ended, while the record
+/// was still that process's: a copy of such a call (delayed, duplicated) must find the
+/// lease over (DESIGN.md §2.1 row 7: a late claim of the same attempt takes nothing over;
+/// §2.2: only a live lease is renewed). A claim answered with the same lease again,
+/// unmoved, is harmless; and once another process was granted the key, the store no
+/// longer knows the late claim's attempt (a limit DESIGN.md §2.5 states).
+fn late_grants(events: &[Event], verdict: &mut Verdict) {
+    let mut released = BTreeSet::new();
+    let mut ended = BTreeSet::new();
+    let mut tokens: BTreeMap<Process, u64> = BTreeMap::new();
+    let mut last_owner = None;
+    for event in events {
+        let late = match event {
+            Event::Released { process } => {
+                released.insert(*process);
+                None
+            }
+            Event::Ended { process, .. } => {
+                ended.insert(*process);
+                None
+            }
+            Event::Claimed { process, token, .. } => {
+                let before = tokens.insert(*process, *token);
+                let still_its = last_owner.replace(*process) == Some(*process);
+                if released.contains(process) && still_its {
+                    Some((*process, "claim", "its release"))
+                } else if ended.contains(process)
+                    && still_its
+                    && before.is_some_and(|held| *token > held)
+                {
+                    Some((*process, "claim", "its execute ended"))
+                } else {
+                    None
+                }
+            }
+            Event::Renewed { process, .. } if released.contains(process) => {
+                Some((*process, "renewal", "its release"))
+            }
+            _ => None,
+        };
+        if let Some((process, call, after)) = late {
+            verdict.broken.push(Broken::LateGrant {
+                process,
+                call,
+                after,
+            });
+        }
+    }
+}
+
 /// Why an effect may have happened again. A lease that ran out while its owner still
 /// ran is none: heartbeats renew it every third of a lease, and a failed renewal costs
 /// one interval, so under the explorer's faults it never runs out unless something broke
@@ -198,6 +274,16 @@ fn renewals(events: &[Event], verdict: &mut Verdict) {
 enum Excuse {
     Crash,
     DropMidWork,
+    /// The process paused with the effect in flight (done, not yet stored), and its lease
+    /// ran out meanwhile: its heartbeats paused with it.
+    Paused,
+    /// The process was cut off from the store with the effect not yet stored, and its
+    /// lease ran out: its checkpoint (or result) could not reach the store.
+    Partitioned,
+    /// The work's own effect outside any step, had by this process after a pause or a
+    /// partition cost it its lease: no lease check guards code outside a step (DESIGN.md
+    /// §2.5); only a fencing token downstream refuses it.
+    CutOutsideStep(Process),
 }
 
 /// Every effect at most once, unless the contract allows it again (and then it is
@@ -205,7 +291,10 @@ enum Excuse {
 fn effects(timing: &Timing, events: &[Event], verdict: &mut Verdict) {
     let mut by_effect: BTreeMap<&Effect, Vec<(usize, Process)>> = BTreeMap::new();
     for (at, event) in events.iter().enumerate() {
-        if let Event::Effect { process, effect } = event {
+        if let Event::Effect {
+            process, effect, ..
+        } = event
+        {
             by_effect.entry(effect).or_default().push((at, *process));
         }
     }
@@ -224,8 +313,12 @@ fn effects(timing: &Timing, events: &[Event], verdict: &mut Verdict) {
                 Ok(excuse) => verdict.at_least_once.push(format!(
                     "{effect} again in {again}, after {first} {}",
                     match excuse {
-                        Excuse::Crash => "crashed",
-                        Excuse::DropMidWork => "was dropped mid-work",
+                        Excuse::Crash => "crashed".to_owned(),
+                        Excuse::DropMidWork => "was dropped mid-work".to_owned(),
+                        Excuse::Paused => "paused with it in flight".to_owned(),
+                        Excuse::Partitioned => "was cut off before storing it".to_owned(),
+                        Excuse::CutOutsideStep(stale) =>
+                            format!("ran: {stale} had been cut off and had it outside any step"),
                     }
                 )),
                 Err(why) => verdict.broken.push(Broken::Repeated {
@@ -253,6 +346,11 @@ fn excuse(
     (first_at, first): (usize, Process),
     (again_at, again): (usize, Process),
 ) -> Result<Excuse, String> {
+    if *effect == Effect::Work
+        && cut_then_granted(timing, events, (again_at, again), first_at, first)
+    {
+        return Ok(Excuse::CutOutsideStep(again));
+    }
     let stored = events[first_at + 1..again_at]
         .iter()
         .any(|event| match (effect, event) {
@@ -274,11 +372,33 @@ fn excuse(
     };
     if claim_at < first_at {
         // `again` held its lease from before `first` had the effect: it is the stale
-        // owner, and `first` was granted the key while it still ran.
-        return Err(stale(timing, events, (first_at, first), (claim_at, again)));
+        // owner, and `first` was granted the key while it still ran, or `again` went on
+        // past the end of its lease.
+        return Err(started_late(events, again, again_at)
+            .or_else(|| started_late(events, first, first_at))
+            .unwrap_or_else(|| stale(timing, events, (first_at, first), (claim_at, again))));
     }
     if let Some(why) = granted_while_live(timing, events, first, (claim_at, again)) {
         return Err(why);
+    }
+    if *effect == Effect::Work && cut_before(events, first, first_at) {
+        return Ok(Excuse::CutOutsideStep(first));
+    }
+    if let Some(why) = started_late(events, first, first_at) {
+        return Err(why);
+    }
+    if let Effect::Step(name) = effect
+        && reached(events, first, &format!("after-{name}"), first_at..claim_at)
+    {
+        // The step returned to the work only once its checkpoint was stored: a driver
+        // that let the work go on first (deferring the write) is what repeats it here.
+        return Err(format!(
+            "{first} had gone past `{name}` (the step returned) before {again} was granted the \
+             key, and its checkpoint was never stored"
+        ));
+    }
+    if let Some(excuse) = cut_off(events, (first_at, first), claim_at) {
+        return Ok(excuse);
     }
     let first_end =
         events[first_at + 1..claim_at]
@@ -324,6 +444,96 @@ fn excuse(
     }
 }
 
+/// True when `process` reached the await point `name` within `range` of the ledger.
+fn reached(events: &[Event], process: Process, name: &str, range: std::ops::Range<usize>) -> bool {
+    events[range].iter().any(|event| {
+        matches!(
+            event,
+            Event::Reached(point) if point.process == process
+                && matches!(&point.site, Site::Point { name: reached, .. } if reached == name)
+        )
+    })
+}
+
+/// The excuse of a process cut off from the store before the grant at `claim_at`: paused
+/// after its effect (the effect in flight when everything stopped), or partitioned since
+/// it held its lease (its effect's checkpoint or result could not be stored). A pause
+/// before the effect excuses nothing: the effect then came after the lease was lost.
+fn cut_off(
+    events: &[Event],
+    (first_at, first): (usize, Process),
+    claim_at: usize,
+) -> Option<Excuse> {
+    let held_from = last_claim(events, first, first_at).unwrap_or(0);
+    events[held_from..claim_at]
+        .iter()
+        .enumerate()
+        .find_map(|(offset, event)| match event {
+            Event::CutOff { process, paused } if *process == first => {
+                let at = held_from + offset;
+                match paused {
+                    true if at > first_at => Some(Excuse::Paused),
+                    true => None,
+                    false => Some(Excuse::Partitioned),
+                }
+            }
+            _ => None,
+        })
+}
+
+/// True when `stale` was cut off (paused, partitioned) after its last grant before its
+/// effect at `stale_at`, and `owner` (whose effect is at `owner_at`) was granted the key
+/// after that cut, once `stale`'s lease had ended: `stale` came back and had the work's
+/// effect outside any step under a lease it had lost.
+fn cut_then_granted(
+    timing: &Timing,
+    events: &[Event],
+    (stale_at, stale): (usize, Process),
+    owner_at: usize,
+    owner: Process,
+) -> bool {
+    let held_from = last_claim(events, stale, stale_at).unwrap_or(0);
+    let Some(cut_at) = events[held_from..stale_at]
+        .iter()
+        .position(|event| matches!(event, Event::CutOff { process, .. } if *process == stale))
+        .map(|offset| held_from + offset)
+    else {
+        return false;
+    };
+    last_claim(events, owner, owner_at).is_some_and(|granted_at| {
+        granted_at > cut_at
+            && granted_while_live(timing, events, stale, (granted_at, owner)).is_none()
+    })
+}
+
+/// Why the effect at `at` of `process` started too late, if it did: at or after the end of
+/// its lease as the store last granted or renewed it. The owner must stop by its own
+/// clock before that end (a fiftieth of the lease early).
+fn started_late(events: &[Event], process: Process, at: usize) -> Option<String> {
+    let Event::Effect { at: started, .. } = &events[at] else {
+        return None;
+    };
+    let held_until = held_until(&events[..at], process)?;
+    (*started >= held_until).then(|| {
+        format!(
+            "{process} started it {} ms after its lease had ended: an owner must stop by its \
+             own clock",
+            started
+                .as_unix_millis()
+                .saturating_sub(held_until.as_unix_millis())
+        )
+    })
+}
+
+/// True when `process` was cut off (paused or partitioned) after its last grant before
+/// `at`, and before `at`.
+fn cut_before(events: &[Event], process: Process, at: usize) -> bool {
+    let held_from = last_claim(events, process, at).unwrap_or(0);
+    events[held_from..at]
+        .iter()
+        .any(|event| matches!(event, Event::CutOff { process: p, .. } if *p == process))
+}
+
 /// Where the store last granted `process` a lease before `before`.
 fn last_claim(events: &[Event], process: Process, before: usize) -> Option<usize> {
     events[..before]
@@ -353,22 +563,7 @@ fn granted_while_live(
     (claim_at, owner): (usize, Process),
 ) -> Option<String> {
     let granted = claimed_at(timing, events, claim_at);
-    let held_until = events[..claim_at]
-        .iter()
-        .filter_map(|event| match event {
-            Event::Claimed {
-                process,
-                lease_until,
-                ..
-            }
-            | Event::Renewed {
-                process,
-                lease_until,
-                ..
-            } if *process == holder => Some(*lease_until),
-            _ => None,
-        })
-        .max();
+    let held_until = held_until(&events[..claim_at], holder);
     let released = events[..claim_at]
         .iter()
         .any(|event| matches!(event, Event::Released { process } if *process == holder));
@@ -639,5 +834,183 @@ fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict:
                 got: compensation_text(compensation),
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::explore::FaultPoint;
+
+    /// p1 has `debit`'s effect, then (with `passed`) reaches the point after the step,
+    /// then crashes; r1 takes over once p1's lease ended and has the effect again.
+    fn crash_after_the_effect(passed: bool) -> Vec<Event> {
+        let at = |millis: u64| Timestamp::from_unix_millis(1_000_000 + millis);
+        let mut events = vec![
+            Event::Claimed {
+                process: Process::First,
+                token: 1,
+                lease_until: at(2_000),
+                resumed: false,
+            },
+            Event::Effect {
+                process: Process::First,
+                effect: Effect::Step("debit".into()),
+                at: at(500),
+            },
+        ];
+        if passed {
+            events.push(Event::Reached(FaultPoint {
+                process: Process::First,
+                site: Site::Point {
+                    name: "after-debit".into(),
+                    occurrence: 0,
+                },
+            }));
+        }
+        events.extend([
+            Event::Ended {
+                process: Process::First,
+                end: End::Crashed,
+            },
+            Event::Claimed {
+                process: Process::Retry(1),
+                token: 2,
+                lease_until: at(6_000),
+                resumed: true,
+            },
+            Event::Effect {
+                process: Process::Retry(1),
+                effect: Effect::Step("debit".into()),
+                at: at(4_500),
+            },
+        ]);
+        events
+    }
+
+    fn claimed(process: Process, token: u64, lease_until: u64) -> Event {
+        Event::Claimed {
+            process,
+            token,
+            lease_until: Timestamp::from_unix_millis(1_000_000 + lease_until),
+            resumed: token > 1,
+        }
+    }
+
+    fn effect(process: Process, effect: Effect, at: u64) -> Event {
+        Event::Effect {
+            process,
+            effect,
+            at: Timestamp::from_unix_millis(1_000_000 + at),
+        }
+    }
+
+    fn cut(process: Process) -> Event {
+        Event::CutOff {
+            process,
+            paused: false,
+        }
+    }
+
+    /// p1 (lease to 2 s) is cut off; the racer is granted the key with its lease ending at
+    /// `racer_until` (granted one lease, 2 s, before), has the work's effect and stores it;
+    /// p1 then has it too, outside any step.
+    fn work_after_a_cut(racer_until: u64) -> Verdict {
+        let events = vec![
+            claimed(Process::First, 1, 2_000),
+            cut(Process::First),
+            claimed(Process::Racer, 2, racer_until),
+            effect(Process::Racer, Effect::Work, racer_until - 1_900),
+            Event::Finished {
+                process: Process::Racer,
+            },
+            effect(Process::First, Effect::Work, racer_until - 1_800),
+        ];
+        let mut verdict = Verdict::default();
+        effects(&Timing::virtual_time(), &events, &mut verdict);
+        verdict
+    }
+
+    #[test]
+    fn the_work_outside_a_step_after_a_cut_is_at_least_once() {
+        let verdict = work_after_a_cut(6_000);
+        assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
+        assert!(
+            matches!(&verdict.at_least_once[..], [why] if why.contains("p1 had been cut off")),
+            "{:?}",
+            verdict.at_least_once
+        );
+    }
+
+    /// The cut excuses nothing when the store granted the key while p1's lease lived.
+    #[test]
+    fn a_cut_excuses_no_grant_over_a_live_lease() {
+        let verdict = work_after_a_cut(3_000);
+        assert!(verdict.at_least_once.is_empty());
+        assert!(
+            matches!(&verdict.broken[..], [Broken::Repeated { .. }]),
+            "{:?}",
+            verdict.broken
+        );
+    }
+
+    /// Cut off, p1 starts a step after its lease ended (a driver that does not stop by
+    /// its own clock), then the racer takes over and runs it again: never excused, though
+    /// p1 never stored it and was partitioned.
+    #[test]
+    fn a_step_started_after_the_lease_ended_is_never_excused() {
+        let events = vec![
+            claimed(Process::First, 1, 2_000),
+            cut(Process::First),
+            effect(Process::First, Effect::Step("debit".into()), 2_100),
+            claimed(Process::Racer, 2, 4_500),
+            effect(Process::Racer, Effect::Step("debit".into()), 2_600),
+        ];
+        let mut verdict = Verdict::default();
+        effects(&Timing::virtual_time(), &events, &mut verdict);
+        assert!(verdict.at_least_once.is_empty());
+        assert!(
+            matches!(&verdict.broken[..], [Broken::Repeated { why, .. }] if why.contains("started it 100 ms after its lease had ended")),
+            "{:?}",
+            verdict.broken
+        );
+        // Started while the lease lived, the same partition excuses it.
+        let mut events = events;
+        events[2] = effect(Process::First, Effect::Step("debit".into()), 1_900);
+        let mut verdict = Verdict::default();
+        effects(&Timing::virtual_time(), &events, &mut verdict);
+        assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
+        assert_eq!(verdict.at_least_once.len(), 1);
+    }
+
+    #[test]
+    fn a_crash_between_the_effect_and_its_checkpoint_is_at_least_once() {
+        let mut verdict = Verdict::default();
+        effects(
+            &Timing::virtual_time(),
+            &crash_after_the_effect(false),
+            &mut verdict,
+        );
+        assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
+        assert_eq!(verdict.at_least_once.len(), 1);
+    }
+
+    /// A driver that lets the work past a step before its checkpoint is stored (deferred
+    /// checkpoints) crashes there with the step unrecorded: the repeat is its fault, not
+    /// the crash's, and is reported.
+    #[test]
+    fn a_crash_after_the_step_returned_excuses_nothing() {
+        let mut verdict = Verdict::default();
+        effects(
+            &Timing::virtual_time(),
+            &crash_after_the_effect(true),
+            &mut verdict,
+        );
+        assert!(verdict.at_least_once.is_empty());
+        assert!(
+            matches!(&verdict.broken[..], [Broken::Repeated { why, .. }] if why.contains("gone past `debit`")),
+            "{:?}",
+            verdict.broken
+        );
     }
 }

@@ -12,15 +12,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Key, Record, Store, StoreError, key::StepName, record::Lease, store::ClaimOutcome,
-    store::ClaimRequest, store::Completion, store::Expiry, store::Operation, store::RenewOutcome,
-    store::WriteOutcome,
+    Clock, Key, Record, Store, StoreError, Timestamp, key::StepName, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Expiry, store::Operation,
+    store::RenewOutcome, store::WriteOutcome,
 };
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 
 use super::Timing;
 use super::clock::off_the_clock;
-use super::ledger::{Effect, Event, Ledger};
+use super::ledger::{Effect, Event, Ledger, held_until};
 
 /// One simulated process of a run: each has its own store handle and its own
 /// `Idempotency` (same settings), over the one store under test.
@@ -35,6 +36,23 @@ pub enum Process {
     Retry(u32),
     /// The retry after a result, which must replay it (`check`). Never faulted.
     Check,
+    /// A client's retry that arrives while an earlier process is still alive but cut off
+    /// (paused or partitioned), once that process's lease has run out by the store's
+    /// clock: the owner that comes back finds the key taken over (`racer`).
+    Racer,
+}
+
+impl Process {
+    /// The seed of this process's driver jitter: one per process, fixed across runs.
+    pub(crate) fn seed(self) -> u64 {
+        match self {
+            Process::First => 1,
+            Process::Duplicate => 2,
+            Process::Check => 3,
+            Process::Racer => 4,
+            Process::Retry(n) => 100 + u64::from(n),
+        }
+    }
 }
 
 impl fmt::Display for Process {
@@ -44,6 +62,7 @@ impl fmt::Display for Process {
             Process::Duplicate => f.write_str("dup"),
             Process::Retry(n) => write!(f, "r{n}"),
             Process::Check => f.write_str("check"),
+            Process::Racer => f.write_str("racer"),
         }
     }
 }
@@ -139,11 +158,38 @@ pub enum Fault {
     /// The work stalls at this point for [`Timing::stall`] (two leases), then goes on:
     /// heartbeats must keep the lease.
     StallAtPoint,
+    /// The whole process pauses here for [`Timing::stall`] (a stop-the-world pause, a
+    /// suspended VM): its work waits, and every store call any of its tasks starts
+    /// meanwhile (heartbeats included) leaves only once it resumes. Its timers run on (a
+    /// call waiting out the pause may time out first), as a real process's fire at once
+    /// when it resumes; a call already on its way when the pause began lands. A
+    /// [`Process::Racer`] retries once the lease has run out; the process then goes on and
+    /// must start no new effect under the lease it lost.
+    PauseAtPoint,
+    /// From this point of the work on, for [`Timing::stall`], every store call of the
+    /// process fails before it reaches the store (a network partition of that process
+    /// alone), while its work goes on; a [`Process::Racer`] retries once the lease has run
+    /// out by the store's clock. The owner must stop by its own clock.
+    PartitionAtPoint,
+    /// This call and every store call of the process for [`Timing::stall`] fail before
+    /// they reach the store; a [`Process::Racer`] retries as for
+    /// [`Fault::PartitionAtPoint`].
+    PartitionAtCall,
+    /// The call applies, and a copy of it (a request delivered twice) applies again once
+    /// the process's `execute` has ended: after its release or its result, while whatever
+    /// else runs (the duplicate, the racer, a write of the process still in flight) goes
+    /// on. The work's own commit (its transaction) is never copied.
+    DuplicatedLate,
+    /// The call applies, and a copy of it applies again just after the store next grants
+    /// the key to another process, before that owner hears of its grant: a stale write
+    /// meeting a live owner's record. A copy that meets no such grant lands before the run's
+    /// last retry, as do copies sent after their process's `execute` ended.
+    DuplicatedAfterTakeover,
 }
 
 impl Fault {
     /// Every fault that strikes at a store call.
-    pub const AT_CALLS: [Fault; 8] = [
+    pub const AT_CALLS: [Fault; 11] = [
         Fault::ErrorBefore,
         Fault::LostAnswer,
         Fault::HangThenApply,
@@ -152,11 +198,28 @@ impl Fault {
         Fault::DropAfter,
         Fault::CrashBefore,
         Fault::CrashAfter,
+        Fault::PartitionAtCall,
+        Fault::DuplicatedLate,
+        Fault::DuplicatedAfterTakeover,
     ];
 
     /// Every fault that strikes at an await point of the work.
-    pub const AT_POINTS: [Fault; 3] =
-        [Fault::DropAtPoint, Fault::CrashAtPoint, Fault::StallAtPoint];
+    pub const AT_POINTS: [Fault; 5] = [
+        Fault::DropAtPoint,
+        Fault::CrashAtPoint,
+        Fault::StallAtPoint,
+        Fault::PauseAtPoint,
+        Fault::PartitionAtPoint,
+    ];
+
+    /// True for the faults that cut a live process off (a pause, a partition), after
+    /// which a [`Process::Racer`] retries beside it.
+    pub fn cuts_off(self) -> bool {
+        matches!(
+            self,
+            Fault::PauseAtPoint | Fault::PartitionAtPoint | Fault::PartitionAtCall
+        )
+    }
 
     /// The faults that can strike at `site`.
     pub fn for_site(site: &Site) -> &'static [Fault] {
@@ -181,6 +244,15 @@ impl fmt::Display for Fault {
             Fault::DropAtPoint => "the caller drops execute here",
             Fault::CrashAtPoint => "the process crashes here",
             Fault::StallAtPoint => "the work stalls here for two leases",
+            Fault::PauseAtPoint => "the whole process pauses here for two leases",
+            Fault::PartitionAtPoint => "from here the process is cut off for two leases",
+            Fault::PartitionAtCall => {
+                "from this call the process is cut off for two leases, never applies"
+            }
+            Fault::DuplicatedLate => "applies, and a copy applies again once the process ended",
+            Fault::DuplicatedAfterTakeover => {
+                "applies, and a copy applies again just after the key is granted to another"
+            }
         })
     }
 }
@@ -232,10 +304,25 @@ struct ProcessState {
     points: HashMap<String, u32>,
     crashed: bool,
     supervisor: Option<mpsc::UnboundedSender<KillRequest>>,
+    /// Paused until then: its store calls wait.
+    paused_until: Option<Instant>,
+    /// Cut off until then: its store calls fail.
+    partitioned_until: Option<Instant>,
 }
 
-type Apply<O> = Box<dyn FnOnce(Arc<dyn Store>) -> BoxFuture<Result<O, StoreError>> + Send>;
-type Observe<O> = Box<dyn FnOnce(&O) -> Vec<Event> + Send>;
+/// A copy of a store call, kept to land again later.
+pub(crate) struct Copy {
+    /// The process that sent the call.
+    pub(crate) from: Process,
+    /// Lands just after the key is next granted to another process (else once `from`'s
+    /// `execute` ended).
+    pub(crate) after_grant: bool,
+    land: Box<dyn FnOnce(Arc<World>) -> BoxFuture<()> + Send>,
+}
+
+/// A store call, made again for each copy of it that lands.
+type Apply<O> = Arc<dyn Fn(Arc<dyn Store>) -> BoxFuture<Result<O, StoreError>> + Send + Sync>;
+type Observe<O> = Arc<dyn Fn(&O) -> Vec<Event> + Send + Sync>;
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Everything one run shares: the store under test, the plan, the ledger, and each
@@ -247,13 +334,19 @@ pub(crate) struct World {
     pub(crate) timing: Timing,
     /// Tokio's time is paused (the store is on a virtual clock).
     pub(crate) paused: bool,
+    /// The run's clock: the store's (virtual), or this machine's beside a server.
+    clock: Arc<dyn Clock>,
     /// The retryable scenario's first run answered `Retryable` (shared by all processes,
     /// as a downstream system's state would be).
     pub(crate) retryable_returned: AtomicBool,
     /// The undo that answers `Retryable` once did so (shared, likewise).
     pub(crate) undo_retried: AtomicBool,
     processes: Mutex<HashMap<Process, ProcessState>>,
+    /// Copies of calls still to land.
+    copies: Mutex<Vec<Copy>>,
     over: watch::Sender<bool>,
+    /// When the racer retries, once a pause or a partition asked for it.
+    racer: watch::Sender<Option<Instant>>,
 }
 
 impl World {
@@ -262,8 +355,10 @@ impl World {
         plan: Vec<PlacedFault>,
         timing: Timing,
         paused: bool,
+        clock: Arc<dyn Clock>,
     ) -> Arc<Self> {
         Arc::new(Self {
+            clock,
             inner,
             plan,
             ledger: Ledger::default(),
@@ -272,8 +367,126 @@ impl World {
             retryable_returned: AtomicBool::new(false),
             undo_retried: AtomicBool::new(false),
             processes: Mutex::new(HashMap::new()),
+            copies: Mutex::new(Vec::new()),
             over: watch::Sender::new(false),
+            racer: watch::Sender::new(None),
         })
+    }
+
+    /// Now, on the run's clock: comparable with the leases the store grants.
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Cuts `process` off from now for [`Timing::stall`]: paused (its calls wait) or
+    /// partitioned (its calls fail), and asks for the racer to retry once the lease the
+    /// process holds has run out by the store's clock. Answers when the cut ends.
+    pub(crate) fn cut_off(&self, process: Process, fault: Fault) -> Instant {
+        let until = Instant::now() + self.timing.stall;
+        {
+            let mut processes = self.processes();
+            let state = processes.entry(process).or_default();
+            if fault == Fault::PauseAtPoint {
+                state.paused_until = Some(until);
+            } else {
+                state.partitioned_until = Some(until);
+            }
+        }
+        self.ledger.push(Event::CutOff {
+            process,
+            paused: fault == Fault::PauseAtPoint,
+        });
+        // A quarter lease after the lease the store last granted or renewed it ended: the
+        // store has let it go by then, unless a renewal still on its way lands.
+        let left =
+            held_until(&self.ledger.snapshot(), process).map_or(self.timing.lease, |until| {
+                Duration::from_millis(
+                    until
+                        .as_unix_millis()
+                        .saturating_sub(self.now().as_unix_millis()),
+                )
+            });
+        let at = Instant::now() + left + self.timing.lease / 4;
+        self.racer.send_if_modified(|racer| {
+            let first = racer.is_none();
+            if first {
+                *racer = Some(at);
+            }
+            first
+        });
+        until
+    }
+
+    /// Keeps a copy of a call to land later.
+    fn keep_copy<O: Send + 'static>(
+        &self,
+        from: Process,
+        after_grant: bool,
+        apply: Apply<O>,
+        observe: Observe<O>,
+    ) {
+        let land = Box::new(move |world: Arc<World>| -> BoxFuture<()> {
+            Box::pin(async move {
+                let result = off_the_clock(world.paused, apply(Arc::clone(&world.inner))).await;
+                if let Ok(outcome) = result {
+                    for event in observe(&outcome) {
+                        world.ledger.push(event);
+                    }
+                }
+            })
+        });
+        self.copies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Copy {
+                from,
+                after_grant,
+                land,
+            });
+    }
+
+    /// Lands, in the order they were sent, the copies `pick` chooses.
+    pub(crate) async fn land_copies(self: &Arc<Self>, pick: impl Fn(&Copy) -> bool) {
+        let picked: Vec<Copy> = {
+            let mut copies = self.copies.lock().unwrap_or_else(PoisonError::into_inner);
+            let (picked, kept) = copies.drain(..).partition(|copy| pick(copy));
+            *copies = kept;
+            picked
+        };
+        for copy in picked {
+            (copy.land)(Arc::clone(self)).await;
+        }
+    }
+
+    /// When the racer must retry: waits until a cut asks for it.
+    pub(crate) async fn racer_wanted(&self) -> Instant {
+        let mut racer = self.racer.subscribe();
+        loop {
+            if let Some(at) = *racer.borrow_and_update() {
+                return at;
+            }
+            if racer.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// True once a cut asked for the racer.
+    pub(crate) fn racer_asked(&self) -> bool {
+        self.racer.borrow().is_some()
+    }
+
+    /// Until when `process` is paused, or partitioned, now.
+    fn cut(&self, process: Process) -> (Option<Instant>, bool) {
+        let now = Instant::now();
+        let processes = self.processes();
+        let Some(state) = processes.get(&process) else {
+            return (None, false);
+        };
+        (
+            state.paused_until.filter(|until| *until > now),
+            state.partitioned_until.is_some_and(|until| until > now),
+        )
     }
 
     fn processes(&self) -> MutexGuard<'_, HashMap<Process, ProcessState>> {
@@ -396,8 +609,19 @@ impl World {
             }
             let result = off_the_clock(world.paused, apply(Arc::clone(&world.inner))).await;
             if let Ok(outcome) = &result {
-                for event in observe(outcome) {
+                let events = observe(outcome);
+                let granted = events.iter().find_map(|event| match event {
+                    Event::Claimed { process, .. } => Some(*process),
+                    _ => None,
+                });
+                for event in events {
                     world.ledger.push(event);
+                }
+                if let Some(owner) = granted {
+                    // Before the new owner hears of its grant: the copy meets its record.
+                    world
+                        .land_copies(|copy| copy.after_grant && copy.from != owner)
+                        .await;
                 }
             }
             result
@@ -433,12 +657,22 @@ impl ProcessStore {
             world.dead().await;
             return Err(injected(operation));
         }
+        let (paused, partitioned) = world.cut(process);
+        if let Some(until) = paused {
+            // A paused process sends nothing: the call leaves once it resumes (if its
+            // caller, whose timers ran on meanwhile, still waits for it).
+            tokio::time::sleep_until(until).await;
+        }
         world.ledger.push(Event::Call {
             process,
             operation,
             step,
             by_work,
         });
+        if partitioned {
+            // Unnumbered: no other fault can strike a call that never leaves.
+            return Err(injected(operation));
+        }
         let fault = world.next_call(process, operation);
         match fault {
             None | Some(Fault::DropAtPoint | Fault::CrashAtPoint | Fault::StallAtPoint) => {
@@ -479,6 +713,26 @@ impl ProcessStore {
                 world.dead().await;
                 Err(injected(operation))
             }
+            Some(fault @ (Fault::DuplicatedLate | Fault::DuplicatedAfterTakeover)) => {
+                // The work's own commit is its transaction, which no network replays; the
+                // driver's writes are what a copy can repeat.
+                if by_work {
+                    return world.apply(operation, None, apply, observe).await;
+                }
+                world.keep_copy(
+                    process,
+                    fault == Fault::DuplicatedAfterTakeover,
+                    Arc::clone(&apply),
+                    Arc::clone(&observe),
+                );
+                world.apply(operation, None, apply, observe).await
+            }
+            Some(
+                fault @ (Fault::PartitionAtCall | Fault::PauseAtPoint | Fault::PartitionAtPoint),
+            ) => {
+                world.cut_off(process, fault);
+                Err(injected(operation))
+            }
         }
     }
 
@@ -488,16 +742,21 @@ impl ProcessStore {
     pub(crate) async fn commit(&self, completion: &Completion) -> Result<WriteOutcome, StoreError> {
         let (lease, bytes) = (completion.lease().clone(), completion.bytes().to_vec());
         let process = self.process;
+        let world = Arc::clone(&self.world);
         self.call(
             Operation::Complete,
             None,
             true,
-            Box::new(move |store| Box::pin(async move { store.complete(&lease, &bytes).await })),
-            Box::new(move |outcome| match outcome {
+            Arc::new(move |store| {
+                let (lease, bytes) = (lease.clone(), bytes.clone());
+                Box::pin(async move { store.complete(&lease, &bytes).await })
+            }),
+            Arc::new(move |outcome| match outcome {
                 WriteOutcome::Applied => vec![
                     Event::Effect {
                         process,
                         effect: Effect::Work,
+                        at: world.now(),
                     },
                     Event::Finished { process },
                 ],
@@ -509,14 +768,14 @@ impl ProcessStore {
 }
 
 fn finished(process: Process) -> Observe<WriteOutcome> {
-    Box::new(move |outcome| match outcome {
+    Arc::new(move |outcome| match outcome {
         WriteOutcome::Applied => vec![Event::Finished { process }],
         WriteOutcome::Fenced => Vec::new(),
     })
 }
 
 fn nothing<O>() -> Observe<O> {
-    Box::new(|_| Vec::new())
+    Arc::new(|_| Vec::new())
 }
 
 #[async_trait]
@@ -528,12 +787,16 @@ impl Store for ProcessStore {
             Operation::Claim,
             None,
             false,
-            Box::new(move |store| Box::pin(async move { store.claim(&request).await })),
-            Box::new(move |outcome| match outcome {
-                ClaimOutcome::Claimed { lease, .. } => vec![Event::Claimed {
+            Arc::new(move |store| {
+                let request = request.clone();
+                Box::pin(async move { store.claim(&request).await })
+            }),
+            Arc::new(move |outcome| match outcome {
+                ClaimOutcome::Claimed { lease, resumed, .. } => vec![Event::Claimed {
                     process,
                     token: lease.token,
                     lease_until: lease.lease_until,
+                    resumed: *resumed,
                 }],
                 _ => Vec::new(),
             }),
@@ -547,7 +810,10 @@ impl Store for ProcessStore {
             Operation::Complete,
             None,
             false,
-            Box::new(move |store| Box::pin(async move { store.complete(&lease, &response).await })),
+            Arc::new(move |store| {
+                let (lease, response) = (lease.clone(), response.clone());
+                Box::pin(async move { store.complete(&lease, &response).await })
+            }),
             finished(self.process),
         )
         .await
@@ -559,7 +825,10 @@ impl Store for ProcessStore {
             Operation::Fail,
             None,
             false,
-            Box::new(move |store| Box::pin(async move { store.fail(&lease, &response).await })),
+            Arc::new(move |store| {
+                let (lease, response) = (lease.clone(), response.clone());
+                Box::pin(async move { store.fail(&lease, &response).await })
+            }),
             finished(self.process),
         )
         .await
@@ -572,8 +841,11 @@ impl Store for ProcessStore {
             Operation::Release,
             None,
             false,
-            Box::new(move |store| Box::pin(async move { store.release(&lease).await })),
-            Box::new(move |outcome| match outcome {
+            Arc::new(move |store| {
+                let lease = lease.clone();
+                Box::pin(async move { store.release(&lease).await })
+            }),
+            Arc::new(move |outcome| match outcome {
                 WriteOutcome::Applied => vec![Event::Released { process }],
                 WriteOutcome::Fenced => Vec::new(),
             }),
@@ -588,8 +860,11 @@ impl Store for ProcessStore {
             Operation::Renew,
             None,
             false,
-            Box::new(move |store| Box::pin(async move { store.renew(&lease, extend).await })),
-            Box::new(move |outcome| match outcome {
+            Arc::new(move |store| {
+                let lease = lease.clone();
+                Box::pin(async move { store.renew(&lease, extend).await })
+            }),
+            Arc::new(move |outcome| match outcome {
                 RenewOutcome::Renewed(lease) => vec![Event::Renewed {
                     process,
                     asked,
@@ -613,13 +888,14 @@ impl Store for ProcessStore {
             Operation::Checkpoint,
             Some(name.clone()),
             false,
-            Box::new(move |store| {
+            Arc::new(move |store| {
+                let (lease, step, value) = (lease.clone(), step.clone(), value.clone());
                 Box::pin(async move { store.checkpoint(&lease, &step, &value).await })
             }),
-            Box::new(move |outcome| match outcome {
+            Arc::new(move |outcome| match outcome {
                 WriteOutcome::Applied => vec![Event::Checkpointed {
                     process,
-                    step: name,
+                    step: name.clone(),
                 }],
                 WriteOutcome::Fenced => Vec::new(),
             }),
@@ -633,7 +909,10 @@ impl Store for ProcessStore {
             Operation::Get,
             None,
             false,
-            Box::new(move |store| Box::pin(async move { store.get(&key).await })),
+            Arc::new(move |store| {
+                let key = key.clone();
+                Box::pin(async move { store.get(&key).await })
+            }),
             nothing(),
         )
         .await

@@ -184,6 +184,8 @@ pub(crate) enum Event {
         process: Process,
         token: u64,
         lease_until: Timestamp,
+        /// What the store said: a takeover of an earlier owner's record.
+        resumed: bool,
     },
     /// The store renewed a lease.
     Renewed {
@@ -211,13 +213,40 @@ pub(crate) enum Event {
         process: Process,
         duration: Duration,
     },
-    /// An effect took place.
-    Effect { process: Process, effect: Effect },
+    /// An effect took place, at this time on the run's clock.
+    Effect {
+        process: Process,
+        effect: Effect,
+        at: Timestamp,
+    },
     /// A process's `execute` ended.
     Ended { process: Process, end: End },
+    /// A process was cut off: paused (its calls wait) or partitioned (its calls fail),
+    /// for [`Timing::stall`](super::Timing::stall) from here.
+    CutOff { process: Process, paused: bool },
     /// The compensation stored with a failure marker, read from the record at the end of
     /// the run (the marker's answer, an `idem_core::Error`, does not carry it).
     StoredCompensation(Compensation),
+}
+
+/// The end of `process`'s lease as the store last granted or renewed it within `events`.
+pub(crate) fn held_until(events: &[Event], process: Process) -> Option<Timestamp> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Claimed {
+                process: p,
+                lease_until,
+                ..
+            }
+            | Event::Renewed {
+                process: p,
+                lease_until,
+                ..
+            } if *p == process => Some(*lease_until),
+            _ => None,
+        })
+        .max()
 }
 
 /// The events of one run; closed once the run is over, so that anything a dead process

@@ -22,10 +22,26 @@
 //!
 //! Faults at a store call: an error before it applies, an answer lost after it applied, a
 //! hang past the store timeout (then it applies, or not), the caller dropping `execute`
-//! while the call is pending (before or after it applied), and a crash of the process
+//! while the call is pending (before or after it applied), a crash of the process
 //! (before or after it applied: every later call of that process never reaches the store,
 //! its futures are dropped, and a new process with the same settings retries once the
-//! lease has run out). At the work's await points: a drop, a crash, a stall of two leases.
+//! lease has run out), a partition of that process alone from this call on (its calls
+//! fail for two leases, its work goes on), and a copy of the call landing again later
+//! (once the process's `execute` ended, or just after the key is next granted to another
+//! process). At the work's await points: a drop, a crash, a stall of two leases (its
+//! heartbeats go on), a pause of the whole process for two leases (every call it starts
+//! meanwhile, its heartbeats' included, leaves only once it resumes), and a partition
+//! from that point on.
+//!
+//! After a pause or a partition, a [`Process::Racer`] retries beside the process that is
+//! still alive, once its lease has run out by the store's clock: the owner that comes
+//! back must start no new step, and its writes are fenced. With the waiting duplicate,
+//! three processes hold or want the key at once.
+//!
+//! Runs replay exactly on a virtual clock: each process's driver draws its backoff jitter
+//! from a seed of its own (`IdempotencyBuilder::jitter_seed`), so a violation's plan,
+//! printed with it, makes the same run again through [`Explorer::run_plan`]. On a
+//! server's clock the server's timing varies, and a plan replays its faults only.
 //!
 //! After each run the explorer retries (each retry a new process, bounded) until some
 //! caller gets a result, retries once more, and checks the run's ledger, kept outside the
@@ -34,11 +50,16 @@
 //! 1. A step's or the work's effect happens at most once, except where the contract says
 //!    at-least-once, and then the run is counted so ([`ScenarioReport::at_least_once`]),
 //!    never silently: the process that had the effect crashed, or its caller dropped
-//!    `execute` while the work still ran and before the step's checkpoint was sent, after
-//!    the effect and before its checkpoint (or result) was stored, and the store granted
-//!    the key to the next owner only once that lease was over. A lease that ran out while
-//!    its owner still ran excuses nothing: every scenario runs with heartbeats, which
-//!    renew it every third of a lease.
+//!    `execute` while the work still ran and before the step's checkpoint was sent, or it
+//!    paused after the effect, or it was partitioned from the store, after the effect and
+//!    before its checkpoint (or result) was stored, and the store granted the key to the
+//!    next owner only once that lease was over. Nothing is excused once the process went
+//!    past the step (the step returns only once its checkpoint is stored). A lease that
+//!    ran out while its owner still ran excuses nothing: every scenario runs with
+//!    heartbeats, which renew it every third of a lease. The work's own effect outside any
+//!    step, had by a process after a pause or a partition cost it its lease, is
+//!    at-least-once: no lease check guards code outside a step (DESIGN.md §2.5); a step
+//!    started after the lease was lost is never excused.
 //! 2. A drop of `execute` after the work returned, or after a step's checkpoint was sent,
 //!    never causes a re-run: the driver's writes survive the caller going away.
 //! 3. An undo runs at most once; one interrupted while running is not run again and is
@@ -52,8 +73,10 @@
 //!    record.
 //! 5. Every caller that got a result (Completed, Failed, Compensated, a stored failure
 //!    marker) got the same one, of the scenario's kind, and the retry after replays it.
-//! 6. `ctx.resumed()` is true exactly after a takeover; fencing tokens grow; every
-//!    renewal extends the lease; no answer is one a correct driver never gives; no
+//! 6. `ctx.resumed()` is true exactly when the store's grant said takeover; fencing
+//!    tokens grow; every renewal extends the lease; a late claim or renewal never holds a
+//!    released key for nobody; `LeaseLost` is never the answer of a caller whose own
+//!    result was stored; no answer is one a correct driver never gives; no
 //!    `execute` panics; every `execute` returns within [`execute_bound`] (measured on
 //!    Tokio's clock: virtual where time is paused). A hanging call outlasts the largest
 //!    bound of its scenario, so a call the driver does not bound always shows.

@@ -113,8 +113,19 @@ pub enum Broken {
         /// The later owner's.
         then: u64,
     },
-    /// The work's context said `resumed` wrongly: it must be true exactly after a
-    /// takeover (a token above 1).
+    /// The store granted or extended a lease for an `execute` that had released the key,
+    /// or took the key over for one that had already ended: a delayed or duplicated
+    /// claim or renewal holding the key for nobody, so every retry waits a lease.
+    LateGrant {
+        /// The process whose call landed late.
+        process: Process,
+        /// `"claim"` or `"renewal"`.
+        call: &'static str,
+        /// What it landed after.
+        after: &'static str,
+    },
+    /// The work's context said `resumed` wrongly: it must be true exactly when the store
+    /// granted its token as a takeover (`Claimed { resumed: true }`).
     Resumed {
         /// The process.
         process: Process,
@@ -171,6 +182,7 @@ impl Broken {
             Broken::NoResult { .. } => "no result",
             Broken::UnexpectedAnswer { .. } => "unexpected answer",
             Broken::TokenNotGreater { .. } => "token not greater",
+            Broken::LateGrant { .. } => "late grant",
             Broken::Resumed { .. } => "resumed wrong",
             Broken::TooSlow { .. } => "over the bound",
             Broken::DidNotReturn { .. } => "never returned",
@@ -237,6 +249,15 @@ impl fmt::Display for Broken {
                     "{process} got an answer no correct driver gives here: {answer}"
                 )
             }
+            Broken::LateGrant {
+                process,
+                call,
+                after,
+            } => write!(
+                f,
+                "a {call} of {process} landed after {after} and the store granted it: the key \
+                 is held for nobody"
+            ),
             Broken::TokenNotGreater {
                 first,
                 again,
@@ -252,7 +273,8 @@ impl fmt::Display for Broken {
                 resumed,
             } => write!(
                 f,
-                "{process} holds token {token} and ctx.resumed() is {resumed}: it must be {}",
+                "{process} holds token {token} and ctx.resumed() is {resumed}: the store's grant of \
+                 that token says {}",
                 !resumed
             ),
             Broken::TooSlow {

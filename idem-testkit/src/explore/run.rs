@@ -12,11 +12,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinError;
 use tokio::time::Instant;
 
-use super::Timing;
 use super::check::{self, Verdict};
 use super::faults::{Fault, FaultPoint, Kill, PlacedFault, Process, ProcessStore, World};
 use super::ledger::{Answer, End, Event};
 use super::scenarios::{Expect, Probe, Scenario};
+use super::{Timing, VirtualClock};
+use idem_core::{Clock, SystemClock};
 
 /// The most retries after the first callers, before a run counts as never finishing.
 pub(crate) const MAX_RETRIES: u32 = 12;
@@ -36,11 +37,18 @@ pub(crate) async fn run(
     plan: Vec<PlacedFault>,
     timing: Timing,
     key: Key,
-    paused: bool,
+    clock: Option<VirtualClock>,
 ) -> RunOutcome {
+    // The run's clock: the virtual one the store reads, or the system's for a server
+    // (whose clock runs on this machine too).
+    let paused = clock.is_some();
+    let clock: Arc<dyn Clock> = match clock {
+        Some(clock) => Arc::new(clock),
+        None => Arc::new(SystemClock),
+    };
     let hangs_late = plan.iter().any(|f| f.fault == Fault::HangThenApply);
     let timing = timing.striking(scenario, &plan);
-    let world = World::new(store, plan.clone(), timing, paused);
+    let world = World::new(store, plan.clone(), timing, paused, clock);
     let caller = Caller {
         world: Arc::clone(&world),
         scenario,
@@ -56,9 +64,25 @@ pub(crate) async fn run(
             caller.execute(Process::Duplicate).await
         })
     });
+    // The client that retries beside a process cut off (paused, partitioned) while that
+    // process still lives: it waits for a cut to ask for it.
+    let racer = {
+        let (caller, world) = (caller.clone(), Arc::clone(&world));
+        tokio::spawn(async move {
+            let at = world.racer_wanted().await;
+            tokio::time::sleep_until(at).await;
+            caller.execute(Process::Racer).await
+        })
+    };
     let _ = first.await;
     if let Some(duplicate) = duplicate {
         let _ = duplicate.await;
+    }
+    let mut racer = Some(racer);
+    if world.racer_asked()
+        && let Some(racer) = racer.take()
+    {
+        let _ = racer.await;
     }
     let mut retries = 0;
     while world.ledger.first_result().is_none() && retries < MAX_RETRIES {
@@ -76,6 +100,17 @@ pub(crate) async fn run(
             tokio::time::sleep(after + Duration::from_millis(5)).await;
         }
     }
+    // A cut in a retry asks for the racer too: it runs beside that retry.
+    if let Some(racer) = racer {
+        if world.racer_asked() {
+            let _ = racer.await;
+        } else {
+            racer.abort();
+        }
+    }
+    // Copies that found no moment of their own (no later grant, a write still running when
+    // its process ended) land now: the network delivers them late, not never.
+    world.land_copies(|_| true).await;
     if world.ledger.first_result().is_some() {
         if hangs_late {
             // Let a hung write land before the check, as it would in time.
@@ -170,6 +205,10 @@ impl Caller {
                 end: end.clone(),
             });
         }
+        // The copies of its calls the network delivers late land now.
+        world
+            .land_copies(|copy| !copy.after_grant && copy.from == process)
+            .await;
         end
     }
 
@@ -380,6 +419,9 @@ fn error_answer(err: Error) -> Answer {
         Error::LeaseLost => ("lease lost", true, None),
         Error::Store(_) => ("store", true, None),
         Error::CompensationPending { .. } => ("compensation pending", true, None),
+        Error::Interrupted(interrupted) if interrupted.kind() == InterruptedKind::LeaseLost => {
+            ("interrupted: lease lost", true, None)
+        }
         Error::Interrupted(interrupted) => (
             "interrupted",
             matches!(

@@ -50,8 +50,8 @@ pub enum Scenario {
     Encrypted,
     /// [`Scenario::SagaFailsAfterSteps`] encrypted.
     EncryptedSaga,
-    /// A step, then the first run fails retryably (the lease is released); the retry
-    /// finishes.
+    /// A step, then the first run works half a lease (a heartbeat renews) and fails
+    /// retryably (the lease is released); the retry finishes.
     RetryableThenDone,
     /// As [`Scenario::SagaFailsAfterSteps`], but the undo of `debit` has its effect, then
     /// answers `WorkError::Unknown`: it is reported interrupted, never run again, and the
@@ -291,7 +291,7 @@ impl Scenario {
     fn max_work(&self, timing: &Timing) -> Duration {
         match self {
             Scenario::LongWork => timing.lease * 7 / 8 * 4,
-            Scenario::WaitDuplicate => timing.lease / 2,
+            Scenario::WaitDuplicate | Scenario::RetryableThenDone => timing.lease / 2,
             Scenario::PrepareCompletion => timing.lease / 2 + timing.store_timeout,
             _ => Duration::ZERO,
         }
@@ -349,7 +349,11 @@ impl Scenario {
         timing: &Timing,
         store: ProcessStore,
     ) -> Result<Idempotency<ProcessStore>, ConfigError> {
+        // Each process draws its backoff jitter from a sequence of its own, the same in
+        // every run: a plan replays exactly, and processes do not back off in step.
+        let seed = store.process.seed();
         let mut builder = Idempotency::builder(store)
+            .jitter_seed(seed)
             .lease(timing.lease)
             .retention(Duration::from_secs(3600).max(timing.lease))
             .store_timeout(timing.store_timeout)
@@ -438,6 +442,9 @@ impl Scenario {
             Scenario::RetryableThenDone => {
                 let reserved = effect_step(ctx, probe, "reserve").await?;
                 if !probe.retryable_already_returned() {
+                    // Long enough for a heartbeat to renew before the release: a late copy
+                    // of that renewal must not hold the released key again.
+                    probe.work_for(probe.world.timing.lease / 2).await;
                     probe.point("before-retryable").await;
                     probe.mark_retryable_returned();
                     return Err(WorkError::Retryable("the provider is busy".into()));
@@ -634,6 +641,17 @@ impl Probe {
                 self.world.dead().await;
             }
             Some(Fault::StallAtPoint) => self.work_for(self.world.timing.stall).await,
+            Some(Fault::PauseAtPoint) => {
+                let until = self.world.cut_off(self.process, Fault::PauseAtPoint);
+                self.world.ledger.push(Event::WorkTime {
+                    process: self.process,
+                    duration: self.world.timing.stall,
+                });
+                tokio::time::sleep_until(until).await;
+            }
+            Some(Fault::PartitionAtPoint) => {
+                self.world.cut_off(self.process, Fault::PartitionAtPoint);
+            }
             _ => {}
         }
     }
@@ -646,6 +664,7 @@ impl Probe {
         self.world.ledger.push(Event::Effect {
             process: self.process,
             effect,
+            at: self.world.now(),
         });
     }
 

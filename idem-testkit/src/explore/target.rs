@@ -128,10 +128,11 @@ impl Runner for VirtualRunner {
         let (factory, timing) = (Arc::clone(&self.factory), self.timing);
         let target = self.target.clone();
         runtime.block_on(async move {
-            let store = factory(VirtualClock::new())
+            let clock = VirtualClock::new();
+            let store = factory(clock.clone())
                 .await
                 .map_err(|source| ExploreError::Store { target, source })?;
-            Ok(run::run(store, scenario, plan, timing, key, true).await)
+            Ok(run::run(store, scenario, plan, timing, key, Some(clock)).await)
         })
     }
 }
@@ -154,7 +155,7 @@ impl Runner for RealRunner {
         let store = Arc::clone(&self.store);
         Ok(self
             .runtime
-            .block_on(run::run(store, scenario, plan, self.timing, key, false)))
+            .block_on(run::run(store, scenario, plan, self.timing, key, None)))
     }
 }
 

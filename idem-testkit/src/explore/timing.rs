@@ -43,7 +43,8 @@ pub struct Timing {
     /// plan), so that a call the driver does not bound always shows as an `execute` over
     /// its bound, whatever the scenario's writes.
     pub hang: Duration,
-    /// How long the work stalls at an await point ([`Fault::StallAtPoint`](super::Fault::StallAtPoint)).
+    /// How long the work stalls at an await point ([`Fault::StallAtPoint`](super::Fault::StallAtPoint)),
+    /// and how long a pause or a partition cuts a process off.
     pub stall: Duration,
     /// Added to every bound before it counts as exceeded: zero under paused time, where
     /// durations are exact; some room on a real clock, where the machine's load adds
@@ -90,7 +91,7 @@ impl Timing {
     pub(crate) fn striking(mut self, scenario: Scenario, plan: &[PlacedFault]) -> Self {
         let stalls = plan
             .iter()
-            .filter(|placed| placed.fault == Fault::StallAtPoint)
+            .filter(|placed| matches!(placed.fault, Fault::StallAtPoint | Fault::PauseAtPoint))
             .count();
         let stalls = u32::try_from(stalls).unwrap_or(u32::MAX);
         let past = scenario.max_bound(&self, stalls) + self.slack + self.store_timeout;

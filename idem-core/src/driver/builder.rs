@@ -4,12 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::policy::Jitter;
 use super::{
     ConfigError, DEFAULT_LEASE, DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_RETENTION,
     DEFAULT_STORE_TIMEOUT, Heartbeat, Idempotency, InFlightPolicy, KeyBudget, KeyPolicy, Provider,
     SettingsWarning, policy, provider,
 };
-use super::policy::Jitter;
 #[allow(unused_imports)]
 use super::{Context, Error, TokenBucket, observe};
 use crate::codec::PlainCodec;

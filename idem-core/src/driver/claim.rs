@@ -34,10 +34,16 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             let timeout = self.settings.store_timeout;
             let sent = Instant::now();
             let mut tries = 0u32;
-            let outcome = retry_store(Operation::Claim, timeout, None, &self.settings.jitter, || {
-                tries += 1;
-                self.store.claim(&request)
-            })
+            let outcome = retry_store(
+                Operation::Claim,
+                timeout,
+                None,
+                &self.settings.jitter,
+                || {
+                    tries += 1;
+                    self.store.claim(&request)
+                },
+            )
             .await?;
             return Ok(match outcome {
                 ClaimOutcome::Claimed {

@@ -15,8 +15,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::error::Error;
-use super::wire::Marker;
 use super::policy::Jitter;
+use super::wire::Marker;
 use super::{Context, interruption_error, retry_store};
 use crate::record::ValuePart;
 use crate::{

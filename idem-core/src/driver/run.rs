@@ -182,7 +182,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             Err(retry_after) => {
                 let timeout = self.settings.store_timeout;
                 let jitter = &self.settings.jitter;
-                let get = retry_store(Operation::Get, timeout, None, jitter, || self.store.get(key));
+                let get = retry_store(Operation::Get, timeout, None, jitter, || {
+                    self.store.get(key)
+                });
                 if Box::pin(get).await?.is_some() {
                     return Ok(None);
                 }

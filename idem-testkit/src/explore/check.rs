@@ -346,10 +346,15 @@ fn excuse(
     (first_at, first): (usize, Process),
     (again_at, again): (usize, Process),
 ) -> Result<Excuse, String> {
-    if *effect == Effect::Work
-        && cut_then_granted(timing, events, (again_at, again), first_at, first)
-    {
-        return Ok(Excuse::CutOutsideStep(again));
+    // The work's own effect outside any step, by a process that lost its lease to a cut
+    // and went on, and by the owner granted the key after that cut, in either order.
+    if *effect == Effect::Work {
+        if cut_then_granted(timing, events, (again_at, again), first_at, first) {
+            return Ok(Excuse::CutOutsideStep(again));
+        }
+        if cut_then_granted(timing, events, (first_at, first), again_at, again) {
+            return Ok(Excuse::CutOutsideStep(first));
+        }
     }
     let stored = events[first_at + 1..again_at]
         .iter()
@@ -929,6 +934,27 @@ mod tests {
         let mut verdict = Verdict::default();
         effects(&Timing::virtual_time(), &events, &mut verdict);
         verdict
+    }
+
+    /// Found by the long run: p1, cut off, has the work's effect after its lease ended and
+    /// before the racer (which took over after the cut) has it: the same excuse.
+    #[test]
+    fn the_cut_owner_first_and_the_new_owner_after_is_at_least_once() {
+        let events = vec![
+            claimed(Process::First, 1, 2_000),
+            cut(Process::First),
+            claimed(Process::Racer, 2, 4_500),
+            effect(Process::First, Effect::Work, 4_000),
+            effect(Process::Racer, Effect::Work, 6_000),
+        ];
+        let mut verdict = Verdict::default();
+        effects(&Timing::virtual_time(), &events, &mut verdict);
+        assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
+        assert!(
+            matches!(&verdict.at_least_once[..], [why] if why.contains("p1 had been cut off")),
+            "{:?}",
+            verdict.at_least_once
+        );
     }
 
     #[test]

@@ -69,6 +69,30 @@ impl MemoryStore {
         }
     }
 
+    /// A handle on the same records that reads `clock`: what another process, whose clock
+    /// differs, sees of one shared store whose rules run on the caller's clock (as
+    /// SQLite's do across processes). idem-testkit's explorer gives each simulated process
+    /// one, its clock skewed; [`MemoryStore::clone`] is a handle on the same clock.
+    ///
+    /// ```
+    /// use idem_core::{ManualClock, MemoryStore};
+    /// use std::time::Duration;
+    ///
+    /// let clock = ManualClock::new();
+    /// let store = MemoryStore::with_clock(clock.clone());
+    /// let ahead = ManualClock::new();
+    /// ahead.advance(Duration::from_secs(2));
+    /// let other = store.sharing_with_clock(ahead);
+    /// assert_eq!(store.len(), other.len());
+    /// ```
+    pub fn sharing_with_clock(&self, clock: impl Clock + 'static) -> Self {
+        Self {
+            shards: Arc::clone(&self.shards),
+            hasher: self.hasher.clone(),
+            clock: Arc::new(clock),
+        }
+    }
+
     /// The number of records held, expired ones included.
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| lock(shard).len()).sum()

@@ -14,8 +14,8 @@ use idem_core::{
     store::WriteOutcome,
 };
 use idem_testkit::explore::{
-    Broken, DEFAULT_SEED, Explorer, Fault, FaultPoint, Mode, PlacedFault, Process, Report,
-    Scenario, Site, Target,
+    Broken, DEFAULT_SEED, ExploreError, Explorer, Fault, FaultPoint, Mode, PlacedFault, Process,
+    Report, Scenario, Site, Target, Timing,
 };
 
 fn memory() -> Target {
@@ -569,4 +569,68 @@ fn an_owner_cut_off_mid_work_stops_by_its_own_clock() {
     assert!(run.at_least_once.is_empty(), "{run}");
     assert!(run.story.contains("racer: completed"), "{run}");
     assert!(run.story.contains("p1: error"), "{run}");
+}
+
+/// The memory store shared by processes whose clocks differ: a handle per process.
+fn memory_per_process() -> Target {
+    Target::per_process_clocks(
+        "memory, a clock per process",
+        |clock| async move { Ok::<_, Infallible>(MemoryStore::with_clock(clock)) },
+        |store: MemoryStore, clock| async move { Ok::<_, Infallible>(store.sharing_with_clock(clock)) },
+    )
+}
+
+#[test]
+fn clocks_apart_within_the_margin_break_nothing() {
+    // The first caller's clock 10 ms behind, every other process's 10 ms ahead: 20 ms
+    // apart, half the driver's margin (a fiftieth of the 2 s lease).
+    let mut timing = Timing::virtual_time();
+    timing.skew = timing.lease / 200;
+    let report = Explorer::new(memory_per_process())
+        .timing(timing)
+        .mode(Mode::exhaustive_with_pairs(DEFAULT_SEED, 50))
+        .run()
+        .expect("the exploration runs");
+    println!("{report}");
+    assert!(report.passed(), "{report}");
+}
+
+#[test]
+fn clocks_apart_past_the_margin_are_reported() {
+    // Two leases apart: the waiting duplicate, whose clock is ahead, sees the first
+    // caller's live lease as over and takes the key while the first still works. The
+    // explorer must see it (that the clocks reach the store at all).
+    let mut timing = Timing::virtual_time();
+    timing.skew = timing.lease;
+    let report = Explorer::new(memory_per_process())
+        .timing(timing)
+        .scenarios([Scenario::WaitDuplicate])
+        .run()
+        .expect("the exploration runs");
+    assert_found(&report, "effect repeated");
+    assert!(
+        report.violations().any(|v| matches!(
+            &v.broken,
+            Broken::Repeated { why, .. } if why.contains("clocks are 4000 ms apart")
+        )),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_skew_the_target_cannot_apply_is_refused() {
+    let mut timing = Timing::virtual_time();
+    timing.skew = timing.lease / 200;
+    // One store on one clock for every process: the skew would change nothing.
+    let refused = Explorer::new(memory()).timing(timing).run();
+    assert!(
+        matches!(refused, Err(ExploreError::Skew { .. })),
+        "{refused:?}"
+    );
+    timing.skew = timing.lease * 10;
+    let refused = Explorer::new(memory_per_process()).timing(timing).run();
+    assert!(
+        matches!(refused, Err(ExploreError::Skew { .. })),
+        "{refused:?}"
+    );
 }

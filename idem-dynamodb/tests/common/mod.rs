@@ -35,6 +35,12 @@ pub(crate) fn unique_prefix() -> String {
 /// A store under `prefix` in this process's table, with no skew margin so lease expiry is
 /// exact.
 pub(crate) async fn store_in(endpoint: &str, prefix: &str) -> DynamoDbStore {
+    store_with(endpoint, prefix, Duration::ZERO).await
+}
+
+/// A store under `prefix` in this process's table, whose takeovers wait `margin` past a
+/// lease's end.
+async fn store_with(endpoint: &str, prefix: &str, margin: Duration) -> DynamoDbStore {
     let client = client(endpoint);
     idem_dynamodb::create_table(&client, &table())
         .await
@@ -43,11 +49,17 @@ pub(crate) async fn store_in(endpoint: &str, prefix: &str) -> DynamoDbStore {
         .expect("a valid table name")
         .prefix(prefix)
         .expect("a valid prefix")
-        .skew_margin(Duration::ZERO)
+        .skew_margin(margin)
         .build()
 }
 
 /// A store under a prefix no other test uses.
 pub(crate) async fn store(endpoint: &str) -> DynamoDbStore {
     store_in(endpoint, &unique_prefix()).await
+}
+
+/// A store under a prefix no other test uses, whose takeovers wait `margin` past a
+/// lease's end (the skew margin production runs with, scaled to the test's leases).
+pub(crate) async fn store_with_margin(endpoint: &str, margin: Duration) -> DynamoDbStore {
+    store_with(endpoint, &unique_prefix(), margin).await
 }

@@ -572,8 +572,46 @@ fn granted_while_live(
     let released = events[..claim_at]
         .iter()
         .any(|event| matches!(event, Event::Released { process } if *process == holder));
-    (!released && held_until.is_some_and(|until| until > granted))
-        .then(|| format!("the store granted {owner} the key while {holder}'s lease was live"))
+    if released {
+        return None;
+    }
+    let until = held_until?;
+    if until > granted {
+        return Some(format!(
+            "the store granted {owner} the key while {holder}'s lease was live"
+        ));
+    }
+    // Each time is on its process's clock, as the store saw it. On the run's clock, a grant
+    // earlier than the holder's end by more than the driver's margin is one the clocks'
+    // skew made: the holder still counted its lease live.
+    let margin = timing.lease / 50;
+    let (until, granted) = (
+        on_run_clock(timing, holder, until),
+        on_run_clock(timing, owner, granted),
+    );
+    (until.as_unix_millis() > granted.as_unix_millis() + millis(margin)).then(|| {
+        format!(
+            "the store granted {owner} the key {} ms before {holder}'s lease ended on the \
+             run's clock: their clocks are {} ms apart, past the driver's margin of {} ms",
+            until.as_unix_millis() - granted.as_unix_millis(),
+            millis(timing.skew) * 2,
+            millis(margin)
+        )
+    })
+}
+
+fn millis(duration: std::time::Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `at`, read on `process`'s clock, on the run's clock: undoes [`Timing::skew`] (the
+/// first caller's clock runs behind, every other process's ahead, the check's exact).
+fn on_run_clock(timing: &Timing, process: Process, at: Timestamp) -> Timestamp {
+    match process {
+        Process::First => at.saturating_add(timing.skew),
+        Process::Check => at,
+        _ => Timestamp::from_unix_millis(at.as_unix_millis().saturating_sub(millis(timing.skew))),
+    }
 }
 
 /// Why `again`, holding a lease granted (at `claim_at`) before `first` had the effect,

@@ -46,6 +46,38 @@ impl Clock for VirtualClock {
     }
 }
 
+/// The clock of one simulated process: the run's [`VirtualClock`], ahead or behind by the
+/// run's skew ([`Timing::skew`](super::Timing::skew)). A
+/// [`Target::per_process_clocks`](super::Target::per_process_clocks) factory gives each
+/// process's store handle one: the first caller's runs behind, every other process's
+/// ahead (so a retry sees the first caller's lease end early), the final check's exact.
+#[derive(Clone, Debug)]
+pub struct ProcessClock {
+    base: VirtualClock,
+    ahead: bool,
+    by: std::time::Duration,
+}
+
+impl ProcessClock {
+    pub(crate) fn new(base: VirtualClock, ahead: bool, by: std::time::Duration) -> Self {
+        Self { base, ahead, by }
+    }
+}
+
+impl Clock for ProcessClock {
+    fn now(&self) -> Timestamp {
+        let now = self.base.now();
+        if self.ahead {
+            now.saturating_add(self.by)
+        } else {
+            Timestamp::from_unix_millis(
+                now.as_unix_millis()
+                    .saturating_sub(u64::try_from(self.by.as_millis()).unwrap_or(u64::MAX)),
+            )
+        }
+    }
+}
+
 /// Runs one store call so that paused time cannot jump while the call waits on another
 /// thread (SQLite's connection thread answers through a channel the runtime cannot see):
 /// a blocking task held open for the call's length keeps Tokio from auto-advancing. A call

@@ -20,8 +20,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::Timing;
-use super::clock::off_the_clock;
+use super::clock::{ProcessClock, VirtualClock, off_the_clock};
 use super::ledger::{Effect, Event, Ledger, held_until};
+use super::target::ProcessFactory;
 
 /// One simulated process of a run: each has its own store handle and its own
 /// `Idempotency` (same settings), over the one store under test.
@@ -169,7 +170,7 @@ pub enum Fault {
     /// From this point of the work on, for [`Timing::stall`], every store call of the
     /// process fails before it reaches the store (a network partition of that process
     /// alone), while its work goes on; a [`Process::Racer`] retries once the lease has run
-    /// out by the store's clock. The owner must stop by its own clock.
+    /// out (as the store last granted or renewed it). The owner must stop by its own clock.
     PartitionAtPoint,
     /// This call and every store call of the process for [`Timing::stall`] fail before
     /// they reach the store; a [`Process::Racer`] retries as for
@@ -336,6 +337,11 @@ pub(crate) struct World {
     pub(crate) paused: bool,
     /// The run's clock: the store's (virtual), or this machine's beside a server.
     clock: Arc<dyn Clock>,
+    /// For a target with a clock per process: what makes each process's store handle,
+    /// and the run's clock its clock is skewed from.
+    per_process: Option<(ProcessFactory, VirtualClock)>,
+    /// Each process's store handle, made at its first call.
+    handles: tokio::sync::Mutex<HashMap<Process, Arc<dyn Store>>>,
     /// The retryable scenario's first run answered `Retryable` (shared by all processes,
     /// as a downstream system's state would be).
     pub(crate) retryable_returned: AtomicBool,
@@ -352,6 +358,7 @@ pub(crate) struct World {
 impl World {
     pub(crate) fn new(
         inner: Arc<dyn Store>,
+        per_process: Option<(ProcessFactory, VirtualClock)>,
         plan: Vec<PlacedFault>,
         timing: Timing,
         paused: bool,
@@ -359,6 +366,8 @@ impl World {
     ) -> Arc<Self> {
         Arc::new(Self {
             clock,
+            per_process,
+            handles: tokio::sync::Mutex::new(HashMap::new()),
             inner,
             plan,
             ledger: Ledger::default(),
@@ -373,14 +382,53 @@ impl World {
         })
     }
 
-    /// Now, on the run's clock: comparable with the leases the store grants.
+    /// Now, on the run's clock.
     pub(crate) fn now(&self) -> Timestamp {
         self.clock.now()
     }
 
+    /// `process`'s clock, when processes have clocks of their own.
+    fn clock_of(&self, process: Process) -> Option<ProcessClock> {
+        let (_, base) = self.per_process.as_ref()?;
+        let (ahead, by) = match process {
+            Process::First => (false, self.timing.skew),
+            // The final check reads the run's own store, on the exact clock.
+            Process::Check => return None,
+            _ => (true, self.timing.skew),
+        };
+        Some(ProcessClock::new(base.clone(), ahead, by))
+    }
+
+    /// Now, on `process`'s clock: comparable with the leases the store grants it.
+    pub(crate) fn now_of(&self, process: Process) -> Timestamp {
+        self.clock_of(process)
+            .map_or_else(|| self.now(), |clock| clock.now())
+    }
+
+    /// The store as `process` reaches it: its own handle (made at its first call) where
+    /// processes have clocks of their own, else the one store.
+    async fn store_of(
+        &self,
+        process: Process,
+        operation: Operation,
+    ) -> Result<Arc<dyn Store>, StoreError> {
+        let (Some((make, _)), Some(clock)) = (&self.per_process, self.clock_of(process)) else {
+            return Ok(Arc::clone(&self.inner));
+        };
+        let mut handles = self.handles.lock().await;
+        if let Some(store) = handles.get(&process) {
+            return Ok(Arc::clone(store));
+        }
+        let store = make(clock)
+            .await
+            .map_err(|source| StoreError::Unavailable { operation, source })?;
+        handles.insert(process, Arc::clone(&store));
+        Ok(store)
+    }
+
     /// Cuts `process` off from now for [`Timing::stall`]: paused (its calls wait) or
     /// partitioned (its calls fail), and asks for the racer to retry once the lease the
-    /// process holds has run out by the store's clock. Answers when the cut ends.
+    /// process holds has run out (as the store last granted or renewed it). Answers when the cut ends.
     pub(crate) fn cut_off(&self, process: Process, fault: Fault) -> Instant {
         let until = Instant::now() + self.timing.stall;
         {
@@ -403,7 +451,7 @@ impl World {
                 Duration::from_millis(
                     until
                         .as_unix_millis()
-                        .saturating_sub(self.now().as_unix_millis()),
+                        .saturating_sub(self.now_of(process).as_unix_millis()),
                 )
             });
         let at = Instant::now() + left + self.timing.lease / 4;
@@ -421,13 +469,17 @@ impl World {
     fn keep_copy<O: Send + 'static>(
         &self,
         from: Process,
+        operation: Operation,
         after_grant: bool,
         apply: Apply<O>,
         observe: Observe<O>,
     ) {
         let land = Box::new(move |world: Arc<World>| -> BoxFuture<()> {
             Box::pin(async move {
-                let result = off_the_clock(world.paused, apply(Arc::clone(&world.inner))).await;
+                let result = match world.store_of(from, operation).await {
+                    Ok(store) => off_the_clock(world.paused, apply(store)).await,
+                    Err(err) => Err(err),
+                };
                 if let Ok(outcome) = result {
                     for event in observe(&outcome) {
                         world.ledger.push(event);
@@ -597,6 +649,7 @@ impl World {
     /// is recorded even when the caller stops waiting (a request once sent lands).
     async fn apply<O: Send + 'static>(
         self: &Arc<Self>,
+        process: Process,
         operation: Operation,
         delay: Option<Duration>,
         apply: Apply<O>,
@@ -607,7 +660,10 @@ impl World {
             if let Some(delay) = delay {
                 tokio::time::sleep(delay).await;
             }
-            let result = off_the_clock(world.paused, apply(Arc::clone(&world.inner))).await;
+            let result = match world.store_of(process, operation).await {
+                Ok(store) => off_the_clock(world.paused, apply(store)).await,
+                Err(err) => Err(err),
+            };
             if let Ok(outcome) = &result {
                 let events = observe(outcome);
                 let granted = events.iter().find_map(|event| match event {
@@ -676,16 +732,16 @@ impl ProcessStore {
         let fault = world.next_call(process, operation);
         match fault {
             None | Some(Fault::DropAtPoint | Fault::CrashAtPoint | Fault::StallAtPoint) => {
-                world.apply(operation, None, apply, observe).await
+                world.apply(process, operation, None, apply, observe).await
             }
             Some(Fault::ErrorBefore) => Err(injected(operation)),
             Some(Fault::LostAnswer) => {
-                let _ = world.apply(operation, None, apply, observe).await;
+                let _ = world.apply(process, operation, None, apply, observe).await;
                 Err(injected(operation))
             }
             Some(Fault::HangThenApply) => {
                 world
-                    .apply(operation, Some(world.timing.hang), apply, observe)
+                    .apply(process, operation, Some(world.timing.hang), apply, observe)
                     .await
             }
             Some(Fault::HangNoApply) => {
@@ -695,10 +751,10 @@ impl ProcessStore {
             Some(Fault::DropBefore) => {
                 world.kill(process, Kill::Drop).await;
                 // Only a task that outlived the caller gets here: its call goes on.
-                world.apply(operation, None, apply, observe).await
+                world.apply(process, operation, None, apply, observe).await
             }
             Some(Fault::DropAfter) => {
-                let result = world.apply(operation, None, apply, observe).await;
+                let result = world.apply(process, operation, None, apply, observe).await;
                 world.kill(process, Kill::Drop).await;
                 result
             }
@@ -708,7 +764,7 @@ impl ProcessStore {
                 Err(injected(operation))
             }
             Some(Fault::CrashAfter) => {
-                let _ = world.apply(operation, None, apply, observe).await;
+                let _ = world.apply(process, operation, None, apply, observe).await;
                 world.kill(process, Kill::Crash).await;
                 world.dead().await;
                 Err(injected(operation))
@@ -717,15 +773,16 @@ impl ProcessStore {
                 // The work's own commit is its transaction, which no network replays; the
                 // driver's writes are what a copy can repeat.
                 if by_work {
-                    return world.apply(operation, None, apply, observe).await;
+                    return world.apply(process, operation, None, apply, observe).await;
                 }
                 world.keep_copy(
                     process,
+                    operation,
                     fault == Fault::DuplicatedAfterTakeover,
                     Arc::clone(&apply),
                     Arc::clone(&observe),
                 );
-                world.apply(operation, None, apply, observe).await
+                world.apply(process, operation, None, apply, observe).await
             }
             Some(
                 fault @ (Fault::PartitionAtCall | Fault::PauseAtPoint | Fault::PartitionAtPoint),
@@ -756,7 +813,7 @@ impl ProcessStore {
                     Event::Effect {
                         process,
                         effect: Effect::Work,
-                        at: world.now(),
+                        at: world.now_of(process),
                     },
                     Event::Finished { process },
                 ],

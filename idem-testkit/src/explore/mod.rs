@@ -34,14 +34,19 @@
 //! from that point on.
 //!
 //! After a pause or a partition, a [`Process::Racer`] retries beside the process that is
-//! still alive, once its lease has run out by the store's clock: the owner that comes
-//! back must start no new step, and its writes are fenced. With the waiting duplicate,
-//! three processes hold or want the key at once.
+//! still alive, a quarter lease after its lease (as the store last granted or renewed it)
+//! ran out: the owner that comes back must start no new step, and its writes are fenced.
+//! With the waiting duplicate, three processes hold or want the key at once.
 //!
-//! Runs replay exactly on a virtual clock: each process's driver draws its backoff jitter
-//! from a seed of its own (`IdempotencyBuilder::jitter_seed`), so a violation's plan,
-//! printed with it, makes the same run again through [`Explorer::run_plan`]. On a
-//! server's clock the server's timing varies, and a plan replays its faults only.
+//! Runs replay exactly on the memory store: each process's driver draws its backoff
+//! jitter from a seed of its own (`IdempotencyBuilder::jitter_seed`), so a violation's
+//! plan, printed with it, makes the same run again through [`Explorer::run_plan`]. A store
+//! that answers from a thread of its own (SQLite), or a server, varies its timing between
+//! runs: there a plan replays its faults, not every interleaving.
+//!
+//! Processes may have clocks of their own ([`Target::per_process_clocks`],
+//! [`Timing::skew`]): each gets its own handle on the run's store, reading its clock, as
+//! processes on machines whose clocks differ would.
 //!
 //! After each run the explorer retries (each retry a new process, bounded) until some
 //! caller gets a result, retries once more, and checks the run's ledger, kept outside the
@@ -119,7 +124,7 @@ use std::sync::Arc;
 
 use idem_core::{BoxError, key::KeyError};
 
-pub use clock::VirtualClock;
+pub use clock::{ProcessClock, VirtualClock};
 pub use faults::{Fault, FaultPoint, PlacedFault, Process, Site};
 pub use report::{Broken, Report, ScenarioReport, Violation};
 pub use scenarios::Scenario;
@@ -128,7 +133,7 @@ pub use timing::{Timing, execute_bound};
 
 use rng::Rng;
 use run::RunOutcome;
-use target::{Keys, RealRunner, Runner, Time, VirtualRunner};
+use target::{Keys, RealRunner, Runner, Time, VirtualRunner, VirtualStores};
 
 /// The seed sampled modes use when none is given.
 pub const DEFAULT_SEED: u64 = 0x1DE5_EED5;
@@ -159,6 +164,16 @@ pub enum ExploreError {
         variable: &'static str,
         /// Its value.
         value: String,
+    },
+    /// [`Timing::skew`] cannot apply: the target gives every process the same store (use
+    /// [`Target::per_process_clocks`]), or the skew is ten leases or more (records would
+    /// look expired to one process and live to another for reasons no fault explains).
+    #[error("a skew of {skew:?} cannot apply: {why}")]
+    Skew {
+        /// The skew asked for.
+        skew: std::time::Duration,
+        /// Why it cannot apply.
+        why: &'static str,
     },
     /// The exploration's own thread panicked (a bug of the explorer, or a panicking
     /// store factory).
@@ -413,10 +428,30 @@ impl Explorer {
         &self,
         go: impl FnOnce(&mut dyn Runner) -> Result<T, ExploreError>,
     ) -> Result<T, ExploreError> {
+        let skew = self.timing.skew;
+        if !skew.is_zero() && !matches!(self.target.time, Time::PerProcess(_)) {
+            return Err(ExploreError::Skew {
+                skew,
+                why: "the target's processes share one store on one clock; use \
+                      Target::per_process_clocks",
+            });
+        }
+        if skew >= self.timing.lease * 10 {
+            return Err(ExploreError::Skew {
+                skew,
+                why: "it is ten leases or more",
+            });
+        }
         let keys = Keys::new();
         match &self.target.time {
             Time::Virtual(factory) => go(&mut VirtualRunner {
-                factory: Arc::clone(factory),
+                factory: VirtualStores::One(Arc::clone(factory)),
+                target: self.target.name.clone(),
+                timing: self.timing,
+                keys,
+            }),
+            Time::PerProcess(shared) => go(&mut VirtualRunner {
+                factory: VirtualStores::PerProcess(Arc::clone(shared)),
                 target: self.target.name.clone(),
                 timing: self.timing,
                 keys,

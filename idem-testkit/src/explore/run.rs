@@ -16,6 +16,7 @@ use super::check::{self, Verdict};
 use super::faults::{Fault, FaultPoint, Kill, PlacedFault, Process, ProcessStore, World};
 use super::ledger::{Answer, End, Event};
 use super::scenarios::{Expect, Probe, Scenario};
+use super::target::ProcessFactory;
 use super::{Timing, VirtualClock};
 use idem_core::{Clock, SystemClock};
 
@@ -33,6 +34,7 @@ pub(crate) struct RunOutcome {
 
 pub(crate) async fn run(
     store: Arc<dyn Store>,
+    processes: Option<ProcessFactory>,
     scenario: Scenario,
     plan: Vec<PlacedFault>,
     timing: Timing,
@@ -42,13 +44,14 @@ pub(crate) async fn run(
     // The run's clock: the virtual one the store reads, or the system's for a server
     // (whose clock runs on this machine too).
     let paused = clock.is_some();
+    let processes = processes.zip(clock.clone());
     let clock: Arc<dyn Clock> = match clock {
         Some(clock) => Arc::new(clock),
         None => Arc::new(SystemClock),
     };
     let hangs_late = plan.iter().any(|f| f.fault == Fault::HangThenApply);
     let timing = timing.striking(scenario, &plan);
-    let world = World::new(store, plan.clone(), timing, paused, clock);
+    let world = World::new(store, processes, plan.clone(), timing, paused, clock);
     let caller = Caller {
         world: Arc::clone(&world),
         scenario,

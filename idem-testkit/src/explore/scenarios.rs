@@ -664,7 +664,7 @@ impl Probe {
         self.world.ledger.push(Event::Effect {
             process: self.process,
             effect,
-            at: self.world.now(),
+            at: self.world.now_of(self.process),
         });
     }
 

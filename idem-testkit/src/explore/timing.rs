@@ -50,6 +50,15 @@ pub struct Timing {
     /// durations are exact; some room on a real clock, where the machine's load adds
     /// latency the driver does not control.
     pub slack: Duration,
+    /// How far each process's clock is from the run's, for a
+    /// [`Target::per_process_clocks`](super::Target::per_process_clocks) (any other target
+    /// refuses a skew: [`ExploreError::Skew`](super::ExploreError::Skew)): the first
+    /// caller's runs behind, every other process's ahead (they share one clock), so the
+    /// first caller and any other differ by twice this. Zero by default; under ten leases.
+    /// Within the driver's margin (a fiftieth of the lease, so a skew of a hundredth or
+    /// less) the promise holds; past it, a retry can take over a lease its owner still
+    /// counts live, and the explorer reports the grant with the clocks' distance.
+    pub skew: Duration,
 }
 
 impl Timing {
@@ -65,6 +74,7 @@ impl Timing {
             hang: (lease + store_timeout) * 10,
             stall: lease * 2,
             slack: Duration::ZERO,
+            skew: Duration::ZERO,
         }
     }
 
@@ -80,6 +90,7 @@ impl Timing {
             hang: (lease + store_timeout) * 4 + Duration::from_secs(2),
             stall: lease * 2,
             slack: Duration::from_millis(500),
+            skew: Duration::ZERO,
         }
     }
 }

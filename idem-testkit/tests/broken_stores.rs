@@ -85,6 +85,12 @@ enum Flaw {
     RenewsEndedLeases,
     /// A late claim of the attempt whose lease ended takes the record over again.
     LateClaimTakesOver,
+    /// A checkpoint of an undo's end mark answers Applied and writes nothing: a takeover
+    /// reads the undo as started and never ended.
+    DropsUndoEndMarks,
+    /// Every claim leaves a task of the store's running for ever (a watcher it never
+    /// stops).
+    LeaksATaskPerClaim,
 }
 
 /// The record limit of the stores that declare one here: small, so the cases stay quick.
@@ -273,6 +279,9 @@ impl FlawedStore {
 impl Store for FlawedStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         self.refuse(Operation::Claim, &[request.lease, request.retention])?;
+        if self.has(Flaw::LeaksATaskPerClaim) {
+            drop(tokio::spawn(std::future::pending::<()>()));
+        }
         if self.has(Flaw::ExpiryIgnoresTheLease) {
             return Ok(self.apply(&request.key, |r, now| {
                 let mut step = machine::claim(r, request, now);
@@ -466,6 +475,12 @@ impl Store for FlawedStore {
         }
         self.apply(&lease.key, |r, now| {
             let mut written = machine::checkpoint(r, lease, step, value, now);
+            if self.has(Flaw::DropsUndoEndMarks)
+                && step.as_str().starts_with("idem.undone:")
+                && written.outcome == WriteOutcome::Applied
+            {
+                written.write = None;
+            }
             if let (Some(after), Some(before)) = (written.write.as_mut(), r)
                 && self.has(Flaw::ExpiryIgnoresTheLease)
             {
@@ -1222,6 +1237,33 @@ fn the_explorer_reports_a_late_claim_that_takes_over() {
         found_with(&report, "late grant", &[Fault::DuplicatedLate]) > 0,
         "{report}"
     );
+}
+
+#[test]
+fn the_explorer_reports_an_undo_listed_interrupted_after_it_ended() {
+    // The end marks are lost: whenever a takeover finishes the compensation, it reads an
+    // undo that ended as one that started only, and lists it interrupted. No undo runs
+    // twice and every step is listed once, so only the derived compensation tells.
+    let report = explore_flawed(Flaw::DropsUndoEndMarks, &[Scenario::SagaFailsAfterSteps]);
+    assert!(found_with(&report, "compensation misplaced", &[Fault::CrashAtPoint, Fault::CrashAfter]) > 0, "{report}");
+    assert!(
+        report
+            .violations()
+            .all(|v| v.broken.kind() == "compensation misplaced"),
+        "{report}"
+    );
+}
+
+#[test]
+fn the_explorer_reports_a_task_left_running() {
+    // The explorer lets every task a run left finish before its check; one that never does
+    // is reported, not waited for.
+    let report = explore_flawed(Flaw::LeaksATaskPerClaim, &[Scenario::Plain]);
+    let lingered = report
+        .violations()
+        .filter(|v| v.broken.kind() == "task lingers")
+        .count();
+    assert_eq!(lingered, report.runs(), "{report}");
 }
 
 #[test]

@@ -5,12 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idem_core::{Timestamp, store::Operation};
+use idem_core::{Compensation, Timestamp, store::Operation};
 
 use super::faults::{Process, Site};
 use super::ledger::{Answer, Effect, End, Event, compensation_text, held_until};
 use super::report::Broken;
-use super::scenarios::{Expect, Scenario};
+use super::scenarios::{Expect, Scenario, Undo};
 use super::{Timing, execute_bound};
 
 /// What the checks found in one run.
@@ -38,6 +38,14 @@ pub(crate) fn check(
     effects(timing, events, &mut verdict);
     results(scenario, events, retries, &mut verdict);
     compensation(scenario, events, fault_free, &mut verdict);
+    for event in events {
+        if let Event::Lingered { tasks, after } = event {
+            verdict.broken.push(Broken::Lingered {
+                tasks: *tasks,
+                after: *after,
+            });
+        }
+    }
     verdict
 }
 
@@ -855,6 +863,7 @@ fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict:
             }
         }
     }
+    placed(scenario, events, compensation, verdict);
     if let Some(step) = scenario.always_interrupted()
         && !compensation.interrupted.iter().any(|s| s == step)
     {
@@ -875,6 +884,67 @@ fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict:
             verdict.broken.push(Broken::CompensationUnexpected {
                 expected: expected.to_string(),
                 got: compensation_text(compensation),
+            });
+        }
+    }
+}
+
+/// Every step is where its undo's behaviour and the marks that landed put it, whatever
+/// the faults: the compensation is derived, not only consistent.
+///
+/// - The scenario's unstorable step is pending (no value to undo it with).
+/// - A step after the failed one (in the order undos run, the reverse of the steps') is
+///   pending: a failed undo stops the compensation.
+/// - Otherwise an undo that fails is failed, one whose outcome is unknown is interrupted,
+///   and one that succeeds (at once or on a later try) is undone.
+/// - Any step may instead be interrupted when its start mark was the last of its marks to
+///   land (a cut between the two); never without a start mark.
+/// - A rerun that registers no undo reports what earlier owners registered and left
+///   pending.
+fn placed(scenario: Scenario, events: &[Event], compensation: &Compensation, verdict: &mut Verdict) {
+    // Where the last write of a mark landed, in the order the store applied them.
+    let landed = |mark: &str| {
+        events
+            .iter()
+            .rposition(|event| matches!(event, Event::Checkpointed { step, .. } if step == mark))
+    };
+    let failed = compensation.failed.as_ref().map(|f| f.step.as_str());
+    // Where each registered step's undo runs: the reverse of the order the steps ran in.
+    let order: Vec<&str> = scenario.undo_steps().iter().rev().copied().collect();
+    let stopped_before = |step: &str| {
+        let at = |name: &str| order.iter().position(|s| *s == name);
+        failed.is_some_and(|failed| at(failed) < at(step))
+    };
+    let mut listings: Vec<(&str, &'static str)> = Vec::new();
+    listings.extend(compensation.undone.iter().map(|s| (s.as_str(), "undone")));
+    listings.extend(compensation.failed.iter().map(|f| (f.step.as_str(), "failed")));
+    listings.extend(compensation.pending.iter().map(|s| (s.as_str(), "pending")));
+    listings.extend(compensation.interrupted.iter().map(|s| (s.as_str(), "interrupted")));
+    for (step, listed) in listings {
+        // The undo started last and did not end after (a retried undo starts again).
+        let started = landed(&format!("idem.undo:{step}"))
+            .is_some_and(|start| landed(&format!("idem.undone:{step}")).is_none_or(|end| end < start));
+        let ever_started = landed(&format!("idem.undo:{step}")).is_some();
+        let mut expected = vec![if scenario.unstorable_step() == Some(step) || stopped_before(step) {
+            "pending"
+        } else {
+            match scenario.undo(step) {
+                Undo::Permanent => "failed",
+                Undo::Unknown => "interrupted",
+                Undo::Done | Undo::RetryableOnce => "undone",
+            }
+        }];
+        if started && !expected.contains(&"interrupted") {
+            expected.push("interrupted");
+        }
+        if scenario.rerun_registers_nothing() && !ever_started && !expected.contains(&"pending") {
+            expected.push("pending");
+        }
+        if !expected.contains(&listed) || (listed == "interrupted" && !ever_started) {
+            verdict.broken.push(Broken::CompensationMisplaced {
+                step: step.to_owned(),
+                listed,
+                expected,
             });
         }
     }
@@ -953,6 +1023,63 @@ mod tests {
             process,
             paused: false,
         }
+    }
+
+    fn compensation(json: &str) -> Compensation {
+        serde_json::from_str(json).expect("a compensation")
+    }
+
+    fn mark(process: Process, name: &str) -> Event {
+        Event::Checkpointed {
+            process,
+            step: name.to_owned(),
+        }
+    }
+
+    fn misplaced(events: &[Event], listed: &Compensation) -> Vec<(String, &'static str)> {
+        let mut verdict = Verdict::default();
+        placed(Scenario::SagaFailsAfterSteps, events, listed, &mut verdict);
+        verdict
+            .broken
+            .into_iter()
+            .map(|broken| match broken {
+                Broken::CompensationMisplaced { step, listed, .. } => (step, listed),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// Listed interrupted: only with its start mark the last of its marks to land.
+    #[test]
+    fn an_undo_is_interrupted_only_after_its_start_mark() {
+        let listed = compensation(r#"{"undone":["notify","debit"],"interrupted":["reserve"]}"#);
+        let undone = [
+            mark(Process::First, "idem.undo:notify"),
+            mark(Process::First, "idem.undone:notify"),
+            mark(Process::First, "idem.undo:debit"),
+            mark(Process::First, "idem.undone:debit"),
+        ];
+        let mut events = undone.to_vec();
+        assert_eq!(misplaced(&events, &listed), [("reserve".into(), "interrupted")]);
+        events.push(mark(Process::First, "idem.undo:reserve"));
+        assert_eq!(misplaced(&events, &listed), []);
+        events.push(mark(Process::First, "idem.undone:reserve"));
+        assert_eq!(misplaced(&events, &listed), [("reserve".into(), "interrupted")]);
+        // A retried undo starts again after its first end mark.
+        events.push(mark(Process::Retry(1), "idem.undo:reserve"));
+        assert_eq!(misplaced(&events, &listed), []);
+    }
+
+    /// Listed pending: only after a failed undo (or for a step that cannot be undone).
+    #[test]
+    fn an_undo_is_pending_only_behind_a_failed_one() {
+        let nothing_failed = compensation(r#"{"undone":["notify","debit"],"pending":["reserve"]}"#);
+        assert_eq!(misplaced(&[], &nothing_failed), [("reserve".into(), "pending")]);
+        let stopped = compensation(
+            r#"{"undone":["notify"],"failed":{"step":"debit","error":"refused"},"pending":["reserve"]}"#,
+        );
+        // `debit`'s undo succeeds in this scenario: listing it failed is misplaced too.
+        assert_eq!(misplaced(&[], &stopped), [("debit".into(), "failed")]);
     }
 
     /// p1 (lease to 2 s) is cut off; the racer is granted the key with its lease ending at

@@ -353,6 +353,9 @@ pub(crate) struct World {
     over: watch::Sender<bool>,
     /// When the racer retries, once a pause or a partition asked for it.
     racer: watch::Sender<Option<Instant>>,
+    /// The tasks of crashed processes, parked until the run ends (with how many waits
+    /// each): the only tasks allowed to outlive every process.
+    parked: Mutex<HashMap<tokio::task::Id, usize>>,
 }
 
 impl World {
@@ -379,6 +382,7 @@ impl World {
             copies: Mutex::new(Vec::new()),
             over: watch::Sender::new(false),
             racer: watch::Sender::new(None),
+            parked: Mutex::new(HashMap::new()),
         })
     }
 
@@ -572,8 +576,14 @@ impl World {
 
     /// Waits until the run is over: a dead process's calls and effects never happen.
     pub(crate) async fn dead(&self) {
+        let _parked = Parked::new(self);
         let mut over = self.over.subscribe();
         let _ = over.wait_for(|over| *over).await;
+    }
+
+    /// How many tasks wait in [`World::dead`].
+    pub(crate) fn parked_tasks(&self) -> usize {
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// The planned fault at `point`, recording that the point was reached.
@@ -688,6 +698,36 @@ impl World {
             Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
             // Cancelled: only a runtime shutting down does that, at the end of a run.
             Err(_) => Err(injected(operation)),
+        }
+    }
+}
+
+/// Counts the current task as parked in [`World::dead`] while it lives.
+struct Parked<'a> {
+    world: &'a World,
+    task: Option<tokio::task::Id>,
+}
+
+impl<'a> Parked<'a> {
+    fn new(world: &'a World) -> Self {
+        let task = tokio::task::try_id();
+        if let Some(task) = task {
+            let mut parked = world.parked.lock().unwrap_or_else(PoisonError::into_inner);
+            *parked.entry(task).or_default() += 1;
+        }
+        Self { world, task }
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        let Some(task) = self.task else { return };
+        let mut parked = self.world.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(waits) = parked.get_mut(&task) {
+            *waits -= 1;
+            if *waits == 0 {
+                parked.remove(&task);
+            }
         }
     }
 }

@@ -196,6 +196,9 @@ pub(crate) enum Event {
     },
     /// The store applied a checkpoint.
     Checkpointed { process: Process, step: String },
+    /// Tasks other than a crashed process's were still alive `after` this long once
+    /// every process had ended: something the driver spawned never stops.
+    Lingered { tasks: usize, after: Duration },
     /// The store applied a `complete` or a `fail`.
     Finished { process: Process },
     /// The store applied a `release`: the lease ended then.

@@ -59,6 +59,17 @@ pub enum Broken {
         /// What the compensation said.
         got: String,
     },
+    /// A step is listed in a place its undo's behaviour and the marks the store holds do
+    /// not explain: for example `interrupted` although no undo of it ever started, or
+    /// `pending` although nothing stopped the compensation before it.
+    CompensationMisplaced {
+        /// The step.
+        step: String,
+        /// Where the compensation lists it.
+        listed: &'static str,
+        /// Where it may be, given its undo and the marks that landed.
+        expected: Vec<&'static str>,
+    },
     /// The store answered a renewal with a lease that ends no later than the one it was
     /// asked to renew: heartbeats keep nothing alive.
     LeaseNotExtended {
@@ -94,6 +105,15 @@ pub enum Broken {
     NoResult {
         /// The retries made.
         retries: u32,
+    },
+    /// Once every process had ended, tasks other than a crashed process's were still
+    /// running: a compensation, a write or a heartbeat the driver spawned never stops (only
+    /// under virtual time, where the explorer counts a run's tasks).
+    Lingered {
+        /// How many tasks.
+        tasks: usize,
+        /// How long the explorer waited for them.
+        after: Duration,
     },
     /// A caller got an answer no correct driver gives here.
     UnexpectedAnswer {
@@ -175,11 +195,13 @@ impl Broken {
             Broken::CompensationIncomplete { .. } => "compensation incomplete",
             Broken::CompensationUntrue { .. } => "compensation untrue",
             Broken::CompensationUnexpected { .. } => "compensation unexpected",
+            Broken::CompensationMisplaced { .. } => "compensation misplaced",
             Broken::LeaseNotExtended { .. } => "lease not extended",
             Broken::ResultsDiffer { .. } => "results differ",
             Broken::ResultLost { .. } => "result lost",
             Broken::UnexpectedResult { .. } => "unexpected result",
             Broken::NoResult { .. } => "no result",
+            Broken::Lingered { .. } => "task lingers",
             Broken::UnexpectedAnswer { .. } => "unexpected answer",
             Broken::TokenNotGreater { .. } => "token not greater",
             Broken::LateGrant { .. } => "late grant",
@@ -221,6 +243,15 @@ impl fmt::Display for Broken {
             Broken::CompensationUnexpected { expected, got } => {
                 write!(f, "the compensation must be {expected}, it is {got}")
             }
+            Broken::CompensationMisplaced {
+                step,
+                listed,
+                expected,
+            } => write!(
+                f,
+                "the compensation lists `{step}` as {listed}; its undo and the marks the store holds allow only {}",
+                expected.join(" or ")
+            ),
             Broken::LeaseNotExtended {
                 process,
                 held_until,
@@ -243,6 +274,11 @@ impl fmt::Display for Broken {
             Broken::NoResult { retries } => {
                 write!(f, "no caller got a result, after {retries} retries")
             }
+            Broken::Lingered { tasks, after } => write!(
+                f,
+                "{tasks} task(s) the processes left behind still ran {} ms after every process had ended",
+                after.as_millis()
+            ),
             Broken::UnexpectedAnswer { process, answer } => {
                 write!(
                     f,

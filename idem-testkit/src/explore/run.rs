@@ -50,6 +50,8 @@ pub(crate) async fn run(
         None => Arc::new(SystemClock),
     };
     let hangs_late = plan.iter().any(|f| f.fault == Fault::HangThenApply);
+    // The tasks alive before the run (none on a virtual-time runner's own runtime).
+    let baseline = alive_tasks();
     let timing = timing.striking(scenario, &plan);
     let world = World::new(store, processes, plan.clone(), timing, paused, clock);
     let caller = Caller {
@@ -109,7 +111,11 @@ pub(crate) async fn run(
             let _ = racer.await;
         } else {
             racer.abort();
+            let _ = racer.await;
         }
+    }
+    if paused {
+        drain(&world, baseline).await;
     }
     // Copies that found no moment of their own (no later grant, a write still running when
     // its process ended) land now: the network delivers them late, not never.
@@ -279,6 +285,39 @@ impl Caller {
                 (End::DidNotReturn(limit), false)
             }
         }
+    }
+}
+
+/// The tasks alive on this runtime.
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// Lets every task the processes left behind finish before the check: a compensation or a
+/// result's write the driver moved to a task of its own when its caller went away, a
+/// call still hanging, a paused process's work. Their effects belong to the run. Only the
+/// tasks of crashed processes, parked until the run ends, may stay; any other still alive
+/// after far longer than any of them may take is recorded (`Event::Lingered`).
+///
+/// Only under paused time: a server's client keeps tasks of its own (connections, pools)
+/// that come and go, so there the count says nothing.
+async fn drain(world: &World, baseline: usize) {
+    let timing = world.timing;
+    let bound = timing.lease * 6 + timing.hang + timing.stall * 2 + timing.store_timeout * 8;
+    let tick = (timing.lease / 8).max(Duration::from_millis(1));
+    let lingering = || alive_tasks().saturating_sub(baseline + world.parked_tasks());
+    let started = tokio::time::Instant::now();
+    while lingering() > 0 {
+        if started.elapsed() >= bound {
+            world.ledger.push(Event::Lingered {
+                tasks: lingering(),
+                after: started.elapsed(),
+            });
+            return;
+        }
+        tokio::time::sleep(tick).await;
     }
 }
 

@@ -96,7 +96,7 @@ pub(crate) enum Expect {
 
 /// What an undo does in a saga scenario.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Undo {
+pub(crate) enum Undo {
     Done,
     Permanent,
     /// Has its effect, then answers `WorkError::Unknown`.
@@ -235,7 +235,7 @@ impl Scenario {
         *self == Scenario::BytesSaga
     }
 
-    fn undo(&self, step: &str) -> Undo {
+    pub(crate) fn undo(&self, step: &str) -> Undo {
         match (self, step) {
             (Scenario::SagaUndoFails, "debit") => Undo::Permanent,
             (Scenario::SagaUndoUnknown, "debit") => Undo::Unknown,
@@ -285,6 +285,12 @@ impl Scenario {
     /// again.
     pub(crate) fn always_interrupted(&self) -> Option<&'static str> {
         (*self == Scenario::SagaUndoUnknown).then_some("debit")
+    }
+
+    /// A rerun of the work after the saga was checkpointed registers no undo at all: the
+    /// steps an earlier owner registered and did not undo are reported pending.
+    pub(crate) fn rerun_registers_nothing(&self) -> bool {
+        *self == Scenario::SagaRerunStopsEarly
     }
 
     /// The work's own time at most, in one process, without stalls.

@@ -15,7 +15,7 @@ use idem_core::{
     record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Operation, store::RenewOutcome,
     store::WriteOutcome,
 };
-use idem_testkit::explore::{Explorer, Fault, Report as ExploreReport, Scenario, Target};
+use idem_testkit::explore::{Explorer, Fault, Report as ExploreReport, Scenario, Target, Timing};
 use idem_testkit::{AdminCase, AdminSuite, Case, CaseName, Namespace, Report, Suite};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1195,12 +1195,17 @@ fn part_of(terminal: State) -> ValuePart {
 /// The explorer over a store with `flaw`: each run a fresh namespace on the run's virtual
 /// clock.
 fn explore_flawed(flaw: Flaw, scenarios: &[Scenario]) -> ExploreReport {
+    explore_flawed_with(flaw, scenarios, Timing::virtual_time())
+}
+
+fn explore_flawed_with(flaw: Flaw, scenarios: &[Scenario], timing: Timing) -> ExploreReport {
     let make = factory(Some(flaw), Setup::default());
     let target = Target::virtual_time(format!("{flaw:?}"), move |clock| {
         let store = make(Arc::new(clock), Namespace::fresh());
         async move { Ok::<_, std::convert::Infallible>(store.await) }
     });
     let report = Explorer::new(target)
+        .timing(timing)
         .scenarios(scenarios.iter().copied())
         .run()
         .expect("the exploration runs");
@@ -1245,13 +1250,37 @@ fn the_explorer_reports_an_undo_listed_interrupted_after_it_ended() {
     // undo that ended as one that started only, and lists it interrupted. No undo runs
     // twice and every step is listed once, so only the derived compensation tells.
     let report = explore_flawed(Flaw::DropsUndoEndMarks, &[Scenario::SagaFailsAfterSteps]);
-    assert!(found_with(&report, "compensation misplaced", &[Fault::CrashAtPoint, Fault::CrashAfter]) > 0, "{report}");
+    assert!(
+        found_with(
+            &report,
+            "compensation misplaced",
+            &[Fault::CrashAtPoint, Fault::CrashAfter]
+        ) > 0,
+        "{report}"
+    );
     assert!(
         report
             .violations()
             .all(|v| v.broken.kind() == "compensation misplaced"),
         "{report}"
     );
+}
+
+#[test]
+fn the_explorer_with_a_retention_equal_to_the_lease_finds_the_retention_cliff() {
+    // A record whose owner crashed after a step is absent as soon as its lease lapses
+    // when takeovers and checkpoints keep the expiry as it was: the retry claims afresh
+    // and runs the step again. The retention must be as short as the lease for a run to
+    // reach that edge; with the default hour, the same store passes.
+    let mut timing = Timing::virtual_time();
+    timing.retention = timing.lease;
+    let short = explore_flawed_with(Flaw::ExpiryIgnoresTheLease, &[Scenario::Steps], timing);
+    assert!(
+        found_with(&short, "effect repeated", &[Fault::CrashAtPoint]) > 0,
+        "{short}"
+    );
+    let long = explore_flawed(Flaw::ExpiryIgnoresTheLease, &[Scenario::Steps]);
+    assert!(long.passed(), "{long}");
 }
 
 #[test]

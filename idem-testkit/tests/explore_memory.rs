@@ -634,3 +634,47 @@ fn a_skew_the_target_cannot_apply_is_refused() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn a_retention_equal_to_the_lease_breaks_nothing() {
+    // Every record's lifetime edge inside the run: a record whose owner stopped (crashed,
+    // cut off, unknown outcome) must stay while that owner's lease could come back, and a
+    // result stored is forgotten a lease later, after which a caller runs the work again
+    // in a lifetime of its own.
+    let mut timing = Timing::virtual_time();
+    timing.retention = timing.lease;
+    let report = Explorer::new(memory())
+        .timing(timing)
+        .mode(Mode::exhaustive_with_pairs(DEFAULT_SEED, 50))
+        .run()
+        .expect("the exploration runs");
+    println!("{report}");
+    assert!(report.passed(), "{report}");
+}
+
+#[test]
+fn a_result_the_work_committed_is_answered_after_its_retention_passed() {
+    // The work completes the record in its own transaction, then stalls two leases: the
+    // result, kept one lease, is gone by the time the work returns. The driver's
+    // confirming write is fenced; it must still answer the result the work committed
+    // (it did answer "lease lost", telling the caller to retry, and the retry ran the
+    // work again).
+    let mut timing = Timing::virtual_time();
+    timing.retention = timing.lease;
+    let stall = PlacedFault {
+        point: FaultPoint {
+            process: Process::First,
+            site: Site::Point {
+                name: "after-commit".into(),
+                occurrence: 0,
+            },
+        },
+        fault: Fault::StallAtPoint,
+    };
+    let run = Explorer::new(memory())
+        .timing(timing)
+        .run_plan(Scenario::PrepareCompletion, vec![stall])
+        .expect("the run runs");
+    assert!(run.violations.is_empty(), "{run}");
+    assert!(run.story.contains("p1: completed"), "{run}");
+}

@@ -57,7 +57,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let fingerprint = context.fingerprint();
         // The answer is what a replay will decode: a value that does not survive the trip
         // fails now, once, and is stored as such.
-        let (bytes, stored) = match context.take_completion() {
+        let prepared = context.take_completion();
+        let committed = prepared.is_some();
+        let (bytes, stored) = match prepared {
             // Completed inside the work's own transaction: those bytes are the result.
             Some(bytes) => {
                 let decoded =
@@ -97,6 +99,13 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         }
         match durable::finish(context, durable::Write::Complete(bytes), W::marker).await? {
             durable::Finished::Applied => Ok(Outcome::Completed {
+                value: stored,
+                replayed: false,
+            }),
+            // The work's own transaction stored these bytes under this lease: they are the
+            // result, whatever the confirming write met since (the record completed, or
+            // already past its retention after a long stall, which a retry could not replay).
+            durable::Finished::Fenced if committed => Ok(Outcome::Completed {
                 value: stored,
                 replayed: false,
             }),

@@ -31,13 +31,27 @@ pub(crate) fn check(
     fault_free: bool,
 ) -> Verdict {
     let mut verdict = Verdict::default();
-    ends(scenario, timing, events, &mut verdict);
+    // Effects, compensations and results are once per lifetime of the record: a caller
+    // after the record expired runs the work again, as the contract says.
+    let starts = lifetimes(timing, events);
+    ends(scenario, timing, events, &starts, &mut verdict);
     resumed(events, &mut verdict);
     renewals(events, &mut verdict);
-    late_grants(events, &mut verdict);
-    effects(timing, events, &mut verdict);
-    results(scenario, events, retries, &mut verdict);
-    compensation(scenario, events, fault_free, &mut verdict);
+    late_grants(events, &starts, &mut verdict);
+    effects(timing, events, &starts, &mut verdict);
+    let lifetime =
+        |n: usize| &events[starts[n]..starts.get(n + 1).copied().unwrap_or(events.len())];
+    for n in 0..starts.len() {
+        let last = n + 1 == starts.len();
+        compensation(
+            scenario,
+            lifetime(n),
+            fault_free && n == 0,
+            last,
+            &mut verdict,
+        );
+    }
+    results(scenario, events, retries, &starts, &mut verdict);
     for event in events {
         if let Event::Lingered { tasks, after } = event {
             verdict.broken.push(Broken::Lingered {
@@ -49,9 +63,96 @@ pub(crate) fn check(
     verdict
 }
 
+/// How many claims `process` sent. A claim retried after its first try's answer was lost
+/// gets its own lease back as `resumed: false`, whatever that try did; the driver then
+/// counts a token past the first as a takeover (the safe side: the work finds no step done
+/// when the first try in fact created the record afresh over an expired one).
+fn claims_sent(events: &[Event], process: Process) -> usize {
+    events
+        .iter()
+        .filter(|event| {
+            matches!(event, Event::Call { process: p, operation: Operation::Claim, .. } if *p == process)
+        })
+        .count()
+}
+
+/// The lifetime of the record `process` acted in at `at`: the one of its last grant
+/// before, or, never granted the key, the one `at` falls in.
+fn grant_lifetime(events: &[Event], starts: &[usize], process: Process, at: usize) -> usize {
+    let lifetime_at = |at: usize| starts.iter().rposition(|start| *start <= at).unwrap_or(0);
+    events[..=at.min(events.len().saturating_sub(1))]
+        .iter()
+        .rposition(|event| matches!(event, Event::Claimed { process: p, .. } if *p == process))
+        .map_or_else(|| lifetime_at(at), lifetime_at)
+}
+
+/// Where each lifetime of the record starts in the ledger: at the run's start, then at
+/// every fresh grant (`resumed: false`) made once the record before had expired. A
+/// record's expiry only grows, to one retention past the latest of: its fresh claim, the
+/// end of every lease a takeover granted or a renewal or checkpoint wrote under, and every
+/// result stored (by the clocks the store read: the granting and writing process's). A
+/// fresh grant sooner is no new lifetime (the store lost a record it had to keep), and the
+/// checks report what that caused. A record released without a step also ends at once;
+/// that grant stays in the same lifetime, as it always was.
+fn lifetimes(timing: &Timing, events: &[Event]) -> Vec<usize> {
+    let retention = millis(timing.retention.max(timing.lease));
+    let mut starts = vec![0];
+    // The latest moment the current lifetime's record is kept one retention past.
+    let mut kept: Option<u64> = None;
+    let mut leases: BTreeMap<Process, u64> = BTreeMap::new();
+    for (at, event) in events.iter().enumerate() {
+        let from = match event {
+            Event::Claimed {
+                process,
+                resumed,
+                lease_until,
+                ..
+            } => {
+                let until = lease_until.as_unix_millis();
+                leases.insert(*process, until);
+                if *resumed {
+                    until
+                } else {
+                    let granted = until.saturating_sub(millis(timing.lease));
+                    if kept.is_some_and(|kept| {
+                        granted + millis(timing.slack) >= kept.saturating_add(retention)
+                    }) {
+                        starts.push(at);
+                        kept = None;
+                    }
+                    granted
+                }
+            }
+            Event::Renewed {
+                process,
+                lease_until,
+                ..
+            } => {
+                let until = lease_until.as_unix_millis();
+                leases.insert(*process, until);
+                until
+            }
+            Event::Checkpointed { process, .. } => match leases.get(process) {
+                Some(until) => *until,
+                None => continue,
+            },
+            Event::Finished { at, .. } => at.as_unix_millis(),
+            _ => continue,
+        };
+        kept = Some(kept.map_or(from, |kept| kept.max(from)));
+    }
+    starts
+}
+
 /// Panics, executions that never returned, answers no correct driver gives, and
 /// executions over their bound.
-fn ends(scenario: Scenario, timing: &Timing, events: &[Event], verdict: &mut Verdict) {
+fn ends(
+    scenario: Scenario,
+    timing: &Timing,
+    events: &[Event],
+    starts: &[usize],
+    verdict: &mut Verdict,
+) {
     for (ended_at, event) in events.iter().enumerate() {
         let Event::Ended { process, end } = event else {
             continue;
@@ -74,9 +175,12 @@ fn ends(scenario: Scenario, timing: &Timing, events: &[Event], verdict: &mut Ver
                 // Its own result landed (a retried write whose first try was stored, a
                 // commit in the work's transaction): the lease was not lost, and the
                 // caller must get that result.
+                // (Unless the record expired since, and a new lifetime began: that result is
+                // gone, and a retry gets the new one's.)
                 let own_result_stored = events[..ended_at]
                     .iter()
-                    .any(|event| matches!(event, Event::Finished { process: p } if *p == process));
+                    .rposition(|event| matches!(event, Event::Finished { process: p, .. } if *p == process))
+                    .is_some_and(|stored| !starts.iter().any(|start| (stored..ended_at).contains(start)));
                 let unexpected = match answer {
                     Answer::Error {
                         name: "lease lost" | "interrupted: lease lost",
@@ -159,7 +263,8 @@ fn bound(
     )
 }
 
-/// `ctx.resumed()` is true exactly after a takeover: a token above the first claim's. And
+/// `ctx.resumed()` is true exactly after a takeover: a token above the first claim's (or,
+/// on the safe side, after a retried claim with such a token: [`claims_sent`]). And
 /// every new owner's token is above every earlier owner's.
 fn resumed(events: &[Event], verdict: &mut Verdict) {
     let mut owners: Vec<(Process, u64)> = Vec::new();
@@ -194,6 +299,7 @@ fn resumed(events: &[Event], verdict: &mut Verdict) {
                     matches!(granted, Event::Claimed { process: p, token: t, resumed: true, .. }
                         if p == process && t == token)
                 })
+            && !(*resumed && *token > 1 && claims_sent(events, *process) > 1)
         {
             verdict.broken.push(Broken::Resumed {
                 process: *process,
@@ -231,12 +337,19 @@ fn renewals(events: &[Event], verdict: &mut Verdict) {
 /// §2.2: only a live lease is renewed). A claim answered with the same lease again,
 /// unmoved, is harmless; and once another process was granted the key, the store no
 /// longer knows the late claim's attempt (a limit DESIGN.md §2.5 states).
-fn late_grants(events: &[Event], verdict: &mut Verdict) {
+fn late_grants(events: &[Event], starts: &[usize], verdict: &mut Verdict) {
     let mut released = BTreeSet::new();
     let mut ended = BTreeSet::new();
     let mut tokens: BTreeMap<Process, u64> = BTreeMap::new();
     let mut last_owner = None;
-    for event in events {
+    for (at, event) in events.iter().enumerate() {
+        if at > 0 && starts.contains(&at) {
+            // The record had expired: a late copy of a claim is a new request to the store,
+            // which cannot tell them apart (the key is held a lease for nobody).
+            (released, ended, last_owner) = (BTreeSet::new(), BTreeSet::new(), None);
+            tokens.clear();
+            continue;
+        }
         let late = match event {
             Event::Released { process } => {
                 released.insert(*process);
@@ -296,7 +409,7 @@ enum Excuse {
 
 /// Every effect at most once, unless the contract allows it again (and then it is
 /// classified at-least-once); every undo at most once, always.
-fn effects(timing: &Timing, events: &[Event], verdict: &mut Verdict) {
+fn effects(timing: &Timing, events: &[Event], starts: &[usize], verdict: &mut Verdict) {
     let mut by_effect: BTreeMap<&Effect, Vec<(usize, Process)>> = BTreeMap::new();
     for (at, event) in events.iter().enumerate() {
         if let Event::Effect {
@@ -309,6 +422,18 @@ fn effects(timing: &Timing, events: &[Event], verdict: &mut Verdict) {
     for (effect, runs) in by_effect {
         for pair in runs.windows(2) {
             let ((first_at, first), (again_at, again)) = (pair[0], pair[1]);
+            let (was, is) = (
+                grant_lifetime(events, starts, first, first_at),
+                grant_lifetime(events, starts, again, again_at),
+            );
+            if was != is {
+                verdict.at_least_once.push(format!(
+                    "{effect} again in {again}, in lifetime {} of the record (it had expired) after {first}'s in lifetime {}",
+                    is + 1,
+                    was + 1
+                ));
+                continue;
+            }
             if let Effect::Undo(step) = effect {
                 verdict.broken.push(Broken::UndoRepeated {
                     step: step.clone(),
@@ -370,7 +495,7 @@ fn excuse(
             (Effect::Step(name), Event::Checkpointed { process, step }) => {
                 *process == first && step == name
             }
-            (Effect::Work, Event::Finished { process }) => *process == first,
+            (Effect::Work, Event::Finished { process, .. }) => *process == first,
             _ => false,
         });
     if stored {
@@ -670,30 +795,46 @@ fn checkpoint_sent(
 
 /// Every caller with a result got the same one, of the scenario's kind, and the retry
 /// after replayed it.
-fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Verdict) {
-    let answers: Vec<(Process, &Answer)> = events
+/// One result for every caller of a lifetime of the record (`starts`), replayed to the
+/// final check. A caller granted the key in a later lifetime ran the work again and agrees
+/// with that lifetime's first result; a check granted the key runs it again itself.
+fn results(
+    scenario: Scenario,
+    events: &[Event],
+    retries: u32,
+    starts: &[usize],
+    verdict: &mut Verdict,
+) {
+    // A process answers for the lifetime of its last grant, or, never granted the key (a
+    // replay), for the one its answer came in.
+    let lifetime_of =
+        |process: Process, ended_at: usize| grant_lifetime(events, starts, process, ended_at);
+    let answers: Vec<(Process, &Answer, usize)> = events
         .iter()
-        .filter_map(|event| match event {
+        .enumerate()
+        .filter_map(|(at, event)| match event {
             Event::Ended {
                 process,
                 end: End::Returned { answer, .. },
-            } => Some((*process, answer)),
+            } => Some((*process, answer, lifetime_of(*process, at))),
             _ => None,
         })
         .collect();
-    let with_results: Vec<(Process, &Answer, String)> = answers
+    let with_results: Vec<(Process, &Answer, String, usize)> = answers
         .iter()
-        .filter_map(|(process, answer)| answer.result().map(|r| (*process, *answer, r)))
+        .filter_map(|(process, answer, n)| answer.result().map(|r| (*process, *answer, r, *n)))
         .collect();
-    let Some((first, first_answer, first_result)) = with_results.first() else {
+    let Some((_, first_answer, first_result, _)) = with_results.first() else {
         verdict.broken.push(Broken::NoResult { retries });
         return;
     };
-    for (other, _, result) in &with_results[1..] {
-        if result != first_result {
+    let mut firsts: BTreeMap<usize, (Process, &String)> = BTreeMap::new();
+    for (process, _, result, n) in &with_results {
+        let (first, seen) = *firsts.entry(*n).or_insert((*process, result));
+        if result != seen {
             verdict.broken.push(Broken::ResultsDiffer {
-                first: (*first, first_result.clone()),
-                other: (*other, result.clone()),
+                first: (first, seen.clone()),
+                other: (*process, result.clone()),
             });
         }
     }
@@ -715,16 +856,34 @@ fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Ver
             got: first_result.clone(),
         });
     }
-    let check = events.iter().find_map(|event| match event {
-        Event::Ended {
-            process: Process::Check,
-            end,
-        } => Some(end),
-        _ => None,
+    let check = events
+        .iter()
+        .enumerate()
+        .find_map(|(at, event)| match event {
+            Event::Ended {
+                process: Process::Check,
+                end,
+            } => Some((at, end)),
+            _ => None,
+        });
+    // The check's claim began a lifetime: the record had expired.
+    let renewed_check = events.iter().enumerate().any(|(at, event)| {
+        matches!(
+            event,
+            Event::Claimed {
+                process: Process::Check,
+                ..
+            }
+        ) && starts[1..].contains(&at)
     });
+    // The result the check must replay: the last lifetime's that has one.
+    let (_, (_, last_result)) = firsts.iter().next_back().expect("a result was found above");
     let lost = match check {
-        Some(End::Returned { answer, .. }) => {
-            if answer.result().as_ref() != Some(first_result) {
+        // The check ran the work again, in a lifetime of its own (its result was compared
+        // with that lifetime's above).
+        Some(_) if renewed_check => None,
+        Some((_, End::Returned { answer, .. })) => {
+            if answer.result().as_ref() != Some(*last_result) {
                 Some(answer.to_string())
             } else if !answer.replayed() {
                 Some(format!("{answer}, run again instead of replayed"))
@@ -732,12 +891,12 @@ fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Ver
                 None
             }
         }
-        Some(other) => Some(other.to_string()),
+        Some((_, other)) => Some(other.to_string()),
         None => Some("no answer: the check never ran".into()),
     };
     if let Some(then) = lost {
         verdict.broken.push(Broken::ResultLost {
-            seen: first_result.clone(),
+            seen: (*last_result).clone(),
             then,
         });
     }
@@ -746,12 +905,19 @@ fn results(scenario: Scenario, events: &[Event], retries: u32, verdict: &mut Ver
 /// One list of a compensation: its name, its steps, and how many runs of an undo fit it.
 type Listing<'a> = (&'static str, &'a [String], fn(usize) -> bool);
 
-/// Every step that registered an undo (its checkpoint stored, or for a step whose value
+/// In one lifetime of the record (`events`; `last` says it is the last one): every step
+/// that registered an undo (its checkpoint stored, or for a step whose value
 /// cannot be stored, its effect) is in exactly one of undone, failed, pending,
 /// interrupted; undone ones ran once, interrupted ones at most once, pending ones never.
 /// The fault-free run ends with the scenario's documented compensation, and the steps the
 /// scenario always reports interrupted are, whatever the faults.
-fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict: &mut Verdict) {
+fn compensation(
+    scenario: Scenario,
+    events: &[Event],
+    fault_free: bool,
+    last: bool,
+    verdict: &mut Verdict,
+) {
     let answered = events.iter().find_map(|event| match event {
         Event::Ended {
             end:
@@ -772,8 +938,11 @@ fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict:
         let has_result = events.iter().any(|event| {
             matches!(event, Event::Ended { end: End::Returned { answer, .. }, .. } if answer.result().is_some())
         });
-        // A saga's result without its compensation: the answer or the record lost it.
-        if let Some(expected) = documented.filter(|_| has_result) {
+        // A saga's result without its compensation: the answer or the record lost it. (A
+        // marker's compensation is read from the record after the check: only the last
+        // lifetime's can be.)
+        let readable = last || scenario.expect() != Expect::Marked;
+        if let Some(expected) = documented.filter(|_| has_result && readable) {
             verdict.broken.push(Broken::CompensationUnexpected {
                 expected: expected.to_string(),
                 got: "no compensation".into(),
@@ -901,7 +1070,12 @@ fn compensation(scenario: Scenario, events: &[Event], fault_free: bool, verdict:
 ///   land (a cut between the two); never without a start mark.
 /// - A rerun that registers no undo reports what earlier owners registered and left
 ///   pending.
-fn placed(scenario: Scenario, events: &[Event], compensation: &Compensation, verdict: &mut Verdict) {
+fn placed(
+    scenario: Scenario,
+    events: &[Event],
+    compensation: &Compensation,
+    verdict: &mut Verdict,
+) {
     // Where the last write of a mark landed, in the order the store applied them.
     let landed = |mark: &str| {
         events
@@ -917,23 +1091,36 @@ fn placed(scenario: Scenario, events: &[Event], compensation: &Compensation, ver
     };
     let mut listings: Vec<(&str, &'static str)> = Vec::new();
     listings.extend(compensation.undone.iter().map(|s| (s.as_str(), "undone")));
-    listings.extend(compensation.failed.iter().map(|f| (f.step.as_str(), "failed")));
+    listings.extend(
+        compensation
+            .failed
+            .iter()
+            .map(|f| (f.step.as_str(), "failed")),
+    );
     listings.extend(compensation.pending.iter().map(|s| (s.as_str(), "pending")));
-    listings.extend(compensation.interrupted.iter().map(|s| (s.as_str(), "interrupted")));
+    listings.extend(
+        compensation
+            .interrupted
+            .iter()
+            .map(|s| (s.as_str(), "interrupted")),
+    );
     for (step, listed) in listings {
         // The undo started last and did not end after (a retried undo starts again).
-        let started = landed(&format!("idem.undo:{step}"))
-            .is_some_and(|start| landed(&format!("idem.undone:{step}")).is_none_or(|end| end < start));
+        let started = landed(&format!("idem.undo:{step}")).is_some_and(|start| {
+            landed(&format!("idem.undone:{step}")).is_none_or(|end| end < start)
+        });
         let ever_started = landed(&format!("idem.undo:{step}")).is_some();
-        let mut expected = vec![if scenario.unstorable_step() == Some(step) || stopped_before(step) {
-            "pending"
-        } else {
-            match scenario.undo(step) {
-                Undo::Permanent => "failed",
-                Undo::Unknown => "interrupted",
-                Undo::Done | Undo::RetryableOnce => "undone",
-            }
-        }];
+        let mut expected = vec![
+            if scenario.unstorable_step() == Some(step) || stopped_before(step) {
+                "pending"
+            } else {
+                match scenario.undo(step) {
+                    Undo::Permanent => "failed",
+                    Undo::Unknown => "interrupted",
+                    Undo::Done | Undo::RetryableOnce => "undone",
+                }
+            },
+        ];
         if started && !expected.contains(&"interrupted") {
             expected.push("interrupted");
         }
@@ -1049,6 +1236,41 @@ mod tests {
             .collect()
     }
 
+    /// A fresh grant begins a lifetime only once the record before was past its
+    /// retention, counted from the latest lease or result it held.
+    #[test]
+    fn a_lifetime_begins_only_after_the_record_expired() {
+        let mut timing = Timing::virtual_time();
+        timing.retention = timing.lease;
+        let fresh = |process, token, lease_until: u64| Event::Claimed {
+            process,
+            token,
+            lease_until: Timestamp::from_unix_millis(1_000_000 + lease_until),
+            resumed: false,
+        };
+        let finished = |process, at: u64| Event::Finished {
+            process,
+            at: Timestamp::from_unix_millis(1_000_000 + at),
+        };
+        // p1 claims at 0 (lease to 2 s), takes a step, is taken over at 2.5 s (lease to
+        // 4.5 s: kept to 6.5 s), and the racer stores its result at 3 s (kept to 5 s).
+        let mut events = vec![
+            fresh(Process::First, 1, 2_000),
+            mark(Process::First, "reserve"),
+            claimed(Process::Racer, 2, 4_500),
+            finished(Process::Racer, 3_000),
+        ];
+        // Granted afresh at 6 s (lease to 8 s): too soon, the takeover's lease kept it.
+        events.push(fresh(Process::Check, 3, 8_000));
+        assert_eq!(lifetimes(&timing, &events), [0]);
+        events.pop();
+        // At 6.5 s: a new lifetime.
+        events.push(fresh(Process::Check, 3, 8_500));
+        assert_eq!(lifetimes(&timing, &events), [0, 4]);
+        // The default retention (an hour) keeps it past the whole run.
+        assert_eq!(lifetimes(&Timing::virtual_time(), &events), [0]);
+    }
+
     /// Listed interrupted: only with its start mark the last of its marks to land.
     #[test]
     fn an_undo_is_interrupted_only_after_its_start_mark() {
@@ -1060,11 +1282,17 @@ mod tests {
             mark(Process::First, "idem.undone:debit"),
         ];
         let mut events = undone.to_vec();
-        assert_eq!(misplaced(&events, &listed), [("reserve".into(), "interrupted")]);
+        assert_eq!(
+            misplaced(&events, &listed),
+            [("reserve".into(), "interrupted")]
+        );
         events.push(mark(Process::First, "idem.undo:reserve"));
         assert_eq!(misplaced(&events, &listed), []);
         events.push(mark(Process::First, "idem.undone:reserve"));
-        assert_eq!(misplaced(&events, &listed), [("reserve".into(), "interrupted")]);
+        assert_eq!(
+            misplaced(&events, &listed),
+            [("reserve".into(), "interrupted")]
+        );
         // A retried undo starts again after its first end mark.
         events.push(mark(Process::Retry(1), "idem.undo:reserve"));
         assert_eq!(misplaced(&events, &listed), []);
@@ -1074,7 +1302,10 @@ mod tests {
     #[test]
     fn an_undo_is_pending_only_behind_a_failed_one() {
         let nothing_failed = compensation(r#"{"undone":["notify","debit"],"pending":["reserve"]}"#);
-        assert_eq!(misplaced(&[], &nothing_failed), [("reserve".into(), "pending")]);
+        assert_eq!(
+            misplaced(&[], &nothing_failed),
+            [("reserve".into(), "pending")]
+        );
         let stopped = compensation(
             r#"{"undone":["notify"],"failed":{"step":"debit","error":"refused"},"pending":["reserve"]}"#,
         );
@@ -1093,11 +1324,12 @@ mod tests {
             effect(Process::Racer, Effect::Work, racer_until - 1_900),
             Event::Finished {
                 process: Process::Racer,
+                at: Timestamp::from_unix_millis(1_000_000 + racer_until - 1_900),
             },
             effect(Process::First, Effect::Work, racer_until - 1_800),
         ];
         let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &mut verdict);
+        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
         verdict
     }
 
@@ -1113,7 +1345,7 @@ mod tests {
             effect(Process::Racer, Effect::Work, 6_000),
         ];
         let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &mut verdict);
+        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
         assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
         assert!(
             matches!(&verdict.at_least_once[..], [why] if why.contains("p1 had been cut off")),
@@ -1158,7 +1390,7 @@ mod tests {
             effect(Process::Racer, Effect::Step("debit".into()), 2_600),
         ];
         let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &mut verdict);
+        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
         assert!(verdict.at_least_once.is_empty());
         assert!(
             matches!(&verdict.broken[..], [Broken::Repeated { why, .. }] if why.contains("started it 100 ms after its lease had ended")),
@@ -1169,7 +1401,7 @@ mod tests {
         let mut events = events;
         events[2] = effect(Process::First, Effect::Step("debit".into()), 1_900);
         let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &mut verdict);
+        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
         assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
         assert_eq!(verdict.at_least_once.len(), 1);
     }
@@ -1180,6 +1412,7 @@ mod tests {
         effects(
             &Timing::virtual_time(),
             &crash_after_the_effect(false),
+            &[0],
             &mut verdict,
         );
         assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
@@ -1195,6 +1428,7 @@ mod tests {
         effects(
             &Timing::virtual_time(),
             &crash_after_the_effect(true),
+            &[0],
             &mut verdict,
         );
         assert!(verdict.at_least_once.is_empty());

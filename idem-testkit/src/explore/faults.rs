@@ -583,7 +583,10 @@ impl World {
 
     /// How many tasks wait in [`World::dead`].
     pub(crate) fn parked_tasks(&self) -> usize {
-        self.parked.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.parked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// The planned fault at `point`, recording that the point was reached.
@@ -722,7 +725,11 @@ impl<'a> Parked<'a> {
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
         let Some(task) = self.task else { return };
-        let mut parked = self.world.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut parked = self
+            .world
+            .parked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(waits) = parked.get_mut(&task) {
             *waits -= 1;
             if *waits == 0 {
@@ -855,7 +862,10 @@ impl ProcessStore {
                         effect: Effect::Work,
                         at: world.now_of(process),
                     },
-                    Event::Finished { process },
+                    Event::Finished {
+                        process,
+                        at: world.now_of(process),
+                    },
                 ],
                 WriteOutcome::Fenced => Vec::new(),
             }),
@@ -864,9 +874,13 @@ impl ProcessStore {
     }
 }
 
-fn finished(process: Process) -> Observe<WriteOutcome> {
+fn finished(world: &Arc<World>, process: Process) -> Observe<WriteOutcome> {
+    let world = Arc::clone(world);
     Arc::new(move |outcome| match outcome {
-        WriteOutcome::Applied => vec![Event::Finished { process }],
+        WriteOutcome::Applied => vec![Event::Finished {
+            process,
+            at: world.now_of(process),
+        }],
         WriteOutcome::Fenced => Vec::new(),
     })
 }
@@ -911,7 +925,7 @@ impl Store for ProcessStore {
                 let (lease, response) = (lease.clone(), response.clone());
                 Box::pin(async move { store.complete(&lease, &response).await })
             }),
-            finished(self.process),
+            finished(&self.world, self.process),
         )
         .await
     }
@@ -926,7 +940,7 @@ impl Store for ProcessStore {
                 let (lease, response) = (lease.clone(), response.clone());
                 Box::pin(async move { store.fail(&lease, &response).await })
             }),
-            finished(self.process),
+            finished(&self.world, self.process),
         )
         .await
     }

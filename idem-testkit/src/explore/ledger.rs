@@ -200,7 +200,11 @@ pub(crate) enum Event {
     /// every process had ended: something the driver spawned never stops.
     Lingered { tasks: usize, after: Duration },
     /// The store applied a `complete` or a `fail`.
-    Finished { process: Process },
+    Finished {
+        process: Process,
+        /// When, on the writer's clock (the one the store keeps the result from).
+        at: Timestamp,
+    },
     /// The store applied a `release`: the lease ended then.
     Released { process: Process },
     /// The work started, with what its context said.

@@ -361,7 +361,7 @@ impl Scenario {
         let mut builder = Idempotency::builder(store)
             .jitter_seed(seed)
             .lease(timing.lease)
-            .retention(Duration::from_secs(3600).max(timing.lease))
+            .retention(timing.retention.max(timing.lease))
             .store_timeout(timing.store_timeout)
             .heartbeat(Heartbeat::Auto);
         if let Some(timeout) = self.wait(timing) {

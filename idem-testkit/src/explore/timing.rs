@@ -59,6 +59,13 @@ pub struct Timing {
     /// less) the promise holds; past it, a retry can take over a lease its owner still
     /// counts live, and the explorer reports the grant with the clocks' distance.
     pub skew: Duration,
+    /// How long every process's claims keep the record (the driver's
+    /// `IdempotencyBuilder::retention`; never less than the lease): an hour by default,
+    /// past any run. Equal to the lease, every record's lifetime edge falls inside the
+    /// run: a result stored is forgotten a lease later (and a later caller runs the work
+    /// again, in a new lifetime the checks tell apart), while a record whose owner may
+    /// still come back must stay.
+    pub retention: Duration,
 }
 
 impl Timing {
@@ -75,6 +82,7 @@ impl Timing {
             stall: lease * 2,
             slack: Duration::ZERO,
             skew: Duration::ZERO,
+            retention: Duration::from_secs(3600),
         }
     }
 
@@ -91,6 +99,7 @@ impl Timing {
             stall: lease * 2,
             slack: Duration::from_millis(500),
             skew: Duration::ZERO,
+            retention: Duration::from_secs(3600),
         }
     }
 }

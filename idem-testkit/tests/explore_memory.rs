@@ -678,3 +678,35 @@ fn a_result_the_work_committed_is_answered_after_its_retention_passed() {
     assert!(run.violations.is_empty(), "{run}");
     assert!(run.story.contains("p1: completed"), "{run}");
 }
+
+#[test]
+fn the_heartbeat_settings_break_nothing() {
+    use idem_core::Heartbeat;
+    // Renewing as seldom as the driver allows (nine tenths of the lease less its margin).
+    let mut timing = Timing::virtual_time();
+    timing.heartbeat = Heartbeat::Every(Duration::from_millis(1_700));
+    let report = Explorer::new(memory())
+        .timing(timing)
+        .mode(Mode::exhaustive_with_pairs(DEFAULT_SEED, 50))
+        .run()
+        .expect("the exploration runs");
+    println!("{report}");
+    assert!(report.passed(), "{report}");
+    // Never renewing: a work that outlasts its lease is taken over (at-least-once, as
+    // `Heartbeat::Off` documents). The long work, four leases long, never finishes at all,
+    // and is left out.
+    timing.heartbeat = Heartbeat::Off;
+    let report = Explorer::new(memory())
+        .timing(timing)
+        .scenarios(
+            Scenario::all()
+                .into_iter()
+                .filter(|s| *s != Scenario::LongWork),
+        )
+        .mode(Mode::exhaustive_with_pairs(DEFAULT_SEED, 50))
+        .run()
+        .expect("the exploration runs");
+    println!("{report}");
+    assert!(report.passed(), "{report}");
+    assert!(report.at_least_once() > 0, "{}", report.summary());
+}

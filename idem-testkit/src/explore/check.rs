@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idem_core::{Compensation, Timestamp, store::Operation};
+use idem_core::{Compensation, Heartbeat, Timestamp, store::Operation};
 
 use super::faults::{Process, Site};
 use super::ledger::{Answer, Effect, End, Event, compensation_text, held_until};
@@ -405,6 +405,10 @@ enum Excuse {
     /// partition cost it its lease: no lease check guards code outside a step (DESIGN.md
     /// §2.5); only a fencing token downstream refuses it.
     CutOutsideStep(Process),
+    /// With `Heartbeat::Off`, the process worked past its lease, which nothing renewed:
+    /// another owner was granted the key once it ended, and a step in flight (or the
+    /// work's own code) ran again. What `Heartbeat::Off` documents.
+    Unrenewed(Process),
 }
 
 /// Every effect at most once, unless the contract allows it again (and then it is
@@ -452,6 +456,8 @@ fn effects(timing: &Timing, events: &[Event], starts: &[usize], verdict: &mut Ve
                         Excuse::Partitioned => "was cut off before storing it".to_owned(),
                         Excuse::CutOutsideStep(stale) =>
                             format!("ran: {stale} had been cut off and had it outside any step"),
+                        Excuse::Unrenewed(stale) =>
+                            format!("ran: {stale} worked past its lease with heartbeats off"),
                     }
                 )),
                 Err(why) => verdict.broken.push(Broken::Repeated {
@@ -482,6 +488,20 @@ fn excuse(
     // The work's own effect outside any step, by a process that lost its lease to a cut
     // and went on, and by the owner granted the key after that cut, in either order.
     if *effect == Effect::Work {
+        if timing.heartbeat == Heartbeat::Off {
+            // Either owner may be the one that worked on past its unrenewed lease.
+            for ((stale, stale_at), (owner, owner_at)) in [
+                ((again, again_at), (first, first_at)),
+                ((first, first_at), (again, again_at)),
+            ] {
+                if let Some(granted_at) = last_claim(events, owner, owner_at)
+                    && last_claim(events, stale, stale_at).is_some_and(|at| at < granted_at)
+                    && granted_while_live(timing, events, stale, (granted_at, owner)).is_none()
+                {
+                    return Ok(Excuse::Unrenewed(stale));
+                }
+            }
+        }
         if cut_then_granted(timing, events, (again_at, again), first_at, first) {
             return Ok(Excuse::CutOutsideStep(again));
         }
@@ -549,6 +569,8 @@ fn excuse(
                 _ => None,
             });
     match first_end {
+        // Nothing renewed its lease, by configuration, and the grant came after it ended.
+        None if timing.heartbeat == Heartbeat::Off => Ok(Excuse::Unrenewed(first)),
         None => Err(format!(
             "{first} was still running when the store granted {again} the key: its lease ran \
              out under heartbeats"

@@ -363,7 +363,7 @@ impl Scenario {
             .lease(timing.lease)
             .retention(timing.retention.max(timing.lease))
             .store_timeout(timing.store_timeout)
-            .heartbeat(Heartbeat::Auto);
+            .heartbeat(timing.heartbeat);
         if let Some(timeout) = self.wait(timing) {
             builder = builder.in_flight(InFlightPolicy::Wait { timeout });
         }

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use idem_core::Heartbeat;
+
 use super::faults::{Fault, PlacedFault};
 use super::scenarios::Scenario;
 
@@ -66,6 +68,10 @@ pub struct Timing {
     /// again, in a new lifetime the checks tell apart), while a record whose owner may
     /// still come back must stay.
     pub retention: Duration,
+    /// The driver's heartbeat: [`Heartbeat::Auto`] (every third of the lease) by default.
+    /// With [`Heartbeat::Off`] only the scenarios whose work fits in one lease can finish
+    /// (a longer work's steps are refused once its lease ends, and so are every retry's).
+    pub heartbeat: Heartbeat,
 }
 
 impl Timing {
@@ -83,6 +89,7 @@ impl Timing {
             slack: Duration::ZERO,
             skew: Duration::ZERO,
             retention: Duration::from_secs(3600),
+            heartbeat: Heartbeat::Auto,
         }
     }
 
@@ -100,6 +107,7 @@ impl Timing {
             slack: Duration::from_millis(500),
             skew: Duration::ZERO,
             retention: Duration::from_secs(3600),
+            heartbeat: Heartbeat::Auto,
         }
     }
 }

@@ -405,7 +405,9 @@ impl Context {
     ///   encoding, the same size limit, the same check that they read back as `T`.
     /// - Once the store wrote them and your transaction commits, the driver answers the
     ///   execution with exactly that value, even if a heartbeat meanwhile found the
-    ///   record completed; return the same value from the work.
+    ///   record completed, or the driver's confirming write is fenced (the work ran on
+    ///   past the result's retention, and the record expired); return the same value from
+    ///   the work. Call [`Completion::written`] only once the transaction committed.
     ///
     /// # Errors
     /// [`WorkError::Interrupted`] when `value` cannot be stored (too large, not

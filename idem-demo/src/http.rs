@@ -136,7 +136,7 @@ impl HttpShop {
             .lease(LEASE)
             .build()?;
         let layer = IdempotencyLayer::new(idem, |parts| {
-            Ok(format!("shop/checkout {}", parts.uri.path()))
+            Ok(format!("shop/checkout {}", idem_http::scope::path(parts)))
         });
         Self::start(path, Some(layer)).await
     }

@@ -91,7 +91,7 @@ use crate::{Disposition, Problem, Refusal};
 ///     .route("/payments", post(create_payment))
 ///     .route("/profile", axum::routing::put(update_profile))
 ///     .layer(
-///         IdempotencyLayer::new(idem, |parts| Ok(format!("{} {}", parts.method, parts.uri.path())))
+///         IdempotencyLayer::new(idem, |parts| Ok(format!("{} {}", parts.method, idem_http::scope::path(parts))))
 ///             .method(http::Method::PUT, KeyRequirement::Optional),
 ///     );
 /// # let _ = app;
@@ -151,7 +151,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Idempotent {
                 // The server's wiring, not the client: say so where operators look.
                 tracing::error!(
                     method = %parts.method,
-                    path = parts.uri.path(),
+                    path = crate::scope::path(parts),
                     "a handler extracting Idempotent was reached without IdempotencyLayer's context"
                 );
                 Err(not_protected())

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 /// use idem_http::IdempotencyLayer;
 ///
 /// # async fn run() -> std::io::Result<()> {
-/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()));
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()));
 /// let handlers = layer.handlers();
 /// let app: Router = Router::new().route("/payments", post(|| async { "charged" })).layer(layer);
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;

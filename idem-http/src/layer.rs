@@ -42,7 +42,7 @@ pub const DEFAULT_IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// use idem_core::{Idempotency, MemoryStore};
 /// use idem_http::{IdempotencyLayer, KeyRequirement};
 ///
-/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
 ///     .method(Method::PUT, KeyRequirement::Optional) // protected when the client sends a key
 ///     .method(Method::PATCH, KeyRequirement::Ignored); // never protected
 /// # let _ = layer;
@@ -297,8 +297,8 @@ impl IdempotencyLayer {
     /// use idem_core::{Idempotency, MemoryStore};
     /// use idem_http::{IdempotencyLayer, KeyRequirement};
     ///
-    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
-    ///     .requirement_with(|parts| match parts.uri.path() {
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
+    ///     .requirement_with(|parts| match idem_http::scope::path(parts) {
     ///         "/webhooks/ping" => Some(KeyRequirement::Ignored),
     ///         path if path.starts_with("/search") => Some(KeyRequirement::Optional),
     ///         _ => None, // POST and PATCH require it, as by default
@@ -340,7 +340,7 @@ impl IdempotencyLayer {
     /// use idem_core::{Idempotency, MemoryStore};
     /// use idem_http::IdempotencyLayer;
     ///
-    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
     ///     .on_replay(|response| {
     ///         response.headers_mut().insert("cache-status", HeaderValue::from_static("idem; hit"));
     ///     });
@@ -375,7 +375,7 @@ impl IdempotencyLayer {
     /// use idem_http::IdempotencyLayer;
     ///
     /// let idem = Idempotency::new(MemoryStore::new());
-    /// let scope = |parts: &http::request::Parts| Ok(format!("{} {}", parts.method, parts.uri.path()));
+    /// let scope = |parts: &http::request::Parts| Ok(format!("{} {}", parts.method, idem_http::scope::path(parts)));
     /// // The better way: the layer wraps the routes only.
     /// let app: Router = Router::new()
     ///     .route("/payments", post(|| async { "charged" }))
@@ -406,7 +406,7 @@ impl IdempotencyLayer {
     /// use idem_http::IdempotencyLayer;
     ///
     /// // A webhook whose sender puts the event id in the body: each event runs once.
-    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()))
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
     ///     .key_with(|_parts, body| {
     ///         let event: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     ///         Ok(event["id"].as_str().map(str::to_owned))
@@ -533,7 +533,7 @@ impl IdempotencyLayer {
     /// use idem_http::IdempotencyLayer;
     ///
     /// let idem = Idempotency::new(MemoryStore::new()).into_dyn();
-    /// let scope = |parts: &http::request::Parts| Ok(format!("{} {}", parts.method, parts.uri.path()));
+    /// let scope = |parts: &http::request::Parts| Ok(format!("{} {}", parts.method, idem_http::scope::path(parts)));
     /// let app: Router = Router::new()
     ///     // Observing: every request still reaches the handler.
     ///     .route("/refunds", post(|| async { "refunded" }).layer(IdempotencyLayer::new(idem.clone(), scope).shadow(true)))

@@ -515,7 +515,7 @@ impl FingerprintRule {
         let query = parts.uri.query().unwrap_or_default();
         let builder = Fingerprint::builder()
             .field(parts.method.as_str())
-            .field(parts.uri.path())
+            .field(crate::scope::path(parts))
             .field(framed_pairs(form_pairs(query.as_bytes())));
         let mime = media_type(&parts.headers);
         if mime.as_deref() == Some(FORM) {

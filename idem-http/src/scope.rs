@@ -196,7 +196,7 @@ pub fn operation(principal: impl Display, parts: &Parts) -> Result<String, Refus
     if principal.is_empty() {
         return Err(unauthenticated());
     }
-    let scope = format!("{principal}/{} {}", parts.method, parts.uri.path());
+    let scope = format!("{principal}/{} {}", parts.method, path(parts));
     if scope.len() <= MAX_PART_LEN && !scope.chars().any(char::is_control) {
         return Ok(scope);
     }
@@ -204,10 +204,34 @@ pub fn operation(principal: impl Display, parts: &Parts) -> Result<String, Refus
         .field("idem-http scope")
         .field(&principal)
         .field(parts.method.as_str())
-        .field(parts.uri.path())
+        .field(path(parts))
         .finish();
     // No readable scope has this form: each holds a space, this one none.
     Ok(format!("sha256:{}", hex(digest.as_bytes())))
+}
+
+/// The request's path as the client sent it: the one axum's router saw first
+/// (`OriginalUri`) when the layer sits inside `Router::nest` or `nest_service`, which strip
+/// their prefix from the URI the inner service gets; otherwise the URI's own path.
+///
+/// Use it, not `parts.uri.path()`, wherever a scope or a fingerprint of your own names the
+/// route: behind `nest("/tenants/a", ..)` and `nest("/tenants/b", ..)` the stripped path
+/// is the same `/payments` for both, and one tenant's retry would replay the other's
+/// answer. [`operation`], [`by_principal`] and the layer's default fingerprint use it.
+///
+/// ```
+/// use http::Request;
+/// use idem_http::scope;
+///
+/// let (parts, ()) = Request::post("/payments?dry_run=1").body(()).unwrap().into_parts();
+/// assert_eq!(scope::path(&parts), "/payments");
+/// ```
+pub fn path(parts: &Parts) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(original)) = parts.extensions.get() {
+        return original.path();
+    }
+    parts.uri.path()
 }
 
 /// A principal's name for a principal that is itself a secret (an API key sent on every

@@ -57,7 +57,7 @@ pub const BODY_NOT_STORED_HEADER: &str = "idempotent-body-not-stored";
 /// let handler = service_fn(|_request: Request<Body>| async {
 ///     Ok::<_, Infallible>(Response::new(Body::from(bytes::Bytes::from_static(b"done"))))
 /// });
-/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(parts.uri.path().to_owned()));
+/// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()));
 /// let service = layer.layer(handler);
 /// let request = Request::post("/jobs").header("idempotency-key", "job-7").body(Body::empty()).unwrap();
 /// let response = service.oneshot(request).await.unwrap();
@@ -375,9 +375,12 @@ async fn read_request(config: &Config, body: Body) -> Result<Bytes, Unreadable> 
 /// A context for a request shadow mode passes on without a claim, so that a handler
 /// that reads one works as it would when protected.
 fn unprotected_context(config: &Config, parts: &http::request::Parts) -> Context {
-    let key = Key::new(format!("{} {}", parts.method, parts.uri.path()), "-")
-        .or_else(|_| Key::new("-", "-"))
-        .expect("a short key of printable characters is valid");
+    let key = Key::new(
+        format!("{} {}", parts.method, crate::scope::path(parts)),
+        "-",
+    )
+    .or_else(|_| Key::new("-", "-"))
+    .expect("a short key of printable characters is valid");
     config
         .idem
         .detached_context(&key, Fingerprint::of_bytes(b""))
@@ -661,8 +664,8 @@ where
     let (would, _) = answer(result, || None, config);
     observe::shadow(would.name());
     tracing::info!(would = would.name(), "shadow mode: passing the request on");
+    let fingerprint = Fingerprint::of_bytes(crate::scope::path(&head).as_bytes());
     let mut request = Request::from_parts(head, full(body));
-    let fingerprint = Fingerprint::of_bytes(request.uri().path());
     request
         .extensions_mut()
         .insert(config.idem.detached_context(&key, fingerprint));

@@ -112,7 +112,11 @@ fn old_fallback_scope(parts: &http::request::Parts) -> Result<String, idem_http:
         .extensions
         .get::<User>()
         .map_or("anonymous", |u| u.0.as_str());
-    Ok(format!("{user}/{} {}", parts.method, parts.uri.path()))
+    Ok(format!(
+        "{user}/{} {}",
+        parts.method,
+        idem_http::scope::path(parts)
+    ))
 }
 
 type Scope = fn(&http::request::Parts) -> Result<String, idem_http::Refusal>;
@@ -274,7 +278,11 @@ async fn a_1kb_bearer_token_as_the_raw_scope_fails_every_request() {
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("-");
-            Ok(format!("{token}/{} {}", parts.method, parts.uri.path()))
+            Ok(format!(
+                "{token}/{} {}",
+                parts.method,
+                idem_http::scope::path(parts)
+            ))
         }))
         .with_state(runs.clone());
     let authorization = format!("Bearer sk_live_{}", "x".repeat(1024));

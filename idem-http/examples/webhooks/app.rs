@@ -99,7 +99,11 @@ pub(crate) fn app(senders: Senders, idem: Idempotency, ledger: Ledger) -> Router
                 "The delivery reached the idempotency layer unverified",
             )
         })?;
-        Ok(format!("{sender}/{} {}", parts.method, parts.uri.path()))
+        Ok(format!(
+            "{sender}/{} {}",
+            parts.method,
+            idem_http::scope::path(parts)
+        ))
     })
     .header(HeaderName::from_static(standardwebhooks::HEADER_WEBHOOK_ID));
     let stack = ServiceBuilder::new()

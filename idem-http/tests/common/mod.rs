@@ -127,7 +127,11 @@ pub(crate) fn scope(parts: &http::request::Parts) -> Result<String, idem_http::P
         .get("x-account")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("anonymous");
-    Ok(format!("{account}/{} {}", parts.method, parts.uri.path()))
+    Ok(format!(
+        "{account}/{} {}",
+        parts.method,
+        idem_http::scope::path(parts)
+    ))
 }
 
 /// A layer over `idem` with the test scope.

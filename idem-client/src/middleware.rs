@@ -23,7 +23,8 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 /// - **The key.** A request's [`IdempotencyKey`] extension, or the `Idempotency-Key`
 ///   header the caller set; otherwise, for `POST` and `PATCH`, a fresh UUIDv4 per call of
 ///   `send` (unless [`IdempotencyMiddleware::without_automatic_keys`]). The same key goes
-///   on every try of that call.
+///   on every try of that call, including the tries of a retry middleware placed around
+///   this one: the key is kept in the `send`'s extensions.
 /// - **What is retried.** A connection error or timeout (the request may have reached the
 ///   server: that is what the key is for), a 409 whose problem type says the first try is
 ///   still running, 429 and 503. Never a 400, a 422 (the key was used for another
@@ -106,7 +107,12 @@ impl IdempotencyMiddleware {
     }
 
     /// The key `request` goes with: the caller's, or a new one where the method needs it.
-    fn key_of(&self, request: &Request, extensions: &Extensions) -> Option<IdempotencyKey> {
+    ///
+    /// A new key is kept in the `send`'s extensions, which every middleware of the stack
+    /// shares for the whole `send`: a retry middleware outside this one (reqwest-retry's,
+    /// the natural order when adding idem-client to a stack) that calls it again gets the
+    /// same key, not a new operation.
+    fn key_of(&self, request: &Request, extensions: &mut Extensions) -> Option<IdempotencyKey> {
         if let Some(key) = extensions.get::<IdempotencyKey>() {
             return Some(key.clone());
         }
@@ -114,7 +120,9 @@ impl IdempotencyMiddleware {
             return None;
         }
         let needs_one = *request.method() == Method::POST || *request.method() == Method::PATCH;
-        (self.automatic_keys && needs_one).then(IdempotencyKey::random)
+        let key = (self.automatic_keys && needs_one).then(IdempotencyKey::random)?;
+        extensions.insert(key.clone());
+        Some(key)
     }
 }
 

@@ -181,6 +181,75 @@ async fn completed_in_the_works_own_transaction_is_success_even_after_a_fenced_b
     assert!(store.renewals.load(Ordering::SeqCst) >= 1);
 }
 
+/// A driver over `store` with a ten-second lease and retention, no heartbeat.
+fn committing(store: &MemoryStore) -> Idempotency<MemoryStore> {
+    Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(10))
+        .retention(Duration::from_secs(10))
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_committed_result_is_answered_after_its_record_expired() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let outcome = committing(&store)
+        .execute(&key("k"), fp(), |ctx| {
+            let (store, clock) = (store.clone(), clock.clone());
+            async move {
+                let completion = ctx.prepare_completion(&"receipt-7".to_string())?;
+                let written = store
+                    .complete(completion.lease(), completion.bytes())
+                    .await
+                    .unwrap();
+                assert_eq!(written, WriteOutcome::Applied);
+                completion.written();
+                // The work runs on past the result's retention: the record expires.
+                clock.advance(Duration::from_secs(25));
+                done("receipt-7".to_string())
+            }
+        })
+        .await;
+    // It answered "lease lost", and the retry it asked for ran the work again.
+    assert_eq!(
+        outcome.unwrap(),
+        Outcome::Completed {
+            value: "receipt-7".to_string(),
+            replayed: false
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_result_written_then_rolled_back_is_never_answered() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let (first, second) = (committing(&store), committing(&store));
+    let outcome = first
+        .execute(&key("k"), fp(), |ctx| {
+            let clock = clock.clone();
+            async move {
+                // The store wrote the result inside the work's transaction, which then rolled
+                // back: nothing stands. The lease runs out and another owner takes over and
+                // stores its own result.
+                let completion = ctx.prepare_completion(&"mine".to_string())?;
+                completion.written();
+                clock.advance(Duration::from_secs(11));
+                let theirs = second
+                    .execute(&key("k"), fp(), |_ctx| async { done("theirs".to_string()) })
+                    .await
+                    .unwrap();
+                assert_eq!(theirs.value(), Some("theirs".to_string()));
+                // The work wrongly returns success anyway.
+                done("mine".to_string())
+            }
+        })
+        .await;
+    assert!(matches!(outcome, Err(Error::LeaseLost)), "{outcome:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_automatic_heartbeat_renews_short_leases() {
     let clock = ManualClock::new();

@@ -405,9 +405,11 @@ impl Context {
     ///   encoding, the same size limit, the same check that they read back as `T`.
     /// - Once the store wrote them and your transaction commits, the driver answers the
     ///   execution with exactly that value, even if a heartbeat meanwhile found the
-    ///   record completed, or the driver's confirming write is fenced (the work ran on
-    ///   past the result's retention, and the record expired); return the same value from
-    ///   the work. Call [`Completion::written`] only once the transaction committed.
+    ///   record completed, or the work ran on past the result's retention and the record
+    ///   expired; return the same value from the work. Return it only if that
+    ///   transaction committed: on a rollback return an error (the driver, finding
+    ///   another owner's record, would answer `LeaseLost`, but a record that expired
+    ///   meanwhile cannot tell it a rollback from a commit).
     ///
     /// # Errors
     /// [`WorkError::Interrupted`] when `value` cannot be stored (too large, not
@@ -545,6 +547,28 @@ impl Context {
 
     pub(crate) fn take_completion(&self) -> Option<Vec<u8>> {
         lock(&self.inner.completion).take()
+    }
+
+    /// Whether the result the work's own transaction wrote (`bytes`) stands, once the
+    /// driver's confirming write was fenced: the record is still this lease's completed
+    /// one with these bytes, or it is absent (that result outlived its retention while the
+    /// work ran on; the work returned success, so it committed). Another owner's record, an
+    /// unanswered read or an error says no: the work's transaction did not commit what it
+    /// wrote (it rolled back), and the caller is told to retry.
+    pub(crate) async fn committed_result_stands(&self, bytes: &[u8]) -> bool {
+        let lease = self.lease();
+        let read =
+            tokio::time::timeout(self.inner.store_timeout, self.inner.store.get(&lease.key)).await;
+        match read {
+            Ok(Ok(None)) => true,
+            Ok(Ok(Some(record))) => {
+                record.state == crate::State::Completed
+                    && record.token == lease.token
+                    && record.attempt == lease.attempt
+                    && record.response.as_deref() == Some(bytes)
+            }
+            Ok(Err(_)) | Err(_) => false,
+        }
     }
 
     /// The plain bytes of a stored value of this record.

@@ -58,7 +58,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         // The answer is what a replay will decode: a value that does not survive the trip
         // fails now, once, and is stored as such.
         let prepared = context.take_completion();
-        let committed = prepared.is_some();
+        let committed = prepared.clone();
         let (bytes, stored) = match prepared {
             // Completed inside the work's own transaction: those bytes are the result.
             Some(bytes) => {
@@ -103,13 +103,18 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 replayed: false,
             }),
             // The work's own transaction stored these bytes under this lease: they are the
-            // result, whatever the confirming write met since (the record completed, or
-            // already past its retention after a long stall, which a retry could not replay).
-            durable::Finished::Fenced if committed => Ok(Outcome::Completed {
-                value: stored,
-                replayed: false,
-            }),
-            durable::Finished::Fenced => Err(fenced_at_the_end(context)),
+            // result while the record still says so, or once it expired after a long
+            // stall (a retry could not replay it). Another owner's record: it never
+            // committed.
+            durable::Finished::Fenced => match committed {
+                Some(bytes) if context.committed_result_stands(&bytes).await => {
+                    Ok(Outcome::Completed {
+                        value: stored,
+                        replayed: false,
+                    })
+                }
+                _ => Err(fenced_at_the_end(context)),
+            },
             durable::Finished::Marked(marker) => Err(marker.into_error(false, None)),
         }
     }

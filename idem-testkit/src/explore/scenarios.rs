@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use idem_core::{
-    Aes256GcmCodec, ConfigError, Context, Heartbeat, Idempotency, InFlightPolicy, WorkError,
+    Aes256GcmCodec, ConfigError, Context, Idempotency, InFlightPolicy, WorkError,
     driver::InterruptedKind, store::WriteOutcome,
 };
 

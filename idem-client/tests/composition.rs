@@ -1,0 +1,180 @@
+//! idem-client composed with the retry middleware users already run (reqwest-retry's
+//! `RetryTransientMiddleware`), placed around it and inside it, against idem-http's layer
+//! on 127.0.0.1: one `send` is one logical operation, so every try of it, whoever makes
+//! it, carries one key, and the handler's effect happens once.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use idem_client::{IdempotencyKey, IdempotencyMiddleware, RetryPolicy};
+use idem_core::{Idempotency, MemoryStore};
+use idem_http::{Disposition, IdempotencyLayer};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_retry::RetryTransientMiddleware;
+use reqwest_retry::policies::ExponentialBackoff;
+use tokio::net::TcpListener;
+
+/// What the server saw.
+#[derive(Default)]
+struct Seen {
+    /// Executions of the handler.
+    charges: AtomicU32,
+    /// Every `Idempotency-Key` value that reached the server.
+    keys: Mutex<BTreeSet<String>>,
+}
+
+/// Charges, then answers 500 the first time and 201 after: the answer that a retry
+/// middleware retries, from a handler whose effect happened.
+async fn charge(State(seen): State<Arc<Seen>>) -> (StatusCode, String) {
+    let n = seen.charges.fetch_add(1, Ordering::SeqCst) + 1;
+    let status = if n == 1 {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::CREATED
+    };
+    (status, format!("charge-{n}"))
+}
+
+/// Records the key of every request, before the layer sees it.
+async fn record_key(
+    State(seen): State<Arc<Seen>>,
+    headers: HeaderMap,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        seen.keys.lock().unwrap().insert(key.to_owned());
+    }
+    next.run(request).await
+}
+
+/// The server: `/payments` behind idem-http's layer, whose 500 is stored (a final
+/// answer, replayed to every retry of its key).
+async fn start() -> (SocketAddr, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| {
+        Ok(format!("tests {}", idem_http::scope::path(parts)))
+    })
+    .disposition(|_| Disposition::Store);
+    let app = Router::new()
+        .route("/payments", post(charge).route_layer(layer))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&seen),
+            record_key,
+        ))
+        .with_state(Arc::clone(&seen));
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, seen)
+}
+
+fn idem() -> IdempotencyMiddleware {
+    IdempotencyMiddleware::new().policy(
+        RetryPolicy::default()
+            .backoff(Duration::from_millis(10), Duration::from_millis(50))
+            .deadline(Duration::from_secs(5)),
+    )
+}
+
+fn retry() -> RetryTransientMiddleware<ExponentialBackoff> {
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(Duration::from_millis(5), Duration::from_millis(20))
+        .build_with_max_retries(3);
+    RetryTransientMiddleware::new_with_policy(policy)
+}
+
+fn inner() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// reqwest-retry outside idem-client: the order a user gets adding idem-client to a
+/// client that already retries.
+fn retry_outside() -> ClientWithMiddleware {
+    ClientBuilder::new(inner())
+        .with(retry())
+        .with(idem())
+        .build()
+}
+
+/// reqwest-retry inside idem-client.
+fn retry_inside() -> ClientWithMiddleware {
+    ClientBuilder::new(inner())
+        .with(idem())
+        .with(retry())
+        .build()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_automatic_key_is_one_for_the_whole_send_whichever_side_retries() {
+    for (order, client) in [("outside", retry_outside()), ("inside", retry_inside())] {
+        let (addr, seen) = start().await;
+        let response = client
+            .post(format!("http://{addr}/payments"))
+            .body("amount=500")
+            .send()
+            .await
+            .unwrap();
+        // The 500 is the operation's answer: retried, it is replayed, never run again.
+        assert_eq!(response.status(), 500, "retry {order}");
+        assert_eq!(response.text().await.unwrap(), "charge-1", "retry {order}");
+        assert_eq!(
+            seen.charges.load(Ordering::SeqCst),
+            1,
+            "retry {order}: charged once"
+        );
+        let keys = seen.keys.lock().unwrap().clone();
+        assert_eq!(
+            keys.len(),
+            1,
+            "retry {order}: one key for every try, got {keys:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sends_are_two_operations() {
+    let (addr, seen) = start().await;
+    let client = retry_outside();
+    for _ in 0..2 {
+        let _ = client
+            .post(format!("http://{addr}/payments"))
+            .body("amount=500")
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(seen.keys.lock().unwrap().len(), 2, "a key per send");
+    assert_eq!(seen.charges.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_the_callers_own_goes_on_every_try() {
+    let (addr, seen) = start().await;
+    let response = retry_outside()
+        .post(format!("http://{addr}/payments"))
+        .with_extension(IdempotencyKey::new("order-1187").unwrap())
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 500);
+    let keys = seen.keys.lock().unwrap().clone();
+    assert_eq!(keys, BTreeSet::from(["\"order-1187\"".to_owned()]));
+    assert_eq!(seen.charges.load(Ordering::SeqCst), 1);
+}

@@ -21,7 +21,7 @@ fn layer() -> IdempotencyLayer {
         .build()
         .unwrap()
         .into_dyn();
-    IdempotencyLayer::new(idem, |parts| Ok(scope::operation("acct_1", parts)?))
+    IdempotencyLayer::new(idem, |parts| scope::operation("acct_1", parts))
 }
 
 /// A layer whose scope leaves the path out: only the fingerprint tells the routes apart

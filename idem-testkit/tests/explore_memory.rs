@@ -710,3 +710,39 @@ fn the_heartbeat_settings_break_nothing() {
     assert!(report.passed(), "{report}");
     assert!(report.at_least_once() > 0, "{}", report.summary());
 }
+
+#[test]
+fn without_heartbeats_a_stalled_step_is_run_again_and_said_so() {
+    use idem_core::Heartbeat;
+    // The first caller stalls two leases with `reserve`'s effect done and not stored; the
+    // waiting duplicate takes the key over once the lease ran out, unrenewed, and runs
+    // `reserve` again. With heartbeats, the lease never runs out and nothing repeats.
+    let stall = PlacedFault {
+        point: FaultPoint {
+            process: Process::First,
+            site: Site::Point {
+                name: "reserve:effect-done".into(),
+                occurrence: 0,
+            },
+        },
+        fault: Fault::StallAtPoint,
+    };
+    let mut timing = Timing::virtual_time();
+    timing.heartbeat = Heartbeat::Off;
+    let off = Explorer::new(memory())
+        .timing(timing)
+        .run_plan(Scenario::WaitDuplicate, vec![stall.clone()])
+        .expect("the run runs");
+    assert!(off.violations.is_empty(), "{off}");
+    assert!(
+        off.at_least_once
+            .iter()
+            .any(|why| why.contains("worked past its lease with heartbeats off")),
+        "{off}"
+    );
+    let auto = Explorer::new(memory())
+        .run_plan(Scenario::WaitDuplicate, vec![stall])
+        .expect("the run runs");
+    assert!(auto.violations.is_empty(), "{auto}");
+    assert!(auto.at_least_once.is_empty(), "{auto}");
+}

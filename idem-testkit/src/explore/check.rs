@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use idem_core::{Compensation, Heartbeat, Timestamp, store::Operation};
 
-use super::faults::{Process, Site};
+use super::faults::{PlacedFault, Process, Site};
 use super::ledger::{Answer, Effect, End, Event, compensation_text, held_until};
 use super::report::Broken;
 use super::scenarios::{Expect, Scenario, Undo};
@@ -21,21 +21,22 @@ pub(crate) struct Verdict {
     pub(crate) at_least_once: Vec<String>,
 }
 
-/// Checks one run's ledger; `fault_free` says the run had no fault planned, so that its
-/// compensation must be exactly the scenario's documented one.
+/// Checks one run's ledger, made under `plan`; a run with no fault planned must end with
+/// exactly the scenario's documented compensation.
 pub(crate) fn check(
     scenario: Scenario,
     timing: &Timing,
     events: &[Event],
     retries: u32,
-    fault_free: bool,
+    plan: &[PlacedFault],
 ) -> Verdict {
+    let fault_free = plan.is_empty();
     let mut verdict = Verdict::default();
     // Effects, compensations and results are once per lifetime of the record: a caller
     // after the record expired runs the work again, as the contract says.
     let starts = lifetimes(timing, events);
     ends(scenario, timing, events, &starts, &mut verdict);
-    resumed(events, &mut verdict);
+    resumed(events, plan, &mut verdict);
     renewals(events, &mut verdict);
     late_grants(events, &starts, &mut verdict);
     effects(timing, events, &starts, &mut verdict);
@@ -63,26 +64,90 @@ pub(crate) fn check(
     verdict
 }
 
-/// How many claims `process` sent. A claim retried after its first try's answer was lost
-/// gets its own lease back as `resumed: false`, whatever that try did; the driver then
-/// counts a token past the first as a takeover (the safe side: the work finds no step done
-/// when the first try in fact created the record afresh over an expired one).
-fn claims_sent(events: &[Event], process: Process) -> usize {
-    events
-        .iter()
-        .filter(|event| {
-            matches!(event, Event::Call { process: p, operation: Operation::Claim, .. } if *p == process)
-        })
-        .count()
+/// With `Heartbeat::Off`: `stale`, granted the key before `owner` was and had the work's
+/// effect past its unrenewed lease, while `owner` was granted the key once that lease had
+/// ended. What `Heartbeat::Off` documents: code outside a step is not guarded.
+fn unrenewed(
+    timing: &Timing,
+    events: &[Event],
+    (stale, stale_at): (Process, usize),
+    (owner, owner_at): (Process, usize),
+) -> Option<Process> {
+    if timing.heartbeat != Heartbeat::Off {
+        return None;
+    }
+    let granted_at = last_claim(events, owner, owner_at)?;
+    (last_claim(events, stale, stale_at).is_some_and(|at| at < granted_at)
+        && granted_while_live(timing, events, stale, (granted_at, owner)).is_none())
+    .then_some(stale)
 }
 
-/// The lifetime of the record `process` acted in at `at`: the one of its last grant
-/// before, or, never granted the key, the one `at` falls in.
+/// Whether a claim of `process` may have been tried again within one call of the driver:
+/// a fault of the plan struck one of its claims, or it was cut off from the store. The
+/// retry's grant says no more than "yours", and the driver then counts a token past the
+/// first as a takeover (the safe side: the work finds no step done when the first try in
+/// fact created the record afresh over an expired one).
+fn claim_retried(events: &[Event], plan: &[PlacedFault], process: Process) -> bool {
+    events.iter().any(|event| match event {
+        Event::Reached(point) => {
+            point.process == process
+                && matches!(
+                    point.site,
+                    Site::Call {
+                        operation: Operation::Claim,
+                        ..
+                    }
+                )
+                && plan.iter().any(|fault| {
+                    fault.point.process == process
+                        && matches!((&fault.point.site, &point.site),
+                            (Site::Call { index: a, .. }, Site::Call { index: b, .. }) if a == b)
+                })
+        }
+        Event::CutOff { process: p, .. } => *p == process,
+        _ => false,
+    })
+}
+
+/// The token `process` held at `at`: its last grant's before (zero if none).
+fn token_at(events: &[Event], process: Process, at: usize) -> u64 {
+    events[..at]
+        .iter()
+        .rev()
+        .find_map(|event| match event {
+            Event::Claimed {
+                process: p, token, ..
+            } if *p == process => Some(*token),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// The lifetime of the record `process` acted in at `at`: the one of the grant its work
+/// runs under (the token its last `WorkStarted` before `at` names: a late copy of a claim
+/// of its own moves nothing), else of its last grant before, or, never granted the key,
+/// the one `at` falls in.
 fn grant_lifetime(events: &[Event], starts: &[usize], process: Process, at: usize) -> usize {
     let lifetime_at = |at: usize| starts.iter().rposition(|start| *start <= at).unwrap_or(0);
-    events[..=at.min(events.len().saturating_sub(1))]
-        .iter()
-        .rposition(|event| matches!(event, Event::Claimed { process: p, .. } if *p == process))
+    let before = &events[..=at.min(events.len().saturating_sub(1))];
+    let working = before.iter().rev().find_map(|event| match event {
+        Event::WorkStarted {
+            process: p, token, ..
+        } if *p == process => Some(*token),
+        _ => None,
+    });
+    let granted_with = |token: u64| {
+        before.iter().position(|event| {
+            matches!(event, Event::Claimed { process: p, token: t, .. } if *p == process && *t == token)
+        })
+    };
+    working
+        .and_then(granted_with)
+        .or_else(|| {
+            before.iter().rposition(
+                |event| matches!(event, Event::Claimed { process: p, .. } if *p == process),
+            )
+        })
         .map_or_else(|| lifetime_at(at), lifetime_at)
 }
 
@@ -264,9 +329,9 @@ fn bound(
 }
 
 /// `ctx.resumed()` is true exactly after a takeover: a token above the first claim's (or,
-/// on the safe side, after a retried claim with such a token: [`claims_sent`]). And
+/// on the safe side, after a retried claim with such a token: [`claim_retried`]). And
 /// every new owner's token is above every earlier owner's.
-fn resumed(events: &[Event], verdict: &mut Verdict) {
+fn resumed(events: &[Event], plan: &[PlacedFault], verdict: &mut Verdict) {
     let mut owners: Vec<(Process, u64)> = Vec::new();
     for event in events {
         if let Event::Claimed { process, token, .. } = event {
@@ -299,7 +364,7 @@ fn resumed(events: &[Event], verdict: &mut Verdict) {
                     matches!(granted, Event::Claimed { process: p, token: t, resumed: true, .. }
                         if p == process && t == token)
                 })
-            && !(*resumed && *token > 1 && claims_sent(events, *process) > 1)
+            && !(*resumed && *token > 1 && claim_retried(events, plan, *process))
         {
             verdict.broken.push(Broken::Resumed {
                 process: *process,
@@ -348,7 +413,6 @@ fn late_grants(events: &[Event], starts: &[usize], verdict: &mut Verdict) {
             // which cannot tell them apart (the key is held a lease for nobody).
             (released, ended, last_owner) = (BTreeSet::new(), BTreeSet::new(), None);
             tokens.clear();
-            continue;
         }
         let late = match event {
             Event::Released { process } => {
@@ -488,19 +552,10 @@ fn excuse(
     // The work's own effect outside any step, by a process that lost its lease to a cut
     // and went on, and by the owner granted the key after that cut, in either order.
     if *effect == Effect::Work {
-        if timing.heartbeat == Heartbeat::Off {
-            // Either owner may be the one that worked on past its unrenewed lease.
-            for ((stale, stale_at), (owner, owner_at)) in [
-                ((again, again_at), (first, first_at)),
-                ((first, first_at), (again, again_at)),
-            ] {
-                if let Some(granted_at) = last_claim(events, owner, owner_at)
-                    && last_claim(events, stale, stale_at).is_some_and(|at| at < granted_at)
-                    && granted_while_live(timing, events, stale, (granted_at, owner)).is_none()
-                {
-                    return Ok(Excuse::Unrenewed(stale));
-                }
-            }
+        // The process that had it again worked on past its unrenewed lease, the other
+        // having been granted the key after it ended.
+        if let Some(stale) = unrenewed(timing, events, (again, again_at), (first, first_at)) {
+            return Ok(Excuse::Unrenewed(stale));
         }
         if cut_then_granted(timing, events, (again_at, again), first_at, first) {
             return Ok(Excuse::CutOutsideStep(again));
@@ -520,6 +575,13 @@ fn excuse(
         });
     if stored {
         return Err(format!("{first} had stored it before"));
+    }
+    // The first had it, stored it, and then the other was granted the key: a lost
+    // record, whatever the heartbeat. The other way round, see `unrenewed`.
+    if *effect == Effect::Work
+        && let Some(stale) = unrenewed(timing, events, (first, first_at), (again, again_at))
+    {
+        return Ok(Excuse::Unrenewed(stale));
     }
     if first == again {
         return Err("the same process ran it twice".into());
@@ -1098,11 +1160,20 @@ fn placed(
     compensation: &Compensation,
     verdict: &mut Verdict,
 ) {
-    // Where the last write of a mark landed, in the order the store applied them.
+    // The highest token a mark was written under (its writer's grant). The store reads
+    // the marks by token, not by the order they landed: a late copy of a start mark that
+    // lands after its own end mark, under the same token, changes nothing.
     let landed = |mark: &str| {
         events
             .iter()
-            .rposition(|event| matches!(event, Event::Checkpointed { step, .. } if step == mark))
+            .enumerate()
+            .filter_map(|(at, event)| match event {
+                Event::Checkpointed { process, step } if step == mark => {
+                    Some(token_at(events, *process, at))
+                }
+                _ => None,
+            })
+            .max()
     };
     let failed = compensation.failed.as_ref().map(|f| f.step.as_str());
     // Where each registered step's undo runs: the reverse of the order the steps ran in.
@@ -1127,7 +1198,8 @@ fn placed(
             .map(|s| (s.as_str(), "interrupted")),
     );
     for (step, listed) in listings {
-        // The undo started last and did not end after (a retried undo starts again).
+        // The undo started under a later grant than any end (a retried undo starts again
+        // under its new owner's token).
         let started = landed(&format!("idem.undo:{step}")).is_some_and(|start| {
             landed(&format!("idem.undone:{step}")).is_none_or(|end| end < start)
         });
@@ -1149,7 +1221,11 @@ fn placed(
         if scenario.rerun_registers_nothing() && !ever_started && !expected.contains(&"pending") {
             expected.push("pending");
         }
-        if !expected.contains(&listed) || (listed == "interrupted" && !ever_started) {
+        // An undo that ran to its end (undone, failed) left its end mark after its start.
+        let ended = ever_started && !started;
+        let unmarked_end = matches!(listed, "undone" | "failed") && !ended;
+        if !expected.contains(&listed) || (listed == "interrupted" && !ever_started) || unmarked_end
+        {
             verdict.broken.push(Broken::CompensationMisplaced {
                 step: step.to_owned(),
                 listed,
@@ -1303,7 +1379,8 @@ mod tests {
             mark(Process::First, "idem.undo:debit"),
             mark(Process::First, "idem.undone:debit"),
         ];
-        let mut events = undone.to_vec();
+        let mut events = vec![claimed(Process::First, 1, 2_000)];
+        events.extend(undone);
         assert_eq!(
             misplaced(&events, &listed),
             [("reserve".into(), "interrupted")]
@@ -1315,7 +1392,14 @@ mod tests {
             misplaced(&events, &listed),
             [("reserve".into(), "interrupted")]
         );
-        // A retried undo starts again after its first end mark.
+        // A late copy of the start mark, under the same grant, changes nothing.
+        events.push(mark(Process::First, "idem.undo:reserve"));
+        assert_eq!(
+            misplaced(&events, &listed),
+            [("reserve".into(), "interrupted")]
+        );
+        // A retried undo starts again, under its new owner's grant, after the first end.
+        events.push(claimed(Process::Retry(1), 2, 6_000));
         events.push(mark(Process::Retry(1), "idem.undo:reserve"));
         assert_eq!(misplaced(&events, &listed), []);
     }
@@ -1323,16 +1407,46 @@ mod tests {
     /// Listed pending: only after a failed undo (or for a step that cannot be undone).
     #[test]
     fn an_undo_is_pending_only_behind_a_failed_one() {
+        let ran = |steps: &[&str]| -> Vec<Event> {
+            steps
+                .iter()
+                .flat_map(|step| {
+                    [
+                        mark(Process::First, &format!("idem.undo:{step}")),
+                        mark(Process::First, &format!("idem.undone:{step}")),
+                    ]
+                })
+                .collect()
+        };
         let nothing_failed = compensation(r#"{"undone":["notify","debit"],"pending":["reserve"]}"#);
         assert_eq!(
-            misplaced(&[], &nothing_failed),
+            misplaced(&ran(&["notify", "debit"]), &nothing_failed),
             [("reserve".into(), "pending")]
         );
         let stopped = compensation(
             r#"{"undone":["notify"],"failed":{"step":"debit","error":"refused"},"pending":["reserve"]}"#,
         );
         // `debit`'s undo succeeds in this scenario: listing it failed is misplaced too.
-        assert_eq!(misplaced(&[], &stopped), [("debit".into(), "failed")]);
+        assert_eq!(
+            misplaced(&ran(&["notify", "debit"]), &stopped),
+            [("debit".into(), "failed")]
+        );
+    }
+
+    /// Listed undone: only once its end mark landed after its start (an undo that never
+    /// marks its end would otherwise pass, listed interrupted by every takeover).
+    #[test]
+    fn an_undo_is_undone_only_after_its_end_mark() {
+        let listed = compensation(r#"{"undone":["notify","debit","reserve"]}"#);
+        let mut events: Vec<Event> = ["notify", "debit", "reserve"]
+            .iter()
+            .map(|step| mark(Process::First, &format!("idem.undo:{step}")))
+            .collect();
+        assert_eq!(misplaced(&events, &listed).len(), 3);
+        for step in ["notify", "debit", "reserve"] {
+            events.push(mark(Process::First, &format!("idem.undone:{step}")));
+        }
+        assert_eq!(misplaced(&events, &listed), []);
     }
 
     /// p1 (lease to 2 s) is cut off; the racer is granted the key with its lease ending at

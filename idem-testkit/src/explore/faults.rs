@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -576,9 +576,19 @@ impl World {
 
     /// Waits until the run is over: a dead process's calls and effects never happen.
     pub(crate) async fn dead(&self) {
-        let _parked = Parked::new(self);
+        let mut parked = Parked {
+            world: self,
+            task: None,
+        };
         let mut over = self.over.subscribe();
-        let _ = over.wait_for(|over| *over).await;
+        let mut wait = pin!(over.wait_for(|over| *over));
+        // Counted under the task polling it now: a future polled once by its caller and
+        // then moved to a task of its own (the driver's durable writes) moves with it.
+        poll_fn(|cx| {
+            parked.under(tokio::task::try_id());
+            wait.as_mut().poll(cx).map(drop)
+        })
+        .await;
     }
 
     /// How many tasks wait in [`World::dead`].
@@ -705,36 +715,52 @@ impl World {
     }
 }
 
-/// Counts the current task as parked in [`World::dead`] while it lives.
+/// Counts the task that polls a wait in [`World::dead`] as parked while the wait lives.
 struct Parked<'a> {
     world: &'a World,
     task: Option<tokio::task::Id>,
 }
 
-impl<'a> Parked<'a> {
-    fn new(world: &'a World) -> Self {
-        let task = tokio::task::try_id();
-        if let Some(task) = task {
-            let mut parked = world.parked.lock().unwrap_or_else(PoisonError::into_inner);
-            *parked.entry(task).or_default() += 1;
+impl Parked<'_> {
+    fn under(&mut self, task: Option<tokio::task::Id>) {
+        if task == self.task {
+            return;
         }
-        Self { world, task }
-    }
-}
-
-impl Drop for Parked<'_> {
-    fn drop(&mut self) {
-        let Some(task) = self.task else { return };
         let mut parked = self
             .world
             .parked
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(waits) = parked.get_mut(&task) {
-            *waits -= 1;
-            if *waits == 0 {
-                parked.remove(&task);
-            }
+        if let Some(old) = self.task {
+            leave(&mut parked, old);
+        }
+        if let Some(new) = task {
+            *parked.entry(new).or_default() += 1;
+        }
+        self.task = task;
+    }
+}
+
+fn leave(parked: &mut HashMap<tokio::task::Id, usize>, task: tokio::task::Id) {
+    if let Some(waits) = parked.get_mut(&task) {
+        *waits -= 1;
+        if *waits == 0 {
+            parked.remove(&task);
+        }
+    }
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        if let Some(task) = self.task {
+            leave(
+                &mut self
+                    .world
+                    .parked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner),
+                task,
+            );
         }
     }
 }

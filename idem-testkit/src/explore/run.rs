@@ -114,9 +114,11 @@ pub(crate) async fn run(
             let _ = racer.await;
         }
     }
-    if paused {
-        drain(&world, baseline).await;
-    }
+    let left = if paused {
+        drain(&world, baseline).await
+    } else {
+        0
+    };
     // Copies that found no moment of their own (no later grant, a write still running when
     // its process ended) land now: the network delivers them late, not never.
     world.land_copies(|_| true).await;
@@ -129,10 +131,14 @@ pub(crate) async fn run(
         if scenario.expect() == Expect::Marked {
             stored_compensation(&world, &caller.key).await;
         }
+        // What the check itself left behind (what was left before is reported already).
+        if paused {
+            drain(&world, baseline + left).await;
+        }
     }
     world.end();
     let events = world.ledger.snapshot();
-    let verdict = check::check(scenario, &timing, &events, retries, plan.is_empty());
+    let verdict = check::check(scenario, &timing, &events, retries, &plan);
     RunOutcome {
         trace: events
             .iter()
@@ -299,11 +305,12 @@ fn alive_tasks() -> usize {
 /// result's write the driver moved to a task of its own when its caller went away, a
 /// call still hanging, a paused process's work. Their effects belong to the run. Only the
 /// tasks of crashed processes, parked until the run ends, may stay; any other still alive
-/// after far longer than any of them may take is recorded (`Event::Lingered`).
+/// after far longer than any of them may take is recorded (`Event::Lingered`), and
+/// answered: how many.
 ///
 /// Only under paused time: a server's client keeps tasks of its own (connections, pools)
 /// that come and go, so there the count says nothing.
-async fn drain(world: &World, baseline: usize) {
+async fn drain(world: &World, baseline: usize) -> usize {
     let timing = world.timing;
     let bound = timing.lease * 6 + timing.hang + timing.stall * 2 + timing.store_timeout * 8;
     let tick = (timing.lease / 8).max(Duration::from_millis(1));
@@ -311,14 +318,16 @@ async fn drain(world: &World, baseline: usize) {
     let started = tokio::time::Instant::now();
     while lingering() > 0 {
         if started.elapsed() >= bound {
+            let tasks = lingering();
             world.ledger.push(Event::Lingered {
-                tasks: lingering(),
+                tasks,
                 after: started.elapsed(),
             });
-            return;
+            return tasks;
         }
         tokio::time::sleep(tick).await;
     }
+    0
 }
 
 /// How long an `execute` may go on before the explorer gives up on it: far past any

@@ -49,4 +49,4 @@ pub use answer::Attempts;
 pub use error::ClientError;
 pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, ShortKey};
 pub use middleware::IdempotencyMiddleware;
-pub use policy::{IDEM_IN_FLIGHT, IDEM_TAKEN_OVER, RetryPolicy};
+pub use policy::{IDEM_IN_FLIGHT, IDEM_TAKEN_OVER, MAX_WAIT, RetryPolicy};

@@ -27,8 +27,13 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///   this one: the key is kept in the `send`'s extensions.
 /// - **What is retried.** A connection error or timeout (the request may have reached the
 ///   server: that is what the key is for), a 409 whose problem type says the first try is
-///   still running, 429 and 503. Never a 400, a 422 (the key was used for another
-///   request: a bug to surface, with the server's problem) or any other answer.
+///   still running, 429 and 503 (not served), and 408, 502 and 504 (a gateway or the
+///   server saying the request may have reached it and its answer did not come back).
+///   Never a 400, a 422 (the key was used for another request: a bug to surface, with
+///   the server's problem) or any other answer. Not 500 either: the server ran the
+///   request and answered that it failed; idem-http holds such a key for a lease (the
+///   effect may have happened), so a retry would only poll, then run a failed handler
+///   again. Retry a 500 yourself, later, with the same key, when you know the handler.
 /// - **Only when safe.** A request with a key, or with an idempotent method (`GET`,
 ///   `HEAD`, `PUT`, `DELETE`, `OPTIONS`, `TRACE`). Any other is sent once.
 /// - **When.** See [`RetryPolicy`]: `Retry-After` when the server sent one, else
@@ -270,7 +275,14 @@ async fn classify(
     };
     let wait = retry_after(response.headers(), SystemTime::now());
     match response.status() {
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Tried::Again {
+        // Not served (429, 503), or a gateway's or the server's own word that the request
+        // may have reached the server and its answer did not come back (408, 502, 504):
+        // the key makes sending it again safe.
+        StatusCode::TOO_MANY_REQUESTS
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::REQUEST_TIMEOUT
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::GATEWAY_TIMEOUT => Tried::Again {
             last: Ok(response),
             wait,
         },

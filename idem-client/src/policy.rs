@@ -12,6 +12,10 @@ pub const IDEM_IN_FLIGHT: &str = "tag:idem-http,2026:in-flight";
 /// one ran: that try's answer is to be fetched by retrying.
 pub const IDEM_TAKEN_OVER: &str = "tag:idem-http,2026:taken-over";
 
+/// The longest backoff and deadline a policy takes: a day. Longer values are taken as a
+/// day, never as an overflow.
+pub const MAX_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// How a logical operation is retried.
 ///
 /// - At most `max_attempts` tries, all within `deadline` of the first (a try still
@@ -64,19 +68,21 @@ impl RetryPolicy {
         self
     }
 
-    /// The backoff before the second try, doubling after each (at most `max`).
+    /// The backoff before the second try, doubling after each (at most `max`). Both are
+    /// taken at most [`MAX_WAIT`] (a day): longer waits belong to a job queue.
     #[must_use]
     pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.first_backoff = first;
-        self.max_backoff = max.max(first);
+        self.first_backoff = first.min(MAX_WAIT);
+        self.max_backoff = max.min(MAX_WAIT).max(self.first_backoff);
         self
     }
 
     /// How long one operation may take, every try and wait included: a try still
-    /// unanswered at the deadline ends with `ClientError::DeadlineExceeded`.
+    /// unanswered at the deadline ends with `ClientError::DeadlineExceeded`. Taken at most
+    /// [`MAX_WAIT`] (a day), so `Duration::MAX` means "a day".
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline;
+        self.deadline = deadline.min(MAX_WAIT);
         self
     }
 
@@ -170,5 +176,18 @@ mod tests {
         }
         assert!(policy.backoff_after(1) <= Duration::from_millis(10));
         assert_eq!(RetryPolicy::default().max_attempts(0).attempts(), 1);
+    }
+
+    #[test]
+    fn the_longest_durations_are_a_day_never_an_overflow() {
+        let policy = RetryPolicy::default()
+            .backoff(Duration::MAX, Duration::MAX)
+            .deadline(Duration::MAX);
+        assert_eq!(policy.total(), MAX_WAIT);
+        for attempt in [1, 2, 30, u32::MAX] {
+            assert!(policy.backoff_after(attempt) <= MAX_WAIT);
+        }
+        let policy = RetryPolicy::default().backoff(Duration::from_secs(1), Duration::ZERO);
+        assert!(policy.backoff_after(1) <= Duration::from_secs(1));
     }
 }

@@ -27,6 +27,26 @@ struct Server {
     plain_hits: AtomicU32,
     /// Requests that reached the busy handler.
     busy_hits: AtomicU32,
+    /// Requests that reached the gateway handler.
+    gateway_hits: AtomicU32,
+}
+
+/// What a gateway in front of the server answers the first time: the status the request
+/// names in `x-first-status` (502, 504, 408 ...); then 201.
+async fn gateway(
+    State(server): State<Arc<Server>>,
+    headers: HeaderMap,
+) -> axum::response::Response {
+    let first = server.gateway_hits.fetch_add(1, Ordering::SeqCst) == 0;
+    let status = headers
+        .get("x-first-status")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u16>().ok())
+        .and_then(|v| StatusCode::from_u16(v).ok());
+    match status {
+        Some(status) if first => (status, "upstream").into_response(),
+        _ => (StatusCode::CREATED, "done").into_response(),
+    }
 }
 
 async fn charge(State(server): State<Arc<Server>>, headers: HeaderMap) -> impl IntoResponse {
@@ -69,6 +89,7 @@ async fn start() -> (SocketAddr, Arc<Server>) {
         .route("/payments", post(charge).route_layer(layer))
         .route("/plain", post(plain))
         .route("/busy", get(busy))
+        .route("/gateway", post(gateway))
         .with_state(Arc::clone(&server));
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
@@ -371,4 +392,41 @@ fn futures_stream()
         }
     }
     Once(Some(bytes::Bytes::from_static(b"amount=500")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateways_timeouts_are_retried_and_a_500_is_an_answer() {
+    for (status, retried) in [(502, true), (504, true), (408, true), (500, false)] {
+        let (addr, server) = start().await;
+        let client = client(IdempotencyMiddleware::new().policy(quick()));
+        let response = client
+            .post(format!("http://{addr}/gateway"))
+            .with_extension(IdempotencyKey::new("order-9").unwrap())
+            .header("x-first-status", status.to_string())
+            .body("amount=500")
+            .send()
+            .await
+            .unwrap();
+        let hits = server.gateway_hits.load(Ordering::SeqCst);
+        if retried {
+            assert_eq!((response.status().as_u16(), hits), (201, 2), "{status}");
+        } else {
+            assert_eq!((response.status().as_u16(), hits), (status, 1), "{status}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_durations_are_taken_as_a_day() {
+    let (addr, _server) = start().await;
+    let policy = RetryPolicy::default()
+        .deadline(Duration::MAX)
+        .backoff(Duration::from_millis(10), Duration::MAX);
+    let response = client(IdempotencyMiddleware::new().policy(policy))
+        .post(format!("http://{addr}/payments"))
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
 }

@@ -77,6 +77,21 @@ pub(crate) fn parse(value: &[u8]) -> Result<String, KeyHeaderError> {
     Ok(out)
 }
 
+/// The key a header other than `Idempotency-Key` carries (`webhook-id`, a queue's message
+/// id): its value as it is, with surrounding spaces trimmed. Such ids are opaque strings
+/// (Standard Webhooks': base64 with `=`, addresses with `@`, lists, spaces, quotes); only
+/// `Idempotency-Key` is a Structured Field.
+pub(crate) fn opaque(value: &[u8]) -> Result<String, KeyHeaderError> {
+    let text = std::str::from_utf8(value).map_err(|_| KeyHeaderError::NotAscii)?;
+    if !text
+        .bytes()
+        .all(|b| (0x20..0x7f).contains(&b) || b == b'\t')
+    {
+        return Err(KeyHeaderError::NotAscii);
+    }
+    Ok(text.trim_matches([' ', '\t']).to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +111,25 @@ mod tests {
             "a \"quoted\" \\ key"
         );
         assert_eq!(parse(b"\"with spaces\"").unwrap(), "with spaces");
+    }
+
+    #[test]
+    fn other_headers_are_read_as_they_are() {
+        for id in [
+            "bXNn==",
+            "a@b.example",
+            "x,y;z",
+            "with spaces",
+            "\"quoted\"",
+        ] {
+            assert_eq!(opaque(id.as_bytes()).unwrap(), id);
+        }
+        assert_eq!(opaque(b"  padded\t").unwrap(), "padded");
+        assert_eq!(
+            opaque("schl\u{fc}ssel".as_bytes()),
+            Err(KeyHeaderError::NotAscii)
+        );
+        assert_eq!(opaque(b"a\x01b"), Err(KeyHeaderError::NotAscii));
     }
 
     #[test]

@@ -422,7 +422,10 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The header to read instead of `Idempotency-Key`.
+    /// The header to read instead of `Idempotency-Key` (`webhook-id` for Standard
+    /// Webhooks). Its value is the key as it is, surrounding spaces trimmed: ids of other
+    /// headers are opaque strings (`=`, `@`, `,`, `;`, spaces and quotes are all part of
+    /// the key), where `Idempotency-Key` is a Structured Field string or a bare token.
     #[must_use]
     pub fn header(mut self, name: HeaderName) -> Self {
         self.config_mut().header = name;

@@ -234,7 +234,14 @@ where
             let client_key = match (value, repeated) {
                 (None, _) => Err(missing_key(&config)),
                 (Some(value), false) => {
-                    key_header::parse(value.as_bytes()).map_err(|err| malformed_key(&config, &err))
+                    // Only `Idempotency-Key` is a Structured Field; another header's value
+                    // (a webhook id) is an opaque string.
+                    let read = if config.header == crate::layer::DEFAULT_HEADER {
+                        key_header::parse(value.as_bytes())
+                    } else {
+                        key_header::opaque(value.as_bytes())
+                    };
+                    read.map_err(|err| malformed_key(&config, &err))
                 }
                 (Some(_), true) => Err(malformed_key(&config, &KeyHeaderError::Repeated)),
             };

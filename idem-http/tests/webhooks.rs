@@ -234,3 +234,29 @@ async fn two_messages_run_twice_and_two_senders_never_share_an_id() {
         ]
     );
 }
+
+#[tokio::test]
+async fn opaque_message_ids_are_keys_as_they_are() {
+    // Standard Webhooks ids are opaque strings: senders use base64 (`=`), emails (`@`),
+    // lists (`,` `;`) and spaces. Each runs once and is replayed, never refused.
+    let receiver = Receiver::start().await;
+    let ids = [
+        "bXNnXzJLV1BCZ0xsQWZ4ZHB4MkFJNTRwUEo4NWY0Vw==",
+        "delivery@hooks.example",
+        "order,42;retry",
+        "msg with spaces",
+        "\"quoted\"",
+    ];
+    for (seq, id) in ids.iter().enumerate() {
+        let delivery = Delivery::signed(SECRET, id, now() - 10, PAYLOAD);
+        let first = receiver.deliver("acme", &delivery).await;
+        assert_eq!(first.status, 200, "{id}: {first:?}");
+        let again = receiver.deliver("acme", &delivery).await;
+        assert!(again.replayed, "{id}: {again:?}");
+        assert_eq!(again.body, first.body, "{id}");
+        assert_eq!(receiver.entries().len(), seq + 1, "{id}");
+    }
+    // Each its own key: `"quoted"` is not `quoted`.
+    let plain = Delivery::signed(SECRET, "quoted", now() - 10, PAYLOAD);
+    assert!(!receiver.deliver("acme", &plain).await.replayed);
+}

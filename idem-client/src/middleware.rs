@@ -49,7 +49,15 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///
 /// Use it for servers that honour `Idempotency-Key` (idem-http, Stripe-style APIs): a
 /// server that ignores the header runs a retried `POST` twice, so keep a plain client for
-/// those. An automatic key lives for one `send`: retries of your own around `send` (an
+/// those.
+///
+/// **With a retry middleware** (reqwest-retry's `RetryTransientMiddleware`): either order
+/// keeps one key per `send`. Inside this one (added after it) is the order to prefer: its
+/// tries then go through this middleware's rules. Outside it, it also retries what this
+/// middleware deliberately answers, a 500 above all: idem-http holds a key whose handler
+/// answered 500 for a lease, so those tries poll it, and once the lease ends the handler
+/// runs again. One `http::Extensions` is one operation: passing the same one to
+/// `execute_with_extensions` for two requests sends both under one key. An automatic key lives for one `send`: retries of your own around `send` (an
 /// application's retry, a timeout around the call) need an [`IdempotencyKey`] of your own,
 /// kept with the operation. A key given as an extension wins over an `Idempotency-Key`
 /// header set as well.

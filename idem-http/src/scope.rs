@@ -210,14 +210,22 @@ pub fn operation(principal: impl Display, parts: &Parts) -> Result<String, Refus
     Ok(format!("sha256:{}", hex(digest.as_bytes())))
 }
 
-/// The request's path as the client sent it: the one axum's router saw first
-/// (`OriginalUri`) when the layer sits inside `Router::nest` or `nest_service`, which strip
-/// their prefix from the URI the inner service gets; otherwise the URI's own path.
+/// The request's path as the outermost axum router received it (`OriginalUri`), when
+/// the layer sits inside `Router::nest` or `nest_service`, which strip their prefix from
+/// the URI the inner service gets; otherwise the URI's own path.
 ///
 /// Use it, not `parts.uri.path()`, wherever a scope or a fingerprint of your own names the
 /// route: behind `nest("/tenants/a", ..)` and `nest("/tenants/b", ..)` the stripped path
 /// is the same `/payments` for both, and one tenant's retry would replay the other's
 /// answer. [`operation`], [`by_principal`] and the layer's default fingerprint use it.
+///
+/// - A rewrite made before the router (tower-http's `NormalizePath` around it, a gateway
+///   stripping a prefix) is what the router receives, so it counts.
+/// - A rewrite made between the router and this layer (a `map_request` that aliases one
+///   path to another) does not, unless it also sets `OriginalUri` to the path it wants
+///   to count (as `idem proxy` does with the path it makes plain).
+/// - Without the `axum` feature this is the URI's own path: under axum's `nest`, scope by
+///   the full path yourself.
 ///
 /// ```
 /// use http::Request;

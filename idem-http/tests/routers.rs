@@ -150,3 +150,59 @@ fn the_path_is_the_one_the_client_sent() {
     ));
     assert_eq!(scope::path(&parts), "/tenants/a/payments");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nest_with_a_path_parameter_keeps_each_tenant_apart() {
+    // One nest serves every tenant: `/tenants/{tenant}`, the layer inside it.
+    let effects = Effects::default();
+    let app = Router::new().nest("/tenants/{tenant}", tenant(&effects).layer(layer()));
+    let server = Server::start(app).await;
+    let a = send(
+        &client(),
+        &server.url("/tenants/a/payments"),
+        Some("k"),
+        "{}",
+        &[],
+    )
+    .await;
+    let b = send(
+        &client(),
+        &server.url("/tenants/b/payments"),
+        Some("k"),
+        "{}",
+        &[],
+    )
+    .await;
+    assert!(!b.replayed(), "b got a's answer");
+    assert_ne!(a.body, b.body);
+    assert_eq!(effects.runs(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_around_the_whole_router_sees_the_whole_path() {
+    // As a tower layer around the router (no `OriginalUri` yet): the URI is the client's.
+    let effects = Effects::default();
+    let router = Router::new()
+        .nest("/v1", tenant(&effects))
+        .nest("/v2", tenant(&effects));
+    let app = tower::ServiceBuilder::new()
+        .map_response(|response: http::Response<idem_http::Body>| {
+            response.map(axum::body::Body::new)
+        })
+        .layer(layer())
+        .service(router);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let served = tokio::spawn(async move {
+        axum::serve(listener, tower::make::Shared::new(app))
+            .await
+            .unwrap();
+    });
+    let url = |path: &str| format!("http://{addr}{path}");
+    let v1 = send(&client(), &url("/v1/payments"), Some("k"), "{}", &[]).await;
+    let v2 = send(&client(), &url("/v2/payments"), Some("k"), "{}", &[]).await;
+    assert_eq!((v1.status, v2.status), (200, 200));
+    assert!(!v2.replayed(), "v2 got v1's answer");
+    assert_eq!(effects.runs(), 2);
+    served.abort();
+}

@@ -351,6 +351,11 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 };
                 *request.uri_mut() = uri;
             }
+            // The router in front set the path as it came; the scope and the fingerprint
+            // read that one first (`idem_http::scope::path`): they must see the plain one,
+            // or each spelling of a path would be an operation of its own.
+            let plain = axum::extract::OriginalUri(request.uri().clone());
+            request.extensions_mut().insert(plain);
             let route = shared.routes.find(request.method(), request.uri().path());
             let (name, response) = match route {
                 Some(index) => (

@@ -42,14 +42,7 @@ pub enum KeyHeaderError {
 ///   send a UUID unquoted.
 /// - Surrounding spaces are ignored.
 pub(crate) fn parse(value: &[u8]) -> Result<String, KeyHeaderError> {
-    let text = std::str::from_utf8(value).map_err(|_| KeyHeaderError::NotAscii)?;
-    if !text
-        .bytes()
-        .all(|b| (0x20..0x7f).contains(&b) || b == b'\t')
-    {
-        return Err(KeyHeaderError::NotAscii);
-    }
-    let text = text.trim_matches([' ', '\t']);
+    let text = visible(value)?;
     let Some(quoted) = text.strip_prefix('"') else {
         let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~:/".contains(c);
         if !text.chars().all(token) {
@@ -82,6 +75,11 @@ pub(crate) fn parse(value: &[u8]) -> Result<String, KeyHeaderError> {
 /// (Standard Webhooks': base64 with `=`, addresses with `@`, lists, spaces, quotes); only
 /// `Idempotency-Key` is a Structured Field.
 pub(crate) fn opaque(value: &[u8]) -> Result<String, KeyHeaderError> {
+    visible(value).map(str::to_owned)
+}
+
+/// The value, printable ASCII (tabs too), with surrounding spaces and tabs trimmed.
+fn visible(value: &[u8]) -> Result<&str, KeyHeaderError> {
     let text = std::str::from_utf8(value).map_err(|_| KeyHeaderError::NotAscii)?;
     if !text
         .bytes()
@@ -89,7 +87,7 @@ pub(crate) fn opaque(value: &[u8]) -> Result<String, KeyHeaderError> {
     {
         return Err(KeyHeaderError::NotAscii);
     }
-    Ok(text.trim_matches([' ', '\t']).to_owned())
+    Ok(text.trim_matches([' ', '\t']))
 }
 
 #[cfg(test)]

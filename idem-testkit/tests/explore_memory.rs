@@ -15,7 +15,7 @@ use idem_core::{
 };
 use idem_testkit::explore::{
     Broken, DEFAULT_SEED, ExploreError, Explorer, Fault, FaultPoint, Mode, PlacedFault, Process,
-    Report, Scenario, Site, Target, Timing,
+    Report, RunReport, Scenario, Site, Target, Timing,
 };
 
 fn memory() -> Target {
@@ -41,6 +41,15 @@ fn every_single_fault_and_sampled_pairs_on_memory() {
         "{}",
         report.summary()
     );
+}
+
+/// One run of `scenario` with `faults` on a store broken by `flaw`, printed.
+fn run_flawed(flaw: Flaw, scenario: Scenario, faults: Vec<PlacedFault>) -> RunReport {
+    let run = Explorer::new(flawed(flaw))
+        .run_plan(scenario, faults)
+        .expect("the exploration runs");
+    println!("{run}");
+    run
 }
 
 /// How a store is broken on purpose.
@@ -327,10 +336,7 @@ fn a_drop_after_the_checkpoint_was_sent_excuses_nothing() {
     // p1's caller goes away while the checkpoint of `reserve` is pending: the driver's
     // write goes on in its own task, so the step running again is not the drop's doing.
     let drop = at_call(Process::First, 1, Operation::Checkpoint, Fault::DropBefore);
-    let run = Explorer::new(flawed(Flaw::FailsStepCheckpoints))
-        .run_plan(Scenario::Steps, vec![drop])
-        .expect("the exploration runs");
-    println!("{run}");
+    let run = run_flawed(Flaw::FailsStepCheckpoints, Scenario::Steps, vec![drop]);
     assert!(
         run.violations.iter().any(|v| matches!(
             &v.broken,
@@ -395,10 +401,7 @@ fn a_retried_complete_answered_fenced_is_reported() {
     // Fenced, and the driver tells its caller the lease was lost although its own result
     // is the one stored.
     let lost = at_call(Process::First, 1, Operation::Complete, Fault::LostAnswer);
-    let run = Explorer::new(flawed(Flaw::RetriedCompleteFenced))
-        .run_plan(Scenario::Plain, vec![lost])
-        .expect("the exploration runs");
-    println!("{run}");
+    let run = run_flawed(Flaw::RetriedCompleteFenced, Scenario::Plain, vec![lost]);
     assert!(
         run.violations.iter().any(|v| matches!(
             &v.broken,

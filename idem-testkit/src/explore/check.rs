@@ -1286,6 +1286,13 @@ mod tests {
         events
     }
 
+    /// The effects check alone over `events`, one lifetime, on virtual time.
+    fn effects_of(events: &[Event]) -> Verdict {
+        let mut verdict = Verdict::default();
+        effects(&Timing::virtual_time(), events, &[0], &mut verdict);
+        verdict
+    }
+
     fn claimed(process: Process, token: u64, lease_until: u64) -> Event {
         Event::Claimed {
             process,
@@ -1464,8 +1471,7 @@ mod tests {
             },
             effect(Process::First, Effect::Work, racer_until - 1_800),
         ];
-        let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
+        let verdict = effects_of(&events);
         verdict
     }
 
@@ -1480,8 +1486,7 @@ mod tests {
             effect(Process::First, Effect::Work, 4_000),
             effect(Process::Racer, Effect::Work, 6_000),
         ];
-        let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
+        let verdict = effects_of(&events);
         assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
         assert!(
             matches!(&verdict.at_least_once[..], [why] if why.contains("p1 had been cut off")),
@@ -1525,8 +1530,7 @@ mod tests {
             claimed(Process::Racer, 2, 4_500),
             effect(Process::Racer, Effect::Step("debit".into()), 2_600),
         ];
-        let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
+        let verdict = effects_of(&events);
         assert!(verdict.at_least_once.is_empty());
         assert!(
             matches!(&verdict.broken[..], [Broken::Repeated { why, .. }] if why.contains("started it 100 ms after its lease had ended")),
@@ -1536,21 +1540,14 @@ mod tests {
         // Started while the lease lived, the same partition excuses it.
         let mut events = events;
         events[2] = effect(Process::First, Effect::Step("debit".into()), 1_900);
-        let mut verdict = Verdict::default();
-        effects(&Timing::virtual_time(), &events, &[0], &mut verdict);
+        let verdict = effects_of(&events);
         assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
         assert_eq!(verdict.at_least_once.len(), 1);
     }
 
     #[test]
     fn a_crash_between_the_effect_and_its_checkpoint_is_at_least_once() {
-        let mut verdict = Verdict::default();
-        effects(
-            &Timing::virtual_time(),
-            &crash_after_the_effect(false),
-            &[0],
-            &mut verdict,
-        );
+        let verdict = effects_of(&crash_after_the_effect(false));
         assert!(verdict.broken.is_empty(), "{:?}", verdict.broken);
         assert_eq!(verdict.at_least_once.len(), 1);
     }
@@ -1560,13 +1557,7 @@ mod tests {
     /// the crash's, and is reported.
     #[test]
     fn a_crash_after_the_step_returned_excuses_nothing() {
-        let mut verdict = Verdict::default();
-        effects(
-            &Timing::virtual_time(),
-            &crash_after_the_effect(true),
-            &[0],
-            &mut verdict,
-        );
+        let verdict = effects_of(&crash_after_the_effect(true));
         assert!(verdict.at_least_once.is_empty());
         assert!(
             matches!(&verdict.broken[..], [Broken::Repeated { why, .. }] if why.contains("gone past `debit`")),

@@ -1471,8 +1471,7 @@ mod tests {
             },
             effect(Process::First, Effect::Work, racer_until - 1_800),
         ];
-        let verdict = effects_of(&events);
-        verdict
+        effects_of(&events)
     }
 
     /// Found by the long run: p1, cut off, has the work's effect after its lease ended and

@@ -26,9 +26,11 @@
 //! ```
 //!
 //! A connection cut after the server processed the request, a timeout, a 409 saying the
-//! first try still runs, a 429 or a 503: the same request goes again with the same key,
-//! after `Retry-After` or a backoff, and the server (idem-http on the other side) answers
-//! the first result. A 400 or a 422 is never retried: it is a bug to surface.
+//! first try still runs, a 429 or a 503, a gateway's 408, 502 or 504: the same request
+//! goes again with the same key, after `Retry-After` or a backoff, and the server
+//! (idem-http on the other side) answers the first result. A 400 or a 422 is never
+//! retried: it is a bug to surface; nor a 500, the server's own word that the request
+//! failed.
 //!
 //! ## Where things live
 //!

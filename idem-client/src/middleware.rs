@@ -57,7 +57,9 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 /// middleware deliberately answers, a 500 above all: idem-http holds a key whose handler
 /// answered 500 for a lease, so those tries poll it, and once the lease ends the handler
 /// runs again. One `http::Extensions` is one operation: passing the same one to
-/// `execute_with_extensions` for two requests sends both under one key. An automatic key lives for one `send`: retries of your own around `send` (an
+/// `execute_with_extensions` for two requests sends both under one key.
+///
+/// An automatic key lives for one `send`: retries of your own around `send` (an
 /// application's retry, a timeout around the call) need an [`IdempotencyKey`] of your own,
 /// kept with the operation. A key given as an extension wins over an `Idempotency-Key`
 /// header set as well.

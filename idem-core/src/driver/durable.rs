@@ -26,7 +26,8 @@ use crate::{
 
 /// A fenced write of the driver's.
 pub(crate) enum Write {
-    Complete(Vec<u8>),
+    /// Shared, so that a caller can keep the bytes without copying them.
+    Complete(Arc<Vec<u8>>),
     Fail(Vec<u8>),
     Checkpoint(StepName, Vec<u8>),
     Release,

@@ -1,6 +1,8 @@
 //! Storing what the work answered: its result, its permanent failure, or the marker that
 //! stands in for a value that cannot be stored; and answering it as stored.
 
+use std::sync::Arc;
+
 use super::error::{CannotStore, Interrupted, Reason};
 use super::wire::{Marker, StoredFailure, Wire};
 use super::{Context, Error, Idempotency, Outcome, WorkError, durable, observe};
@@ -58,7 +60,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         // The answer is what a replay will decode: a value that does not survive the trip
         // fails now, once, and is stored as such.
         let prepared = context.take_completion();
-        let committed = prepared.clone();
+        let was_prepared = prepared.is_some();
         let (bytes, stored) = match prepared {
             // Completed inside the work's own transaction: those bytes are the result.
             Some(bytes) => {
@@ -97,6 +99,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             };
             return Box::pin(self.fail::<W>(context, StoredFailure::Marker(marker), None)).await;
         }
+        let bytes = Arc::new(bytes);
+        // Kept (shared, not copied) to read back a result the work committed itself.
+        let committed = was_prepared.then(|| Arc::clone(&bytes));
         match durable::finish(context, durable::Write::Complete(bytes), W::marker).await? {
             durable::Finished::Applied => Ok(Outcome::Completed {
                 value: stored,
@@ -107,7 +112,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             // stall (a retry could not replay it). Another owner's record: it never
             // committed.
             durable::Finished::Fenced => match committed {
-                Some(bytes) if context.committed_result_stands(&bytes).await => {
+                Some(committed) if context.committed_result_stands(&committed).await => {
                     Ok(Outcome::Completed {
                         value: stored,
                         replayed: false,

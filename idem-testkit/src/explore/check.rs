@@ -601,9 +601,6 @@ fn excuse(
     if let Some(why) = granted_while_live(timing, events, first, (claim_at, again)) {
         return Err(why);
     }
-    if *effect == Effect::Work && cut_before(events, first, first_at) {
-        return Ok(Excuse::CutOutsideStep(first));
-    }
     if let Some(why) = started_late(events, first, first_at) {
         return Err(why);
     }
@@ -714,12 +711,7 @@ fn cut_then_granted(
     owner_at: usize,
     owner: Process,
 ) -> bool {
-    let held_from = last_claim(events, stale, stale_at).unwrap_or(0);
-    let Some(cut_at) = events[held_from..stale_at]
-        .iter()
-        .position(|event| matches!(event, Event::CutOff { process, .. } if *process == stale))
-        .map(|offset| held_from + offset)
-    else {
+    let Some(cut_at) = cut_at(events, stale, stale_at) else {
         return false;
     };
     last_claim(events, owner, owner_at).is_some_and(|granted_at| {
@@ -750,10 +742,17 @@ fn started_late(events: &[Event], process: Process, at: usize) -> Option<String>
 /// True when `process` was cut off (paused or partitioned) after its last grant before
 /// `at`, and before `at`.
 fn cut_before(events: &[Event], process: Process, at: usize) -> bool {
+    cut_at(events, process, at).is_some()
+}
+
+/// Where `process` was first cut off (paused or partitioned) after its last grant before
+/// `at`, and before `at`.
+fn cut_at(events: &[Event], process: Process, at: usize) -> Option<usize> {
     let held_from = last_claim(events, process, at).unwrap_or(0);
     events[held_from..at]
         .iter()
-        .any(|event| matches!(event, Event::CutOff { process: p, .. } if *p == process))
+        .position(|event| matches!(event, Event::CutOff { process: p, .. } if *p == process))
+        .map(|offset| held_from + offset)
 }
 
 /// Where the store last granted `process` a lease before `before`.

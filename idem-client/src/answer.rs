@@ -1,6 +1,12 @@
 //! What the answer says about how it was obtained.
 
+use crate::key::IdempotencyKey;
+
 /// How an answer was obtained: in a response's extensions after the middleware.
+///
+/// The key is the operation's (the caller's or the automatic one): keep it before
+/// reading the body, so that a body cut off mid-way can be fetched again by retrying the
+/// request with it.
 ///
 /// ```
 /// use idem_client::Attempts;
@@ -9,7 +15,7 @@
 /// // Absent unless the middleware handled the request.
 /// assert!(response.extensions().get::<Attempts>().is_none());
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct Attempts {
     /// How many requests were sent, the first included (polls of a request in flight
@@ -18,4 +24,6 @@ pub struct Attempts {
     /// Whether the server replayed an earlier try's answer (`Idempotent-Replayed: true`):
     /// the operation ran once, on an earlier try.
     pub replayed: bool,
+    /// The key every try carried; `None` for a request sent without one.
+    pub key: Option<IdempotencyKey>,
 }

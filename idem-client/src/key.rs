@@ -100,6 +100,44 @@ impl IdempotencyKey {
         value
     }
 
+    /// The header's value as a bare token, for servers that do not parse Structured
+    /// Fields and would store the quotes as part of the key (Stripe-style APIs). `None`
+    /// when the key holds a character a token cannot (only letters, digits and
+    /// ``!#$%&'*+-.^_`|~:/`` can): such a key goes quoted or not at all.
+    ///
+    /// ```
+    /// use idem_client::IdempotencyKey;
+    ///
+    /// assert_eq!(IdempotencyKey::new("order-1187")?.bare_header_value(), Some("order-1187"));
+    /// assert_eq!(IdempotencyKey::new("order 1187")?.bare_header_value(), None);
+    /// # Ok::<(), idem_client::KeyError>(())
+    /// ```
+    pub fn bare_header_value(&self) -> Option<&str> {
+        self.0.chars().all(is_token_char).then_some(self.0.as_str())
+    }
+
+    /// The key a header value set by the caller carries: a Structured Field string, or a
+    /// bare value as it is (surrounding spaces trimmed). `None` when it is no valid key.
+    pub(crate) fn from_header(value: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(value).ok()?.trim_matches(' ');
+        let Some(quoted) = text.strip_prefix('"') else {
+            return Self::new(text).ok();
+        };
+        let mut key = String::with_capacity(quoted.len());
+        let mut chars = quoted.chars();
+        loop {
+            match chars.next()? {
+                '"' => break,
+                '\\' => key.push(chars.next().filter(|c| matches!(c, '"' | '\\'))?),
+                c => key.push(c),
+            }
+        }
+        if chars.next().is_some() {
+            return None;
+        }
+        Self::new(key).ok()
+    }
+
     /// A short hash of the key, for logs: keyed with a secret drawn once per process, so
     /// the tries of one key match in logs while a guessable key (`order-1187`) cannot be
     /// found from its hash.
@@ -112,6 +150,33 @@ impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "IdempotencyKey(#{})", self.short_hash())
     }
+}
+
+/// How the key is written in the header.
+///
+/// ```
+/// use idem_client::{HeaderForm, IdempotencyMiddleware};
+///
+/// // For a server that reads the header's bytes as the key, without parsing quotes.
+/// let middleware = IdempotencyMiddleware::new().header_form(HeaderForm::Bare);
+/// # let _ = middleware;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HeaderForm {
+    /// A Structured Field string (`"order-1187"`), as the IETF draft defines the header;
+    /// idem-http reads both forms.
+    #[default]
+    Quoted,
+    /// The key as it is (`order-1187`), for servers that take the header's bytes as the
+    /// key (Stripe-style APIs store the quotes otherwise). Keys that are not a token are
+    /// refused with [`ClientError::KeyNotAToken`](crate::ClientError::KeyNotAToken).
+    Bare,
+}
+
+/// Whether `c` may appear in a bare key (what idem-http reads as an unquoted token).
+fn is_token_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~:/".contains(c)
 }
 
 /// The process's secret for log hashes.
@@ -170,5 +235,22 @@ mod tests {
         let key = IdempotencyKey::new("secret-order").unwrap();
         assert!(!format!("{key:?}").contains("secret"));
         assert_ne!(IdempotencyKey::random(), IdempotencyKey::random());
+    }
+
+    #[test]
+    fn a_header_set_by_hand_reads_back_as_its_key() {
+        for key in ["order-1", "a\"b\\c", "with space", "x"] {
+            let key = IdempotencyKey::new(key).unwrap();
+            assert_eq!(
+                IdempotencyKey::from_header(key.header_value().as_bytes()),
+                Some(key.clone())
+            );
+            if let Some(bare) = key.bare_header_value() {
+                assert_eq!(IdempotencyKey::from_header(bare.as_bytes()), Some(key));
+            }
+        }
+        for bad in [&b"\"open"[..], b"\"a\\x\"", b"\"a\" tail", b"", b"\xff"] {
+            assert_eq!(IdempotencyKey::from_header(bad), None, "{bad:?}");
+        }
     }
 }

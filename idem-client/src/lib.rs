@@ -26,29 +26,33 @@
 //! ```
 //!
 //! A connection cut after the server processed the request, a timeout, a 409 saying the
-//! first try still runs, a 429 or a 503, a gateway's 408, 502 or 504: the same request
-//! goes again with the same key, after `Retry-After` or a backoff, and the server
+//! first try still runs (idem-http's or Stripe's), a 429 or a 503, a gateway's 408, 502
+//! or 504: the same request goes again with the same key, after `Retry-After` or a
+//! backoff, within a per-try timeout, a deadline and a retry budget, and the server
 //! (idem-http on the other side) answers the first result. A 400 or a 422 is never
 //! retried: it is a bug to surface; nor a 500, the server's own word that the request
-//! failed.
+//! failed. An operation that ends without an answer comes back with its key
+//! ([`key_of`]), to retry later.
 //!
 //! ## Where things live
 //!
 //! - `middleware.rs`: [`IdempotencyMiddleware`], the tries and their classification.
 //! - `key.rs`: [`IdempotencyKey`], the header's Structured Field form.
 //! - `policy.rs`: [`RetryPolicy`], backoff and `Retry-After`.
-//! - `answer.rs`: [`Attempts`]; `error.rs`: [`ClientError`].
+//! - `body.rs`: stream bodies buffered to be sent again, 409 bodies read and handed back.
+//! - `answer.rs`: [`Attempts`]; `error.rs`: [`ClientError`], [`key_of`].
 
 #![warn(missing_docs)]
 
 mod answer;
+mod body;
 mod error;
 mod key;
 mod middleware;
 mod policy;
 
 pub use answer::Attempts;
-pub use error::ClientError;
-pub use key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, ShortKey};
-pub use middleware::IdempotencyMiddleware;
-pub use policy::{IDEM_IN_FLIGHT, IDEM_TAKEN_OVER, MAX_WAIT, RetryPolicy};
+pub use error::{ClientError, key_of};
+pub use key::{HeaderForm, IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, ShortKey};
+pub use middleware::{DEFAULT_BUFFER_LIMIT, IdempotencyMiddleware};
+pub use policy::{IDEM_IN_FLIGHT, IDEM_TAKEN_OVER, MAX_WAIT, RetryPolicy, STRIPE_KEY_IN_USE};

@@ -1,21 +1,27 @@
 //! The middleware: one key per logical operation, the same on every try, and retries
 //! only where the key (or the method) makes them safe.
 
+use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use http::{Extensions, HeaderValue, Method, StatusCode, header};
+use http_body_util::BodyExt;
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
+use tower::retry::budget::{Budget, TpsBudget};
 use tracing::Instrument;
 
 use crate::answer::Attempts;
+use crate::body;
 use crate::error::ClientError;
-use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, short_hash};
+use crate::key::{HeaderForm, IDEMPOTENCY_KEY, IdempotencyKey, short_hash};
 use crate::policy::{RetryPolicy, retry_after};
 
-/// The most bytes of a 409's problem document read to learn its type.
+/// The most bytes of a 409's body read to learn whether the first try still runs.
 const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 
 /// Sends each logical operation with one `Idempotency-Key` and retries it safely.
@@ -40,29 +46,47 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///   exponential backoff with jitter, all within a total deadline. For a request still in
 ///   flight the server's `Retry-After` is when its lease ends; the first try's answer may
 ///   come sooner, so the backoff polls for it, never later than that.
-/// - **The answer** carries [`Attempts`] in its extensions: how many tries it took and
-///   whether it was a replay (`Idempotent-Replayed: true`).
-/// - A body that cannot be sent twice (a stream) is refused before anything is sent,
-///   with [`ClientError::BodyNotReplayable`], when the request could be retried.
-/// - Each try is a `tracing` span `idem.client.attempt` with a short hash of the key,
-///   never the key.
+/// - **The answer** carries [`Attempts`] in its extensions: how many tries it took,
+///   whether it was a replay (`Idempotent-Replayed: true`), and the key.
+/// - **A stream body** (a `multipart::Form`, `Body::wrap_stream`) of a request that could
+///   be retried is read into memory first, up to
+///   [`IdempotencyMiddleware::buffer_streams`] (1 MiB unless told), so that every try
+///   sends the same bytes under one key; a longer one is refused before anything is sent.
+/// - **A retry budget** shared by the middleware's clones bounds the retries across
+///   operations ([`IdempotencyMiddleware::retry_budget`]): in an outage the tries do not
+///   multiply the load.
+/// - **Errors keep the key.** A keyed operation that ends without an answer comes back as
+///   [`ClientError::Unanswered`] (or [`ClientError::DeadlineExceeded`]) with its key, the
+///   last try's error as the source; [`key_of`](crate::key_of) finds it. The answer's
+///   [`Attempts`] holds it too: keep it before reading the body, whose cut mid-way only a
+///   retry with that key can mend.
+/// - Each try is a `tracing` span `idem.client.attempt` with a short hash of the key (the
+///   one the key's `Debug` shows), never the key.
 ///
 /// Use it for servers that honour `Idempotency-Key` (idem-http, Stripe-style APIs): a
 /// server that ignores the header runs a retried `POST` twice, so keep a plain client for
 /// those.
 ///
-/// **With a retry middleware** (reqwest-retry's `RetryTransientMiddleware`): either order
-/// keeps one key per `send`. Inside this one (added after it) is the order to prefer: its
-/// tries then go through this middleware's rules. Outside it, it also retries what this
-/// middleware deliberately answers, a 500 above all: idem-http holds a key whose handler
-/// answered 500 for a lease, so those tries poll it, and once the lease ends the handler
-/// runs again. One `http::Extensions` is one operation: passing the same one to
-/// `execute_with_extensions` for two requests sends both under one key.
+/// # Composing with other middlewares
 ///
-/// An automatic key lives for one `send`: retries of your own around `send` (an
-/// application's retry, a timeout around the call) need an [`IdempotencyKey`] of your own,
-/// kept with the operation. A key given as an extension wins over an `Idempotency-Key`
-/// header set as well.
+/// reqwest-middleware runs middlewares in the order they are added, the first outermost.
+///
+/// - **A retry middleware** (reqwest-retry's `RetryTransientMiddleware`): either order
+///   keeps one key per `send`. Add it after this one (inside) if you keep it at all: its
+///   tries then go through this middleware's rules and budget. Outside, it also retries
+///   what this middleware deliberately answers, a 500 above all: idem-http holds a key
+///   whose handler answered 500 for a lease, so those tries poll it, and once the lease
+///   ends the handler runs again. One `http::Extensions` is one operation: passing the
+///   same one to `execute_with_extensions` for two requests sends both under one key.
+/// - **Auth, signing and tracing** middlewares that set headers: inside this one, so each
+///   try is signed afresh (a timestamped signature) and traced as its own request; the
+///   key header is set before they run and they see it.
+/// - **A timeout of your own around `send`**, or an application's retry around it: an
+///   automatic key lives for one `send`, so such retries need an [`IdempotencyKey`] of
+///   your own, kept with the operation. reqwest's own `timeout` bounds each try; the
+///   policy's deadline and per-try timeout bound the whole.
+/// - A key given as an extension wins over an `Idempotency-Key` header set as well; a
+///   header set by hand is sent as it is.
 ///
 /// ```no_run
 /// use idem_client::{Attempts, IdempotencyKey, IdempotencyMiddleware};
@@ -79,15 +103,30 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///     .body(r#"{"amount":500}"#)
 ///     .send()
 ///     .await?;
-/// let attempts = response.extensions().get::<Attempts>().copied();
+/// let attempts = response.extensions().get::<Attempts>().cloned();
 /// println!("{} after {attempts:?}", response.status());
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct IdempotencyMiddleware {
     policy: RetryPolicy,
     automatic_keys: bool,
+    form: HeaderForm,
+    buffer_limit: usize,
+    budget: Option<Arc<dyn Budget + Send + Sync>>,
+}
+
+impl fmt::Debug for IdempotencyMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyMiddleware")
+            .field("policy", &self.policy)
+            .field("automatic_keys", &self.automatic_keys)
+            .field("form", &self.form)
+            .field("buffer_limit", &self.buffer_limit)
+            .field("budget", &self.budget.is_some())
+            .finish()
+    }
 }
 
 impl Default for IdempotencyMiddleware {
@@ -96,13 +135,22 @@ impl Default for IdempotencyMiddleware {
     }
 }
 
+/// How many bytes of a stream body are buffered by default to send it again: 1 MiB.
+pub const DEFAULT_BUFFER_LIMIT: usize = 1024 * 1024;
+
 impl IdempotencyMiddleware {
-    /// The middleware with [`RetryPolicy::default`] and automatic keys for `POST` and
-    /// `PATCH`.
+    /// The middleware with [`RetryPolicy::default`], automatic keys for `POST` and
+    /// `PATCH`, quoted keys, stream bodies buffered up to [`DEFAULT_BUFFER_LIMIT`], and a
+    /// retry budget of its own (tower's default [`TpsBudget`]: retries beyond 10 a second
+    /// are allowed only up to a fifth of the operations sent in the last 10 s), shared by
+    /// its clones.
     pub fn new() -> Self {
         Self {
             policy: RetryPolicy::default(),
             automatic_keys: true,
+            form: HeaderForm::Quoted,
+            buffer_limit: DEFAULT_BUFFER_LIMIT,
+            budget: Some(Arc::new(TpsBudget::default())),
         }
     }
 
@@ -121,23 +169,90 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// The key `request` goes with: the caller's, or a new one where the method needs it.
+    /// How keys are written in the header ([`HeaderForm::Quoted`] unless told). A header
+    /// the caller set by hand is sent as it is.
+    #[must_use]
+    pub fn header_form(mut self, form: HeaderForm) -> Self {
+        self.form = form;
+        self
+    }
+
+    /// The most bytes of a stream body (a `multipart::Form`, `Body::wrap_stream`) read
+    /// into memory before the first try, so that every try sends the same bytes (one
+    /// multipart boundary) under one key. A longer body is refused with
+    /// [`ClientError::BodyTooLarge`] before anything is sent; 0 refuses every stream
+    /// body of a request that could be retried ([`ClientError::BodyNotReplayable`]).
+    #[must_use]
+    pub fn buffer_streams(mut self, limit: usize) -> Self {
+        self.buffer_limit = limit;
+        self
+    }
+
+    /// The budget retries draw from, shared by every operation this middleware (and its
+    /// clones) sends: each operation deposits, each retry withdraws, and a retry the
+    /// budget refuses is not made (the last answer or error is returned). An outage then
+    /// adds a bounded share of load instead of multiplying it by the tries. Polls of a
+    /// request in flight draw nothing. Share one budget across clients with an `Arc`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_client::IdempotencyMiddleware;
+    /// use tower::retry::budget::TpsBudget;
+    ///
+    /// // Over 10 s: 2 retries a second, plus one retry per ten operations.
+    /// let budget = TpsBudget::new(Duration::from_secs(10), 2, 0.1);
+    /// let middleware = IdempotencyMiddleware::new().retry_budget(budget);
+    /// # let _ = middleware;
+    /// ```
+    #[must_use]
+    pub fn retry_budget(mut self, budget: impl Budget + Send + Sync + 'static) -> Self {
+        self.budget = Some(Arc::new(budget));
+        self
+    }
+
+    /// No budget: every operation may use all of its policy's tries.
+    #[must_use]
+    pub fn without_retry_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// The key `request` goes with, and whether the middleware writes it in the header
+    /// (`false` for a header the caller set, sent as it is).
     ///
     /// A new key is kept in the `send`'s extensions, which every middleware of the stack
     /// shares for the whole `send`: a retry middleware outside this one (reqwest-retry's,
     /// the natural order when adding idem-client to a stack) that calls it again gets the
     /// same key, not a new operation.
-    fn key_of(&self, request: &Request, extensions: &mut Extensions) -> Option<IdempotencyKey> {
+    fn key_of(
+        &self,
+        request: &Request,
+        extensions: &mut Extensions,
+    ) -> (Option<IdempotencyKey>, bool) {
         if let Some(key) = extensions.get::<IdempotencyKey>() {
-            return Some(key.clone());
+            return (Some(key.clone()), true);
         }
-        if request.headers().contains_key(IDEMPOTENCY_KEY) {
-            return None;
+        if let Some(value) = request.headers().get(IDEMPOTENCY_KEY) {
+            return (IdempotencyKey::from_header(value.as_bytes()), false);
         }
         let needs_one = *request.method() == Method::POST || *request.method() == Method::PATCH;
-        let key = (self.automatic_keys && needs_one).then(IdempotencyKey::random)?;
+        if !(self.automatic_keys && needs_one) {
+            return (None, false);
+        }
+        let key = IdempotencyKey::random();
         extensions.insert(key.clone());
-        Some(key)
+        (Some(key), true)
+    }
+
+    fn header_value(&self, key: &IdempotencyKey) -> Result<HeaderValue, ClientError> {
+        let value = match self.form {
+            HeaderForm::Bare => key
+                .bare_header_value()
+                .ok_or(ClientError::KeyNotAToken)?
+                .to_owned(),
+            _ => key.header_value(),
+        };
+        HeaderValue::from_str(&value).map_err(|_| ClientError::BadHeader)
     }
 }
 
@@ -168,20 +283,28 @@ impl Middleware for IdempotencyMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let key = self.key_of(&request, extensions);
-        if let Some(key) = &key {
-            let value = HeaderValue::from_str(&key.header_value())
-                .map_err(|_| reqwest_middleware::Error::middleware(ClientError::BadHeader))?;
+        let (key, write_header) = self.key_of(&request, extensions);
+        if let (Some(key), true) = (&key, write_header) {
+            let value = self
+                .header_value(key)
+                .map_err(reqwest_middleware::Error::middleware)?;
             request.headers_mut().insert(IDEMPOTENCY_KEY, value);
         }
         let keyed = key.is_some() || request.headers().contains_key(IDEMPOTENCY_KEY);
         let retryable = keyed || is_idempotent(request.method());
-        if retryable && request.try_clone().is_none() {
-            return Err(reqwest_middleware::Error::middleware(
-                ClientError::BodyNotReplayable,
-            ));
+        if retryable {
+            body::make_replayable(&mut request, self.buffer_limit)
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
         }
-        let short = short_of(&request);
+        let ended = Ended {
+            key: key.clone(),
+            retryable,
+        };
+        let short = short_of(key.as_ref(), &request);
+        if let Some(budget) = &self.budget {
+            budget.deposit();
+        }
         let started = Instant::now();
         let deadline = started + self.policy.total();
         let mut request = Some(request);
@@ -198,20 +321,41 @@ impl Middleware for IdempotencyMiddleware {
             }
             .ok_or_else(|| reqwest_middleware::Error::middleware(ClientError::BodyNotReplayable))?;
             let span = tracing::debug_span!("idem.client.attempt", attempt, key = %short);
-            // Each try ends by the deadline: a server that accepts and never answers does
-            // not hold the caller longer than the policy says.
+            // Each try ends by its own timeout and by the deadline: a server that accepts
+            // and never answers (or stalls a 409's body) does not hold the caller longer
+            // than the policy says.
             let left = deadline.saturating_duration_since(Instant::now());
-            let sent = next.clone().run(this_try, extensions).instrument(span);
-            let result = match tokio::time::timeout(left, sent).await {
-                Ok(result) => result,
-                Err(_) => Err(reqwest_middleware::Error::middleware(
-                    ClientError::DeadlineExceeded { attempts: attempt },
-                )),
+            let per_try = self.policy.per_try().min(left);
+            let backoff = self.policy.backoff_after(attempt);
+            let one_try = async {
+                let result = next.clone().run(this_try, extensions).await;
+                classify(result, &self.policy, backoff, keyed).await
+            }
+            .instrument(span);
+            let tried = match tokio::time::timeout(per_try, one_try).await {
+                Ok(tried) => tried,
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(reqwest_middleware::Error::middleware(
+                        ClientError::DeadlineExceeded {
+                            attempts: attempt,
+                            key,
+                        },
+                    ));
+                }
+                // The request may have reached the server, as after a timeout of the
+                // connection's own.
+                Err(_) => Tried::Again {
+                    last: Err(reqwest_middleware::Error::middleware(
+                        ClientError::AttemptTimedOut {
+                            after: self.policy.per_try(),
+                        },
+                    )),
+                    wait: None,
+                },
             };
-            let tried = classify(result, &self.policy, self.policy.backoff_after(attempt)).await;
             let (last, wait, in_flight) = match tried {
-                Tried::Answer(response) => return Ok(with_attempts(response, attempt)),
-                Tried::Final(err) => return Err(err),
+                Tried::Answer(response) => return Ok(ended.answer(response, attempt)),
+                Tried::Final(err) => return Err(ended.error(err, attempt)),
                 Tried::Again { last, wait } => (last, wait, false),
                 Tried::InFlight { last, wait } => (last, Some(wait), true),
             };
@@ -219,7 +363,7 @@ impl Middleware for IdempotencyMiddleware {
                 counted += 1;
             }
             if !retryable || counted >= self.policy.attempts() {
-                return last.map(|response| with_attempts(response, attempt));
+                return ended.last(last, attempt);
             }
             // Never back to back: a zero `Retry-After`, a date already past or a zero
             // backoff still leave a moment between tries.
@@ -229,7 +373,16 @@ impl Middleware for IdempotencyMiddleware {
             let left = deadline.saturating_duration_since(Instant::now());
             if pause >= left {
                 tracing::debug!(attempt, key = %short, "the deadline leaves no time for another try");
-                return last.map(|response| with_attempts(response, attempt));
+                return ended.last(last, attempt);
+            }
+            if !in_flight
+                && self
+                    .budget
+                    .as_ref()
+                    .is_some_and(|budget| !budget.withdraw())
+            {
+                tracing::debug!(attempt, key = %short, "the retry budget is spent: no retry");
+                return ended.last(last, attempt);
             }
             tracing::debug!(attempt, key = %short, pause_ms = pause.as_millis() as u64, "trying again");
             drop(last);
@@ -238,15 +391,71 @@ impl Middleware for IdempotencyMiddleware {
     }
 }
 
+/// How an operation's answer or error is handed back: with its key.
+struct Ended {
+    key: Option<IdempotencyKey>,
+    retryable: bool,
+}
+
+impl Ended {
+    fn answer(&self, mut response: Response, attempts: u32) -> Response {
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"));
+        response.extensions_mut().insert(Attempts {
+            attempts,
+            replayed,
+            key: self.key.clone(),
+        });
+        response
+    }
+
+    fn last(
+        &self,
+        last: reqwest_middleware::Result<Response>,
+        attempts: u32,
+    ) -> reqwest_middleware::Result<Response> {
+        match last {
+            Ok(response) => Ok(self.answer(response, attempts)),
+            Err(err) => Err(self.error(err, attempts)),
+        }
+    }
+
+    /// A keyed operation's error carries its key ([`ClientError::Unanswered`]), unless the
+    /// request was never sent (a builder error) or the error is one of ours already.
+    fn error(&self, err: reqwest_middleware::Error, attempts: u32) -> reqwest_middleware::Error {
+        let Some(key) = self.key.clone().filter(|_| self.retryable) else {
+            return err;
+        };
+        let ours = match &err {
+            reqwest_middleware::Error::Reqwest(err) => err.is_builder(),
+            reqwest_middleware::Error::Middleware(err) => err
+                .downcast_ref::<ClientError>()
+                .is_some_and(|err| err.key().is_some()),
+        };
+        if ours {
+            return err;
+        }
+        reqwest_middleware::Error::middleware(ClientError::Unanswered {
+            attempts,
+            key,
+            last: Box::new(err),
+        })
+    }
+}
+
 /// The shortest wait between two tries.
 const MIN_PAUSE: Duration = Duration::from_millis(10);
 
-/// What logs show of the request's key: a keyed short hash, or `-` without a key.
-fn short_of(request: &Request) -> String {
-    request.headers().get(IDEMPOTENCY_KEY).map_or_else(
-        || "-".to_owned(),
-        |value| short_hash(value.as_bytes()).to_string(),
-    )
+/// What logs show of the request's key: its keyed short hash (the one
+/// [`IdempotencyKey`]'s `Debug` shows), or `-` without a key.
+fn short_of(key: Option<&IdempotencyKey>, request: &Request) -> String {
+    match (key, request.headers().get(IDEMPOTENCY_KEY)) {
+        (Some(key), _) => key.short_hash().to_string(),
+        (None, Some(value)) => short_hash(value.as_bytes()).to_string(),
+        (None, None) => "-".to_owned(),
+    }
 }
 
 /// Whether `method` is idempotent by its definition (RFC 9110 §9.2.2).
@@ -267,6 +476,7 @@ async fn classify(
     result: reqwest_middleware::Result<Response>,
     policy: &RetryPolicy,
     backoff: Duration,
+    keyed: bool,
 ) -> Tried {
     let response = match result {
         Ok(response) => response,
@@ -283,7 +493,7 @@ async fn classify(
         // would not help.
         Err(err) => return Tried::Final(err),
     };
-    let wait = retry_after(response.headers(), SystemTime::now());
+    let asked = retry_after(response.headers(), SystemTime::now());
     match response.status() {
         // Not served (429, 503), or a gateway's or the server's own word that the request
         // may have reached the server and its answer did not come back (408, 502, 504):
@@ -294,79 +504,88 @@ async fn classify(
         | StatusCode::BAD_GATEWAY
         | StatusCode::GATEWAY_TIMEOUT => Tried::Again {
             last: Ok(response),
-            wait,
+            wait: asked.map(|asked| policy.jittered(asked)),
         },
-        StatusCode::CONFLICT if is_problem(&response) => match problem_type(response).await {
+        StatusCode::CONFLICT => {
             // The server's `Retry-After` here is when the first try's lease ends, and its
             // answer may come any moment before: poll with backoff, never later.
-            Ok((response, Some(kind))) if policy.is_in_flight_type(&kind) => Tried::InFlight {
-                last: Ok(response),
-                wait: wait.map_or(backoff, |wait| wait.min(backoff)),
-            },
-            Ok((response, _)) => Tried::Answer(response),
-            // The answer broke off while its problem was read: as a cut connection.
-            Err(err) => Tried::Again {
-                last: Err(err),
-                wait: None,
-            },
-        },
+            let poll = asked.map_or(backoff, |asked| asked.min(backoff));
+            if keyed && policy.every_conflict() {
+                return Tried::InFlight {
+                    last: Ok(response),
+                    wait: poll,
+                };
+            }
+            if !is_json(&response) {
+                return Tried::Answer(response);
+            }
+            match read_conflict(response).await {
+                Ok((response, Some(body))) if policy.says_in_flight(&body) => Tried::InFlight {
+                    last: Ok(response),
+                    wait: poll,
+                },
+                Ok((response, _)) => Tried::Answer(response),
+                // The answer broke off while its body was read: as a cut connection.
+                Err(err) => Tried::Again {
+                    last: Err(err.into()),
+                    wait: None,
+                },
+            }
+        }
         _ => Tried::Answer(response),
     }
 }
 
-fn is_problem(response: &Response) -> bool {
+/// Whether the answer is JSON (`application/json`, `application/problem+json`, any
+/// `+json`).
+fn is_json(response: &Response) -> bool {
     response
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.contains("problem+json"))
+        .and_then(|value| value.split(';').next())
+        .map(|essence| essence.trim().to_ascii_lowercase())
+        .is_some_and(|essence| essence == "application/json" || essence.ends_with("+json"))
 }
 
-/// The problem document's `type`, and the response rebuilt around the bytes read (at
-/// most [`MAX_PROBLEM_BYTES`]; a larger 409 is no problem document of a server's).
-async fn problem_type(
-    mut response: Response,
-) -> reqwest_middleware::Result<(Response, Option<String>)> {
-    let status = response.status();
-    let version = response.version();
-    let headers = response.headers().clone();
-    let extensions = response.extensions().clone();
+/// A 409's JSON body, and the response rebuilt around it. A body over
+/// [`MAX_PROBLEM_BYTES`] is no in-flight answer of a server's: it is handed back whole,
+/// the bytes read first, then the rest as it comes.
+async fn read_conflict(
+    response: Response,
+) -> Result<(Response, Option<serde_json::Value>), reqwest::Error> {
     let url = response.url().clone();
-    let mut bytes = Vec::new();
-    while let Some(chunk) = response.chunk().await? {
-        bytes.extend_from_slice(&chunk);
-        if bytes.len() > MAX_PROBLEM_BYTES {
-            return Err(reqwest_middleware::Error::middleware(
-                ClientError::ConflictTooLarge,
-            ));
+    let (parts, mut body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    let mut read = Vec::new();
+    let mut ended = false;
+    while read.len() <= MAX_PROBLEM_BYTES {
+        match body.frame().await {
+            None => {
+                ended = true;
+                break;
+            }
+            Some(frame) => {
+                if let Ok(data) = frame?.into_data() {
+                    read.extend_from_slice(&data);
+                }
+            }
         }
     }
-    let problem_type = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|problem| problem.get("type")?.as_str().map(str::to_owned));
-    let mut rebuilt = http::Response::new(bytes);
-    *rebuilt.status_mut() = status;
-    *rebuilt.version_mut() = version;
-    *rebuilt.headers_mut() = headers;
-    *rebuilt.extensions_mut() = extensions;
+    let read = Bytes::from(read);
+    let (parsed, rebuilt) = if ended {
+        let parsed = serde_json::from_slice::<serde_json::Value>(&read).ok();
+        (parsed, reqwest::Body::from(read))
+    } else {
+        (None, reqwest::Body::wrap(body::Prefixed::new(read, body)))
+    };
+    let mut rebuilt = http::Response::from_parts(parts, rebuilt);
     // The URL travels as reqwest's own extension, set through its builder.
     let with_url = http::Response::builder()
         .url(url)
         .body(())
         .map(|r| r.into_parts().0);
-    if let Ok(parts) = with_url {
-        rebuilt.extensions_mut().extend(parts.extensions);
+    if let Ok(with_url) = with_url {
+        rebuilt.extensions_mut().extend(with_url.extensions);
     }
-    Ok((Response::from(rebuilt), problem_type))
-}
-
-fn with_attempts(mut response: Response, attempts: u32) -> Response {
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true"));
-    response
-        .extensions_mut()
-        .insert(Attempts { attempts, replayed });
-    response
+    Ok((Response::from(rebuilt), parsed))
 }

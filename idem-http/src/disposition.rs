@@ -40,7 +40,8 @@ pub enum Disposition {
 /// | 1xx, 2xx, 3xx | [`Disposition::Store`] | the request was carried out: a retry gets this answer |
 /// | 402 Payment Required | [`Disposition::Store`] | a declined payment is a result: a retry must not charge again |
 /// | 400, 401, 403, 404, 405, 406, 409, 410, 411, 412, 413, 414, 415, 416, 417, 421, 422, 423, 424, 426, 428, 431, 451, and any other 4xx | [`Disposition::Release`] | a client error says the request was not carried out (RFC 9110 §15.5): a corrected retry (a fixed body, a refreshed token, the optimistic lock retried after a 409) runs the handler, as Stripe does for requests that fail validation |
-/// | 408 Request Timeout, 425 Too Early, 429 Too Many Requests | [`Disposition::Release`] | the request was not processed; retry later |
+/// | 425 Too Early, 429 Too Many Requests | [`Disposition::Release`] | the request was not processed; retry later |
+/// | 408 Request Timeout | [`Disposition::Hold`] | the layer reads the whole request before the handler runs, so a 408 after it comes from a timeout between the layer and the handler (tower-http's `TimeoutLayer` answers 408), which may have cut the handler off after its effect |
 /// | 5xx | [`Disposition::Hold`] | the handler failed, possibly after its effect: the key is held until the lease ends, then a retry takes over (resuming through its steps) |
 ///
 /// A handler whose 4xx follows an effect says so with [`Disposition::Store`] in the
@@ -55,11 +56,13 @@ pub enum Disposition {
 /// assert_eq!(default_disposition(StatusCode::UNPROCESSABLE_ENTITY), Disposition::Release);
 /// assert_eq!(default_disposition(StatusCode::CONFLICT), Disposition::Release);
 /// assert_eq!(default_disposition(StatusCode::TOO_MANY_REQUESTS), Disposition::Release);
+/// assert_eq!(default_disposition(StatusCode::REQUEST_TIMEOUT), Disposition::Hold);
 /// assert_eq!(default_disposition(StatusCode::INTERNAL_SERVER_ERROR), Disposition::Hold);
 /// ```
 pub fn default_disposition(status: StatusCode) -> Disposition {
     match status {
         StatusCode::PAYMENT_REQUIRED => Disposition::Store,
+        StatusCode::REQUEST_TIMEOUT => Disposition::Hold,
         status if status.is_client_error() => Disposition::Release,
         status if status.is_server_error() => Disposition::Hold,
         _ => Disposition::Store,

@@ -95,13 +95,22 @@ impl Config {
         if let Some(requirement) = self.requirement.as_ref().and_then(|f| f(parts)) {
             return requirement;
         }
-        if self.leave_unmatched && routed && unmatched_route(parts) {
+        let unmatched = routed && unmatched_route(parts);
+        if self.leave_unmatched && unmatched {
             return KeyRequirement::Ignored;
         }
-        self.methods
+        let by_method = self
+            .methods
             .iter()
             .find(|(m, _)| *m == parts.method)
-            .map_or(KeyRequirement::Ignored, |(_, requirement)| *requirement)
+            .map_or(KeyRequirement::Ignored, |(_, requirement)| *requirement);
+        // A request no route matched goes to the router's fallback as it would without
+        // the layer (`POST /typo` is axum's 404, not 400 for a missing key); with a key,
+        // it is still protected, and a 404 is released, never stored.
+        match (by_method, unmatched) {
+            (KeyRequirement::Required, true) => KeyRequirement::Optional,
+            (requirement, _) => requirement,
+        }
     }
 
     /// A problem of the layer's own, its type under the configured base.
@@ -139,8 +148,9 @@ pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// Whether axum routed this request to a fallback: its router saw it (`OriginalUri`)
 /// and matched no route (`MatchedPath`). Only a router sets both, so a layer outside any
-/// router never takes a request for a fallback. A service mounted with `nest_service`
-/// looks the same (axum marks it with a private extension): hence opt-in.
+/// router never takes a request for a fallback. A service under `nest_service` looks the
+/// same (axum marks it with a private extension, and strips its prefix only inside the
+/// route the layer wraps).
 #[cfg(feature = "axum")]
 fn unmatched_route(parts: &Parts) -> bool {
     parts
@@ -173,7 +183,22 @@ pub(crate) fn is_axum_route<S: 'static>() -> bool {
 }
 
 /// The headers stored by default: what a client needs to read the response again.
-pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
+///
+/// | stored and replayed | why |
+/// |---|---|
+/// | `Content-Type`, `Content-Encoding`, `Content-Language`, `Content-Disposition` | how to read the stored body |
+/// | `Location`, `Content-Location`, `Link` | where the result is: a created resource's address |
+/// | `ETag`, `Last-Modified` | the validators of the result the first request made |
+/// | `Cache-Control`, `Expires`, `Vary` | what caches may do with that result |
+///
+/// Not stored, because each try has its own: `X-Request-Id`, `traceparent` and other
+/// tracing headers (a replay carrying the first try's id would tie the retry's logs to
+/// another request; put a request-id layer outside this one and the replay gets the
+/// retry's id), `Date`, `Server`, rate-limit counters, and `Set-Cookie` (a session; see
+/// [`IdempotencyLayer::store_set_cookie`]). Hop-by-hop headers and `Content-Length` are
+/// never stored. Add or drop one for a route with [`IdempotencyLayer::store_header`] and
+/// [`IdempotencyLayer::skip_header`] on that route's layer (`route_layer`).
+pub const DEFAULT_STORED_HEADERS: [HeaderName; 12] = [
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
     header::CONTENT_LANGUAGE,
@@ -186,7 +211,6 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
     header::VARY,
     header::CONTENT_DISPOSITION,
     header::CONTENT_LOCATION,
-    HeaderName::from_static("x-request-id"),
 ];
 
 /// A tower [`Layer`] that makes requests carrying an `Idempotency-Key` header safe to
@@ -207,7 +231,7 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 13] = [
 /// | [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after) | 1 s at most |
 /// | [`problem_type_base`](IdempotencyLayer::problem_type_base) | [`PROBLEM_TYPE_BASE`] |
 /// | [`on_replay`](IdempotencyLayer::on_replay) | none |
-/// | [`leave_unmatched_routes`](IdempotencyLayer::leave_unmatched_routes) | off: every request the layer wraps is protected |
+/// | [`leave_unmatched_routes`](IdempotencyLayer::leave_unmatched_routes) | off: a request no route matched goes to axum's fallback without a key, and is protected with one |
 /// | [`stored_headers`](IdempotencyLayer::stored_headers) | [`DEFAULT_STORED_HEADERS`]; never hop-by-hop; `Set-Cookie` only when [enabled](IdempotencyLayer::store_set_cookie) |
 /// | [`shadow`](IdempotencyLayer::shadow) | off |
 ///
@@ -355,19 +379,25 @@ impl IdempotencyLayer {
         self
     }
 
-    /// Passes requests that axum routed to a fallback (no route matched) through
-    /// untouched, with the `axum` feature (default off: every request the layer wraps is
-    /// protected). `POST /typo` then answers axum's 404, not 400 for a missing key.
+    /// Passes every request that axum routed to a fallback (no route matched) through
+    /// untouched, with the `axum` feature, keyed or not (default off).
+    ///
+    /// Without it, a request to a path no route matches already answers as it would
+    /// without the layer: with no key, the fallback answers it (`POST /typo` is axum's
+    /// 404, not 400 for a missing key); with a key, it is protected like any other, and
+    /// the fallback's 404 is released by the default status policy, never stored. This
+    /// setting also leaves keyed requests to the fallback unprotected: use it only when
+    /// the fallback does no work a retry could repeat.
     ///
     /// Prefer `Router::route_layer`, which wraps the routes and never the fallbacks, and
-    /// so needs no guess. This setting guesses: a request that axum's router saw
-    /// (`OriginalUri`) and matched to no route (no `MatchedPath`), in a layer placed with
-    /// `Router::layer` (its inner service is axum's `Route`). Do not use it on a router
-    /// with `nest_service` (axum marks those routes alike) or with a fallback that does
-    /// real work, such as forwarding to another service: those would go unprotected. A
-    /// 404 is released by the default status policy either way, never stored. It acts
-    /// only where the layer wraps axum's `Route` itself: under a `ServiceBuilder` with
-    /// other layers beneath it, it does nothing (every request stays protected).
+    /// so needs no guess. With `Router::layer` the layer tells a fallback by what axum
+    /// leaves in the request: its router saw it (`OriginalUri`) and matched no route (no
+    /// `MatchedPath`). A service under `nest_service` looks the same to it: behind
+    /// `Router::layer`, such a service gets keyless requests as a fallback would (keyed
+    /// ones are protected); to require keys there, wrap the nested service itself
+    /// (`nest_service("/svc", layer.layer(svc))`). The layer tells only where it wraps
+    /// axum's `Route` itself: under a `ServiceBuilder` with other layers beneath it,
+    /// every request is treated as a route's.
     ///
     /// ```
     /// use axum::{Router, routing::post};
@@ -506,6 +536,37 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn stored_headers<I: IntoIterator<Item = HeaderName>>(mut self, headers: I) -> Self {
         self.config_mut().stored_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// Stores and replays one more response header besides the current set (a charge id
+    /// of your own, say).
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
+    ///     .store_header(HeaderName::from_static("x-charge-id"))
+    ///     .skip_header(http::header::CACHE_CONTROL);
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn store_header(mut self, name: HeaderName) -> Self {
+        let stored = &mut self.config_mut().stored_headers;
+        if !stored.contains(&name) {
+            stored.push(name);
+        }
+        self
+    }
+
+    /// Stops storing and replaying one response header of the current set.
+    #[must_use]
+    pub fn skip_header(mut self, name: HeaderName) -> Self {
+        self.config_mut()
+            .stored_headers
+            .retain(|stored| *stored != name);
         self
     }
 

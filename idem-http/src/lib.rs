@@ -145,7 +145,7 @@
 //!   streamed while its record is finished; `handlers.rs`: the handlers that outlived
 //!   their request; `answer.rs`: the driver's answer as a response or a problem.
 //! - `key_header.rs`: reading `Idempotency-Key`; `request_fingerprint.rs`: what makes two
-//!   requests the same; `disposition.rs` and `grpc.rs`: what becomes of a response;
+//!   requests the same; `request_body.rs`: a compressed or multipart body by what it says; `disposition.rs` and `grpc.rs`: what becomes of a response;
 //!   `stored.rs`: how a response is stored; `problem.rs`: the problem documents;
 //!   `body.rs`: the body type.
 //! - [`scope`]: scopes from a verified principal; [`axum`]: the extractor and responses.
@@ -160,6 +160,25 @@
 //! named by its hash, [`scope::hashed`]. The authentication layer goes **outside** the
 //! idempotency layer: with `Router::layer` the last call is the outermost, with tower's
 //! `ServiceBuilder` the first; the [`scope`] module shows both.
+//!
+//! ## Composing with other layers
+//!
+//! Where the idempotency layer goes among the middlewares a service already stacks, and
+//! why; each placement is tested on a real axum router (the test file in brackets).
+//! "Outside" means the other middleware sees the request first: with `Router::layer` it
+//! is added after this layer, with tower's `ServiceBuilder` before it.
+//!
+//! | middleware | place it | why |
+//! |---|---|---|
+//! | authentication | outside | the scope is built from the principal it verified; inside, there is no principal yet and every caller shares one scope ([`scope`] module; `handlers.rs`) |
+//! | routing | `Router::route_layer` (or the layer inside `nest`, or on the outer router) | scopes and fingerprints use the path the outermost router received ([`scope::path`]), so nested routes never share answers; a request no route matched answers as without the layer (`routers.rs`, `traffic.rs`) |
+//! | load shedding, concurrency limits | inside | the layer waits for the inner service's readiness; a request `LoadShed` refuses never ran, so its key is released and the client gets 503 with `Retry-After`. Outside, a shed request never reaches the layer at all; both are safe (`composition.rs`) |
+//! | timeouts | outside | a timeout outside drops the layer's future: the handler finishes in a task of its own and stores its answer for the retry. Inside, it cuts the handler off, perhaps after its effect: the key is held for a lease, whatever status the timeout answers (408 included) (`composition.rs`) |
+//! | response compression | outside | the answer is stored plain and compressed per try, as each retry's `Accept-Encoding` says; inside, the first try's encoding is stored and replayed to every retry (`composition.rs`) |
+//! | request decompression | either | outside, the layer sees the decoded body; inside, the layer fingerprints a gzip or deflate body by what it decodes to, and a multipart body by its parts, so a retry compressed again or with a new boundary is the same request (`composition.rs`) |
+//! | request ids, tracing | outside | a replay then carries the retry's own id; the layer never stores `x-request-id` ([`DEFAULT_STORED_HEADERS`]) (`composition.rs`) |
+//! | retries (tower's `Retry`, a client's) | outside, or in the caller | every try carries the same key, so a retry of a request that ran is answered, not run again; a retry inside the layer would run the handler again under one claim |
+//! | gRPC (tonic) | inside the server's HTTP stack, around the service | answers go by their `grpc-status`; see [`grpc_disposition`] (`grpc.rs`) |
 //!
 //! ## axum
 //!
@@ -311,6 +330,7 @@ mod key_header;
 mod layer;
 pub mod observe;
 mod problem;
+mod request_body;
 mod request_fingerprint;
 pub mod scope;
 mod service;

@@ -10,6 +10,8 @@ use http::request::Parts;
 use http::{HeaderMap, header};
 use idem_core::Fingerprint;
 
+use crate::request_body::Content;
+
 type Custom = Arc<dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync>;
 
 /// How the layer fingerprints a request.
@@ -507,9 +509,22 @@ fn remove(value: &mut Json<'_>, field: &str) {
 }
 
 impl FingerprintRule {
+    /// The fingerprint of a request whose body is plain bytes.
+    #[cfg(test)]
     pub(crate) fn fingerprint(&self, parts: &Parts, body: &Bytes) -> Fingerprint {
+        self.fingerprint_of(parts, body, &Content::Plain(body.clone()))
+    }
+
+    /// The fingerprint of a request: `raw` is its body as it came (what a custom function
+    /// gets), `content` what it says (decoded, or split into its multipart parts).
+    pub(crate) fn fingerprint_of(
+        &self,
+        parts: &Parts,
+        raw: &Bytes,
+        content: &Content,
+    ) -> Fingerprint {
         let ignored = match self {
-            FingerprintRule::Custom(custom) => return custom(parts, body),
+            FingerprintRule::Custom(custom) => return custom(parts, raw),
             FingerprintRule::Default { ignored } => ignored,
         };
         let query = parts.uri.query().unwrap_or_default();
@@ -517,6 +532,32 @@ impl FingerprintRule {
             .field(parts.method.as_str())
             .field(crate::scope::path(parts))
             .field(framed_pairs(form_pairs(query.as_bytes())));
+        let body = match content {
+            Content::Plain(body) => body,
+            Content::Multipart(form) => {
+                // By its parts, in order; form fields left out by name, as for forms.
+                let mut builder = builder.field("multipart");
+                for part in form {
+                    let name = part.name.as_deref().unwrap_or_default();
+                    if ignored
+                        .iter()
+                        .any(|field| !field.starts_with('/') && *field == name)
+                    {
+                        continue;
+                    }
+                    let optional = |value: &Option<String>| match value {
+                        Some(value) => [b"+", value.as_bytes()].concat(),
+                        None => b"-".to_vec(),
+                    };
+                    builder = builder
+                        .field(optional(&part.name))
+                        .field(optional(&part.file_name))
+                        .field(optional(&part.content_type))
+                        .field(&part.bytes);
+                }
+                return builder.finish();
+            }
+        };
         let mime = media_type(&parts.headers);
         if mime.as_deref() == Some(FORM) {
             let mut pairs = form_pairs(body);

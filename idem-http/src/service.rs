@@ -279,7 +279,10 @@ where
             Err(refused) => return Box::pin(refused.answer(inner, &config, parts)).await,
         },
     };
-    let fingerprint = config.fingerprint.fingerprint(&parts, &body);
+    let content =
+        crate::request_body::content(&parts.headers, &body, config.max_request_body).await;
+    let fingerprint = config.fingerprint.fingerprint_of(&parts, &body, &content);
+    drop(content);
     protect(inner, config, key, fingerprint, parts, body).await
 }
 
@@ -411,6 +414,7 @@ where
     }
     match inner.call(request).await.map_err(Into::into) {
         Ok(response) => response.map(Body::new),
+        Err(err) if not_run(&err) => overloaded(config),
         Err(err) => {
             tracing::warn!(error = %err, "the inner service failed");
             handler_failed(config)
@@ -504,6 +508,10 @@ fn handler_failed_problem(config: &Config) -> crate::Problem {
         "The handler failed",
     )
 }
+
+/// The most frames read from a handler's body while they are ready before its head is
+/// sent: a body that is always ready is streamed, not buffered forever.
+const MAX_READY_FRAMES: usize = 1024;
 
 /// The driver's answer, in the work's future.
 type Executed = Result<Outcome<Vec<u8>, Vec<u8>>, Error>;
@@ -822,6 +830,7 @@ where
     drop(call);
     let response = match called {
         Ok(response) => response,
+        Err(err) if not_run(&err) => return shed(&config, &captured),
         Err(err) => return failed(&err, &config, &captured),
     };
     let (parts, body) = response.into_parts();
@@ -872,7 +881,9 @@ where
             Poll::Ready(None) => break true,
             Poll::Ready(Some(Ok(frame))) => {
                 read.push(frame);
-                if read.size > room.max(64 * 1024) {
+                // Bounded in frames too: a body of empty frames that are always ready
+                // would never grow past the size.
+                if read.size > room.max(64 * 1024) || read.frames.len() >= MAX_READY_FRAMES {
                     break false;
                 }
             }
@@ -934,7 +945,22 @@ where
         }
         let next = match deadline {
             None => next_frame_or_gone(&mut body, &client.frames).await,
-            Some(at) => match tokio::time::timeout_at(at, next_frame(&mut body)).await {
+            // A body whose frames are always ready never lets a timeout fire, and never
+            // yields: the end of the lease is checked before each frame, and each frame
+            // spends the task's budget, so that the work's heartbeat and the rest of the
+            // runtime run.
+            Some(at) if tokio::time::Instant::now() >= at => {
+                return match grpc {
+                    true => Err(WorkError::Unknown(Vec::new())),
+                    false => outcome(&kept, false),
+                };
+            }
+            Some(at) => match tokio::time::timeout_at(at, async {
+                tokio::task::coop::consume_budget().await;
+                next_frame(&mut body).await
+            })
+            .await
+            {
                 Ok(frame) => Next::Frame(frame),
                 Err(_) => {
                     // Nobody reads and the stream goes on: the key is finished now (a
@@ -1057,6 +1083,32 @@ fn stored(
         return without_body();
     }
     bytes
+}
+
+/// Whether an inner service's error says the request never reached the handler: tower's
+/// `LoadShed` refused it (its inner service was not ready), so nothing ran.
+fn not_run(err: &BoxError) -> bool {
+    err.is::<tower::load_shed::error::Overloaded>()
+}
+
+/// A request shed before the handler ran: the key is released at once, and the client
+/// gets 503 with `Retry-After`, to retry with the same key.
+fn shed(config: &Config, captured: &Captured) -> Result<Vec<u8>, WorkError<Vec<u8>>> {
+    tracing::debug!("the inner service shed the request; its key is released");
+    *lock(captured) = Some(overloaded(config));
+    Err(WorkError::Retryable(Vec::new()))
+}
+
+fn overloaded(config: &Config) -> Response<Body> {
+    config
+        .problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "The service is overloaded",
+        )
+        .detail("The request was shed before it ran; nothing was done. Retry with the same key after the time in Retry-After.")
+        .retry_after(1)
+        .into_http_response()
 }
 
 /// The handler failed (an error from the inner service, a panic, or a body that broke

@@ -202,7 +202,7 @@ async fn the_409_hints_a_short_wait_not_the_whole_lease() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn download_headers_and_request_ids_are_replayed() {
+async fn download_headers_are_replayed_and_request_ids_are_not() {
     let app = Router::new()
         .route(
             "/exports",
@@ -228,10 +228,13 @@ async fn download_headers_and_request_ids_are_replayed() {
     let first = post(&client(), &url, Some("k-csv"), "{}", &[]).await;
     let again = post(&client(), &url, Some("k-csv"), "{}", &[]).await;
     assert!(again.replayed());
-    for name in ["content-disposition", "content-location", "x-request-id"] {
+    for name in ["content-disposition", "content-location"] {
         assert_eq!(again.header(name), first.header(name), "{name}");
         assert!(again.header(name).is_some(), "{name}");
     }
+    // The first try's request id belongs to it: never handed to a retry.
+    assert_eq!(first.header("x-request-id"), Some("req-1"));
+    assert_eq!(again.header("x-request-id"), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,18 +261,68 @@ async fn axum_fallbacks_are_left_alone_where_the_layer_can_tell() {
     assert_eq!(store.len(), 0);
     let _ = effects;
 
-    // `Router::layer` wraps the fallback too: protected by default (a 404 is released,
-    // never kept), left alone when asked.
+    // `Router::layer` wraps the fallback too: without a key the fallback answers as it
+    // would without the layer (404, not 400 for a missing key); with one, it is
+    // protected (a 404 is released, never kept); left alone entirely when asked.
     let idem = Idempotency::new(MemoryStore::new());
     let store = idem.store().clone();
     let server = Server::start(app(layer(idem.into_dyn()), Effects::default())).await;
     let typo = server.url("/paymnets");
-    assert_eq!(post(&client(), &typo, None, "{}", &[]).await.status, 400);
+    let keyless = post(&client(), &typo, None, "{}", &[]).await;
+    assert_eq!(
+        keyless.status, 404,
+        "the fallback's own answer: {keyless:?}"
+    );
     let keyed = post(&client(), &typo, Some("k-typo"), "{}", &[]).await;
     let again = post(&client(), &typo, Some("k-typo"), "{}", &[]).await;
     assert_eq!((keyed.status, again.status), (404, 404));
     assert!(!again.replayed(), "a 404 is never kept");
     let _ = store;
+    // The routes still need their key.
+    let missing = post(&client(), &server.url("/payments"), None, "{}", &[]).await;
+    assert_eq!(missing.status, 400);
+
+    // A service under `nest_service` looks like a fallback to a layer outside it (no
+    // `MatchedPath`): a keyless request reaches it, a keyed one is protected. Wrapped
+    // itself, it requires its key.
+    let idem = Idempotency::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let nested = tower::service_fn(move |_request: Request<axum::body::Body>| {
+        let counted = Arc::clone(&counted);
+        async move {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let mut response = Response::new(axum::body::Body::from("nested"));
+            *response.status_mut() = StatusCode::CREATED;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let server = Server::start(
+        Router::new()
+            .nest_service("/svc", nested.clone())
+            .layer(layer(idem.into_dyn())),
+    )
+    .await;
+    let url = server.url("/svc/charge");
+    assert_eq!(post(&client(), &url, None, "{}", &[]).await.status, 201);
+    post(&client(), &url, Some("k-n"), "{}", &[]).await;
+    assert!(
+        post(&client(), &url, Some("k-n"), "{}", &[])
+            .await
+            .replayed()
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the keyless one, and the keyed one once"
+    );
+    let wrapped_nested = layer(Idempotency::new(MemoryStore::new()).into_dyn()).layer(
+        tower::util::MapRequestLayer::new(|r: Request<Body>| r.map(axum::body::Body::new))
+            .layer(nested.clone()),
+    );
+    let server = Server::start(Router::new().nest_service("/svc", wrapped_nested)).await;
+    let missing = post(&client(), &server.url("/svc/charge"), None, "{}", &[]).await;
+    assert_eq!(missing.status, 400, "wrapped itself, it requires its key");
 
     let idem = Idempotency::new(MemoryStore::new());
     let store = idem.store().clone();

@@ -187,6 +187,9 @@ pub(crate) fn not_stored(
     mut headers: HeaderMap,
     trailers: HeaderMap,
 ) -> Response<Body> {
+    if crate::grpc::is_grpc(&headers) {
+        return crate::grpc::not_stored(headers, &trailers);
+    }
     for name in [
         header::CONTENT_TYPE,
         header::CONTENT_ENCODING,

@@ -1,9 +1,14 @@
 //! What becomes of a gRPC answer: every call answers HTTP 200, and `grpc-status` says how
 //! it went.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 
-use crate::Disposition;
+use crate::problem::Problem;
+use crate::{Body, Disposition};
+
+/// The header of a gRPC answer of the layer's own that names its problem type (the
+/// `type` of the problem document an HTTP caller gets), for callers that branch on it.
+pub const GRPC_PROBLEM_HEADER: &str = "idem-problem-type";
 
 /// Whether a response is gRPC's (`application/grpc`, `application/grpc+proto`, ...).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
@@ -49,5 +54,166 @@ pub fn grpc_disposition(code: u32) -> Disposition {
         0 | 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16 => Disposition::Store,
         8 => Disposition::Release,
         _ => Disposition::Hold,
+    }
+}
+
+/// The gRPC status for a refusal of the layer's own, by its HTTP status:
+///
+/// | HTTP | gRPC | the layer's refusals |
+/// |---|---|---|
+/// | 400 | 3 INVALID_ARGUMENT | a key missing, malformed or refused; a body that could not be read |
+/// | 401 | 16 UNAUTHENTICATED | a scope function's refusal |
+/// | 403 | 7 PERMISSION_DENIED | a scope function's refusal |
+/// | 409 | 14 UNAVAILABLE, with `grpc-retry-pushback-ms` | the key's first call still runs, or another attempt took it over: retry later, with the same key |
+/// | 413 | 8 RESOURCE_EXHAUSTED | the request is over the body limit |
+/// | 422 | 9 FAILED_PRECONDITION | the key was used for another request: send a new key |
+/// | 429 | 8 RESOURCE_EXHAUSTED, with pushback | too many new keys |
+/// | 500 | 13 INTERNAL | the handler failed |
+/// | 501 | 12 UNIMPLEMENTED | a call that streams its request |
+/// | 503 | 14 UNAVAILABLE, with pushback | the store is unavailable, or the request was shed |
+/// | other 4xx, 5xx | 9 FAILED_PRECONDITION, 14 UNAVAILABLE | |
+///
+/// ```
+/// use idem_http::grpc_code;
+///
+/// assert_eq!(grpc_code(409), 14);
+/// assert_eq!(grpc_code(422), 9);
+/// ```
+pub fn grpc_code(http_status: u16) -> u32 {
+    match http_status {
+        400 => 3,
+        401 => 16,
+        403 => 7,
+        409 | 503 => 14,
+        413 | 429 => 8,
+        422 => 9,
+        500 => 13,
+        501 => 12,
+        status if (400..500).contains(&status) => 9,
+        _ => 14,
+    }
+}
+
+/// A refusal of the layer's own (a [`Problem`] it answered with) as a gRPC trailers-only
+/// answer: HTTP 200, `grpc-status` by [`grpc_code`], `grpc-message` with the problem's
+/// title and detail, the problem type in [`GRPC_PROBLEM_HEADER`], and a retry pushback
+/// where the problem says when to retry. Any other response is left as it is.
+pub(crate) fn refusal_as_status(response: Response<Body>) -> Response<Body> {
+    let Some(problem) = response.extensions().get::<Problem>().cloned() else {
+        return response;
+    };
+    let (parts, _problem_json) = response.into_parts();
+    let mut headers = parts.headers;
+    for name in [header::CONTENT_TYPE, header::CONTENT_LENGTH] {
+        headers.remove(name);
+    }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from(grpc_code(problem.status())),
+    );
+    if let Ok(message) = HeaderValue::from_str(&percent_encode(&problem.message())) {
+        headers.insert(HeaderName::from_static("grpc-message"), message);
+    }
+    if let Ok(kind) = HeaderValue::from_str(problem.kind()) {
+        headers.insert(HeaderName::from_static(GRPC_PROBLEM_HEADER), kind);
+    }
+    if let Some(seconds) = problem.retry_after_seconds() {
+        headers.insert(
+            HeaderName::from_static("grpc-retry-pushback-ms"),
+            HeaderValue::from(seconds.saturating_mul(1000)),
+        );
+    }
+    let mut answer = Response::new(Body::empty());
+    *answer.status_mut() = StatusCode::OK;
+    *answer.headers_mut() = headers;
+    *answer.extensions_mut() = parts.extensions;
+    answer
+}
+
+/// The header of a gRPC replay whose message was not stored: the `grpc-status` the call
+/// first answered with.
+pub const GRPC_ORIGINAL_STATUS_HEADER: &str = "idem-original-grpc-status";
+
+/// A replay of a gRPC answer whose message was too large to store: a trailers-only
+/// answer with `grpc-status` 6 ALREADY_EXISTS (the call was carried out; its message is
+/// not here), the first status in [`GRPC_ORIGINAL_STATUS_HEADER`], and
+/// `idempotent-body-not-stored`. Never OK without its message, which a client would
+/// decode as an empty one.
+pub(crate) fn not_stored(mut headers: HeaderMap, trailers: &HeaderMap) -> Response<Body> {
+    let original = trailers
+        .get("grpc-status")
+        .or_else(|| headers.get("grpc-status"))
+        .cloned();
+    headers.remove(header::CONTENT_LENGTH);
+    headers.insert(
+        HeaderName::from_static(crate::service::BODY_NOT_STORED_HEADER),
+        HeaderValue::from_static("true"),
+    );
+    headers.insert(
+        HeaderName::from_static("grpc-status"),
+        HeaderValue::from(6u32),
+    );
+    headers.insert(
+        HeaderName::from_static("grpc-message"),
+        HeaderValue::from_static(
+            "The call with this idempotency key was carried out; its response was too large to store and is not replayed",
+        ),
+    );
+    if let Some(original) = original {
+        headers.insert(
+            HeaderName::from_static(GRPC_ORIGINAL_STATUS_HEADER),
+            original,
+        );
+    }
+    let mut answer = Response::new(Body::empty());
+    *answer.headers_mut() = headers;
+    answer
+}
+
+/// `grpc-message`'s encoding: percent-encoded UTF-8, every byte outside printable ASCII
+/// and `%` itself escaped.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_escape_what_grpc_escapes() {
+        assert_eq!(percent_encode("in flight: 100%"), "in flight: 100%25");
+        assert_eq!(percent_encode("é\nx"), "%C3%A9%0Ax");
+    }
+
+    #[test]
+    fn only_problems_become_statuses() {
+        let plain = Response::new(Body::empty());
+        let kept = refusal_as_status(plain);
+        assert!(kept.headers().get("grpc-status").is_none());
+        let problem = crate::Problem::new(StatusCode::CONFLICT, "in-flight", "In flight")
+            .retry_after(2)
+            .into_http_response();
+        let status = refusal_as_status(problem);
+        assert_eq!(status.status(), 200);
+        assert_eq!(status.headers()["grpc-status"], "14");
+        assert_eq!(status.headers()["grpc-retry-pushback-ms"], "2000");
+        assert_eq!(status.headers()["content-type"], "application/grpc");
+        assert_eq!(
+            status.headers()[GRPC_PROBLEM_HEADER],
+            "tag:idem-http,2026:in-flight"
+        );
     }
 }

@@ -109,6 +109,27 @@
 //! - Trailers reach the client and the record: a tonic gRPC service keeps its
 //!   `grpc-status`, fresh and replayed.
 //!
+//! ## gRPC
+//!
+//! A gRPC call (`content-type: application/grpc`) is protected like any POST, its key in
+//! the call's metadata. What differs:
+//!
+//! - **Unary and server-streaming calls** are supported: the request is one message, read
+//!   whole before the call runs. A call that streams its request (client streaming,
+//!   bidirectional) is refused with `grpc-status` 12 UNIMPLEMENTED before anything is
+//!   claimed: a second message, or a request still open 5 s after its first message.
+//!   Exempt such methods ([`requirement_with`](IdempotencyLayer::requirement_with)), or
+//!   call them without a key.
+//! - **The layer's own refusals are gRPC statuses**, not problem documents: in flight is
+//!   14 UNAVAILABLE with `grpc-retry-pushback-ms` (retry with the same key), a reused key
+//!   9 FAILED_PRECONDITION (send a new key), a missing key 3 INVALID_ARGUMENT; the table
+//!   is [`grpc_code`], and the problem type rides in [`GRPC_PROBLEM_HEADER`].
+//! - **Answers are kept by their `grpc-status`** ([`grpc_disposition`]), in the headers
+//!   of a trailers-only answer or in the trailers.
+//! - **A replay whose message was too large to store** is 6 ALREADY_EXISTS, the first
+//!   status in [`GRPC_ORIGINAL_STATUS_HEADER`]: never OK without its message, which a
+//!   client would decode as an empty one.
+//!
 //! ## What it survives
 //!
 //! - **The client goes away.** The handler runs inline, in the request's own task, and is
@@ -145,7 +166,9 @@
 //!   streamed while its record is finished; `handlers.rs`: the handlers that outlived
 //!   their request; `answer.rs`: the driver's answer as a response or a problem.
 //! - `key_header.rs`: reading `Idempotency-Key`; `request_fingerprint.rs`: what makes two
-//!   requests the same; `request_body.rs`: a compressed or multipart body by what it says; `disposition.rs` and `grpc.rs`: what becomes of a response;
+//!   requests the same; `request_body.rs`: a compressed or multipart body by what it says;
+//!   `request_read.rs`: a protected request's body read whole, a gRPC call's one
+//!   message; `disposition.rs` and `grpc.rs`: what becomes of a response;
 //!   `stored.rs`: how a response is stored; `problem.rs`: the problem documents;
 //!   `body.rs`: the body type.
 //! - [`scope`]: scopes from a verified principal; [`axum`]: the extractor and responses.
@@ -177,8 +200,8 @@
 //! | response compression | outside | the answer is stored plain and compressed per try, as each retry's `Accept-Encoding` says; inside, the first try's encoding is stored and replayed to every retry (`composition.rs`) |
 //! | request decompression | either | outside, the layer sees the decoded body; inside, the layer fingerprints a gzip or deflate body by what it decodes to, and a multipart body by its parts, so a retry compressed again or with a new boundary is the same request (`composition.rs`) |
 //! | request ids, tracing | outside | a replay then carries the retry's own id; the layer never stores `x-request-id` ([`DEFAULT_STORED_HEADERS`]) (`composition.rs`) |
-//! | retries (tower's `Retry`, a client's) | outside, or in the caller | every try carries the same key, so a retry of a request that ran is answered, not run again; a retry inside the layer would run the handler again under one claim |
-//! | gRPC (tonic) | inside the server's HTTP stack, around the service | answers go by their `grpc-status`; see [`grpc_disposition`] (`grpc.rs`) |
+//! | retries (a client's, a gateway's) | outside, in the caller | every try carries the same key, so a retry of a request that ran is answered, not run again (idem-client's `composition.rs` and `retries.rs`); a retry middleware inside the layer would run the handler again under one claim, so do not put one there |
+//! | gRPC (tonic) | around the service, inside the server's HTTP stack | refusals are gRPC statuses and answers are kept by their `grpc-status`; see "gRPC" above (`grpc.rs`) |
 //!
 //! ## axum
 //!
@@ -332,6 +355,7 @@ pub mod observe;
 mod problem;
 mod request_body;
 mod request_fingerprint;
+mod request_read;
 pub mod scope;
 mod service;
 mod stored;
@@ -341,7 +365,7 @@ mod streaming;
 pub use axum::Idempotent;
 pub use body::Body;
 pub use disposition::{Disposition, default_disposition};
-pub use grpc::grpc_disposition;
+pub use grpc::{GRPC_ORIGINAL_STATUS_HEADER, GRPC_PROBLEM_HEADER, grpc_code, grpc_disposition};
 pub use handlers::Handlers;
 pub use key_header::KeyHeaderError;
 pub use layer::{

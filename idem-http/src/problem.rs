@@ -71,7 +71,8 @@ impl Problem {
         self.into_bytes_response().map(full)
     }
 
-    /// The response, its body as bytes.
+    /// The response, its body as bytes. The problem itself rides in the response's
+    /// extensions, so that a gRPC caller can be answered with a status instead.
     pub(crate) fn into_bytes_response(self) -> Response<Bytes> {
         // Only strings and a number: serialising cannot fail.
         let body = serde_json::to_vec(&self).unwrap_or_default();
@@ -87,7 +88,31 @@ impl Problem {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
         }
+        response.extensions_mut().insert(self);
         response
+    }
+
+    /// The problem's type URI.
+    pub(crate) fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The problem's title and detail, as one line.
+    pub(crate) fn message(&self) -> String {
+        match &self.detail {
+            Some(detail) => format!("{}: {detail}", self.title),
+            None => self.title.clone(),
+        }
+    }
+
+    /// The HTTP status.
+    pub(crate) fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// The `Retry-After`, in seconds.
+    pub(crate) fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after
     }
 }
 

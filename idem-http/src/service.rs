@@ -1,6 +1,5 @@
 //! The service the layer builds: one request from its header to its answer.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::panic::AssertUnwindSafe;
@@ -8,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context as TaskContext, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::response::Parts as ResponseParts;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
@@ -23,6 +22,7 @@ use crate::key_header::{self, KeyHeaderError};
 use crate::layer::{Config, KeyRequirement};
 use crate::observe::{self, Answer};
 use crate::problem::full;
+use crate::request_read::{RequestBody, concat, read_body, read_grpc_body};
 use crate::stored::StoredResponse;
 use crate::streaming::{FRAMES_IN_FLIGHT, FrameSender, Frames, Streaming, Tail};
 
@@ -125,16 +125,29 @@ where
     fn call(&mut self, request: Request<B>) -> ResponseFuture {
         let config = Arc::clone(&self.config);
         if let Some(err) = self.broken.take() {
+            let grpc = crate::grpc::is_grpc(request.headers());
             return Box::pin(async move {
                 tracing::warn!(error = %err, "the inner service is not ready");
                 observe::answer(Answer::Error);
-                Ok(handler_failed(&config))
+                let response = handler_failed(&config);
+                Ok(match grpc {
+                    true => crate::grpc::refusal_as_status(response),
+                    false => response,
+                })
             });
         }
         // The clone that was driven ready is the one to call (tower's convention).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let routed = self.routed;
+        // A gRPC caller reads the layer's refusals as gRPC statuses, not problem
+        // documents it would take for a malformed message.
+        if crate::grpc::is_grpc(request.headers()) {
+            return Box::pin(async move {
+                let response = handle(inner, Arc::clone(&config), routed, request).await;
+                Ok(crate::grpc::refusal_as_status(response))
+            });
+        }
         Box::pin(async move { Ok(handle(inner, config, routed, request).await) })
     }
 }
@@ -188,6 +201,7 @@ where
     // future (allocated and copied for every request) holds none of their states.
     let (parts, body) = request.into_parts();
     let requirement = config.requirement(&parts, routed);
+    let grpc = crate::grpc::is_grpc(&parts.headers);
     let mut values = parts.headers.get_all(&config.header).iter();
     let (value, repeated) = (values.next(), values.next().is_some());
     let body = Body::new(body);
@@ -201,7 +215,7 @@ where
     // of it is read.
     let (client_key, body) = match &config.key_with {
         Some(key_with) => {
-            let body = match read_request(&config, body).await {
+            let body = match read_request(&config, body, grpc).await {
                 Ok(body) => body,
                 Err(refused) => return Box::pin(refused.answer(inner, &config, parts)).await,
             };
@@ -274,7 +288,7 @@ where
     // gone mid-upload, leaves no trace in the store.
     let body = match body {
         Pending::Read(body) => body,
-        Pending::Unread(body) => match read_request(&config, body).await {
+        Pending::Unread(body) => match read_request(&config, body, grpc).await {
             Ok(body) => body,
             Err(refused) => return Box::pin(refused.answer(inner, &config, parts)).await,
         },
@@ -335,6 +349,8 @@ enum Unreadable {
     /// Over the limit: the body again, whole, for shadow mode to pass on.
     TooLarge(Body),
     Broken,
+    /// A gRPC call streaming its request.
+    Streaming,
 }
 
 impl Unreadable {
@@ -359,6 +375,18 @@ impl Unreadable {
                     .into_http_response();
                 refuse(inner, config, Answer::TooLarge, response, parts, whole).await
             }
+            Unreadable::Streaming => {
+                // The stream was read in part: it cannot reach the handler whole either.
+                observe::answer(Answer::BadBody);
+                config
+                    .problem(
+                        StatusCode::NOT_IMPLEMENTED,
+                        "streaming-request",
+                        "Streaming requests are not protected",
+                    )
+                    .detail("The layer reads a protected request whole before it runs; a gRPC call that streams its request (client streaming or bidirectional) cannot be. Exempt the method (requirement_with) or call it without an idempotency key.")
+                    .into_http_response()
+            }
             Unreadable::Broken => {
                 // Nothing of the body can reach the handler either, shadow mode or not.
                 observe::answer(Answer::BadBody);
@@ -374,11 +402,16 @@ impl Unreadable {
     }
 }
 
-async fn read_request(config: &Config, body: Body) -> Result<Bytes, Unreadable> {
-    match read_body(body, config.max_request_body).await {
+async fn read_request(config: &Config, body: Body, grpc: bool) -> Result<Bytes, Unreadable> {
+    let read = match grpc {
+        true => read_grpc_body(body, config.max_request_body).await,
+        false => read_body(body, config.max_request_body).await,
+    };
+    match read {
         RequestBody::Whole(body) => Ok(body),
         RequestBody::TooLarge(whole) => Err(Unreadable::TooLarge(whole)),
         RequestBody::Broken => Err(Unreadable::Broken),
+        RequestBody::Streaming => Err(Unreadable::Streaming),
     }
 }
 
@@ -418,81 +451,6 @@ where
         Err(err) => {
             tracing::warn!(error = %err, "the inner service failed");
             handler_failed(config)
-        }
-    }
-}
-
-/// The request body, read within its limit.
-enum RequestBody {
-    Whole(Bytes),
-    /// Over the limit: the bytes read so far and the rest, as one body again.
-    TooLarge(Body),
-    Broken,
-}
-
-async fn read_body<B>(body: B, limit: usize) -> RequestBody
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let mut body = Box::pin(body);
-    if body.size_hint().lower() > limit as u64 {
-        // Content-Length says so: no need to read a byte.
-        return RequestBody::TooLarge(Body::new(body));
-    }
-    let mut chunks = VecDeque::new();
-    let mut read = 0usize;
-    loop {
-        match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            None => break,
-            Some(Ok(frame)) => {
-                // Request trailers are not part of what is fingerprinted or replayed.
-                let Ok(data) = frame.into_data() else {
-                    continue;
-                };
-                read = read.saturating_add(data.len());
-                chunks.push_back(data);
-                if read > limit {
-                    return RequestBody::TooLarge(Body::new(Prefixed { chunks, rest: body }));
-                }
-            }
-            Some(Err(_)) => return RequestBody::Broken,
-        }
-    }
-    RequestBody::Whole(concat(chunks.into()))
-}
-
-/// Chunks already read, then the rest of the body.
-struct Prefixed<B> {
-    chunks: VecDeque<Bytes>,
-    rest: Pin<Box<B>>,
-}
-
-impl<B: http_body::Body<Data = Bytes>> http_body::Body for Prefixed<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        if let Some(chunk) = self.chunks.pop_front() {
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
-        }
-        self.rest.as_mut().poll_frame(cx)
-    }
-}
-
-fn concat(mut chunks: Vec<Bytes>) -> Bytes {
-    match chunks.len() {
-        0 => Bytes::new(),
-        1 => chunks.pop().unwrap_or_default(),
-        _ => {
-            let mut all = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-            for chunk in chunks {
-                all.extend_from_slice(&chunk);
-            }
-            all.freeze()
         }
     }
 }

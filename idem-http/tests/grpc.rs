@@ -28,7 +28,7 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::HealthReporter;
 use tower::util::BoxCloneService;
-use tower::{Layer, ServiceBuilder};
+use tower::{Layer, Service as _, ServiceBuilder};
 
 /// The client's channel, its answers watched.
 type Watched = BoxCloneService<
@@ -274,4 +274,208 @@ async fn a_not_found_call_keeps_its_status_fresh_and_replayed() {
         "the replay is trailers-only, as the first answer"
     );
     assert_eq!(grpc.runs(), 1, "the service ran once for the key");
+}
+
+/// The health service behind `layer`, each call first sleeping as long as its
+/// `x-delay-ms` metadata says, counted in `runs`.
+async fn serve_slow(layer: IdempotencyLayer, runs: Arc<AtomicUsize>) -> (Server, HealthReporter) {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let slow = tower::service_fn(move |request: http::Request<idem_http::Body>| {
+        let mut health = health.clone();
+        let runs = Arc::clone(&runs);
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let delay = request
+                .headers()
+                .get("x-delay-ms")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            tower::Service::call(&mut health, request).await
+        }
+    });
+    let app = Router::new().route_service("/grpc.health.v1.Health/Check", layer.layer(slow));
+    (Server::start(app).await, reporter)
+}
+
+async fn channel(server: &Server) -> Channel {
+    Endpoint::from_shared(server.url(""))
+        .expect("a loopback URL")
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(20))
+        .connect()
+        .await
+        .expect("an h2c connection to the test server")
+}
+
+fn plain_layer() -> IdempotencyLayer {
+    IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| {
+        Ok(parts.uri.path().to_owned())
+    })
+}
+
+/// The layer's own refusals reach a tonic client as gRPC statuses it can act on: in
+/// flight is UNAVAILABLE with a pushback (retry with the same key), a key reused for
+/// another request is FAILED_PRECONDITION (send a new key), a missing key is
+/// INVALID_ARGUMENT; each names its problem type. As problem documents, tonic read them
+/// as a malformed message ("invalid compression flag"), the same INTERNAL for all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_layers_refusals_are_grpc_statuses_a_retry_policy_can_tell_apart() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (server, _reporter) = serve_slow(plain_layer(), Arc::clone(&runs)).await;
+    let client = HealthClient::new(channel(&server).await);
+
+    let first = {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            let mut request = check("", "grpc-slow-1");
+            request
+                .metadata_mut()
+                .insert("x-delay-ms", "600".parse().unwrap());
+            client.check(request).await
+        })
+    };
+    for _ in 0..200 {
+        if runs.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let in_flight = client
+        .clone()
+        .check(check("", "grpc-slow-1"))
+        .await
+        .expect_err("the first call still runs");
+    assert_eq!(in_flight.code(), Code::Unavailable, "{in_flight:?}");
+    assert!(in_flight.message().contains("in progress"), "{in_flight:?}");
+    assert_eq!(
+        in_flight
+            .metadata()
+            .get("idem-problem-type")
+            .map(|v| v.to_str().unwrap()),
+        Some("tag:idem-http,2026:in-flight")
+    );
+    assert!(in_flight.metadata().get("grpc-retry-pushback-ms").is_some());
+    first.await.unwrap().expect("the first call answers");
+
+    let reused = client
+        .clone()
+        .check(check("other.Service", "grpc-slow-1"))
+        .await
+        .expect_err("another request under the key");
+    assert_eq!(reused.code(), Code::FailedPrecondition, "{reused:?}");
+
+    let keyless = client
+        .clone()
+        .check(tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        }))
+        .await
+        .expect_err("no key");
+    assert_eq!(keyless.code(), Code::InvalidArgument, "{keyless:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A replay whose message was too large to store is never OK without its message (a
+/// client would decode an empty one): ALREADY_EXISTS, the first status beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_without_its_message_says_so_as_a_grpc_status() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (server, _reporter) =
+        serve_slow(plain_layer().max_response_body(0), Arc::clone(&runs)).await;
+    let mut client = HealthClient::new(channel(&server).await);
+    client
+        .check(check("", "grpc-big-1"))
+        .await
+        .expect("the first call gets its message");
+    let again = client
+        .check(check("", "grpc-big-1"))
+        .await
+        .expect_err("the message was not stored");
+    assert_eq!(again.code(), Code::AlreadyExists, "{again:?}");
+    assert_eq!(
+        again
+            .metadata()
+            .get("idem-original-grpc-status")
+            .map(|v| v.to_str().unwrap()),
+        Some("0")
+    );
+    assert_eq!(replayed(again.metadata()), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A gRPC request body of length-prefixed messages, sent over the real h2c channel: the
+/// messages, and then the end of the request unless `hold_open`.
+fn streamed_call(messages: usize, hold_open: bool) -> http::Request<tonic::body::Body> {
+    // A `HealthCheckRequest` for the server's own status: every field at its default,
+    // so the protobuf message is empty and only its 5-byte prefix travels.
+    let encoded = bytes::Bytes::from_static(&[0, 0, 0, 0, 0]);
+    let frames = futures_util::stream::iter(
+        (0..messages).map(move |_| Ok::<_, tonic::Status>(http_body::Frame::data(encoded.clone()))),
+    );
+    let body: std::pin::Pin<Box<dyn futures_util::Stream<Item = _> + Send>> = if hold_open {
+        use futures_util::StreamExt as _;
+        Box::pin(frames.chain(futures_util::stream::pending()))
+    } else {
+        Box::pin(frames)
+    };
+    http::Request::post("/grpc.health.v1.Health/Check")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", "grpc-stream-1")
+        .body(tonic::body::Body::new(http_body_util::StreamBody::new(
+            body,
+        )))
+        .unwrap()
+}
+
+/// A call that streams its request cannot be read whole before it runs: two messages,
+/// or a first message whose request never ends (a bidirectional call waiting for the
+/// answer), are refused as UNIMPLEMENTED, and nothing runs or is claimed. Waiting for the
+/// end instead hung the bidirectional call; the client-streaming one ran on its first
+/// message only, or got 413 past the body limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_streams_its_request_is_refused_clearly() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (server, _reporter) = serve_slow(plain_layer(), Arc::clone(&runs)).await;
+    for (messages, hold_open) in [(2, false), (1, true)] {
+        let mut channel = channel(&server).await;
+        let response = tower::ServiceExt::ready(&mut channel)
+            .await
+            .unwrap()
+            .call(streamed_call(messages, hold_open));
+        let response = tokio::time::timeout(Duration::from_secs(15), response)
+            .await
+            .expect("the layer answered within its grace")
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.to_str().unwrap()),
+            Some("12"),
+            "{messages} messages, held open {hold_open}: {:?}",
+            response.headers()
+        );
+    }
+    // One message and the end: a unary call, protected and run.
+    let mut channel = channel(&server).await;
+    let unary = tower::ServiceExt::ready(&mut channel)
+        .await
+        .unwrap()
+        .call(streamed_call(1, false))
+        .await
+        .unwrap();
+    let body = http_body_util::BodyExt::collect(unary.into_body())
+        .await
+        .unwrap();
+    assert_eq!(
+        body.trailers()
+            .and_then(|t| t.get("grpc-status"))
+            .map(|v| v.to_str().unwrap()),
+        Some("0")
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

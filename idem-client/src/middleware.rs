@@ -589,3 +589,26 @@ async fn read_conflict(
     }
     Ok((Response::from(rebuilt), parsed))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_hash_the_key_as_its_debug_does_whatever_form_it_came_in() {
+        let key = IdempotencyKey::new("order-1187").unwrap();
+        let middleware = IdempotencyMiddleware::new();
+        for header in ["\"order-1187\"", "order-1187"] {
+            let mut request = Request::new(Method::POST, "http://127.0.0.1/pay".parse().unwrap());
+            request
+                .headers_mut()
+                .insert(IDEMPOTENCY_KEY, HeaderValue::from_static(header));
+            let (found, write) = middleware.key_of(&request, &mut Extensions::new());
+            assert_eq!(found.as_ref(), Some(&key), "{header}");
+            assert!(!write, "a header set by hand is sent as it is");
+            let short = short_of(found.as_ref(), &request);
+            assert_eq!(short, key.short_hash().to_string(), "{header}");
+            assert!(format!("{key:?}").contains(&short));
+        }
+    }
+}

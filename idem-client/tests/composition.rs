@@ -178,3 +178,85 @@ async fn a_key_of_the_callers_own_goes_on_every_try() {
     assert_eq!(keys, BTreeSet::from(["\"order-1187\"".to_owned()]));
     assert_eq!(seen.charges.load(Ordering::SeqCst), 1);
 }
+
+/// A signing middleware, as auth middlewares are: it signs each request it sends,
+/// over the key header (which it must see), with a fresh signature each time.
+struct Sign(AtomicU32);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Sign {
+    async fn handle(
+        &self,
+        mut request: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let n = self.0.fetch_add(1, Ordering::SeqCst) + 1;
+        let key = request
+            .headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_owned();
+        let signature = format!("sig-{n} over {key}");
+        request
+            .headers_mut()
+            .insert("x-signature", signature.parse().unwrap());
+        next.run(request, extensions).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signing_middleware_inside_signs_every_try_over_the_key() {
+    let tries: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+    let seen = Arc::clone(&tries);
+    // 503 the first time, then 201: the middleware tries again.
+    let app = Router::new().route(
+        "/signed",
+        post(move |headers: HeaderMap| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let header = |name: &str| {
+                    headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned()
+                };
+                let mut tries = seen.lock().unwrap();
+                tries.push((header("idempotency-key"), header("x-signature")));
+                match tries.len() {
+                    1 => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::CREATED,
+                }
+            }
+        }),
+    );
+    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let client = ClientBuilder::new(inner())
+        .with(idem())
+        .with(Sign(AtomicU32::new(0)))
+        .build();
+    let response = client
+        .post(format!("http://{addr}/signed"))
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let tries = tries.lock().unwrap().clone();
+    assert_eq!(tries.len(), 2, "{tries:?}");
+    assert_eq!(tries[0].0, tries[1].0, "one key for both tries");
+    assert!(
+        tries[0].0.starts_with('"'),
+        "the key was set before signing"
+    );
+    assert_ne!(tries[0].1, tries[1].1, "each try signed afresh");
+    assert!(tries[1].1.ends_with(&tries[1].0), "signed over the key");
+}

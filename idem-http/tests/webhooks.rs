@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use app::{Entry, Ledger};
+use base64::Engine as _;
 use common::{Server, client};
+use ed25519_dalek::{Signer as _, SigningKey};
 use idem_core::{Idempotency, MemoryStore};
 use idem_http::REPLAYED_HEADER;
 use standardwebhooks::Webhook;
@@ -55,6 +57,34 @@ impl Delivery {
     }
 }
 
+/// A sender's ed25519 key, made from a fixed seed.
+fn signing_key(seed: u8) -> SigningKey {
+    SigningKey::from_bytes(&[seed; 32])
+}
+
+/// Its public half, as Standard Webhooks writes it (`whpk_...`).
+fn public_key(key: &SigningKey) -> String {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(key.verifying_key().to_bytes());
+    format!("whpk_{encoded}")
+}
+
+impl Delivery {
+    /// `payload` as message `id`, signed `v1a` (ed25519) with `key` at `timestamp`.
+    fn signed_v1a(key: &SigningKey, id: &str, timestamp: i64, payload: &str) -> Self {
+        let signed = format!("{id}.{timestamp}.{payload}");
+        let signature = key.sign(signed.as_bytes()).to_bytes();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(signature);
+        Self {
+            id: id.to_owned(),
+            timestamp,
+            // Senders may send several signatures, space-separated: one that is not
+            // this key's comes first here.
+            signature: format!("v1,bm90IHRoaXMgb25l v1a,{encoded}"),
+            payload: payload.to_owned(),
+        }
+    }
+}
+
 /// What the receiver answered.
 #[derive(Debug)]
 struct Answer {
@@ -74,11 +104,16 @@ impl Receiver {
         let senders = HashMap::from([
             (
                 "acme".to_owned(),
-                Webhook::new(SECRET).expect("a valid secret"),
+                Webhook::new(SECRET).expect("a valid secret").into(),
             ),
             (
                 "globex".to_owned(),
-                Webhook::new(OTHER_SECRET).expect("a valid secret"),
+                Webhook::new(OTHER_SECRET).expect("a valid secret").into(),
+            ),
+            (
+                "initech".to_owned(),
+                app::Verifier::public_key(&public_key(&signing_key(7)))
+                    .expect("a valid public key"),
             ),
         ]);
         let ledger = Ledger::default();
@@ -259,4 +294,68 @@ async fn opaque_message_ids_are_keys_as_they_are() {
     // Each its own key: `"quoted"` is not `quoted`.
     let plain = Delivery::signed(SECRET, "quoted", now() - 10, PAYLOAD);
     assert!(!receiver.deliver("acme", &plain).await.replayed);
+}
+
+#[tokio::test]
+async fn v1a_deliveries_signed_with_the_senders_ed25519_key_run_once() {
+    let receiver = Receiver::start().await;
+    let key = signing_key(7);
+    let id = "msg_v1a_1";
+    let first = receiver
+        .deliver(
+            "initech",
+            &Delivery::signed_v1a(&key, id, now() - 100, PAYLOAD),
+        )
+        .await;
+    assert_eq!(first.status, 200, "{first:?}");
+    // Re-signed with a fresh timestamp: the same message, replayed.
+    let again = receiver
+        .deliver("initech", &Delivery::signed_v1a(&key, id, now(), PAYLOAD))
+        .await;
+    assert!(again.replayed, "{again:?}");
+    assert_eq!(again.body, first.body);
+    // Another key, another body, a stale timestamp, or a v1 signature for a v1a sender:
+    // refused before anything is claimed.
+    let other_key = signing_key(8);
+    let tampered = Delivery {
+        payload: PAYLOAD.replace("in_42", "in_43"),
+        ..Delivery::signed_v1a(&key, "msg_v1a_2", now(), PAYLOAD)
+    };
+    for (what, delivery, problem) in [
+        (
+            "another key",
+            Delivery::signed_v1a(&other_key, "msg_v1a_2", now(), PAYLOAD),
+            "bad-signature",
+        ),
+        ("another body", tampered, "bad-signature"),
+        (
+            "ten minutes old",
+            Delivery::signed_v1a(&key, "msg_v1a_2", now() - 600, PAYLOAD),
+            "stale-delivery",
+        ),
+        (
+            "a v1 signature",
+            Delivery::signed(SECRET, "msg_v1a_2", now(), PAYLOAD),
+            "bad-signature",
+        ),
+    ] {
+        let refused = receiver.deliver("initech", &delivery).await;
+        assert_eq!(refused.status, 401, "{what}: {refused:?}");
+        let kind = refused.body["type"].as_str().unwrap_or_default();
+        assert!(kind.ends_with(problem), "{what}: {kind}");
+    }
+    let good = receiver
+        .deliver(
+            "initech",
+            &Delivery::signed_v1a(&key, "msg_v1a_2", now(), PAYLOAD),
+        )
+        .await;
+    assert!(
+        !good.replayed,
+        "the refused deliveries claimed nothing: {good:?}"
+    );
+    assert_eq!(
+        receiver.entries(),
+        [entry("initech", id, 1), entry("initech", "msg_v1a_2", 2)]
+    );
 }

@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .retention(Duration::from_secs(7 * 24 * 3600))
         .build()?
         .into_dyn();
-    let senders = HashMap::from([("acme".to_owned(), Webhook::new(&secret)?)]);
+    let senders = HashMap::from([("acme".to_owned(), Webhook::new(&secret)?.into())]);
     let ledger = app::Ledger::default();
     let app = app::app(senders, idem, ledger.clone());
 

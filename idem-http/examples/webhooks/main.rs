@@ -4,6 +4,8 @@
 //! ```sh
 //! cargo run -p idem-http --example webhooks            # listens on 127.0.0.1:3000
 //! PORT=3001 WEBHOOK_SECRET=whsec_... cargo run -p idem-http --example webhooks
+//! # and a sender `initech` signing `v1a` (ed25519), verified with its public key:
+//! WEBHOOK_PUBLIC_KEY=whpk_... cargo run -p idem-http --example webhooks
 //! ```
 //!
 //! It prints a signed `curl` delivery from the sender `acme` to try (valid for five
@@ -33,7 +35,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .retention(Duration::from_secs(7 * 24 * 3600))
         .build()?
         .into_dyn();
-    let senders = HashMap::from([("acme".to_owned(), Webhook::new(&secret)?.into())]);
+    let mut senders = HashMap::from([("acme".to_owned(), Webhook::new(&secret)?.into())]);
+    // A sender that signs `v1a` (ed25519): its public key, `whpk_...`, when given.
+    if let Ok(public_key) = std::env::var("WEBHOOK_PUBLIC_KEY") {
+        senders.insert(
+            "initech".to_owned(),
+            app::Verifier::public_key(&public_key)?,
+        );
+    }
     let ledger = app::Ledger::default();
     let app = app::app(senders, idem, ledger.clone());
 

@@ -89,3 +89,24 @@ where
         hint
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[tokio::test]
+    async fn the_prefix_comes_first_and_the_hints_count_it() {
+        let body = Prefixed::new(
+            Bytes::from_static(b"head-"),
+            Full::new(Bytes::from_static(b"rest")),
+        );
+        assert!(!body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(9));
+        assert_eq!(body.collect().await.unwrap().to_bytes(), &b"head-rest"[..]);
+        // An empty prefix yields nothing of its own.
+        let bare = Prefixed::new(Bytes::new(), Full::new(Bytes::new()));
+        assert!(bare.is_end_stream());
+        assert_eq!(bare.size_hint().exact(), Some(0));
+    }
+}

@@ -16,7 +16,7 @@ use crate::key::IdempotencyKey;
 /// let err = ClientError::DeadlineExceeded { attempts: 3, key: Some(key.clone()) };
 /// assert_eq!(err.key(), Some(&key));
 /// // The message says what to do, and never holds the key.
-/// assert!(err.to_string().contains("retry later with the same key"));
+/// assert!(err.to_string().contains("retry it later with the same idempotency key"));
 /// assert!(!err.to_string().contains("order-1187"));
 /// # Ok::<(), idem_client::KeyError>(())
 /// ```
@@ -46,7 +46,7 @@ pub enum ClientError {
     /// The policy's deadline ended while a try was still waiting for its answer. The
     /// request may have reached the server: retry the operation later with the same key.
     #[error(
-        "no answer within the retry deadline after {attempts} tries; the request may have reached the server: retry later with the same key"
+        "no answer within the retry deadline (tries sent: {attempts}); the request may have reached the server: retry it later with the same idempotency key, or check whether it ran"
     )]
     DeadlineExceeded {
         /// Tries sent, the last included.
@@ -58,7 +58,9 @@ pub enum ClientError {
     /// One try got no answer within the policy's
     /// [`attempt_timeout`](crate::RetryPolicy::attempt_timeout). It is the last error
     /// of an [`ClientError::Unanswered`] when no try was left.
-    #[error("a try got no whole answer within {after:?}")]
+    #[error(
+        "a try got no answer within {after:?}; the request may have reached the server: retry it with the same idempotency key, or raise the policy's attempt_timeout"
+    )]
     AttemptTimedOut {
         /// The per-try timeout.
         after: Duration,
@@ -68,7 +70,7 @@ pub enum ClientError {
     /// may have reached the server: retry later with this key, and the server answers the
     /// first result. The last try's error is the source.
     #[error(
-        "no answer after {attempts} tries; the request may have reached the server: retry later with the same key"
+        "no answer (tries sent: {attempts}); the request may have reached the server: retry later with the same idempotency key (ClientError::key), in the same header form"
     )]
     Unanswered {
         /// Tries sent, the last included.
@@ -93,6 +95,12 @@ pub enum ClientError {
 
 impl ClientError {
     /// The operation's key, where the error carries one.
+    ///
+    /// ```
+    /// use idem_client::ClientError;
+    ///
+    /// assert!(ClientError::BodyNotReplayable.key().is_none());
+    /// ```
     pub fn key(&self) -> Option<&IdempotencyKey> {
         match self {
             Self::DeadlineExceeded { key, .. } => key.as_ref(),
@@ -103,7 +111,8 @@ impl ClientError {
 }
 
 /// The key of the operation an error of the middleware's `send` ended, where it had one:
-/// to retry later with the same key when the key was made automatically.
+/// to retry later with the same key when the key was made automatically. Send it in the
+/// same [`HeaderForm`](crate::HeaderForm) it first went in.
 ///
 /// ```
 /// use idem_client::key_of;

@@ -57,9 +57,11 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///   multiply the load.
 /// - **Errors keep the key.** A keyed operation that ends without an answer comes back as
 ///   [`ClientError::Unanswered`] (or [`ClientError::DeadlineExceeded`]) with its key, the
-///   last try's error as the source; [`key_of`](crate::key_of) finds it. The answer's
-///   [`Attempts`] holds it too: keep it before reading the body, whose cut mid-way only a
-///   retry with that key can mend.
+///   last try's error as the source (`last`: a connection error is there, not in
+///   `reqwest_middleware::Error::is_connect`); [`key_of`](crate::key_of) finds it. The
+///   answer's [`Attempts`] holds it too: keep it before reading the body, whose cut
+///   mid-way only a retry with that key can mend. Retry with the same [`HeaderForm`] the
+///   key first went in: a server that keeps the quotes sees `"k"` and `k` as two keys.
 /// - Each try is a `tracing` span `idem.client.attempt` with a short hash of the key (the
 ///   one the key's `Debug` shows), never the key.
 ///
@@ -71,13 +73,18 @@ const MAX_PROBLEM_BYTES: usize = 64 * 1024;
 ///
 /// reqwest-middleware runs middlewares in the order they are added, the first outermost.
 ///
-/// - **A retry middleware** (reqwest-retry's `RetryTransientMiddleware`): either order
-///   keeps one key per `send`. Add it after this one (inside) if you keep it at all: its
-///   tries then go through this middleware's rules and budget. Outside, it also retries
-///   what this middleware deliberately answers, a 500 above all: idem-http holds a key
-///   whose handler answered 500 for a lease, so those tries poll it, and once the lease
-///   ends the handler runs again. One `http::Extensions` is one operation: passing the
-///   same one to `execute_with_extensions` for two requests sends both under one key.
+/// - **A retry middleware** (reqwest-retry's `RetryTransientMiddleware`): drop it, this
+///   middleware does its job. If you keep it, either order keeps one key per `send`, but
+///   neither order makes its retries follow this middleware's rules: added after this one
+///   (inside), its retries go straight to the network; added before (outside), it calls
+///   this middleware again for each of its retries. Its default strategy retries a 500,
+///   which idem-http holds for a lease (the effect may have happened): those retries get
+///   409 in flight, this middleware polls them, and once the lease ends a retry takes the
+///   key over and the handler runs again. Give it a strategy that never retries a 5xx, or
+///   drop it. Outside, it also sees this middleware's errors as
+///   `reqwest_middleware::Error::Middleware` (below), which it does not retry. One
+///   `http::Extensions` is one operation: passing the same one to
+///   `execute_with_extensions` for two requests sends both under one key.
 /// - **Auth, signing and tracing** middlewares that set headers: inside this one, so each
 ///   try is signed afresh (a timestamped signature) and traced as its own request; the
 ///   key header is set before they run and they see it.
@@ -171,6 +178,14 @@ impl IdempotencyMiddleware {
 
     /// How keys are written in the header ([`HeaderForm::Quoted`] unless told). A header
     /// the caller set by hand is sent as it is.
+    ///
+    /// ```
+    /// use idem_client::{HeaderForm, IdempotencyMiddleware};
+    ///
+    /// // A Stripe-style API that takes the header's bytes as the key.
+    /// let middleware = IdempotencyMiddleware::new().header_form(HeaderForm::Bare);
+    /// # let _ = middleware;
+    /// ```
     #[must_use]
     pub fn header_form(mut self, form: HeaderForm) -> Self {
         self.form = form;
@@ -182,6 +197,14 @@ impl IdempotencyMiddleware {
     /// multipart boundary) under one key. A longer body is refused with
     /// [`ClientError::BodyTooLarge`] before anything is sent; 0 refuses every stream
     /// body of a request that could be retried ([`ClientError::BodyNotReplayable`]).
+    ///
+    /// ```
+    /// use idem_client::IdempotencyMiddleware;
+    ///
+    /// // Uploads of up to 16 MiB, sent again whole on a retry.
+    /// let middleware = IdempotencyMiddleware::new().buffer_streams(16 * 1024 * 1024);
+    /// # let _ = middleware;
+    /// ```
     #[must_use]
     pub fn buffer_streams(mut self, limit: usize) -> Self {
         self.buffer_limit = limit;
@@ -211,6 +234,14 @@ impl IdempotencyMiddleware {
     }
 
     /// No budget: every operation may use all of its policy's tries.
+    ///
+    /// ```
+    /// use idem_client::IdempotencyMiddleware;
+    ///
+    /// // A batch job whose few operations must each get all their tries.
+    /// let middleware = IdempotencyMiddleware::new().without_retry_budget();
+    /// # let _ = middleware;
+    /// ```
     #[must_use]
     pub fn without_retry_budget(mut self) -> Self {
         self.budget = None;
@@ -325,7 +356,12 @@ impl Middleware for IdempotencyMiddleware {
             // and never answers (or stalls a 409's body) does not hold the caller longer
             // than the policy says.
             let left = deadline.saturating_duration_since(Instant::now());
-            let per_try = self.policy.per_try().min(left);
+            // A request sent once is bounded by the deadline alone: cutting it sooner
+            // would leave no answer and no retry.
+            let per_try = match retryable {
+                true => self.policy.per_try().min(left),
+                false => left,
+            };
             let backoff = self.policy.backoff_after(attempt);
             let one_try = async {
                 let result = next.clone().run(this_try, extensions).await;

@@ -99,18 +99,31 @@ impl RetryPolicy {
     }
 
     /// How long one operation may take, every try and wait included: a try still
-    /// unanswered at the deadline ends with `ClientError::DeadlineExceeded`. Taken at most
-    /// [`MAX_WAIT`] (a day), so `Duration::MAX` means "a day".
+    /// unanswered at the deadline ends with `ClientError::DeadlineExceeded`. Taken at
+    /// least 1 ms and at most [`MAX_WAIT`] (a day), so `Duration::MAX` means "a day".
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
-        self.deadline = deadline.min(MAX_WAIT);
+        self.deadline = deadline.clamp(Duration::from_millis(1), MAX_WAIT);
         self
     }
 
     /// How long one try may wait for its answer's head (and a 409's body, read for its
     /// type) before it is given up and, if the policy allows, tried again: a server that
     /// stalls one connection does not take the whole deadline. Taken at least 1 ms and at
-    /// most [`MAX_WAIT`]; the deadline still bounds every try.
+    /// most [`MAX_WAIT`]; the deadline still bounds every try. A request sent only once
+    /// (no key, a method that is not idempotent) is bounded by the deadline alone.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_client::RetryPolicy;
+    ///
+    /// // Three tries of at most 10 s each, within 40 s.
+    /// let policy = RetryPolicy::default()
+    ///     .max_attempts(3)
+    ///     .attempt_timeout(Duration::from_secs(10))
+    ///     .deadline(Duration::from_secs(40));
+    /// # let _ = policy;
+    /// ```
     #[must_use]
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout.clamp(Duration::from_millis(1), MAX_WAIT);
@@ -127,6 +140,14 @@ impl RetryPolicy {
 
     /// Another error code (a JSON body's `code`, or `error.code`) that a 409 carries when
     /// the server is still running the first request.
+    ///
+    /// ```
+    /// use idem_client::RetryPolicy;
+    ///
+    /// // An API that answers `{"error": {"code": "request_in_progress"}}`.
+    /// let policy = RetryPolicy::default().in_flight_error_code("request_in_progress");
+    /// # let _ = policy;
+    /// ```
     #[must_use]
     pub fn in_flight_error_code(mut self, code: impl Into<String>) -> Self {
         self.in_flight_codes.push(code.into());
@@ -137,6 +158,13 @@ impl RetryPolicy {
     /// its body: for servers that follow the IETF draft's "409 while in progress" and say
     /// nothing more. Do not use it for APIs that answer 409 for conflicts of their own
     /// (an order that exists): those would be polled until the deadline.
+    ///
+    /// ```
+    /// use idem_client::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::default().every_conflict_in_flight();
+    /// # let _ = policy;
+    /// ```
     #[must_use]
     pub fn every_conflict_in_flight(mut self) -> Self {
         self.every_conflict = true;

@@ -3,6 +3,8 @@
 //! on 127.0.0.1: one `send` is one logical operation, so every try of it, whoever makes
 //! it, carries one key, and the handler's effect happens once.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -19,7 +21,6 @@ use idem_http::{Disposition, IdempotencyLayer};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_retry::RetryTransientMiddleware;
 use reqwest_retry::policies::ExponentialBackoff;
-use tokio::net::TcpListener;
 
 /// What the server saw.
 #[derive(Default)]
@@ -70,13 +71,7 @@ async fn start() -> (SocketAddr, Arc<Seen>) {
             record_key,
         ))
         .with_state(Arc::clone(&seen));
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (addr, seen)
 }
 
@@ -232,13 +227,7 @@ async fn a_signing_middleware_inside_signs_every_try_over_the_key() {
             }
         }),
     );
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     let client = ClientBuilder::new(inner())
         .with(idem())
         .with(Sign(AtomicU32::new(0)))
@@ -259,4 +248,63 @@ async fn a_signing_middleware_inside_signs_every_try_over_the_key() {
     );
     assert_ne!(tries[0].1, tries[1].1, "each try signed afresh");
     assert!(tries[1].1.ends_with(&tries[1].0), "signed over the key");
+}
+
+/// Never retries a 5xx: the strategy to give reqwest-retry if it stays beside idem-client.
+struct No5xx;
+
+impl reqwest_retry::RetryableStrategy for No5xx {
+    fn handle(
+        &self,
+        res: &reqwest_middleware::Result<reqwest::Response>,
+    ) -> Option<reqwest_retry::Retryable> {
+        match res {
+            Ok(response) if response.status().is_server_error() => None,
+            other => reqwest_retry::default_on_request_success(other.as_ref().ok()?)
+                .or(Some(reqwest_retry::Retryable::Fatal)),
+        }
+    }
+}
+
+/// The hazard idem-client's docs name: reqwest-retry's default strategy retries a 500,
+/// which idem-http's default holds for a lease (the effect may have happened); the
+/// retries poll it, and once the lease ends one takes the key over and the handler runs
+/// again. With a strategy that never retries a 5xx, the 500 is the answer and the handler
+/// runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reqwest_retrys_default_strategy_runs_a_held_500_again_after_the_lease() {
+    for (strategy, charges) in [("default", 2), ("no 5xx", 1)] {
+        let seen = Arc::new(Seen::default());
+        let short_lease = idem_core::Idempotency::builder(MemoryStore::new())
+            .lease(Duration::from_millis(300))
+            .build()
+            .unwrap();
+        let layer = IdempotencyLayer::new(short_lease, |parts| {
+            Ok(format!("tests {}", idem_http::scope::path(parts)))
+        });
+        let app = Router::new()
+            .route("/payments", post(charge).route_layer(layer))
+            .with_state(Arc::clone(&seen));
+        let addr = common::serve(app).await;
+        let policy = ExponentialBackoff::builder()
+            .retry_bounds(Duration::from_millis(5), Duration::from_millis(20))
+            .build_with_max_retries(3);
+        let builder = ClientBuilder::new(inner());
+        let builder = match strategy {
+            "default" => builder.with(RetryTransientMiddleware::new_with_policy(policy)),
+            _ => builder.with(RetryTransientMiddleware::new_with_policy_and_strategy(
+                policy, No5xx,
+            )),
+        };
+        let client = builder.with(idem()).build();
+        let response = client
+            .post(format!("http://{addr}/payments"))
+            .body("amount=500")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(seen.charges.load(Ordering::SeqCst), charges, "{strategy}");
+        let expected = if charges == 2 { 201 } else { 500 };
+        assert_eq!(response.status().as_u16(), expected, "{strategy}");
+    }
 }

@@ -4,6 +4,8 @@
 //! budget, and an operation that ends without an answer and is finished by hand with its
 //! key.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,13 +16,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
+use common::{client, quick};
 use idem_chaos::proxy::{Fault, FaultProxy};
 use idem_client::{
     Attempts, ClientError, HeaderForm, IdempotencyKey, IdempotencyMiddleware, RetryPolicy, key_of,
 };
 use idem_core::{Idempotency, MemoryStore};
 use idem_http::IdempotencyLayer;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_middleware::ClientWithMiddleware;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::retry::budget::TpsBudget;
@@ -109,29 +112,8 @@ async fn start() -> (SocketAddr, Arc<Seen>) {
         .route("/large-conflict", post(large_conflict))
         .route("/down", post(down))
         .with_state(Arc::clone(&seen));
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (addr, seen)
-}
-
-fn client(middleware: IdempotencyMiddleware) -> ClientWithMiddleware {
-    let inner = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    ClientBuilder::new(inner).with(middleware).build()
-}
-
-fn quick() -> RetryPolicy {
-    RetryPolicy::default()
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
-        .deadline(Duration::from_secs(15))
 }
 
 /// How the raw server treats one connection.
@@ -408,12 +390,9 @@ async fn a_stream_body_over_the_buffer_is_refused_before_anything_is_sent() {
         .send()
         .await
         .unwrap_err();
-    let reqwest_middleware::Error::Middleware(err) = err else {
-        panic!("{err:?}")
-    };
     assert!(matches!(
-        err.downcast_ref::<ClientError>(),
-        Some(ClientError::BodyTooLarge { limit: 102_400 })
+        common::client_error(&err),
+        ClientError::BodyTooLarge { limit: 102_400 }
     ));
     assert_eq!(seen.charges.load(Ordering::SeqCst), 0);
 }
@@ -453,12 +432,9 @@ async fn bare_keys_go_unquoted_and_idem_http_reads_both_forms_as_one_key() {
         .send()
         .await
         .unwrap_err();
-    let reqwest_middleware::Error::Middleware(err) = err else {
-        panic!("{err:?}")
-    };
     assert!(matches!(
-        err.downcast_ref::<ClientError>(),
-        Some(ClientError::KeyNotAToken)
+        common::client_error(&err),
+        ClientError::KeyNotAToken
     ));
     assert_eq!(seen.charges.load(Ordering::SeqCst), 1);
 }
@@ -493,4 +469,41 @@ async fn a_retry_budget_bounds_the_load_an_outage_gets() {
     assert_eq!(hits[0], operations * 5);
     assert!(hits[1] <= operations + 20, "{hits:?}");
     assert!(hits[1] > operations, "some retries were allowed: {hits:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_the_budget_refuses_ends_with_the_last_error_and_the_key() {
+    // A port nothing listens on: every try is a connection error.
+    let closed = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    // A budget with no reserve and nothing to earn: no retry at all.
+    let client = client(
+        IdempotencyMiddleware::new()
+            .policy(quick())
+            .retry_budget(TpsBudget::new(Duration::from_secs(1), 0, 0.0)),
+    );
+    let err = client
+        .post(format!("http://{closed}/payments"))
+        .body("amount=500")
+        .send()
+        .await
+        .unwrap_err();
+    let reqwest_middleware::Error::Middleware(inner) = &err else {
+        panic!("{err:?}")
+    };
+    match inner.downcast_ref::<ClientError>() {
+        Some(ClientError::Unanswered {
+            attempts,
+            key,
+            last,
+        }) => {
+            assert_eq!(*attempts, 1);
+            assert_eq!(key_of(&err), Some(key));
+            assert!(last.is_connect(), "{last:?}");
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -1,6 +1,8 @@
 //! idem-client against idem-http's layer on 127.0.0.1, through the chaos runs' fault proxy:
 //! each logical operation's effect happens once and the caller gets the first answer.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -11,11 +13,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
+use common::{client, quick};
 use idem_chaos::proxy::{Fault, FaultProxy};
 use idem_client::{Attempts, ClientError, IdempotencyKey, IdempotencyMiddleware, RetryPolicy};
 use idem_core::{Idempotency, MemoryStore};
 use idem_http::IdempotencyLayer;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_middleware::ClientBuilder;
 use tokio::net::TcpListener;
 
 /// What the server saw.
@@ -91,29 +94,8 @@ async fn start() -> (SocketAddr, Arc<Server>) {
         .route("/busy", get(busy))
         .route("/gateway", post(gateway))
         .with_state(Arc::clone(&server));
-    let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .await
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let addr = common::serve(app).await;
     (addr, server)
-}
-
-fn client(middleware: IdempotencyMiddleware) -> ClientWithMiddleware {
-    let inner = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    ClientBuilder::new(inner).with(middleware).build()
-}
-
-fn quick() -> RetryPolicy {
-    RetryPolicy::default()
-        .backoff(Duration::from_millis(10), Duration::from_millis(50))
-        .deadline(Duration::from_secs(15))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -349,15 +331,12 @@ async fn a_server_that_never_answers_is_bounded_by_the_deadline() {
         "{:?}",
         started.elapsed()
     );
-    let reqwest_middleware::Error::Middleware(err) = err else {
-        panic!("{err:?}")
-    };
     assert!(matches!(
-        err.downcast_ref::<ClientError>(),
-        Some(ClientError::DeadlineExceeded {
+        common::client_error(&err),
+        ClientError::DeadlineExceeded {
             attempts: 1,
             key: Some(_)
-        })
+        }
     ));
     held.abort();
 }
@@ -374,12 +353,9 @@ async fn a_stream_body_is_refused_up_front_when_buffering_is_off() {
         .send()
         .await
         .unwrap_err();
-    let reqwest_middleware::Error::Middleware(err) = err else {
-        panic!("{err:?}")
-    };
     assert!(matches!(
-        err.downcast_ref::<ClientError>(),
-        Some(ClientError::BodyNotReplayable)
+        common::client_error(&err),
+        ClientError::BodyNotReplayable
     ));
     assert_eq!(server.charges.load(Ordering::SeqCst), 0, "nothing was sent");
 }

@@ -8,7 +8,25 @@ use crate::{Body, Disposition};
 
 /// The header of a gRPC answer of the layer's own that names its problem type (the
 /// `type` of the problem document an HTTP caller gets), for callers that branch on it.
+///
+/// ```
+/// // A tonic client reads it from the status's metadata.
+/// # let status = tonic::Status::unavailable("in flight");
+/// let kind = status.metadata().get(idem_http::GRPC_PROBLEM_HEADER);
+/// # let _ = kind;
+/// ```
 pub const GRPC_PROBLEM_HEADER: &str = "idem-problem-type";
+
+/// Whether a request's body is gRPC's length-prefixed messages as they are: gRPC
+/// (`application/grpc`, `+proto`) and binary gRPC-web (`application/grpc-web`, `+proto`),
+/// not gRPC-web-text, whose messages travel in base64.
+pub(crate) fn has_grpc_framing(headers: &HeaderMap) -> bool {
+    is_grpc(headers)
+        && !headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|value| value.to_str().ok())
+            .is_some_and(|value| value.starts_with("application/grpc-web-text"))
+}
 
 /// Whether a response is gRPC's (`application/grpc`, `application/grpc+proto`, ...).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
@@ -98,7 +116,13 @@ pub fn grpc_code(http_status: u16) -> u32 {
 /// answer: HTTP 200, `grpc-status` by [`grpc_code`], `grpc-message` with the problem's
 /// title and detail, the problem type in [`GRPC_PROBLEM_HEADER`], and a retry pushback
 /// where the problem says when to retry. Any other response is left as it is.
-pub(crate) fn refusal_as_status(response: Response<Body>) -> Response<Body> {
+///
+/// `content_type` is the call's own (`application/grpc`, `application/grpc-web+proto`,
+/// ...): a gRPC-web client reads only answers of its own family.
+pub(crate) fn refusal_as_status(
+    response: Response<Body>,
+    content_type: Option<HeaderValue>,
+) -> Response<Body> {
     let Some(problem) = response.extensions().get::<Problem>().cloned() else {
         return response;
     };
@@ -109,7 +133,7 @@ pub(crate) fn refusal_as_status(response: Response<Body>) -> Response<Body> {
     }
     headers.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
+        content_type.unwrap_or(HeaderValue::from_static("application/grpc")),
     );
     headers.insert(
         HeaderName::from_static("grpc-status"),
@@ -136,6 +160,14 @@ pub(crate) fn refusal_as_status(response: Response<Body>) -> Response<Body> {
 
 /// The header of a gRPC replay whose message was not stored: the `grpc-status` the call
 /// first answered with.
+///
+/// ```
+/// # let status = tonic::Status::already_exists("carried out");
+/// if status.code() == tonic::Code::AlreadyExists {
+///     let first = status.metadata().get(idem_http::GRPC_ORIGINAL_STATUS_HEADER);
+///     # let _ = first;
+/// }
+/// ```
 pub const GRPC_ORIGINAL_STATUS_HEADER: &str = "idem-original-grpc-status";
 
 /// A replay of a gRPC answer whose message was too large to store: a trailers-only
@@ -201,12 +233,12 @@ mod tests {
     #[test]
     fn only_problems_become_statuses() {
         let plain = Response::new(Body::empty());
-        let kept = refusal_as_status(plain);
+        let kept = refusal_as_status(plain, None);
         assert!(kept.headers().get("grpc-status").is_none());
         let problem = crate::Problem::new(StatusCode::CONFLICT, "in-flight", "In flight")
             .retry_after(2)
             .into_http_response();
-        let status = refusal_as_status(problem);
+        let status = refusal_as_status(problem, None);
         assert_eq!(status.status(), 200);
         assert_eq!(status.headers()["grpc-status"], "14");
         assert_eq!(status.headers()["grpc-retry-pushback-ms"], "2000");

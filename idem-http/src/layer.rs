@@ -227,7 +227,7 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 12] = [
 /// | [`max_request_body`](IdempotencyLayer::max_request_body) | 1 MiB, then 413 before anything is claimed |
 /// | [`requirement_with`](IdempotencyLayer::requirement_with) | none: the methods decide |
 /// | [`max_response_body`](IdempotencyLayer::max_response_body) | 960 KiB or the store's room, then streamed once and stored without the body |
-/// | [`disposition`](IdempotencyLayer::disposition) | [`default_disposition`]: 5xx held, 4xx but 402 released, the rest stored |
+/// | [`disposition`](IdempotencyLayer::disposition) | [`default_disposition`]: 5xx and 408 held, other 4xx but 402 released, the rest stored |
 /// | [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after) | 1 s at most |
 /// | [`problem_type_base`](IdempotencyLayer::problem_type_base) | [`PROBLEM_TYPE_BASE`] |
 /// | [`on_replay`](IdempotencyLayer::on_replay) | none |
@@ -562,6 +562,17 @@ impl IdempotencyLayer {
     }
 
     /// Stops storing and replaying one response header of the current set.
+    ///
+    /// ```
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// // This route's cache headers belong to each answer, not to the first one.
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
+    ///     .skip_header(http::header::CACHE_CONTROL)
+    ///     .skip_header(http::header::EXPIRES);
+    /// # let _ = layer;
+    /// ```
     #[must_use]
     pub fn skip_header(mut self, name: HeaderName) -> Self {
         self.config_mut()

@@ -62,7 +62,8 @@
 //! A [`Disposition`] per response: stored and replayed, released (nothing happened, a
 //! retry runs the handler again), or held (the effect may have happened: the key stays
 //! held until the lease ends, then a retry takes over). The status policy decides
-//! ([`default_disposition`]: 5xx held; 4xx released, as nothing was done, but 402 stored;
+//! ([`default_disposition`]: 5xx and 408 held; other 4xx released, as nothing was done,
+//! but 402 stored;
 //! the rest stored, each status with its reason in the table there); gRPC answers go by
 //! their `grpc-status` ([`grpc_disposition`]); a handler overrides either by putting a
 //! `Disposition` in the response's extensions. The default never releases a key whose

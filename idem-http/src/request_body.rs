@@ -26,12 +26,19 @@ pub(crate) enum Content {
     Multipart(Vec<Part>),
 }
 
+/// How many times its compressed size a body may decode to for the fingerprint: what
+/// JSON and forms compress to, with room; a zip bomb past it is fingerprinted as it came,
+/// and costs no more memory than this.
+const MAX_EXPANSION: usize = 128;
+
 /// What `body` says: decoded when `Content-Encoding` is `gzip`, `x-gzip` or `deflate`
-/// and it decodes within `limit` bytes (else its bytes as they are: a body that does not
-/// decode, or decodes past the limit, is fingerprinted as it came), then split into its
-/// parts when it is `multipart/form-data` that parses (else its bytes).
+/// and it decodes within `limit` bytes and [`MAX_EXPANSION`] times its size (64 KiB at
+/// least; else its bytes as they are: a body that does not decode, or decodes past
+/// that, is fingerprinted as it came), then split into its parts when it is
+/// `multipart/form-data` that parses (else its bytes).
 pub(crate) async fn content(headers: &HeaderMap, body: &Bytes, limit: usize) -> Content {
-    let plain = decoded(headers, body, limit).unwrap_or_else(|| body.clone());
+    let bound = limit.min(body.len().saturating_mul(MAX_EXPANSION).max(64 * 1024));
+    let plain = decoded(headers, body, bound).unwrap_or_else(|| body.clone());
     if let Some(boundary) = multipart_boundary(headers) {
         if let Some(parts) = multipart(plain.clone(), boundary).await {
             return Content::Multipart(parts);
@@ -134,6 +141,10 @@ mod tests {
         );
         // Past the limit, or not gzip at all: the bytes as they came, never an error.
         assert_eq!(plain(content(&gz, &body, 4).await), body);
+        // A bomb: far more than 128 times its size, past 64 KiB.
+        let bomb = gzip(&vec![b'a'; 4 * 1024 * 1024]);
+        assert!(bomb.len() * 128 < 4 * 1024 * 1024);
+        assert_eq!(plain(content(&gz, &bomb, 64 * 1024 * 1024).await), bomb);
         let broken = Bytes::from_static(b"not gzip");
         assert_eq!(plain(content(&gz, &broken, 1024).await), broken);
         let other = headers(&[("content-encoding", "br")]);

@@ -515,6 +515,12 @@ impl FingerprintRule {
         self.fingerprint_of(parts, body, &Content::Plain(body.clone()))
     }
 
+    /// Whether the rule reads what a body says (decoded, by its parts), rather than the
+    /// bytes as they came (a custom function).
+    pub(crate) fn reads_content(&self) -> bool {
+        matches!(self, FingerprintRule::Default { .. })
+    }
+
     /// The fingerprint of a request: `raw` is its body as it came (what a custom function
     /// gets), `content` what it says (decoded, or split into its multipart parts).
     pub(crate) fn fingerprint_of(

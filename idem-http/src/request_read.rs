@@ -21,8 +21,8 @@ pub(crate) enum RequestBody {
     Broken,
     /// A gRPC call that sends more than one message, or does not end its request after
     /// its first (client streaming, bidirectional): the layer cannot read it whole before
-    /// the answer begins.
-    Streaming,
+    /// the answer begins. The body again, whole, for shadow mode to pass on.
+    Streaming(Body),
 }
 
 /// How long a gRPC call's request may stay open after its first whole message before it
@@ -98,30 +98,29 @@ where
         }
     };
     if read.len() > whole {
-        return RequestBody::Streaming;
+        return RequestBody::Streaming(Body::new(Prefixed { chunks, rest: body }));
     }
     // Then its end: empty frames and trailers may come first, a byte more is a stream.
-    let ended = tokio::time::timeout(GRPC_END_GRACE, async {
-        loop {
-            if body.is_end_stream() {
-                return Some(true);
-            }
-            match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-                None => return Some(true),
-                Some(Ok(frame)) => {
-                    if frame.data_ref().is_some_and(|data| !data.is_empty()) {
-                        return Some(false);
-                    }
-                }
-                Some(Err(_)) => return None,
-            }
+    let deadline = tokio::time::Instant::now() + GRPC_END_GRACE;
+    loop {
+        if body.is_end_stream() {
+            return RequestBody::Whole(read.freeze());
         }
-    })
-    .await;
-    match ended {
-        Ok(Some(true)) => RequestBody::Whole(read.freeze()),
-        Ok(None) => RequestBody::Broken,
-        Ok(Some(false)) | Err(_) => RequestBody::Streaming,
+        let next = poll_fn(|cx| body.as_mut().poll_frame(cx));
+        match tokio::time::timeout_at(deadline, next).await {
+            Ok(None) => return RequestBody::Whole(read.freeze()),
+            Ok(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) if data.is_empty() => {}
+                Ok(data) => {
+                    chunks.push_back(data);
+                    return RequestBody::Streaming(Body::new(Prefixed { chunks, rest: body }));
+                }
+                // Request trailers are not part of what is fingerprinted or replayed.
+                Err(_) => {}
+            },
+            Ok(Some(Err(_))) => return RequestBody::Broken,
+            Err(_) => return RequestBody::Streaming(Body::new(Prefixed { chunks, rest: body })),
+        }
     }
 }
 
@@ -158,5 +157,92 @@ pub(crate) fn concat(mut chunks: Vec<Bytes>) -> Bytes {
             }
             all.freeze()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    /// A body of these frames, then its end.
+    fn frames(parts: Vec<Frame<Bytes>>) -> impl http_body::Body<Data = Bytes, Error = BoxError> {
+        let stream = futures_util::stream::iter(parts.into_iter().map(Ok::<_, BoxError>));
+        http_body_util::StreamBody::new(stream)
+    }
+
+    fn data(bytes: &[u8]) -> Frame<Bytes> {
+        Frame::data(Bytes::copy_from_slice(bytes))
+    }
+
+    /// A message of `len` bytes with its 5-byte prefix.
+    fn message(len: u8) -> Vec<u8> {
+        let mut framed = vec![0, 0, 0, 0, len];
+        framed.extend(std::iter::repeat_n(7u8, usize::from(len)));
+        framed
+    }
+
+    async fn whole(body: Body) -> Vec<u8> {
+        body.collect().await.unwrap().to_bytes().to_vec()
+    }
+
+    #[tokio::test]
+    async fn one_message_split_anyhow_is_read_whole() {
+        let framed = message(6);
+        // The prefix split, the message split, empty frames and trailers before the end.
+        let body = frames(vec![
+            data(&framed[..2]),
+            data(&framed[2..7]),
+            data(b""),
+            data(&framed[7..]),
+            data(b""),
+            Frame::trailers(http::HeaderMap::new()),
+        ]);
+        match read_grpc_body(body, 1024).await {
+            RequestBody::Whole(read) => assert_eq!(read.to_vec(), framed),
+            _ => panic!("one message is read whole"),
+        }
+        // A zero-length message alone is a message.
+        match read_grpc_body(frames(vec![data(&message(0))]), 1024).await {
+            RequestBody::Whole(read) => assert_eq!(read.to_vec(), message(0)),
+            _ => panic!("an empty message is read whole"),
+        }
+        // Ended before a whole message: the service answers what it got.
+        match read_grpc_body(frames(vec![data(&[0, 0])]), 1024).await {
+            RequestBody::Whole(read) => assert_eq!(read.to_vec(), vec![0, 0]),
+            _ => panic!("a cut prefix goes on as it is"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_second_message_is_a_stream_handed_back_whole() {
+        let (first, second) = (message(0), message(3));
+        // In one frame after the first, or in a frame of its own.
+        let together = [first.clone(), second.clone()].concat();
+        for body in [
+            frames(vec![data(&together)]),
+            frames(vec![data(&first), data(&second)]),
+        ] {
+            match read_grpc_body(body, 1024).await {
+                RequestBody::Streaming(whole_body) => assert_eq!(whole(whole_body).await, together),
+                _ => panic!("two messages are a stream"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_over_the_limit_is_too_large_and_handed_back_whole() {
+        let framed = message(200);
+        let body = frames(vec![data(&framed[..3]), data(&framed[3..])]);
+        match read_grpc_body(body, 100).await {
+            RequestBody::TooLarge(whole_body) => assert_eq!(whole(whole_body).await, framed),
+            _ => panic!("over the limit"),
+        }
+        // A length near u32::MAX never overflows.
+        let huge = frames(vec![data(&[0, 0xff, 0xff, 0xff, 0xff])]);
+        assert!(matches!(
+            read_grpc_body(huge, usize::MAX - 1).await,
+            RequestBody::Whole(_) | RequestBody::TooLarge(_)
+        ));
     }
 }

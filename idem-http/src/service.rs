@@ -124,15 +124,16 @@ where
 
     fn call(&mut self, request: Request<B>) -> ResponseFuture {
         let config = Arc::clone(&self.config);
+        let grpc = crate::grpc::is_grpc(request.headers())
+            .then(|| request.headers().get(http::header::CONTENT_TYPE).cloned());
         if let Some(err) = self.broken.take() {
-            let grpc = crate::grpc::is_grpc(request.headers());
             return Box::pin(async move {
                 tracing::warn!(error = %err, "the inner service is not ready");
                 observe::answer(Answer::Error);
                 let response = handler_failed(&config);
                 Ok(match grpc {
-                    true => crate::grpc::refusal_as_status(response),
-                    false => response,
+                    Some(content_type) => crate::grpc::refusal_as_status(response, content_type),
+                    None => response,
                 })
             });
         }
@@ -142,10 +143,10 @@ where
         let routed = self.routed;
         // A gRPC caller reads the layer's refusals as gRPC statuses, not problem
         // documents it would take for a malformed message.
-        if crate::grpc::is_grpc(request.headers()) {
+        if let Some(content_type) = grpc {
             return Box::pin(async move {
                 let response = handle(inner, Arc::clone(&config), routed, request).await;
-                Ok(crate::grpc::refusal_as_status(response))
+                Ok(crate::grpc::refusal_as_status(response, content_type))
             });
         }
         Box::pin(async move { Ok(handle(inner, config, routed, request).await) })
@@ -201,7 +202,7 @@ where
     // future (allocated and copied for every request) holds none of their states.
     let (parts, body) = request.into_parts();
     let requirement = config.requirement(&parts, routed);
-    let grpc = crate::grpc::is_grpc(&parts.headers);
+    let grpc = crate::grpc::has_grpc_framing(&parts.headers);
     let mut values = parts.headers.get_all(&config.header).iter();
     let (value, repeated) = (values.next(), values.next().is_some());
     let body = Body::new(body);
@@ -293,8 +294,11 @@ where
             Err(refused) => return Box::pin(refused.answer(inner, &config, parts)).await,
         },
     };
-    let content =
-        crate::request_body::content(&parts.headers, &body, config.max_request_body).await;
+    // A custom fingerprint gets the body as it came: nothing to decode for it.
+    let content = match config.fingerprint.reads_content() {
+        true => crate::request_body::content(&parts.headers, &body, config.max_request_body).await,
+        false => crate::request_body::Content::Plain(body.clone()),
+    };
     let fingerprint = config.fingerprint.fingerprint_of(&parts, &body, &content);
     drop(content);
     protect(inner, config, key, fingerprint, parts, body).await
@@ -349,8 +353,8 @@ enum Unreadable {
     /// Over the limit: the body again, whole, for shadow mode to pass on.
     TooLarge(Body),
     Broken,
-    /// A gRPC call streaming its request.
-    Streaming,
+    /// A gRPC call streaming its request: the body again, whole, for shadow mode.
+    Streaming(Body),
 }
 
 impl Unreadable {
@@ -375,17 +379,16 @@ impl Unreadable {
                     .into_http_response();
                 refuse(inner, config, Answer::TooLarge, response, parts, whole).await
             }
-            Unreadable::Streaming => {
-                // The stream was read in part: it cannot reach the handler whole either.
-                observe::answer(Answer::BadBody);
-                config
+            Unreadable::Streaming(whole) => {
+                let response = config
                     .problem(
                         StatusCode::NOT_IMPLEMENTED,
                         "streaming-request",
                         "Streaming requests are not protected",
                     )
-                    .detail("The layer reads a protected request whole before it runs; a gRPC call that streams its request (client streaming or bidirectional) cannot be. Exempt the method (requirement_with) or call it without an idempotency key.")
-                    .into_http_response()
+                    .detail("The layer reads a protected request whole before it runs; a gRPC call that streams its request (client streaming or bidirectional) cannot be. Exempt the method from the layer (requirement_with, or a route without it).")
+                    .into_http_response();
+                refuse(inner, config, Answer::BadBody, response, parts, whole).await
             }
             Unreadable::Broken => {
                 // Nothing of the body can reach the handler either, shadow mode or not.
@@ -411,7 +414,7 @@ async fn read_request(config: &Config, body: Body, grpc: bool) -> Result<Bytes, 
         RequestBody::Whole(body) => Ok(body),
         RequestBody::TooLarge(whole) => Err(Unreadable::TooLarge(whole)),
         RequestBody::Broken => Err(Unreadable::Broken),
-        RequestBody::Streaming => Err(Unreadable::Streaming),
+        RequestBody::Streaming(whole) => Err(Unreadable::Streaming(whole)),
     }
 }
 
@@ -446,8 +449,8 @@ where
         request.extensions_mut().insert(context);
     }
     match inner.call(request).await.map_err(Into::into) {
-        Ok(response) => response.map(Body::new),
-        Err(err) if not_run(&err) => overloaded(config),
+        Ok(response) => inner_answer(response).map(Body::new),
+        Err(err) if not_run(&err) => overloaded(config, false),
         Err(err) => {
             tracing::warn!(error = %err, "the inner service failed");
             handler_failed(config)
@@ -644,7 +647,7 @@ where
         .insert(config.idem.detached_context(&key, fingerprint));
     observe::answer(Answer::PassedThrough);
     match inner.oneshot(request).await.map_err(Into::into) {
-        Ok(response) => response.map(Body::new),
+        Ok(response) => inner_answer(response).map(Body::new),
         Err(err) => {
             tracing::warn!(error = %err, "the inner service failed");
             handler_failed(config)
@@ -791,7 +794,7 @@ where
         Err(err) if not_run(&err) => return shed(&config, &captured),
         Err(err) => return failed(&err, &config, &captured),
     };
-    let (parts, body) = response.into_parts();
+    let (parts, body) = inner_answer(response).into_parts();
     let mut body = Box::pin(body);
     let status = parts.status;
     let chosen = parts.extensions.get::<Disposition>().copied();
@@ -1043,6 +1046,14 @@ fn stored(
     bytes
 }
 
+/// The inner service's response as the layer hands it on: a [`crate::Problem`] it
+/// answered with is the handler's answer, stored and replayed as it is, not a refusal of
+/// the layer's own that a gRPC caller gets as a status.
+fn inner_answer<B>(mut response: Response<B>) -> Response<B> {
+    response.extensions_mut().remove::<crate::Problem>();
+    response
+}
+
 /// Whether an inner service's error says the request never reached the handler: tower's
 /// `LoadShed` refused it (its inner service was not ready), so nothing ran.
 fn not_run(err: &BoxError) -> bool {
@@ -1053,18 +1064,27 @@ fn not_run(err: &BoxError) -> bool {
 /// gets 503 with `Retry-After`, to retry with the same key.
 fn shed(config: &Config, captured: &Captured) -> Result<Vec<u8>, WorkError<Vec<u8>>> {
     tracing::debug!("the inner service shed the request; its key is released");
-    *lock(captured) = Some(overloaded(config));
+    *lock(captured) = Some(overloaded(config, true));
     Err(WorkError::Retryable(Vec::new()))
 }
 
-fn overloaded(config: &Config) -> Response<Body> {
+/// 503 for a request shed before it ran; `keyed` when it had a key to retry with.
+fn overloaded(config: &Config, keyed: bool) -> Response<Body> {
+    let detail = match keyed {
+        true => {
+            "The request was shed before it ran; nothing was done. Retry with the same key after the time in Retry-After."
+        }
+        false => {
+            "The request was shed before it ran; nothing was done. Retry after the time in Retry-After."
+        }
+    };
     config
         .problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "overloaded",
             "The service is overloaded",
         )
-        .detail("The request was shed before it ran; nothing was done. Retry with the same key after the time in Retry-After.")
+        .detail(detail)
         .retry_after(1)
         .into_http_response()
 }

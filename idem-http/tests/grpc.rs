@@ -479,3 +479,116 @@ async fn a_call_that_streams_its_request_is_refused_clearly() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// gRPC-web-text carries its messages in base64, so its body is read as bytes, not as
+/// length-prefixed messages (four base64 characters read as a length were always over
+/// the limit); a refusal keeps the caller's content type, which a gRPC-web client needs.
+#[tokio::test]
+async fn grpc_web_text_calls_are_read_as_bytes_and_refused_in_their_own_family() {
+    use tower::ServiceExt as _;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let service = plain_layer().layer(tower::service_fn(
+        move |_request: http::Request<idem_http::Body>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                let mut response = http::Response::new(idem_http::Body::empty());
+                response
+                    .headers_mut()
+                    .insert("content-type", "application/grpc-web-text".parse().unwrap());
+                response
+                    .headers_mut()
+                    .insert("grpc-status", "0".parse().unwrap());
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        },
+    ));
+    let call = |key: Option<&str>| {
+        let mut request = http::Request::post("/pkg.Svc/Call")
+            .header("content-type", "application/grpc-web-text");
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request
+            .body(idem_http::Body::from(bytes::Bytes::from_static(
+                b"AAAAAAA=",
+            )))
+            .unwrap()
+    };
+    let answered = service.clone().oneshot(call(Some("web-1"))).await.unwrap();
+    assert_eq!(answered.headers().get("grpc-status").unwrap(), "0");
+    let again = service.clone().oneshot(call(Some("web-1"))).await.unwrap();
+    assert_eq!(again.headers().get(REPLAYED_HEADER).unwrap(), "true");
+    let refused = service.clone().oneshot(call(None)).await.unwrap();
+    assert_eq!(refused.headers().get("grpc-status").unwrap(), "3");
+    assert_eq!(
+        refused.headers().get("content-type").unwrap(),
+        "application/grpc-web-text"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A handler's own problem document is its answer, the same fresh and replayed: only the
+/// layer's refusals become gRPC statuses.
+#[tokio::test]
+async fn a_handlers_own_problem_is_its_answer_fresh_and_replayed() {
+    use tower::ServiceExt as _;
+    let service = plain_layer().layer(tower::service_fn(
+        |_request: http::Request<idem_http::Body>| async {
+            let declined =
+                idem_http::Problem::new(http::StatusCode::PAYMENT_REQUIRED, "declined", "Declined");
+            Ok::<_, std::convert::Infallible>(declined.into_http_response())
+        },
+    ));
+    let call = || {
+        http::Request::post("/pkg.Svc/Pay")
+            .header("content-type", "application/grpc")
+            .header("idempotency-key", "pay-1")
+            .body(idem_http::Body::from(bytes::Bytes::from_static(&[
+                0, 0, 0, 0, 0,
+            ])))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(call()).await.unwrap();
+    let again = service.clone().oneshot(call()).await.unwrap();
+    for answer in [&first, &again] {
+        assert_eq!(answer.status(), 402);
+        assert_eq!(
+            answer.headers().get("content-type").unwrap(),
+            "application/problem+json"
+        );
+        assert!(answer.headers().get("grpc-status").is_none());
+    }
+    assert_eq!(again.headers().get(REPLAYED_HEADER).unwrap(), "true");
+}
+
+/// In shadow mode a call that streams its request reaches the service whole, as every
+/// request does there; the refusal is only counted.
+#[tokio::test]
+async fn shadow_mode_passes_a_streaming_call_on_whole() {
+    use tower::ServiceExt as _;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = Arc::clone(&seen);
+    let service = plain_layer().shadow(true).layer(tower::service_fn(
+        move |request: http::Request<idem_http::Body>| {
+            let kept = Arc::clone(&kept);
+            async move {
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                kept.lock().unwrap().push(body.to_vec());
+                Ok::<_, std::convert::Infallible>(http::Response::new(idem_http::Body::empty()))
+            }
+        },
+    ));
+    let two_messages = [[0u8, 0, 0, 0, 1, 9], [0u8, 0, 0, 0, 1, 8]].concat();
+    let request = http::Request::post("/pkg.Svc/Upload")
+        .header("content-type", "application/grpc")
+        .header("idempotency-key", "up-1")
+        .body(idem_http::Body::from(bytes::Bytes::from(
+            two_messages.clone(),
+        )))
+        .unwrap();
+    let answer = service.oneshot(request).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    assert!(answer.headers().get("grpc-status").is_none(), "not refused");
+    assert_eq!(*seen.lock().unwrap(), vec![two_messages]);
+}

@@ -162,7 +162,8 @@ impl fmt::Debug for JwtKey {
 }
 
 /// Which responses are stored, released or held, by status, over the default policy
-/// (`idem_http::default_disposition`: 5xx held, 4xx but 402 released, the rest stored).
+/// (`idem_http::default_disposition`: 5xx and 408 held, other 4xx but 402 released, the
+/// rest stored).
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct StatusPolicy {

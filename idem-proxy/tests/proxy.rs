@@ -296,6 +296,34 @@ async fn a_status_policy_releases_what_the_upstream_says_did_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstreams_408_is_held_unless_the_route_releases_it() {
+    // By default a 408 is held: after the proxy sent the whole request, it is a timeout
+    // that may have cut the upstream off after its effect.
+    let (up, proxy) = started("").await;
+    let url = proxy.url("/payments");
+    *up.status.lock().unwrap() = Some(StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(
+        pay_once(&url, "acct_1", Some("k408"), "{}").await.0,
+        StatusCode::REQUEST_TIMEOUT
+    );
+    *up.status.lock().unwrap() = None;
+    let held = pay_once(&url, "acct_1", Some("k408"), "{}").await;
+    assert_eq!(held.0, StatusCode::CONFLICT, "{held:?}");
+    assert_eq!(up.runs("k408"), 1);
+    proxy.shutdown().await;
+    // An upstream whose 408 means "your body came too slowly, nothing ran" says so.
+    let (up, proxy) = started("status = { release = [408] }").await;
+    let url = proxy.url("/payments");
+    *up.status.lock().unwrap() = Some(StatusCode::REQUEST_TIMEOUT);
+    pay_once(&url, "acct_1", Some("k408"), "{}").await;
+    *up.status.lock().unwrap() = None;
+    let again = pay_once(&url, "acct_1", Some("k408"), "{}").await;
+    assert_eq!(again.0, StatusCode::CREATED, "{again:?}");
+    assert_eq!(up.runs("k408"), 2);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmatched_requests_pass_unprotected_or_are_refused() {
     let up = Upstream::default();
     let addr = upstream(up.clone()).await;

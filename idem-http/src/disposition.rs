@@ -32,6 +32,29 @@ pub enum Disposition {
     Hold,
 }
 
+/// A response part saying that the response's head is its outcome: if its body breaks
+/// off after the head (an upstream that cut its connection mid-answer, a body that
+/// failed), a stored response's key is finished with its status and stored headers,
+/// without the body (a retry gets them with `idempotent-body-not-stored: true`), instead
+/// of being held for a takeover that would run the request again. The client whose body
+/// broke off has its connection cut, as without it.
+///
+/// For responses whose status is decided before the body is written, and stays true
+/// however the body ends: `idem proxy` marks every upstream answer with it, once the
+/// upstream's head has arrived. Not for gRPC, whose status comes in the trailers: a gRPC
+/// answer whose body breaks off is held whatever it carries.
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use idem_http::FinalHead;
+///
+/// let mut response = Response::new(());
+/// *response.status_mut() = StatusCode::CREATED;
+/// response.extensions_mut().insert(FinalHead);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FinalHead;
+
 /// The default status policy, which never releases a key whose effect may have happened
 /// and never keeps an answer that says nothing was done:
 ///

@@ -106,7 +106,10 @@
 //!   holds its key for long. A client that stays connected but stops reading holds it
 //!   while the connection lasts.
 //! - A body that breaks off before the record is finished is sent to the client as an
-//!   error (the connection is cut, not ended cleanly), and the key is held.
+//!   error (the connection is cut, not ended cleanly), and the key is held; for a
+//!   response marked [`FinalHead`] (its status is its outcome, as an upstream's is to
+//!   `idem proxy`), a stored key is finished with the status and headers instead, without
+//!   the body.
 //! - Trailers reach the client and the record: a tonic gRPC service keeps its
 //!   `grpc-status`, fresh and replayed.
 //!
@@ -365,7 +368,7 @@ mod streaming;
 #[cfg(feature = "axum")]
 pub use axum::Idempotent;
 pub use body::Body;
-pub use disposition::{Disposition, default_disposition};
+pub use disposition::{Disposition, FinalHead, default_disposition};
 pub use grpc::{GRPC_ORIGINAL_STATUS_HEADER, GRPC_PROBLEM_HEADER, grpc_code, grpc_disposition};
 pub use handlers::Handlers;
 pub use key_header::KeyHeaderError;

@@ -802,6 +802,8 @@ where
     // trailers-only answer, else in the trailers, known when the body ends.
     let is_grpc = crate::grpc::is_grpc(&parts.headers);
     let grpc = chosen.is_none() && is_grpc;
+    // The head is the outcome: a body that breaks off finishes a stored key without it.
+    let final_head = parts.extensions.get::<crate::FinalHead>().is_some() && !is_grpc;
     let disposition = chosen.unwrap_or_else(|| match grpc {
         true => crate::grpc::disposition(&parts.headers).unwrap_or(Disposition::Store),
         false => std::panic::catch_unwind(AssertUnwindSafe(|| (config.disposition)(status)))
@@ -837,6 +839,9 @@ where
     };
     // Whatever the body has ready now: most handlers answer a whole body at once, which
     // is stored before it is sent, as one response.
+    // A body that broke off before the head went, when the head is the outcome: sent to
+    // the client after the frames read, and the key finished without the body.
+    let mut broke_off = None;
     let complete = loop {
         match poll_fn(|cx| Poll::Ready(poll_frame(&mut body, cx))).await {
             Poll::Ready(None) => break true,
@@ -847,6 +852,10 @@ where
                 if read.size > room.max(64 * 1024) || read.frames.len() >= MAX_READY_FRAMES {
                     break false;
                 }
+            }
+            Poll::Ready(Some(Err(err))) if final_head && storing => {
+                broke_off = Some(err);
+                break false;
             }
             Poll::Ready(Some(Err(err))) => return failed(&err, &config, &captured),
             Poll::Pending => break false,
@@ -888,6 +897,11 @@ where
     for frame in read.frames {
         over |= keep(&mut kept, &frame, storing, room);
         client.send(Ok(frame)).await;
+    }
+    if let Some(err) = broke_off {
+        tracing::warn!(error = %err, "the response body broke off after its head; its key is finished without the body");
+        client.send(Err(err)).await;
+        return outcome(&kept, false);
     }
     // Once the client is gone, the body is read on for the record, for at most a lease:
     // a finite stream is kept whole, one that never ends stops holding its key.
@@ -939,6 +953,12 @@ where
             Next::Frame(Some(Ok(frame))) => {
                 over |= keep(&mut kept, &frame, storing, room);
                 client.send(Ok(frame)).await;
+            }
+            Next::Frame(Some(Err(err))) if final_head && storing => {
+                // The head said how it went: finished with it, without the body.
+                tracing::warn!(error = %err, "the response body broke off after its head; its key is finished without the body");
+                client.send(Err(err)).await;
+                return outcome(&kept, false);
             }
             Next::Frame(Some(Err(err))) => {
                 // The body broke off: whatever the handler did may have happened.

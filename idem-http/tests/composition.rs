@@ -400,3 +400,59 @@ async fn a_multipart_upload_retried_with_a_new_boundary_is_one_request() {
     assert_eq!(curl_style("900").await.unwrap().status(), 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_head_finishes_its_key_when_the_body_breaks_off() {
+    // A 201 whose body fails after its first chunk: with `FinalHead` the key is finished
+    // with the head (a retry gets it, marked, and nothing runs again); without, it is
+    // held for a takeover.
+    for final_head in [true, false] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let service = ServiceBuilder::new()
+            .layer(layer(Duration::from_secs(30)))
+            .service(tower::service_fn(
+                move |_request: http::Request<idem_http::Body>| {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        let frames: Vec<Result<Bytes, std::io::Error>> = vec![
+                            Ok(Bytes::from_static(b"{\"id\":")),
+                            Err(std::io::Error::other("cut")),
+                        ];
+                        let body =
+                            axum::body::Body::from_stream(futures_util::stream::iter(frames));
+                        let mut response = http::Response::new(body);
+                        *response.status_mut() = StatusCode::CREATED;
+                        if final_head {
+                            response.extensions_mut().insert(idem_http::FinalHead);
+                        }
+                        Ok::<_, Infallible>(response)
+                    }
+                },
+            ));
+        let call = || {
+            http::Request::post("/payments")
+                .header("idempotency-key", "k-head")
+                .body(axum::body::Body::from("{}"))
+                .unwrap()
+        };
+        let first = service.clone().oneshot(call()).await.unwrap();
+        if final_head {
+            assert_eq!(first.status(), 201);
+            let body = http_body_util::BodyExt::collect(first.into_body()).await;
+            assert!(body.is_err(), "the first client's body is cut");
+        } else {
+            // A body that fails before anything was sent is the handler failing.
+            assert_eq!(first.status(), 500);
+        }
+        let again = service.clone().oneshot(call()).await.unwrap();
+        match final_head {
+            true => {
+                assert_eq!(again.status(), 201);
+                assert_eq!(again.headers()["idempotent-body-not-stored"], "true");
+            }
+            false => assert_eq!(again.status(), 409, "held"),
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}

@@ -7,12 +7,12 @@
 //! | could not be reached (refused, no route, connect timeout) | 502 | released: the request never left the proxy, a retry runs it |
 //! | took the request and sent no response head in `upstream_timeout` | 504 | held until the lease ends: the effect may have happened |
 //! | broke the connection before the response head | 502 | held, for the same reason |
-//! | broke off its body midway | the client's connection is cut | held |
+//! | sent its response head, then broke off its body or did not finish it in time | the head, then the client's connection is cut | a stored status finishes the key without its body: a retry gets the status and headers with `idempotent-body-not-stored: true`, never a second run |
 //!
 //! On a protected route, a response whose `Content-Length` is at most 1 MiB is read whole
-//! before it is passed on (within `upstream_timeout`), so that its record is stored
-//! before the client sees it: a retry sent the moment the first answer arrives is a
-//! replay, not a 409. Longer or unsized responses, and every unprotected one, stream.
+//! before it is passed on (within `upstream_timeout` from its head), so that its record
+//! is stored before the client sees it: a retry sent the moment the first answer arrives
+//! is a replay, not a 409. Longer or unsized responses, and every unprotected one, stream.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -29,7 +29,7 @@ use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use idem_http::{Body, Disposition, Problem};
+use idem_http::{Body, Disposition, FinalHead, Problem};
 
 use crate::config::Config;
 use crate::observe;
@@ -214,6 +214,9 @@ impl Upstream {
                     parts.headers.remove(header::CONTENT_LENGTH);
                 }
                 remove_hop_by_hop(&mut parts.headers, Direction::Response);
+                // The upstream's head is how the request went: if its body breaks off, the
+                // key is finished with the head, never run again.
+                parts.extensions.insert(FinalHead);
                 // Only a length the client enforces counts, and never more than the bound.
                 let small = http_body::Body::size_hint(&body)
                     .exact()
@@ -222,7 +225,10 @@ impl Upstream {
                     return Response::from_parts(parts, Body::new(body));
                 }
                 let body = http_body_util::Limited::new(body, BUFFERED_RESPONSE as usize);
-                match tokio::time::timeout_at(deadline, body.collect()).await {
+                // The body's own deadline, from its head: a head that came late leaves it
+                // the whole timeout.
+                let body_deadline = tokio::time::Instant::now() + inner.timeout;
+                match tokio::time::timeout_at(body_deadline, body.collect()).await {
                     Ok(Ok(collected)) => {
                         let (data, trailers) = {
                             let trailers = collected.trailers().cloned();
@@ -239,24 +245,20 @@ impl Upstream {
                     }
                     Ok(Err(err)) => {
                         observe::upstream_error("broken");
-                        tracing::warn!(error = %err, "the upstream's response body broke off; the key is held until its lease ends");
-                        problem(
-                            StatusCode::BAD_GATEWAY,
-                            "upstream-broken",
-                            "The service behind the proxy broke off its answer; retry after the lease",
-                            Disposition::Hold,
+                        tracing::warn!(error = %err, "the upstream's response body broke off after its head; the key is finished with the head");
+                        Response::from_parts(
+                            parts,
+                            broken_body("the upstream broke off its answer"),
                         )
                     }
                     Err(_) => {
                         observe::upstream_error("timeout");
                         tracing::warn!(
-                            "the upstream's response body did not arrive in time; the key is held until its lease ends"
+                            "the upstream's response body did not arrive in time after its head; the key is finished with the head"
                         );
-                        problem(
-                            StatusCode::GATEWAY_TIMEOUT,
-                            "upstream-timeout",
-                            "The service behind the proxy did not finish its answer in time; retry after the lease",
-                            Disposition::Hold,
+                        Response::from_parts(
+                            parts,
+                            broken_body("the upstream did not finish its answer in time"),
                         )
                     }
                 }
@@ -296,6 +298,24 @@ impl Upstream {
             }
         }
     }
+}
+
+/// A body that fails at once: the client's connection is cut after the head, and the
+/// layer finishes the key with the head (the response carries [`FinalHead`]).
+fn broken_body(why: &'static str) -> Body {
+    /// Its one frame is an error.
+    struct Broken(Option<&'static str>);
+    impl http_body::Body for Broken {
+        type Data = bytes::Bytes;
+        type Error = idem_core::BoxError;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.take().map(|why| Err(why.into())))
+        }
+    }
+    Body::new(Broken(Some(why)))
 }
 
 /// A problem of the proxy's own, with what the layer does with the key.

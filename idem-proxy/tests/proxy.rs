@@ -811,3 +811,122 @@ async fn an_answer_framed_two_ways_reaches_the_client_framed_once() {
     assert_eq!(retry.1["idempotent-replayed"], "true");
     proxy.shutdown().await;
 }
+
+/// How the raw upstream ends its answer after the head.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    /// `Content-Length: 100`, 7 bytes, then the connection closes.
+    ShortThenClose,
+    /// Chunked: one chunk, then the connection closes before the last chunk.
+    ChunkThenClose,
+    /// `Content-Length: 100`, 7 bytes, then nothing, the connection held open.
+    ShortThenStall,
+}
+
+/// A raw HTTP/1.1 upstream on 127.0.0.1 that answers every request with a 201 head and a
+/// body that does not end as its head says; it counts the requests it read.
+async fn breaking_upstream(ending: Ending) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counted = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let mut read = Vec::new();
+                let mut buf = [0u8; 4096];
+                // The head, and the body its Content-Length announces.
+                loop {
+                    let Ok(n) = socket.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    read.extend_from_slice(&buf[..n]);
+                    let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&read[..end]).to_ascii_lowercase();
+                    let length = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse::<usize>().ok())
+                        .unwrap_or(0);
+                    if read.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer: &[u8] = match ending {
+                    Ending::ShortThenClose | Ending::ShortThenStall => {
+                        b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"id\":7"
+                    }
+                    Ending::ChunkThenClose => {
+                        b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n7\r\n{\"id\":7\r\n"
+                    }
+                };
+                let _ = socket.write_all(answer).await;
+                if let Ending::ShortThenStall = ending {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            });
+        }
+    });
+    (addr, requests)
+}
+
+/// The promise at the edge: once the upstream's 201 head has arrived, the request ran.
+/// A body that then breaks off (or does not finish in time) finishes the key with that
+/// status, without the body; a retry gets it, marked, and never reaches the upstream
+/// again. The key was held before, and forwarded again after the lease: two executions
+/// of a request the proxy saw succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_whose_body_breaks_off_after_its_head_is_never_run_again() {
+    for ending in [
+        Ending::ShortThenClose,
+        Ending::ChunkThenClose,
+        Ending::ShortThenStall,
+    ] {
+        let (addr, requests) = breaking_upstream(ending).await;
+        let proxy = proxy(
+            &config(addr, "lease = \"2s\""),
+            Arc::new(MemoryStore::new()),
+        )
+        .await;
+        let url = proxy.url("/payments");
+        let send = || {
+            client()
+                .post(&url)
+                .header("x-account-id", "acct_1")
+                .header("content-type", "application/json")
+                .header("idempotency-key", "k-broken")
+                .body("{}")
+                .send()
+        };
+        // The client's connection is cut: after the head, or before it reached the
+        // client (hyper holds a head back until the body's first bytes).
+        if let Ok(first) = send().await {
+            assert_eq!(first.status().as_u16(), 201, "{ending:?}");
+            assert!(first.bytes().await.is_err(), "{ending:?}: the body is cut");
+        }
+        // Past the lease: a held key would be taken over and forwarded again here.
+        tokio::time::sleep(Duration::from_millis(2200)).await;
+        let again = send().await.expect("the retry is answered");
+        assert_eq!(again.status().as_u16(), 201, "{ending:?}");
+        assert_eq!(again.headers()["idempotent-replayed"], "true", "{ending:?}");
+        assert_eq!(
+            again.headers()["idempotent-body-not-stored"],
+            "true",
+            "{ending:?}"
+        );
+        assert_eq!(
+            requests.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "{ending:?}: the upstream ran it once"
+        );
+        proxy.shutdown().await;
+    }
+}

@@ -356,9 +356,9 @@ impl Middleware for IdempotencyMiddleware {
             // and never answers (or stalls a 409's body) does not hold the caller longer
             // than the policy says.
             let left = deadline.saturating_duration_since(Instant::now());
-            // A request sent once is bounded by the deadline alone: cutting it sooner
-            // would leave no answer and no retry.
-            let per_try = match retryable {
+            // A try no retry can follow (a request sent once, the policy's last try) is
+            // bounded by the deadline alone: cutting it sooner would leave no answer.
+            let per_try = match retryable && counted + 1 < self.policy.attempts() {
                 true => self.policy.per_try().min(left),
                 false => left,
             };

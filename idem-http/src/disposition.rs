@@ -34,10 +34,15 @@ pub enum Disposition {
 
 /// A response part saying that the response's head is its outcome: if its body breaks
 /// off after the head (an upstream that cut its connection mid-answer, a body that
-/// failed), a stored response's key is finished with its status and stored headers,
-/// without the body (a retry gets them with `idempotent-body-not-stored: true`), instead
-/// of being held for a takeover that would run the request again. The client whose body
-/// broke off has its connection cut, as without it.
+/// failed), the head's disposition decides the key, instead of the key being held for a
+/// takeover that would run the request again:
+///
+/// - stored: finished with its status and stored headers, without the body (a retry gets
+///   them with `idempotent-body-not-stored: true`);
+/// - released or held: as the status says.
+///
+/// The client whose body broke off gets the head, then its connection cut, once the key
+/// is finished: a retry that the cut prompts finds the record.
 ///
 /// For responses whose status is decided before the body is written, and stays true
 /// however the body ends: `idem proxy` marks every upstream answer with it, once the

@@ -119,14 +119,32 @@ pub fn grpc_code(http_status: u16) -> u32 {
 ///
 /// `content_type` is the call's own (`application/grpc`, `application/grpc-web+proto`,
 /// ...): a gRPC-web client reads only answers of its own family.
-pub(crate) fn refusal_as_status(
+pub(crate) async fn refusal_as_status(
     response: Response<Body>,
     content_type: Option<HeaderValue>,
 ) -> Response<Body> {
-    let Some(problem) = response.extensions().get::<Problem>().cloned() else {
-        return response;
+    let (parts, body) = response.into_parts();
+    let problem = match parts.extensions.get::<Problem>().cloned() {
+        Some(problem) => problem,
+        // A problem document read back from the record (a replay): the same status as
+        // the first answer got.
+        None if is_problem_document(&parts.headers, &body) => {
+            let retry_after = parts
+                .headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse().ok());
+            let bytes = match http_body_util::BodyExt::collect(body).await {
+                Ok(collected) => collected.to_bytes(),
+                Err(_) => bytes::Bytes::new(),
+            };
+            match Problem::from_document(&bytes, retry_after) {
+                Some(problem) => problem,
+                None => return Response::from_parts(parts, Body::from(bytes)),
+            }
+        }
+        None => return Response::from_parts(parts, body),
     };
-    let (parts, _problem_json) = response.into_parts();
     let mut headers = parts.headers;
     for name in [header::CONTENT_TYPE, header::CONTENT_LENGTH] {
         headers.remove(name);
@@ -206,6 +224,19 @@ pub(crate) fn not_stored(mut headers: HeaderMap, trailers: &HeaderMap) -> Respon
     answer
 }
 
+/// Whether an answer is a problem document small enough to read for its status: a
+/// stored one, whose length is known.
+fn is_problem_document(headers: &HeaderMap, body: &Body) -> bool {
+    let problem_json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/problem+json"));
+    problem_json
+        && http_body::Body::size_hint(body)
+            .exact()
+            .is_some_and(|length| length <= 64 * 1024)
+}
+
 /// `grpc-message`'s encoding: percent-encoded UTF-8, every byte outside printable ASCII
 /// and `%` itself escaped.
 fn percent_encode(text: &str) -> String {
@@ -230,15 +261,15 @@ mod tests {
         assert_eq!(percent_encode("é\nx"), "%C3%A9%0Ax");
     }
 
-    #[test]
-    fn only_problems_become_statuses() {
+    #[tokio::test]
+    async fn only_problems_become_statuses() {
         let plain = Response::new(Body::empty());
-        let kept = refusal_as_status(plain, None);
+        let kept = refusal_as_status(plain, None).await;
         assert!(kept.headers().get("grpc-status").is_none());
         let problem = crate::Problem::new(StatusCode::CONFLICT, "in-flight", "In flight")
             .retry_after(2)
             .into_http_response();
-        let status = refusal_as_status(problem, None);
+        let status = refusal_as_status(problem, None).await;
         assert_eq!(status.status(), 200);
         assert_eq!(status.headers()["grpc-status"], "14");
         assert_eq!(status.headers()["grpc-retry-pushback-ms"], "2000");

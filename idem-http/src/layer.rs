@@ -602,6 +602,10 @@ impl IdempotencyLayer {
     /// `.shadow(true)`. The records made in shadow mode are real, so retries replay from
     /// the first request on.
     ///
+    /// Shadow mode still reads a keyed request whole before it passes it on: a gRPC call
+    /// that streams its request reaches the handler only once the layer took it for a
+    /// stream (a second message, or 5 s without the request's end).
+    ///
     /// ```
     /// use axum::{Router, routing::post};
     /// use idem_core::{Idempotency, MemoryStore};

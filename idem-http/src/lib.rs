@@ -127,7 +127,9 @@
 //! - **The layer's own refusals are gRPC statuses**, not problem documents: in flight is
 //!   14 UNAVAILABLE with `grpc-retry-pushback-ms` (retry with the same key), a reused key
 //!   9 FAILED_PRECONDITION (send a new key), a missing key 3 INVALID_ARGUMENT; the table
-//!   is [`grpc_code`], and the problem type rides in [`GRPC_PROBLEM_HEADER`].
+//!   is [`grpc_code`], and the problem type rides in [`GRPC_PROBLEM_HEADER`]. So is a
+//!   [`Problem`] the service answers itself (a gRPC client cannot read problem+json),
+//!   the same status fresh and replayed.
 //! - **Answers are kept by their `grpc-status`** ([`grpc_disposition`]), in the headers
 //!   of a trailers-only answer or in the trailers.
 //! - **A replay whose message was too large to store** is 6 ALREADY_EXISTS, the first

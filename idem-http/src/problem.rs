@@ -92,6 +92,29 @@ impl Problem {
         response
     }
 
+    /// A problem document read back (a stored answer replayed), with the
+    /// `Retry-After` its response carried; `None` when it is not one.
+    pub(crate) fn from_document(bytes: &[u8], retry_after: Option<u64>) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        struct Document {
+            #[serde(rename = "type", default)]
+            kind: Option<String>,
+            #[serde(default)]
+            title: Option<String>,
+            status: Option<u16>,
+            #[serde(default)]
+            detail: Option<String>,
+        }
+        let document: Document = serde_json::from_slice(bytes).ok()?;
+        Some(Self {
+            kind: document.kind.unwrap_or_else(|| "about:blank".to_owned()),
+            title: document.title.unwrap_or_default(),
+            status: document.status?,
+            detail: document.detail,
+            retry_after,
+        })
+    }
+
     /// The problem's type URI.
     pub(crate) fn kind(&self) -> &str {
         &self.kind

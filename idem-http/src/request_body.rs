@@ -28,7 +28,9 @@ pub(crate) enum Content {
 
 /// How many times its compressed size a body may decode to for the fingerprint: what
 /// JSON and forms compress to, with room; a zip bomb past it is fingerprinted as it came,
-/// and costs no more memory than this.
+/// and costs no more memory than this. (A real body that compresses better than this and
+/// decodes past 64 KiB is fingerprinted as its compressed bytes too: a retry compressed
+/// otherwise gets 422.)
 const MAX_EXPANSION: usize = 128;
 
 /// What `body` says: decoded when `Content-Encoding` is `gzip`, `x-gzip` or `deflate`

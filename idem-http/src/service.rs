@@ -132,7 +132,9 @@ where
                 observe::answer(Answer::Error);
                 let response = handler_failed(&config);
                 Ok(match grpc {
-                    Some(content_type) => crate::grpc::refusal_as_status(response, content_type),
+                    Some(content_type) => {
+                        crate::grpc::refusal_as_status(response, content_type).await
+                    }
                     None => response,
                 })
             });
@@ -146,7 +148,7 @@ where
         if let Some(content_type) = grpc {
             return Box::pin(async move {
                 let response = handle(inner, Arc::clone(&config), routed, request).await;
-                Ok(crate::grpc::refusal_as_status(response, content_type))
+                Ok(crate::grpc::refusal_as_status(response, content_type).await)
             });
         }
         Box::pin(async move { Ok(handle(inner, config, routed, request).await) })
@@ -449,7 +451,7 @@ where
         request.extensions_mut().insert(context);
     }
     match inner.call(request).await.map_err(Into::into) {
-        Ok(response) => inner_answer(response).map(Body::new),
+        Ok(response) => response.map(Body::new),
         Err(err) if not_run(&err) => overloaded(config, false),
         Err(err) => {
             tracing::warn!(error = %err, "the inner service failed");
@@ -481,7 +483,16 @@ type Executed = Result<Outcome<Vec<u8>, Vec<u8>>, Error>;
 type Captured = Arc<Mutex<Option<Response<Body>>>>;
 
 /// The rest of a body too large to store, to stream on after the record is finished.
-type Pump<ResBody> = Arc<Mutex<Option<(Pin<Box<ResBody>>, FrameSender)>>>;
+type Pump<ResBody> = Arc<Mutex<Option<(Rest<ResBody>, FrameSender)>>>;
+
+/// What reaches a client still reading after its key was finished.
+enum Rest<ResBody> {
+    /// The rest of a body too large to store.
+    Body(Pin<Box<ResBody>>),
+    /// The error a body broke off with: sent once its key is finished, so that a retry
+    /// the cut prompts finds the record.
+    Error(BoxError),
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
@@ -647,7 +658,7 @@ where
         .insert(config.idem.detached_context(&key, fingerprint));
     observe::answer(Answer::PassedThrough);
     match inner.oneshot(request).await.map_err(Into::into) {
-        Ok(response) => inner_answer(response).map(Body::new),
+        Ok(response) => response.map(Body::new),
         Err(err) => {
             tracing::warn!(error = %err, "the inner service failed");
             handler_failed(config)
@@ -669,8 +680,12 @@ fn tail<ResBody: ResponseBody>(
 
 async fn tail_of<ResBody: ResponseBody>(result: Executed, pump: Pump<ResBody>) {
     let rest = lock(&pump).take();
-    if let Some((body, frames)) = rest {
-        stream_rest(body, frames).await;
+    match rest {
+        Some((Rest::Body(body), frames)) => stream_rest(body, frames).await,
+        Some((Rest::Error(err), frames)) => {
+            let _ = frames.send(Err(err)).await;
+        }
+        None => {}
     }
     observe::answer(streamed_answer(&result));
 }
@@ -794,7 +809,7 @@ where
         Err(err) if not_run(&err) => return shed(&config, &captured),
         Err(err) => return failed(&err, &config, &captured),
     };
-    let (parts, body) = inner_answer(response).into_parts();
+    let (parts, body) = response.into_parts();
     let mut body = Box::pin(body);
     let status = parts.status;
     let chosen = parts.extensions.get::<Disposition>().copied();
@@ -853,7 +868,7 @@ where
                     break false;
                 }
             }
-            Poll::Ready(Some(Err(err))) if final_head && storing => {
+            Poll::Ready(Some(Err(err))) if final_head => {
                 broke_off = Some(err);
                 break false;
             }
@@ -899,9 +914,7 @@ where
         client.send(Ok(frame)).await;
     }
     if let Some(err) = broke_off {
-        tracing::warn!(error = %err, "the response body broke off after its head; its key is finished without the body");
-        client.send(Err(err)).await;
-        return outcome(&kept, false);
+        return head_decides(err, client, &pump, outcome(&kept, false));
     }
     // Once the client is gone, the body is read on for the record, for at most a lease:
     // a finite stream is kept whole, one that never ends stops holding its key.
@@ -914,7 +927,7 @@ where
             // rest streams on after it to a client still reading. (A gRPC answer waits
             // for the status in its trailers, and is stored without its body then.)
             if !client.gone {
-                *lock(&pump) = Some((body, client.frames));
+                *lock(&pump) = Some((Rest::Body(body), client.frames));
             }
             return outcome(&kept, false);
         }
@@ -954,11 +967,8 @@ where
                 over |= keep(&mut kept, &frame, storing, room);
                 client.send(Ok(frame)).await;
             }
-            Next::Frame(Some(Err(err))) if final_head && storing => {
-                // The head said how it went: finished with it, without the body.
-                tracing::warn!(error = %err, "the response body broke off after its head; its key is finished without the body");
-                client.send(Err(err)).await;
-                return outcome(&kept, false);
+            Next::Frame(Some(Err(err))) if final_head => {
+                return head_decides(err, client, &pump, outcome(&kept, false));
             }
             Next::Frame(Some(Err(err))) => {
                 // The body broke off: whatever the handler did may have happened.
@@ -972,6 +982,23 @@ where
         }
     }
     outcome(&kept, !over)
+}
+
+/// A body that broke off after a [`crate::FinalHead`]: its head's disposition decides the
+/// key (a stored one is finished without the body), and the client, if it still reads,
+/// gets the error once the key is finished, so that the retry the cut prompts is
+/// answered from the record, not 409.
+fn head_decides<ResBody>(
+    err: BoxError,
+    client: Client,
+    pump: &Pump<ResBody>,
+    outcome: Result<Vec<u8>, WorkError<Vec<u8>>>,
+) -> Result<Vec<u8>, WorkError<Vec<u8>>> {
+    tracing::warn!(error = %err, "the response body broke off after its head; its head decides its key");
+    if !client.gone {
+        *lock(pump) = Some((Rest::Error(err), client.frames));
+    }
+    outcome
 }
 
 /// What came of waiting on the handler's body.
@@ -1064,14 +1091,6 @@ fn stored(
         return without_body();
     }
     bytes
-}
-
-/// The inner service's response as the layer hands it on: a [`crate::Problem`] it
-/// answered with is the handler's answer, stored and replayed as it is, not a refusal of
-/// the layer's own that a gRPC caller gets as a status.
-fn inner_answer<B>(mut response: Response<B>) -> Response<B> {
-    response.extensions_mut().remove::<crate::Problem>();
-    response
 }
 
 /// Whether an inner service's error says the request never reached the handler: tower's

@@ -401,12 +401,35 @@ async fn a_multipart_upload_retried_with_a_new_boundary_is_one_request() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// How the handler's 201 answer goes wrong, for the `FinalHead` test.
+#[derive(Clone, Copy, Debug)]
+enum Breaks {
+    /// Its body fails at once, before the head went: without `FinalHead`, the handler
+    /// failing (500).
+    AtOnce,
+    /// Its body sends a chunk, pauses (the head goes), then fails.
+    AfterAPause,
+    /// As `AfterAPause`, with `Disposition::Hold` set by the handler.
+    AfterAPauseHeld,
+    /// As `AfterAPause`, a gRPC answer (its status is in trailers that never come).
+    AfterAPauseGrpc,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_final_head_finishes_its_key_when_the_body_breaks_off() {
-    // A 201 whose body fails after its first chunk: with `FinalHead` the key is finished
-    // with the head (a retry gets it, marked, and nothing runs again); without, it is
-    // held for a takeover.
-    for final_head in [true, false] {
+async fn a_final_head_decides_its_key_when_the_body_breaks_off() {
+    use futures_util::StreamExt as _;
+    // With `FinalHead` a stored 201 is finished with its head (a retry gets it, marked,
+    // and nothing runs again); a held one stays held, a gRPC answer is held whatever it
+    // carries; without `FinalHead`, held.
+    let cases = [
+        (Breaks::AtOnce, true, Some(201)),
+        (Breaks::AtOnce, false, None),
+        (Breaks::AfterAPause, true, Some(201)),
+        (Breaks::AfterAPause, false, None),
+        (Breaks::AfterAPauseHeld, true, None),
+        (Breaks::AfterAPauseGrpc, true, None),
+    ];
+    for (breaks, final_head, replayed) in cases {
         let runs = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&runs);
         let service = ServiceBuilder::new()
@@ -419,12 +442,28 @@ async fn a_final_head_finishes_its_key_when_the_body_breaks_off() {
                             Ok(Bytes::from_static(b"{\"id\":")),
                             Err(std::io::Error::other("cut")),
                         ];
-                        let body =
-                            axum::body::Body::from_stream(futures_util::stream::iter(frames));
-                        let mut response = http::Response::new(body);
+                        let pause = !matches!(breaks, Breaks::AtOnce);
+                        let stream =
+                            futures_util::stream::iter(frames).then(move |frame| async move {
+                                if pause {
+                                    tokio::time::sleep(Duration::from_millis(20)).await;
+                                }
+                                frame
+                            });
+                        let mut response =
+                            http::Response::new(axum::body::Body::from_stream(stream));
                         *response.status_mut() = StatusCode::CREATED;
                         if final_head {
                             response.extensions_mut().insert(idem_http::FinalHead);
+                        }
+                        if let Breaks::AfterAPauseHeld = breaks {
+                            response
+                                .extensions_mut()
+                                .insert(idem_http::Disposition::Hold);
+                        }
+                        if let Breaks::AfterAPauseGrpc = breaks {
+                            let grpc = http::HeaderValue::from_static("application/grpc");
+                            response.headers_mut().insert("content-type", grpc);
                         }
                         Ok::<_, Infallible>(response)
                     }
@@ -436,23 +475,28 @@ async fn a_final_head_finishes_its_key_when_the_body_breaks_off() {
                 .body(axum::body::Body::from("{}"))
                 .unwrap()
         };
+        let what = format!("{breaks:?}, final head {final_head}");
         let first = service.clone().oneshot(call()).await.unwrap();
-        if final_head {
-            assert_eq!(first.status(), 201);
-            let body = http_body_util::BodyExt::collect(first.into_body()).await;
-            assert!(body.is_err(), "the first client's body is cut");
-        } else {
+        if let (Breaks::AtOnce, false) = (breaks, final_head) {
             // A body that fails before anything was sent is the handler failing.
-            assert_eq!(first.status(), 500);
+            assert_eq!(first.status(), 500, "{what}");
+        } else {
+            assert_eq!(first.status(), 201, "{what}");
+            let body = http_body_util::BodyExt::collect(first.into_body()).await;
+            assert!(body.is_err(), "{what}: the first client's body is cut");
         }
         let again = service.clone().oneshot(call()).await.unwrap();
-        match final_head {
-            true => {
-                assert_eq!(again.status(), 201);
-                assert_eq!(again.headers()["idempotent-body-not-stored"], "true");
+        match replayed {
+            Some(status) => {
+                assert_eq!(again.status(), status, "{what}");
+                assert_eq!(
+                    again.headers()["idempotent-body-not-stored"],
+                    "true",
+                    "{what}"
+                );
             }
-            false => assert_eq!(again.status(), 409, "held"),
+            None => assert_eq!(again.status(), 409, "{what}: held"),
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{what}");
     }
 }

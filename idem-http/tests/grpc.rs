@@ -528,10 +528,11 @@ async fn grpc_web_text_calls_are_read_as_bytes_and_refused_in_their_own_family()
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// A handler's own problem document is its answer, the same fresh and replayed: only the
-/// layer's refusals become gRPC statuses.
+/// A handler's own problem document reaches a gRPC caller as the same gRPC status fresh
+/// and replayed (a gRPC client cannot read problem+json): the replay's status is read
+/// back from the stored document.
 #[tokio::test]
-async fn a_handlers_own_problem_is_its_answer_fresh_and_replayed() {
+async fn a_handlers_own_problem_is_the_same_grpc_status_fresh_and_replayed() {
     use tower::ServiceExt as _;
     let service = plain_layer().layer(tower::service_fn(
         |_request: http::Request<idem_http::Body>| async {
@@ -552,12 +553,14 @@ async fn a_handlers_own_problem_is_its_answer_fresh_and_replayed() {
     let first = service.clone().oneshot(call()).await.unwrap();
     let again = service.clone().oneshot(call()).await.unwrap();
     for answer in [&first, &again] {
-        assert_eq!(answer.status(), 402);
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.headers()["content-type"], "application/grpc");
+        assert_eq!(answer.headers()["grpc-status"], "9");
+        assert_eq!(answer.headers()["grpc-message"], "Declined");
         assert_eq!(
-            answer.headers().get("content-type").unwrap(),
-            "application/problem+json"
+            answer.headers()["idem-problem-type"],
+            "tag:idem-http,2026:declined"
         );
-        assert!(answer.headers().get("grpc-status").is_none());
     }
     assert_eq!(again.headers().get(REPLAYED_HEADER).unwrap(), "true");
 }

@@ -48,7 +48,10 @@ pub struct Config {
     /// How long a connection to the upstream may take (default 2 s).
     pub connect_timeout: Duration,
     /// How long the upstream may take to answer with a response head (default 60 s).
-    /// A request it never answered in time is answered 504 and its key held.
+    /// A request it never answered in time is answered 504 and its key held. On protected
+    /// routes the body gets it again from its head: a small answer is read whole within
+    /// it, a streamed one may pause no longer between frames; past it the body breaks off
+    /// and the head decides the key.
     pub upstream_timeout: Duration,
     /// Keep the client's `Host` header (default: the upstream's authority, as nginx's
     /// `proxy_pass` does).

@@ -40,6 +40,10 @@
 //!   `upstream_timeout` (the file refuses less) and longer than the upstream's slowest
 //!   answer keeps a retry from running it while the first may still be running; an
 //!   upstream that dedupes by the `Idempotency-Key` it is sent is safe either way.
+//! - **It sent its head, then broke off its body** (or, on a protected route, let it
+//!   stall for `upstream_timeout`): the head decides the key. A stored status finishes
+//!   it without the body, and a retry gets that status with
+//!   `idempotent-body-not-stored: true`: the upstream is never asked again.
 //! - **The client went away**: the upstream's answer is still read and stored, and the
 //!   retry replays it.
 //!

@@ -5,7 +5,7 @@
 //! | name | kind | labels | moves when |
 //! |---|---|---|---|
 //! | `idem_proxy_requests_total` | counter | `route`, `status` | the proxy answered a request (`route` is the route's name, or `unmatched`) |
-//! | `idem_proxy_upstream_errors_total` | counter | `kind` | the upstream did not answer: `connect` (never reached; the key is released), `timeout` or `broken` (the key is held) |
+//! | `idem_proxy_upstream_errors_total` | counter | `kind` | the upstream did not answer: `connect` (never reached; the key is released), `timeout` or `broken` (before its head: the key is held; after it: its head decides) |
 //! | `idem_proxy_upstream_seconds` | histogram | | the upstream's time to a response head |
 
 use std::time::Duration;

@@ -119,7 +119,7 @@ impl Routes {
             let protection = match route.key {
                 KeyRule::Exempt => Protection::Exempt,
                 KeyRule::Required | KeyRule::Optional => {
-                    let layer = layer(route, store)?;
+                    let layer = layer(route, store, config.preserve_host)?;
                     routes.handlers.push(layer.handlers());
                     Protection::Protected(layer.layer(upstream.buffering()))
                 }
@@ -177,11 +177,36 @@ impl Routes {
     }
 }
 
+/// The host a request names (its `Host`, or its URI's authority under HTTP/2),
+/// lowercased; `-` when it names none.
+fn host_of(parts: &http::request::Parts) -> String {
+    parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|value| value.to_str().ok())
+        .or_else(|| parts.uri.authority().map(http::uri::Authority::as_str))
+        .map_or_else(|| "-".to_owned(), str::to_ascii_lowercase)
+}
+
+/// Room in a record for a stored response's status and headers, beside its body.
+const RESPONSE_HEAD_ROOM: usize = 64 * 1024;
+
 /// idem-http's layer with a route's settings.
-fn layer(route: &Route, store: &Arc<dyn Store>) -> Result<IdempotencyLayer, RouteError> {
+///
+/// `by_host`: the client's `Host` reaches the upstream (`preserve_host`), which may serve
+/// several tenants by it, so it is part of the scope: one host's key never meets
+/// another's.
+fn layer(
+    route: &Route,
+    store: &Arc<dyn Store>,
+    by_host: bool,
+) -> Result<IdempotencyLayer, RouteError> {
     let idem = Idempotency::builder(Arc::clone(store))
         .lease(route.lease)
         .retention(route.retention)
+        // The record holds the body the route stores and the head beside it: the
+        // driver's own cap (1 MiB) would otherwise keep a larger body from every replay.
+        .max_response_bytes(route.max_response_body.saturating_add(RESPONSE_HEAD_ROOM))
         .build()
         .map_err(|source| RouteError::Settings {
             route: route.name.clone(),
@@ -204,33 +229,39 @@ fn layer(route: &Route, store: &Arc<dyn Store>) -> Result<IdempotencyLayer, Rout
     let status = route.status.clone();
     let mut stored_headers = idem_http::DEFAULT_STORED_HEADERS.to_vec();
     stored_headers.extend(route.store_headers.iter().cloned());
-    let mut layer = IdempotencyLayer::new(idem, move |parts| scope.of(parts))
-        .header(route.header.clone())
-        .stored_headers(stored_headers)
-        .requirement_with(move |parts| {
-            let safe = matches!(
-                parts.method,
-                Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-            );
-            Some(if every_method && safe {
-                KeyRequirement::Ignored
-            } else {
-                requirement
-            })
+    let mut layer = IdempotencyLayer::new(idem, move |parts| {
+        let scope = scope.of(parts)?;
+        Ok(match by_host {
+            true => format!("{}@{scope}", host_of(parts)),
+            false => scope,
         })
-        .max_request_body(route.max_request_body)
-        .max_response_body(route.max_response_body)
-        .disposition(move |code: StatusCode| {
-            if status.store.contains(&code) {
-                Disposition::Store
-            } else if status.release.contains(&code) {
-                Disposition::Release
-            } else if status.hold.contains(&code) {
-                Disposition::Hold
-            } else {
-                idem_http::default_disposition(code)
-            }
-        });
+    })
+    .header(route.header.clone())
+    .stored_headers(stored_headers)
+    .requirement_with(move |parts| {
+        let safe = matches!(
+            parts.method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        );
+        Some(if every_method && safe {
+            KeyRequirement::Ignored
+        } else {
+            requirement
+        })
+    })
+    .max_request_body(route.max_request_body)
+    .max_response_body(route.max_response_body)
+    .disposition(move |code: StatusCode| {
+        if status.store.contains(&code) {
+            Disposition::Store
+        } else if status.release.contains(&code) {
+            Disposition::Release
+        } else if status.hold.contains(&code) {
+            Disposition::Hold
+        } else {
+            idem_http::default_disposition(code)
+        }
+    });
     if !route.ignore_fields.is_empty() {
         layer = layer.ignore_json_fields(route.ignore_fields.iter().cloned());
     }

@@ -7,12 +7,14 @@
 //! | could not be reached (refused, no route, connect timeout) | 502 | released: the request never left the proxy, a retry runs it |
 //! | took the request and sent no response head in `upstream_timeout` | 504 | held until the lease ends: the effect may have happened |
 //! | broke the connection before the response head | 502 | held, for the same reason |
-//! | sent its response head, then broke off its body or did not finish it in time | the head, then the client's connection is cut | a stored status finishes the key without its body: a retry gets the status and headers with `idempotent-body-not-stored: true`, never a second run |
+//! | sent its response head, then broke off its body, or (protected routes) let it stall for `upstream_timeout` | the client's connection is cut, after the head where it already went | the head decides: a stored status finishes the key without its body (a retry gets the status and headers with `idempotent-body-not-stored: true`, never a second run); a released or held one as its status says |
 //!
 //! On a protected route, a response whose `Content-Length` is at most 1 MiB is read whole
 //! before it is passed on (within `upstream_timeout` from its head), so that its record
 //! is stored before the client sees it: a retry sent the moment the first answer arrives
-//! is a replay, not a 409. Longer or unsized responses, and every unprotected one, stream.
+//! is a replay, not a 409. Longer or unsized responses stream, each frame within
+//! `upstream_timeout` of the one before; on unprotected routes nothing bounds them (long
+//! polls, long downloads).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -221,8 +223,15 @@ impl Upstream {
                 let small = http_body::Body::size_hint(&body)
                     .exact()
                     .is_some_and(|length| length <= BUFFERED_RESPONSE);
-                if !(self.buffer && small) {
+                if !self.buffer {
                     return Response::from_parts(parts, Body::new(body));
+                }
+                if !small {
+                    // Streamed on a protected route: a body that stalls for a whole
+                    // `upstream_timeout` breaks off, and its head decides the key,
+                    // rather than holding it in progress while the client waits.
+                    let idle = Idle::new(body, inner.timeout);
+                    return Response::from_parts(parts, Body::new(idle));
                 }
                 let body = http_body_util::Limited::new(body, BUFFERED_RESPONSE as usize);
                 // The body's own deadline, from its head: a head that came late leaves it
@@ -245,7 +254,7 @@ impl Upstream {
                     }
                     Ok(Err(err)) => {
                         observe::upstream_error("broken");
-                        tracing::warn!(error = %err, "the upstream's response body broke off after its head; the key is finished with the head");
+                        tracing::warn!(error = %err, "the upstream's response body broke off after its head; its head decides the key");
                         Response::from_parts(
                             parts,
                             broken_body("the upstream broke off its answer"),
@@ -254,7 +263,7 @@ impl Upstream {
                     Err(_) => {
                         observe::upstream_error("timeout");
                         tracing::warn!(
-                            "the upstream's response body did not arrive in time after its head; the key is finished with the head"
+                            "the upstream's response body did not arrive in time after its head; its head decides the key"
                         );
                         Response::from_parts(
                             parts,
@@ -297,6 +306,59 @@ impl Upstream {
                 )
             }
         }
+    }
+}
+
+/// A body whose every frame must come within `timeout` of the one before, or it breaks
+/// off with an error.
+struct Idle<B> {
+    body: B,
+    timeout: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> Idle<B> {
+    fn new(body: B, timeout: Duration) -> Self {
+        Self {
+            body,
+            timeout,
+            sleep: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+}
+
+impl<B> http_body::Body for Idle<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<idem_core::BoxError>,
+{
+    type Data = bytes::Bytes;
+    type Error = idem_core::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
+            let next = tokio::time::Instant::now() + self.timeout;
+            self.sleep.as_mut().reset(next);
+            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                observe::upstream_error("timeout");
+                Poll::Ready(Some(Err("the upstream's answer stalled".into())))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -821,6 +821,8 @@ enum Ending {
     ChunkThenClose,
     /// `Content-Length: 100`, 7 bytes, then nothing, the connection held open.
     ShortThenStall,
+    /// Chunked: one chunk, then nothing, the connection held open.
+    ChunkThenStall,
 }
 
 /// A raw HTTP/1.1 upstream on 127.0.0.1 that answers every request with a 201 head and a
@@ -864,12 +866,12 @@ async fn breaking_upstream(ending: Ending) -> (SocketAddr, Arc<std::sync::atomic
                     Ending::ShortThenClose | Ending::ShortThenStall => {
                         b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"id\":7"
                     }
-                    Ending::ChunkThenClose => {
+                    Ending::ChunkThenClose | Ending::ChunkThenStall => {
                         b"HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n7\r\n{\"id\":7\r\n"
                     }
                 };
                 let _ = socket.write_all(answer).await;
-                if let Ending::ShortThenStall = ending {
+                if let Ending::ShortThenStall | Ending::ChunkThenStall = ending {
                     tokio::time::sleep(Duration::from_secs(30)).await;
                 }
             });
@@ -889,6 +891,7 @@ async fn an_answer_whose_body_breaks_off_after_its_head_is_never_run_again() {
         Ending::ShortThenClose,
         Ending::ChunkThenClose,
         Ending::ShortThenStall,
+        Ending::ChunkThenStall,
     ] {
         let (addr, requests) = breaking_upstream(ending).await;
         let proxy = proxy(
@@ -912,6 +915,14 @@ async fn an_answer_whose_body_breaks_off_after_its_head_is_never_run_again() {
             assert_eq!(first.status().as_u16(), 201, "{ending:?}");
             assert!(first.bytes().await.is_err(), "{ending:?}: the body is cut");
         }
+        // The cut comes once the key is finished: a retry it prompts at once is a replay,
+        // not 409.
+        let at_once = send().await.expect("the retry is answered");
+        assert_eq!(
+            at_once.headers()["idempotent-replayed"],
+            "true",
+            "{ending:?}"
+        );
         // Past the lease: a held key would be taken over and forwarded again here.
         tokio::time::sleep(Duration::from_millis(2200)).await;
         let again = send().await.expect("the retry is answered");
@@ -929,4 +940,66 @@ async fn an_answer_whose_body_breaks_off_after_its_head_is_never_run_again() {
         );
         proxy.shutdown().await;
     }
+}
+
+/// `max_response_body` above the driver's own 1 MiB: a 1.5 MiB answer is replayed whole.
+/// The driver's cap was never raised, so such answers replayed with an empty body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_up_to_max_response_body_are_replayed_whole_past_a_mebibyte() {
+    let (up, proxy) = started("max_request_body = 4194304\nmax_response_body = 4194304").await;
+    let url = proxy.url("/payments");
+    // The upstream echoes the request (within axum's 2 MiB default): a 1.5 MiB body
+    // makes a 1.5 MiB answer.
+    let body = format!("{{\"memo\":\"{}\"}}", "m".repeat(1536 * 1024));
+    let first = pay_once(&url, "acct_1", Some("k-big"), &body).await;
+    assert_eq!(first.0, StatusCode::CREATED, "{:?}", first.1);
+    assert!(first.2.len() > 1536 * 1024);
+    let again = pay_once(&url, "acct_1", Some("k-big"), &body).await;
+    assert_eq!(again.1["idempotent-replayed"], "true");
+    assert!(
+        !again.1.contains_key("idempotent-body-not-stored"),
+        "{:?}",
+        again.1
+    );
+    assert_eq!(again.2, first.2, "the whole answer, replayed");
+    assert_eq!(up.runs("k-big"), 1);
+    proxy.shutdown().await;
+}
+
+/// With `preserve_host`, the upstream may serve one tenant per host: the host is part of
+/// the scope, so the same caller, key and body on another host is another request. It
+/// was in neither the scope nor the fingerprint, and b's retry replayed a's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_preserve_host_each_host_is_its_own_scope() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let toml = config(addr, "").replace("[defaults]", "preserve_host = true\n[defaults]");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let url = proxy.url("/payments");
+    let on = |host: &'static str| {
+        client()
+            .post(&url)
+            .header("host", host)
+            .header("x-account-id", "acct_1")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "k-host")
+            .body("{}")
+            .send()
+    };
+    let a = on("a.example").await.unwrap();
+    assert_eq!(a.status().as_u16(), 201);
+    let b = on("b.example").await.unwrap();
+    assert_eq!(b.status().as_u16(), 201);
+    assert!(
+        b.headers().get("idempotent-replayed").is_none(),
+        "b's own answer"
+    );
+    let a_again = on("A.example").await.unwrap();
+    assert_eq!(
+        a_again.headers()["idempotent-replayed"],
+        "true",
+        "hosts are case-blind"
+    );
+    assert_eq!(up.runs("k-host"), 2, "once per host");
+    proxy.shutdown().await;
 }

@@ -36,6 +36,9 @@ enum Protection {
 struct Compiled {
     name: String,
     protection: Protection,
+    /// Whether the route's own pattern ends with `/` (or catches all): one that does not
+    /// is also matched with a trailing `/`, which is then the same operation.
+    slashed: bool,
 }
 
 /// Every route, and the matchers that pick one.
@@ -127,6 +130,8 @@ impl Routes {
             routes.routes.push(Compiled {
                 name: route.name.clone(),
                 protection,
+                // A catch-all's paths are its own: a trailing `/` there may mean something.
+                slashed: route.path.ends_with('/') || route.path.contains("{*"),
             });
         }
         // Then each pattern with a trailing slash, where no route claimed that itself.
@@ -154,6 +159,15 @@ impl Routes {
             .and_then(|router| router.at(path).ok())
             .or_else(|| self.any_method.at(path).ok())
             .map(|found| *found.value)
+    }
+
+    /// The path a request to route `index` is one operation by: `path` without the
+    /// trailing `/` that the route's pattern does not have (`/payments/` is `/payments`).
+    pub(crate) fn operation_path<'a>(&self, index: usize, path: &'a str) -> &'a str {
+        match self.routes[index].slashed {
+            false if path.len() > 1 => path.strip_suffix('/').unwrap_or(path),
+            _ => path,
+        }
     }
 
     pub(crate) fn name(&self, index: usize) -> &str {

@@ -353,10 +353,23 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
             }
             // The router in front set the path as it came; the scope and the fingerprint
             // read that one first (`idem_http::scope::path`): they must see the plain one,
-            // or each spelling of a path would be an operation of its own.
-            let plain = axum::extract::OriginalUri(request.uri().clone());
-            request.extensions_mut().insert(plain);
+            // or each spelling of a path would be an operation of its own (a trailing `/`
+            // the route's pattern does not have included). The upstream gets the path as
+            // it came, made plain.
             let route = shared.routes.find(request.method(), request.uri().path());
+            let operation = route
+                .map(|index| shared.routes.operation_path(index, request.uri().path()))
+                .filter(|path| *path != request.uri().path())
+                .and_then(|path| {
+                    let target = match request.uri().query() {
+                        Some(query) => format!("{path}?{query}"),
+                        None => path.to_owned(),
+                    };
+                    target.parse::<http::Uri>().ok()
+                });
+            let plain =
+                axum::extract::OriginalUri(operation.unwrap_or_else(|| request.uri().clone()));
+            request.extensions_mut().insert(plain);
             let (name, response) = match route {
                 Some(index) => (
                     shared.routes.name(index).to_owned(),

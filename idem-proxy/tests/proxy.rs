@@ -1003,3 +1003,17 @@ async fn with_preserve_host_each_host_is_its_own_scope() {
     assert_eq!(up.runs("k-host"), 2, "once per host");
     proxy.shutdown().await;
 }
+
+/// `/payments/` takes the route of `/payments`, and is the same operation: a retry
+/// spelled with the trailing `/` is a replay. It had a scope of its own and ran again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_spelled_with_a_trailing_slash_is_the_same_operation() {
+    let (up, proxy) = started("").await;
+    let first = pay_once(&proxy.url("/payments"), "acct_1", Some("k-slash"), "{}").await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let again = pay_once(&proxy.url("/payments/"), "acct_1", Some("k-slash"), "{}").await;
+    assert_eq!(again.1["idempotent-replayed"], "true", "{again:?}");
+    assert_eq!(again.2, first.2);
+    assert_eq!(up.runs("k-slash"), 1);
+    proxy.shutdown().await;
+}

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use http::{Method, Request, Response, StatusCode};
 use idem_core::{Idempotency, Store};
 use idem_http::{
-    Body, Disposition, Handlers, IdempotencyLayer, IdempotencyService, KeyRequirement,
+    Body, Disposition, Handlers, IdempotencyLayer, IdempotencyService, KeyRequirement, Problem,
 };
 use tower::{Layer, ServiceExt};
 
@@ -183,12 +183,63 @@ impl Routes {
     ) -> Response<Body> {
         match &self.routes[index].protection {
             Protection::Exempt => upstream.forward(request).await,
-            Protection::Protected(service) => match service.clone().oneshot(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            },
+            Protection::Protected(service) => {
+                if let Some(named) = overridden(&request) {
+                    return refuse_override(named);
+                }
+                match service.clone().oneshot(request).await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
         }
     }
+}
+
+/// Headers by which a request names another method or path than its own, which
+/// frameworks upstream act on (Rails, Laravel, Express's method-override, IIS).
+const OVERRIDE_HEADERS: [&str; 5] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+    "x-original-url",
+    "x-rewrite-url",
+];
+
+/// What in `request` names another method or path than the route matched: an override
+/// header (kept only under `trust_forwarded_headers`), or `_method` in its query. The
+/// route matched one method and path; an upstream honouring these would act on another,
+/// under this route's key and scope.
+fn overridden(request: &Request<Body>) -> Option<&'static str> {
+    if let Some(name) = OVERRIDE_HEADERS
+        .into_iter()
+        .find(|name| request.headers().contains_key(*name))
+    {
+        return Some(name);
+    }
+    let query = request.uri().query()?;
+    query
+        .split('&')
+        .filter_map(|pair| pair.split('=').next())
+        .any(|name| {
+            percent_encoding::percent_decode_str(name)
+                .decode_utf8_lossy()
+                .eq_ignore_ascii_case("_method")
+        })
+        .then_some("_method")
+}
+
+/// 400 for a protected request that names another method or path.
+fn refuse_override(named: &str) -> Response<Body> {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "method-override",
+        "Method and path overrides are refused on protected routes",
+    )
+    .detail(format!(
+        "This request carries `{named}`, which names another method or path than the one its route matched; send the request with its real method and path."
+    ))
+    .into_http_response()
 }
 
 /// The host a request names (its `Host`, or its URI's authority under HTTP/2),

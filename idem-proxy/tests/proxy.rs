@@ -1017,3 +1017,49 @@ async fn a_retry_spelled_with_a_trailing_slash_is_the_same_operation() {
     assert_eq!(up.runs("k-slash"), 1);
     proxy.shutdown().await;
 }
+
+/// A protected route matched one method and path; a request that names another (an
+/// override header a trusted gateway let through, `_method` in the query) would have the
+/// upstream act on that one under this route's key. Refused with 400, nothing claimed
+/// or forwarded; exempt routes are a plain reverse proxy and pass them on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn method_and_path_overrides_are_refused_on_protected_routes() {
+    let up = Upstream::default();
+    let addr = upstream(up.clone()).await;
+    let toml = config(addr, "").replace("[defaults]", "trust_forwarded_headers = true\n[defaults]");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let send = |path: &str, header: Option<(&'static str, &'static str)>| {
+        let mut request = client()
+            .post(proxy.url(path))
+            .header("x-account-id", "acct_1")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "k-override")
+            .body("{}");
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
+        }
+        request.send()
+    };
+    for (path, header) in [
+        ("/payments", Some(("x-http-method-override", "DELETE"))),
+        ("/payments", Some(("x-original-url", "/admin/refunds"))),
+        ("/payments?_method=DELETE", None),
+        ("/payments?%5Fmethod=PUT", None),
+    ] {
+        let refused = send(path, header).await.unwrap();
+        assert_eq!(refused.status().as_u16(), 400, "{path} {header:?}");
+        let body = refused.text().await.unwrap();
+        assert!(body.contains("method-override"), "{body}");
+    }
+    assert_eq!(up.total(), 0, "nothing forwarded");
+    // Refused before anything was claimed: the real request runs.
+    let real = send("/payments", None).await.unwrap();
+    assert_eq!(real.status().as_u16(), 201);
+    assert_eq!(up.runs("k-override"), 1);
+    // An unprotected path passes them on, as a plain reverse proxy does.
+    let free = send("/free?_method=PUT", Some(("x-http-method-override", "PUT")))
+        .await
+        .unwrap();
+    assert_eq!(free.status().as_u16(), 201);
+    proxy.shutdown().await;
+}

@@ -110,9 +110,9 @@ impl RetryPolicy {
     /// How long one try may wait for its answer's head (and a 409's body, read for its
     /// type) before it is given up and, if the policy allows, tried again: a server that
     /// stalls one connection does not take the whole deadline. Taken at least 1 ms and at
-    /// most [`MAX_WAIT`]; the deadline still bounds every try. A try no retry can follow
-    /// (a request sent only once, the policy's last try) is bounded by the deadline
-    /// alone.
+    /// most [`MAX_WAIT`]; the deadline still bounds every try. A try the policy leaves no
+    /// retry after (a request sent only once, the last of `max_attempts`) is bounded by
+    /// the deadline alone; one a retry budget then refuses was still cut at this timeout.
     ///
     /// ```
     /// use std::time::Duration;

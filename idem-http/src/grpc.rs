@@ -124,27 +124,33 @@ pub(crate) async fn refusal_as_status(
     content_type: Option<HeaderValue>,
 ) -> Response<Body> {
     let (parts, body) = response.into_parts();
-    let problem = match parts.extensions.get::<Problem>().cloned() {
-        Some(problem) => problem,
-        // A problem document read back from the record (a replay): the same status as
-        // the first answer got.
-        None if is_problem_document(&parts.headers, &body) => {
-            let retry_after = parts
-                .headers
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse().ok());
-            let bytes = match http_body_util::BodyExt::collect(body).await {
-                Ok(collected) => collected.to_bytes(),
-                Err(_) => bytes::Bytes::new(),
-            };
-            match Problem::from_document(&bytes, retry_after) {
-                Some(problem) => problem,
-                None => return Response::from_parts(parts, Body::from(bytes)),
+    let problem =
+        match parts.extensions.get::<Problem>().cloned() {
+            Some(problem) => problem,
+            // A problem document read back from the record (a replay): the same status as
+            // the first answer got.
+            None if is_problem_json(&parts.headers) => {
+                let retry_after = parts
+                    .headers
+                    .get(header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse().ok());
+                // Read for its title when it is small and whole (a stored one); else, or when
+                // it does not read as a problem, its HTTP status says enough.
+                let small = http_body::Body::size_hint(&body)
+                    .exact()
+                    .is_some_and(|length| length <= 64 * 1024);
+                let read =
+                    match small {
+                        true => http_body_util::BodyExt::collect(body).await.ok().and_then(
+                            |collected| Problem::from_document(&collected.to_bytes(), retry_after),
+                        ),
+                        false => None,
+                    };
+                read.unwrap_or_else(|| Problem::of_status(parts.status, retry_after))
             }
-        }
-        None => return Response::from_parts(parts, body),
-    };
+            None => return Response::from_parts(parts, body),
+        };
     let mut headers = parts.headers;
     for name in [header::CONTENT_TYPE, header::CONTENT_LENGTH] {
         headers.remove(name);
@@ -224,17 +230,12 @@ pub(crate) fn not_stored(mut headers: HeaderMap, trailers: &HeaderMap) -> Respon
     answer
 }
 
-/// Whether an answer is a problem document small enough to read for its status: a
-/// stored one, whose length is known.
-fn is_problem_document(headers: &HeaderMap, body: &Body) -> bool {
-    let problem_json = headers
+/// Whether an answer is a problem document (`application/problem+json`).
+fn is_problem_json(headers: &HeaderMap) -> bool {
+    headers
         .get(header::CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("application/problem+json"));
-    problem_json
-        && http_body::Body::size_hint(body)
-            .exact()
-            .is_some_and(|length| length <= 64 * 1024)
+        .is_some_and(|value| value.starts_with("application/problem+json"))
 }
 
 /// `grpc-message`'s encoding: percent-encoded UTF-8, every byte outside printable ASCII

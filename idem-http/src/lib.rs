@@ -108,8 +108,9 @@
 //! - A body that breaks off before the record is finished is sent to the client as an
 //!   error (the connection is cut, not ended cleanly), and the key is held; for a
 //!   response marked [`FinalHead`] (its status is its outcome, as an upstream's is to
-//!   `idem proxy`), a stored key is finished with the status and headers instead, without
-//!   the body.
+//!   `idem proxy`), the head's disposition decides instead (a stored one is finished with
+//!   the status and headers, without the body), and the client's cut comes once the key
+//!   is finished.
 //! - Trailers reach the client and the record: a tonic gRPC service keeps its
 //!   `grpc-status`, fresh and replayed.
 //!

@@ -115,6 +115,17 @@ impl Problem {
         })
     }
 
+    /// A problem known by its HTTP status alone (a document too large or unreadable).
+    pub(crate) fn of_status(status: StatusCode, retry_after: Option<u64>) -> Self {
+        Self {
+            kind: "about:blank".to_owned(),
+            title: status.canonical_reason().unwrap_or("Error").to_owned(),
+            status: status.as_u16(),
+            detail: None,
+            retry_after,
+        }
+    }
+
     /// The problem's type URI.
     pub(crate) fn kind(&self) -> &str {
         &self.kind

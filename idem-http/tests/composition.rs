@@ -411,6 +411,8 @@ enum Breaks {
     AfterAPause,
     /// As `AfterAPause`, with `Disposition::Hold` set by the handler.
     AfterAPauseHeld,
+    /// As `AfterAPause`, with `Disposition::Release` set by the handler.
+    AfterAPauseReleased,
     /// As `AfterAPause`, a gRPC answer (its status is in trailers that never come).
     AfterAPauseGrpc,
 }
@@ -427,6 +429,7 @@ async fn a_final_head_decides_its_key_when_the_body_breaks_off() {
         (Breaks::AfterAPause, true, Some(201)),
         (Breaks::AfterAPause, false, None),
         (Breaks::AfterAPauseHeld, true, None),
+        (Breaks::AfterAPauseReleased, true, Some(0)),
         (Breaks::AfterAPauseGrpc, true, None),
     ];
     for (breaks, final_head, replayed) in cases {
@@ -461,6 +464,11 @@ async fn a_final_head_decides_its_key_when_the_body_breaks_off() {
                                 .extensions_mut()
                                 .insert(idem_http::Disposition::Hold);
                         }
+                        if let Breaks::AfterAPauseReleased = breaks {
+                            response
+                                .extensions_mut()
+                                .insert(idem_http::Disposition::Release);
+                        }
                         if let Breaks::AfterAPauseGrpc = breaks {
                             let grpc = http::HeaderValue::from_static("application/grpc");
                             response.headers_mut().insert("content-type", grpc);
@@ -486,7 +494,12 @@ async fn a_final_head_decides_its_key_when_the_body_breaks_off() {
             assert!(body.is_err(), "{what}: the first client's body is cut");
         }
         let again = service.clone().oneshot(call()).await.unwrap();
-        match replayed {
+        let runs_expected = match replayed {
+            // Released: the retry runs the handler again.
+            Some(0) => {
+                assert_eq!(again.status(), 201, "{what}: {:?}", again.headers());
+                2
+            }
             Some(status) => {
                 assert_eq!(again.status(), status, "{what}");
                 assert_eq!(
@@ -494,9 +507,18 @@ async fn a_final_head_decides_its_key_when_the_body_breaks_off() {
                     "true",
                     "{what}"
                 );
+                1
             }
-            None => assert_eq!(again.status(), 409, "{what}: held"),
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{what}");
+            None => {
+                assert_eq!(again.status(), 409, "{what}: held");
+                1
+            }
+        };
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            runs_expected,
+            "{what}: {:?}",
+            again.headers()
+        );
     }
 }

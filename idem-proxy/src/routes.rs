@@ -4,7 +4,8 @@
 //! plain ([`normalize`]: no doubled slashes, no dot segments, unreserved characters
 //! unescaped), which is also the path forwarded, so that `//payments` or `/pay%6Dents`
 //! cannot slip past the route of `/payments`; a pattern also matches with a trailing
-//! slash, unless another route claims that spelling. Case, `;` parameters and `%2F` are
+//! slash, unless another route claims that spelling, and is then the same operation (the
+//! scope and fingerprint drop that slash; the upstream still gets it). Case, `;` parameters and `%2F` are
 //! left as they are: an upstream that routes `/Payments` or `/payments;x` to the same
 //! handler needs `unmatched = "reject"` and a route for each path it serves. A route that names the request's method wins over one that names no methods;
 //! among routes of the same methods the most specific pattern wins (`/orders/export`
@@ -49,6 +50,9 @@ pub(crate) struct Routes {
     /// The handlers that outlived their requests, per protected route: a shutdown waits
     /// for them.
     pub(crate) handlers: Vec<Handlers>,
+    /// Whether override headers reach the upstream (`trust_forwarded_headers`); else the
+    /// proxy removes them and they need no refusal.
+    overrides_reach_upstream: bool,
 }
 
 /// Why a route could not be built.
@@ -94,6 +98,7 @@ impl Routes {
             any_method: matchit::Router::new(),
             routes: Vec::with_capacity(config.routes.len()),
             handlers: Vec::new(),
+            overrides_reach_upstream: config.trust_forwarded_headers,
         };
         for (index, route) in config.routes.iter().enumerate() {
             let conflict = |err: matchit::InsertError| ConfigError::Invalid {
@@ -184,7 +189,7 @@ impl Routes {
         match &self.routes[index].protection {
             Protection::Exempt => upstream.forward(request).await,
             Protection::Protected(service) => {
-                if let Some(named) = overridden(&request) {
+                if let Some(named) = overridden(&request, self.overrides_reach_upstream) {
                     return refuse_override(named);
                 }
                 match service.clone().oneshot(request).await {
@@ -196,35 +201,67 @@ impl Routes {
     }
 }
 
-/// Headers by which a request names another method or path than its own, which
-/// frameworks upstream act on (Rails, Laravel, Express's method-override, IIS).
-const OVERRIDE_HEADERS: [&str; 5] = [
+/// Headers by which a request names another method than its own, which frameworks
+/// upstream act on (Express's method-override, Google's APIs, ...).
+const METHOD_HEADERS: [&str; 3] = [
     "x-http-method-override",
     "x-http-method",
     "x-method-override",
-    "x-original-url",
-    "x-rewrite-url",
 ];
 
-/// What in `request` names another method or path than the route matched: an override
-/// header (kept only under `trust_forwarded_headers`), or `_method` in its query. The
-/// route matched one method and path; an upstream honouring these would act on another,
-/// under this route's key and scope.
-fn overridden(request: &Request<Body>) -> Option<&'static str> {
-    if let Some(name) = OVERRIDE_HEADERS
-        .into_iter()
-        .find(|name| request.headers().contains_key(*name))
-    {
-        return Some(name);
+/// Headers by which a request names another path than its own (IIS, Symfony).
+const PATH_HEADERS: [&str; 2] = ["x-original-url", "x-rewrite-url"];
+
+/// What in `request` names another method or path than the route matched, which the
+/// upstream would act on under this route's key and scope: an override header that
+/// reaches the upstream (`headers_reach`: only under `trust_forwarded_headers`; else the
+/// proxy removes them) naming another method or path, or `_method` in the query of a
+/// request that changes things (as PHP reads names: `_method`, `.method`, ` method`,
+/// `[method` are one).
+fn overridden(request: &Request<Body>, headers_reach: bool) -> Option<&'static str> {
+    let value = |name: &str| {
+        request
+            .headers()
+            .get_all(name)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .map(str::trim)
+            .collect::<Vec<_>>()
+    };
+    if headers_reach {
+        let method = request.method().as_str();
+        if let Some(name) = METHOD_HEADERS.into_iter().find(|name| {
+            value(name)
+                .iter()
+                .any(|named| !named.eq_ignore_ascii_case(method))
+        }) {
+            return Some(name);
+        }
+        let path = request.uri().path();
+        if let Some(name) = PATH_HEADERS.into_iter().find(|name| {
+            value(name)
+                .iter()
+                .any(|named| *named != path && !named.starts_with(&format!("{path}?")))
+        }) {
+            return Some(name);
+        }
+    }
+    if request.method().is_safe() {
+        return None;
     }
     let query = request.uri().query()?;
     query
         .split('&')
         .filter_map(|pair| pair.split('=').next())
         .any(|name| {
-            percent_encoding::percent_decode_str(name)
-                .decode_utf8_lossy()
-                .eq_ignore_ascii_case("_method")
+            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            // PHP turns leading spaces away, and ` `, `.` and `[` into `_`.
+            let name: String = name
+                .trim_start_matches(' ')
+                .chars()
+                .map(|c| if matches!(c, ' ' | '.' | '[') { '_' } else { c })
+                .collect();
+            name.eq_ignore_ascii_case("_method")
         })
         .then_some("_method")
 }
@@ -295,11 +332,8 @@ fn layer(
     let mut stored_headers = idem_http::DEFAULT_STORED_HEADERS.to_vec();
     stored_headers.extend(route.store_headers.iter().cloned());
     let mut layer = IdempotencyLayer::new(idem, move |parts| {
-        let scope = scope.of(parts)?;
-        Ok(match by_host {
-            true => format!("{}@{scope}", host_of(parts)),
-            false => scope,
-        })
+        let host = by_host.then(|| host_of(parts));
+        scope.of(parts, host.as_deref())
     })
     .header(route.header.clone())
     .stored_headers(stored_headers)

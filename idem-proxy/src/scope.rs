@@ -68,8 +68,10 @@ impl Scope {
         })
     }
 
-    /// The scope of one request, or the 401 that refuses it.
-    pub(crate) fn of(&self, parts: &Parts) -> Result<String, Refusal> {
+    /// The scope of one request, or the 401 that refuses it. `host`: the host the
+    /// request names, when it reaches the upstream (`preserve_host`) and so may select a
+    /// tenant there: one host's key then never meets another's.
+    pub(crate) fn of(&self, parts: &Parts, host: Option<&str>) -> Result<String, Refusal> {
         let principal = match self {
             // One value, not blank: a header sent twice could be the client's own beside
             // the gateway's, and a blank one would be a scope every such request shares.
@@ -109,6 +111,14 @@ impl Scope {
                 .unwrap_or_default(),
         };
         // An empty principal is refused with 401: never a scope every such request shares.
+        // The host joins the principal, hashed, before `operation` bounds the scope's
+        // length: a long host or path never makes a key too long.
+        let principal = match host {
+            Some(host) if !principal.is_empty() => {
+                format!("{}.{principal}", scope::hashed(host.to_ascii_lowercase()))
+            }
+            _ => principal,
+        };
         scope::operation(principal, parts)
     }
 }

@@ -195,6 +195,9 @@ impl Upstream {
         } else if let Ok(host) = HeaderValue::from_str(inner.authority.as_str()) {
             parts.headers.insert(header::HOST, host);
         }
+        // The upstream's own spelling of the path, to tell a redirect that only adds or
+        // drops its trailing `/`.
+        let upstream_path = uri.path().to_owned();
         parts.uri = uri;
         // The client's own version says nothing of the upstream's connection.
         parts.version = if inner.http2 {
@@ -219,6 +222,12 @@ impl Upstream {
                 // The upstream's head is how the request went: if its body breaks off, the
                 // key is finished with the head, never run again.
                 parts.extensions.insert(FinalHead);
+                if redirects_to_other_slash(parts.status, &parts.headers, &upstream_path) {
+                    // Nothing ran (Starlette's and Werkzeug's `/payments` to `/payments/`),
+                    // and both spellings are one operation here: kept, the redirect would
+                    // be replayed to the request that follows it, forever.
+                    parts.extensions.insert(Disposition::Release);
+                }
                 // Only a length the client enforces counts, and never more than the bound.
                 let small = http_body::Body::size_hint(&body)
                     .exact()
@@ -307,6 +316,22 @@ impl Upstream {
             }
         }
     }
+}
+
+/// Whether an answer redirects to the same path with its trailing `/` added or dropped.
+fn redirects_to_other_slash(status: StatusCode, headers: &HeaderMap, path: &str) -> bool {
+    if !status.is_redirection() {
+        return false;
+    }
+    let Some(location) = headers
+        .get(header::LOCATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<Uri>().ok())
+    else {
+        return false;
+    };
+    let target = location.path();
+    target != path && target.trim_end_matches('/') == path.trim_end_matches('/')
 }
 
 /// A body whose every frame must come within `timeout` of the one before, or it breaks

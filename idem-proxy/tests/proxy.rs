@@ -72,6 +72,12 @@ async fn upstream(up: Upstream) -> SocketAddr {
         .route("/free", post(pay))
         .route("/any", post(pay).get(|| async { "read" }))
         .route("/health", get(|| async { "ok" }))
+        // Starlette's and Werkzeug's way: the one spelling redirects to the other.
+        .route(
+            "/slashy",
+            post(|| async { axum::response::Redirect::temporary("/slashy/") }),
+        )
+        .route("/slashy/", post(pay))
         .with_state(up);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -1001,6 +1007,10 @@ async fn with_preserve_host_each_host_is_its_own_scope() {
         "hosts are case-blind"
     );
     assert_eq!(up.runs("k-host"), 2, "once per host");
+    // A long host never makes the key too long (it was a 500).
+    let long = Box::leak(format!("{}.example", "h".repeat(200)).into_boxed_str());
+    let far = on(long).await.unwrap();
+    assert_eq!(far.status().as_u16(), 201);
     proxy.shutdown().await;
 }
 
@@ -1045,6 +1055,9 @@ async fn method_and_path_overrides_are_refused_on_protected_routes() {
         ("/payments", Some(("x-original-url", "/admin/refunds"))),
         ("/payments?_method=DELETE", None),
         ("/payments?%5Fmethod=PUT", None),
+        // As PHP reads names.
+        ("/payments?.method=PUT", None),
+        ("/payments?%20_method=PUT", None),
     ] {
         let refused = send(path, header).await.unwrap();
         assert_eq!(refused.status().as_u16(), 400, "{path} {header:?}");
@@ -1056,10 +1069,53 @@ async fn method_and_path_overrides_are_refused_on_protected_routes() {
     let real = send("/payments", None).await.unwrap();
     assert_eq!(real.status().as_u16(), 201);
     assert_eq!(up.runs("k-override"), 1);
+    // An override naming the request's own method or path changes nothing.
+    let same = send("/payments", Some(("x-http-method-override", "POST")))
+        .await
+        .unwrap();
+    assert_eq!(same.status().as_u16(), 201);
     // An unprotected path passes them on, as a plain reverse proxy does.
     let free = send("/free?_method=PUT", Some(("x-http-method-override", "PUT")))
         .await
         .unwrap();
     assert_eq!(free.status().as_u16(), 201);
+    proxy.shutdown().await;
+
+    // Without `trust_forwarded_headers` the proxy removes the headers: nothing to refuse
+    // (Google's API clients send `X-HTTP-Method-Override` as a matter of course).
+    let proxy = self::proxy(&config(addr, ""), Arc::new(MemoryStore::new())).await;
+    let plain = client()
+        .post(proxy.url("/payments"))
+        .header("x-account-id", "acct_1")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k-override-2")
+        .header("x-http-method-override", "GET")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status().as_u16(), 201);
+    let seen = up.seen.lock().unwrap().clone().unwrap();
+    assert!(
+        !seen.contains_key("x-http-method-override"),
+        "removed on the way"
+    );
+    proxy.shutdown().await;
+}
+
+/// An upstream that redirects `/slashy` to `/slashy/` (Starlette, Werkzeug): both
+/// spellings are one operation at the proxy, so the redirect is released, never kept, or
+/// the client following it with its key would be replayed the redirect forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_the_other_slash_is_followed_not_replayed() {
+    let extra = "[[routes]]\nmethods = [\"POST\"]\npath = \"/slashy\"";
+    let (up, proxy) = started(extra).await;
+    let answer = pay_once(&proxy.url("/slashy"), "acct_1", Some("k-redirect"), "{}").await;
+    assert_eq!(answer.0, StatusCode::CREATED, "{answer:?}");
+    assert_eq!(up.runs("k-redirect"), 1);
+    // The same operation again, by either spelling: the 201 replayed.
+    let again = pay_once(&proxy.url("/slashy"), "acct_1", Some("k-redirect"), "{}").await;
+    assert_eq!(again.0, StatusCode::CREATED, "{again:?}");
+    assert_eq!(up.runs("k-redirect"), 1);
     proxy.shutdown().await;
 }

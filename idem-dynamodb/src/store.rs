@@ -786,11 +786,12 @@ impl Store for DynamoDbStore {
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         // A call goes on from where the last one stopped, so that a purge in batches reads
-        // the table once per pass instead of again from the top for every batch. A call
-        // that reaches the end of the table stops there, and the next starts at the top:
-        // a record that became absent behind the position waits for the next pass. A call
-        // that fails or is dropped leaves the position at the start of the page it was
-        // working on.
+        // the table once per pass (a page again when a call stopped inside it) instead of
+        // again from the top for every batch. A call that reaches the end of the table
+        // stops there, and the next starts at the top: a record that became absent behind
+        // the position waits for the next pass. A call that stops inside a page, fails or
+        // is dropped leaves the position at the start of that page: never at an item it
+        // deleted, which DynamoDB Local does not always scan on from.
         let now = self.now();
         let cutoff = self.cutoff(now);
         let filter_names = names(&[x::PURGEABLE, "#tk"]);
@@ -800,6 +801,7 @@ impl Store for DynamoDbStore {
             at: self.purge_position().take(),
         };
         while purged < limit {
+            let page_start = resume.at.clone();
             let page = self
                 .client
                 .scan()
@@ -838,9 +840,9 @@ impl Store for DynamoDbStore {
                 looked_at += batch.len();
             }
             if looked_at < found.len() {
-                // Stopped inside this page: go on after the last item looked at.
-                let (pk, _) = found[looked_at - 1];
-                resume.at = Some(HashMap::from([(item::PK.to_owned(), pk.clone())]));
+                // Stopped inside this page: the next call reads it again from its start,
+                // where what this one deleted is gone and the rest is still there.
+                resume.at = page_start;
                 return Ok(purged);
             }
             match page.last_evaluated_key() {

@@ -56,6 +56,9 @@ pub(crate) const LEASE_NOT_ENDED: &str = "#lu > :now";
 pub(crate) const LEASE_LIVE: &str = "#lu > :cutoff";
 pub(crate) const RENEW_AND_EXPIRY_UPDATE: &str = "SET #lu = :lu, #ea = :ea, #ttl = :ttl";
 pub(crate) const RENEW_AND_TTL_UPDATE: &str = "SET #lu = :lu, #ttl = :ttl";
+/// Beside a checkpoint's fence: the item's lease ends where the write computed the expiry
+/// from (`:lu`), so the expiry kept is the one the item's own lease end asks for.
+pub(crate) const LEASE_END_IS: &str = "#lu = :lu";
 /// A checkpoint, beside the fence: keeping the record one retention past its lease's end,
 /// `max(expires_at, :ea)` with `:ea = lease_until + retention`, as two writes like the
 /// finish's.

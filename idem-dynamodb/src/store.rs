@@ -448,7 +448,7 @@ impl DynamoDbStore {
                     now,
                     (ea, Timestamp::from_unix_millis(0)),
                     covers,
-                    (x::FINISH_UPDATE, x::FINISH_AND_EXPIRY_UPDATE),
+                    (x::FENCE, (x::FINISH_UPDATE, x::FINISH_AND_EXPIRY_UPDATE)),
                 )
                 .expression_attribute_values(":terminal", s(terminal.as_str()))
                 .expression_attribute_values(":response", b(response))
@@ -494,7 +494,7 @@ impl DynamoDbStore {
         now: Timestamp,
         (ea, lease_until): (Timestamp, Timestamp),
         covers: bool,
-        updates: (&str, &str),
+        (fence, updates): (&str, (&str, &str)),
     ) -> UpdateItemFluentBuilder {
         let (update, expiry) = if covers {
             (updates.0, x::EXPIRY_COVERS)
@@ -502,7 +502,7 @@ impl DynamoDbStore {
             (updates.1, x::EXPIRY_SHORT)
         };
         let builder = self
-            .fenced(lease, update, &format!("{} AND {expiry}", x::FENCE), now)
+            .fenced(lease, update, &format!("{fence} AND {expiry}"), now)
             .expression_attribute_values(":ea", n(ea.as_unix_millis()));
         if covers {
             builder
@@ -724,9 +724,12 @@ impl Store for DynamoDbStore {
             return Err(too_large());
         }
         let operation = Operation::Checkpoint;
-        // The record is kept one retention past its lease's end: the lease's as the owner
-        // knows it first (its renewals moved the expiry with it), the item's after a
-        // refusal.
+        // The record is kept one retention past its lease's end, the item's: the lease's
+        // end as the owner knows it is the guess of the first write (its renewals moved
+        // the expiry with it), which holds only while the item's end is the same. An
+        // older copy of the lease (the same attempt claimed the key again after it was
+        // purged: same token, later end) must not keep the record short of its own end.
+        let fence = format!("{} AND {}", x::FENCE, x::LEASE_END_IS);
         let mut lease_until = lease.lease_until;
         let mut covers = true;
         for _ in 0..FINISH_ATTEMPTS {
@@ -738,8 +741,12 @@ impl Store for DynamoDbStore {
                     now,
                     (ea, lease_until),
                     covers,
-                    (x::CHECKPOINT_UPDATE, x::CHECKPOINT_AND_EXPIRY_UPDATE),
+                    (
+                        &fence,
+                        (x::CHECKPOINT_UPDATE, x::CHECKPOINT_AND_EXPIRY_UPDATE),
+                    ),
                 )
+                .expression_attribute_values(":lu", n(lease_until.as_unix_millis()))
                 .expression_attribute_names("#step", step.as_str())
                 .expression_attribute_values(":value", b(value));
             let old = match builder.send().await {

@@ -161,6 +161,8 @@ macro_rules! __with_cases {
                 "Tokens strictly increase across takeovers, releases and re-claims within a record's lifetime.";
             lifetimes_are_told_apart => LifetimesAreToldApart:
                 "A key claimed again after its record was deleted starts a new lifetime: a later creation time, and other derived keys.";
+            a_checkpoint_keeps_the_record_past_its_own_lease_end => ACheckpointKeepsTheRecordPastItsOwnLeaseEnd:
+                "A checkpoint keeps the record one retention past the record's own lease end, also through an older copy of the lease (the same attempt and token, after a purge); the step survives a release.";
             complete_stores_the_response => CompleteStoresTheResponse:
                 "complete stores the response, keeps fingerprint, token, steps and creation time, and keeps the expiry or moves it later.";
             fail_stores_the_failure => FailStoresTheFailure:

@@ -209,6 +209,9 @@ impl Suite {
             }
             Case::GetHidesAbsentRecords => retention::get_hides_absent_records(s, caps).await,
             Case::LifetimesAreToldApart => retention::lifetimes_are_told_apart(store, caps).await,
+            Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd => {
+                retention::a_checkpoint_keeps_the_record_past_its_own_lease_end(s, caps).await
+            }
             Case::ExtremeDurationsWork => retention::extreme_durations_work(s, caps).await,
             Case::PurgeRemovesOnlyAbsentRecords => {
                 retention::purge_removes_only_absent_records(s, caps).await

@@ -88,6 +88,11 @@ enum Flaw {
     /// A checkpoint of an undo's end mark answers Applied and writes nothing: a takeover
     /// reads the undo as started and never ended.
     DropsUndoEndMarks,
+    /// A checkpoint keeps the record one retention past the end of the lease it is
+    /// handed, not the record's: an older copy of the lease (same attempt and token, after
+    /// a purge) leaves the record short of its own lease end, and a release then loses
+    /// its steps.
+    CheckpointExpiryFromTheLeaseCopy,
     /// Every claim leaves a task of the store's running for ever (a watcher it never
     /// stops).
     LeaksATaskPerClaim,
@@ -486,6 +491,12 @@ impl Store for FlawedStore {
             {
                 after.expires_at = before.expires_at;
             }
+            if let (Some(after), Some(before)) = (written.write.as_mut(), r)
+                && self.has(Flaw::CheckpointExpiryFromTheLeaseCopy)
+            {
+                after.expires_at =
+                    machine::kept_past(before.expires_at, lease.lease_until, lease.retention);
+            }
             let beside = match (self.limit, r) {
                 (Some(_), Some(before)) if !self.has(Flaw::LimitIgnoresSteps) => {
                     steps_size(before, Some(step.as_str()))
@@ -833,6 +844,7 @@ async fn a_store_whose_takeover_forgets_steps_is_reported() {
             Case::ReleaseLetsTheNextClaimTakeOver,
             Case::AReleaseAfterTheRetentionKeepsItsSteps,
             Case::NoLeaseEndsAtTheRetentionCliff,
+            Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd,
         ],
     );
 }
@@ -863,6 +875,7 @@ async fn a_release_that_forgets_steps_is_reported() {
             // Both release a record with a step first.
             Case::AnEndedLeaseIsNotRenewed,
             Case::ALateClaimOfTheSameAttemptTakesNothingOver,
+            Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd,
         ],
     );
 }
@@ -881,7 +894,22 @@ async fn a_store_whose_expiry_ignores_the_lease_is_reported() {
                 Case::ALiveLeaseIsNeverAbsent,
                 Case::AReleaseAfterTheRetentionKeepsItsSteps,
                 Case::AbsentRecordIsClaimedFresh,
+                Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd,
             ],
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_expiry_from_the_lease_copy_is_reported() {
+    for setup in [Setup::default(), MANUAL] {
+        let report = suite_with(Some(Flaw::CheckpointExpiryFromTheLeaseCopy), setup)
+            .run_all()
+            .await;
+        assert_reported(
+            &report,
+            &[Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd],
+            &[Case::MatchesTheStateMachine],
         );
     }
 }
@@ -986,6 +1014,7 @@ async fn a_store_that_forgets_a_live_lease_past_retention_is_reported() {
             Case::ExtremeDurationsWork,
             Case::LateResultsStayReplayable,
             Case::AReleaseAfterTheRetentionKeepsItsSteps,
+            Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd,
         ],
     );
 }
@@ -1100,6 +1129,7 @@ async fn a_record_present_at_its_expiry_is_reported() {
 /// clock): every case that takes over an ended lease.
 const LEASE_ENDS_MEET: &[Case] = &[
     Case::AbsentRecordIsClaimedFresh,
+    Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd,
     Case::ExpiredLeaseIsTakenOver,
     Case::TokensStrictlyIncrease,
     Case::ReleaseLetsTheNextClaimTakeOver,

@@ -287,10 +287,16 @@ async fn short_spans_on_the_store_clock(store: &dyn Store, attempt: usize) -> bo
     let k = key("edges", &format!("short-retention-{attempt}"));
     let started = Instant::now();
     let (first, _, _) = claimed(store, &request(&k, "a", ZERO, SHORT)).await;
-    assert_eq!(
-        ok(store.complete(&first, b"r").await, "complete"),
-        WriteOutcome::Applied
-    );
+    match ok(store.complete(&first, b"r").await, "complete") {
+        WriteOutcome::Applied => {}
+        // The record outlived its retention before the result arrived: too slow to tell.
+        WriteOutcome::Fenced if started.elapsed() + MARGIN >= SHORT => return false,
+        WriteOutcome::Fenced => panic!(
+            "a result stored {:?} after its record was claimed with a {SHORT:?} retention \
+             was fenced",
+            started.elapsed()
+        ),
+    }
     let outcome = claim(store, &request(&k, "a", HOUR, HOUR)).await;
     let elapsed = started.elapsed();
     match outcome {

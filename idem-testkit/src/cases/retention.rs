@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use idem_core::{
     Heartbeat, Idempotency, Outcome, State, Store, WorkError, key::StepName, raw::MAX_DURATION,
-    raw::duration_millis, store::ClaimOutcome, store::Expiry, store::RenewOutcome,
-    store::WriteOutcome,
+    raw::duration_millis, record::AttemptId, store::ClaimOutcome, store::Expiry,
+    store::RenewOutcome, store::WriteOutcome,
 };
 
 use crate::Capabilities;
@@ -486,6 +486,58 @@ pub(crate) async fn lifetimes_are_told_apart(store: Arc<dyn Store>, caps: &Capab
         derived_1, derived_2,
         "two lifetimes of a key derive different downstream keys"
     );
+}
+
+/// The same attempt claims a key again after its record was purged: the new record starts
+/// at token 1 again, so the attempt's lease from the first lifetime fences like the new
+/// one. A checkpoint through that older copy keeps the record one retention past the
+/// lease end the record holds, not the copy's, so its step survives a release.
+pub(crate) async fn a_checkpoint_keeps_the_record_past_its_own_lease_end(
+    store: &dyn Store,
+    caps: &Capabilities,
+) {
+    let k = key("lifetimes", "older-copy");
+    let attempt = AttemptId::random();
+    let (first, _, _) = claimed(store, &request(&k, "a", ZERO, ZERO).with_attempt(attempt)).await;
+    let_time_pass(caps, PAUSE).await;
+    if store.expiry() != Expiry::Vanishes {
+        assert_eq!(ok(store.purge_expired(1000).await, "purge"), 1);
+    }
+    let (second, _, _) = claimed(store, &request(&k, "a", HOUR, ZERO).with_attempt(attempt)).await;
+    assert_eq!(
+        (first.token, second.token),
+        (1, 1),
+        "a purged record's next lifetime starts at token 1 again"
+    );
+    let step = StepName::new("debit").expect("valid");
+    assert_eq!(
+        ok(store.checkpoint(&first, &step, b"1").await, "checkpoint"),
+        WriteOutcome::Applied,
+        "the same token and attempt fence alike, whichever copy of the lease carries them"
+    );
+    let record = get_some(store, &k).await;
+    assert!(
+        record.expires_at >= record.lease_until,
+        "the checkpoint keeps the record one retention (zero) past the record's own lease \
+         end {:?}, not the older copy's {:?}: it expires at {:?}",
+        record.lease_until,
+        first.lease_until,
+        record.expires_at
+    );
+    assert_eq!(
+        ok(store.release(&second).await, "release"),
+        WriteOutcome::Applied
+    );
+    match claim(store, &request(&k, "a", HOUR, HOUR)).await {
+        ClaimOutcome::Claimed {
+            resumed: true,
+            steps,
+            ..
+        } => assert_eq!(steps.get("debit").map(Vec::as_slice), Some(&b"1"[..])),
+        other => panic!(
+            "a released record with a step is taken over with it; the store answered {other:?}"
+        ),
+    }
 }
 
 pub(crate) async fn extreme_durations_work(store: &dyn Store, caps: &Capabilities) {

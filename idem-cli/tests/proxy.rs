@@ -158,6 +158,65 @@ async fn fault_proxy(
     addr
 }
 
+/// A TCP proxy between the replicas and the upstream that cuts every `nth` connection
+/// mid-answer: the upstream's response head and one byte of its body go through, then
+/// both sides are closed.
+async fn cutting_proxy(upstream: SocketAddr, nth: usize, cut: Arc<AtomicUsize>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut count = 0usize;
+        while let Ok((mut replica, _)) = listener.accept().await {
+            count += 1;
+            let cut_this = count.is_multiple_of(nth);
+            let cut = Arc::clone(&cut);
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let (mut replica_read, mut replica_write) = replica.split();
+                let (mut server_read, mut server_write) = server.split();
+                let upload = async {
+                    let _ = tokio::io::copy(&mut replica_read, &mut server_write).await;
+                    let _ = server_write.shutdown().await;
+                };
+                let download = async {
+                    if !cut_this {
+                        let _ = tokio::io::copy(&mut server_read, &mut replica_write).await;
+                        return;
+                    }
+                    // The head, then one byte of the body, then nothing.
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 1];
+                    while let Ok(1) = server_read.read(&mut buf).await {
+                        seen.push(buf[0]);
+                        let _ = replica_write.write_all(&buf).await;
+                        if let Some(head) = seen.windows(4).position(|w| w == b"\r\n\r\n")
+                            && seen.len() > head + 4
+                        {
+                            cut.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                    }
+                };
+                // Bounded: a connection lasts at most 30 s; a cut one ends at the cut.
+                let _ = tokio::time::timeout(Duration::from_secs(30), async {
+                    if cut_this {
+                        tokio::select! {
+                            () = upload => {}
+                            () = download => {}
+                        }
+                    } else {
+                        tokio::join!(upload, download);
+                    }
+                })
+                .await;
+            });
+        }
+    });
+    addr
+}
+
 /// What one client got for its payment: the body, and whether it was a replay.
 #[derive(Debug)]
 struct Got {
@@ -187,11 +246,15 @@ async fn pay(url: String, account: String, key: String, amount: u32) -> Got {
         match sent {
             Ok(response) if response.status().as_u16() == 201 => {
                 let replayed = response.headers().get("idempotent-replayed").is_some();
-                return Got {
-                    body: response.text().await.unwrap(),
-                    replayed,
-                    attempts: attempt,
-                };
+                // A body cut short (its upstream leg was cut mid-answer) is retried: the
+                // retry replays the stored head.
+                if let Ok(body) = response.text().await {
+                    return Got {
+                        body,
+                        replayed,
+                        attempts: attempt,
+                    };
+                }
             }
             // In flight on the other replica, or the first answer was dropped: retry.
             Ok(response) if response.status().as_u16() == 409 => {}
@@ -231,12 +294,17 @@ fn two_replicas_on_postgres_run_each_payment_once_through_dropped_answers() {
         Duration::from_secs(30),
     ));
 
+    // The replicas reach the upstream through a proxy that cuts every 7th connection
+    // mid-answer: the head says 201, the body breaks off.
+    let cut = Arc::new(AtomicUsize::new(0));
+    let flask_addr: SocketAddr = upstream.trim_start_matches("http://").parse().unwrap();
+    let cutter = runtime.block_on(cutting_proxy(flask_addr, 7, Arc::clone(&cut)));
     let config = dir.join("idem.toml");
     std::fs::write(
         &config,
         format!(
             r#"
-            upstream = "{upstream}"
+            upstream = "http://{cutter}"
             upstream_timeout = "4s"
             connect_timeout = "1s"
             shutdown_grace = "10s"
@@ -326,8 +394,10 @@ fn two_replicas_on_postgres_run_each_payment_once_through_dropped_answers() {
         );
     }
     assert_eq!(executions["executions"], payments, "{executions}");
+    let cut = cut.load(Ordering::SeqCst);
+    assert!(cut > 0, "the upstream leg was never cut mid-answer");
     println!(
-        "{payments} payments, 2 clients each, 2 replicas: {dropped} answers dropped, {replays} replays, 1 execution each"
+        "{payments} payments, 2 clients each, 2 replicas: {dropped} answers dropped, {cut} upstream answers cut mid-body, {replays} replays, 1 execution each"
     );
 
     // SIGTERM: the replica stops gracefully, with exit code 0.
@@ -349,6 +419,81 @@ fn two_replicas_on_postgres_run_each_payment_once_through_dropped_answers() {
     };
     assert!(code.success(), "{code:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_second_sigterm_stops_at_once() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let namespace = Namespace::fresh();
+    let config = dir.join(format!("idem-proxy-term-{}.toml", namespace.as_str()));
+    let db = dir.join(format!("idem-proxy-term-{}.db", namespace.as_str()));
+    // A long shutdown delay: the first SIGTERM alone would keep it serving for a minute.
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+            upstream = "http://127.0.0.1:{}"
+            store = "sqlite://{}"
+            migrate = true
+            shutdown_delay = "60s"
+            "#,
+            free_port(),
+            db.display()
+        ),
+    )
+    .unwrap();
+    let (mut proxy, _, admin) = replica(&config, &[], dir.join("term.log"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(wait_for(
+        &format!("http://{admin}/readyz"),
+        Duration::from_secs(20),
+    ));
+    let pid = proxy.0.id().to_string();
+    let term = || {
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success());
+    };
+    term();
+    // The first one began a graceful shutdown: not ready, still running.
+    let started = Instant::now();
+    loop {
+        let ready = runtime.block_on(async {
+            reqwest::get(format!("http://{admin}/readyz"))
+                .await
+                .map(|r| r.status().as_u16())
+                .ok()
+        });
+        if ready == Some(503) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "not unready after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        proxy.0.try_wait().unwrap().is_none(),
+        "gone before its delay"
+    );
+    term();
+    let started = Instant::now();
+    let code = loop {
+        if let Some(code) = proxy.0.try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no exit after a second SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(code.code(), Some(143), "a cut shutdown is not a clean one");
+    let _ = std::fs::remove_file(&config);
+    let _ = std::fs::remove_file(&db);
 }
 
 #[test]

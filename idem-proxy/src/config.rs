@@ -32,7 +32,9 @@ use toml::Spanned;
 /// assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
 /// # Ok::<(), idem_proxy::ConfigError>(())
 /// ```
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` hides the password of the store's URL.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Config {
     /// Where clients connect (default `127.0.0.1:8080`).
@@ -47,11 +49,12 @@ pub struct Config {
     pub upstream_http2: bool,
     /// How long a connection to the upstream may take (default 2 s).
     pub connect_timeout: Duration,
-    /// How long the upstream may take to answer with a response head (default 60 s).
-    /// A request it never answered in time is answered 504 and its key held. On protected
-    /// routes the body gets it again from its head: a small answer is read whole within
-    /// it, a streamed one may pause no longer between frames; past it the body breaks off
-    /// and the head decides the key.
+    /// How long the upstream may take to answer with a response head (default 60 s),
+    /// for unmatched requests and every route that sets none of its own
+    /// ([`Route::upstream_timeout`]). A request it never answered in time is answered 504
+    /// and its key held. On protected routes the body gets it again from its head: a
+    /// small answer is read whole within it, a streamed one may pause no longer between
+    /// frames; past it the body breaks off and the head decides the key.
     pub upstream_timeout: Duration,
     /// Keep the client's `Host` header (default: the upstream's authority, as nginx's
     /// `proxy_pass` does).
@@ -71,6 +74,14 @@ pub struct Config {
     /// How long a shutdown waits for requests in flight to finish and store their
     /// answers (default 30 s).
     pub shutdown_grace: Duration,
+    /// The limits every client is held to, protected route or not.
+    pub clients: ClientLimits,
+    /// Whether `/readyz` also reads the store (default off): off, it says whether this
+    /// replica serves, and a slow shared store does not take every replica out of a
+    /// load balancer at once (unprotected traffic with it); watch the store through the
+    /// driver's metrics instead. On, a store that fails a read or takes longer than
+    /// 800 ms makes the replica unready.
+    pub ready_checks_store: bool,
     /// The store's URL, as `idem` takes it; `--store` or `IDEM_STORE` override it.
     pub store: Option<String>,
     /// Create or upgrade the store's schema at start (`idem migrate`); default off.
@@ -87,6 +98,126 @@ pub struct Config {
     /// The routes: one naming the request's method wins over one naming none, then the
     /// most specific pattern.
     pub routes: Vec<Route>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("admin_listen", &self.admin_listen)
+            .field("upstream", &self.upstream)
+            .field("upstream_http2", &self.upstream_http2)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("upstream_timeout", &self.upstream_timeout)
+            .field("preserve_host", &self.preserve_host)
+            .field("upstream_idle_timeout", &self.upstream_idle_timeout)
+            .field("trust_forwarded_headers", &self.trust_forwarded_headers)
+            .field("shutdown_delay", &self.shutdown_delay)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("clients", &self.clients)
+            .field("ready_checks_store", &self.ready_checks_store)
+            .field("store", &self.store.as_deref().map(without_password))
+            .field("migrate", &self.migrate)
+            .field("store_connections", &self.store_connections)
+            .field("purge_interval", &self.purge_interval)
+            .field("unmatched", &self.unmatched)
+            .field("routes", &self.routes)
+            .finish()
+    }
+}
+
+/// A URL with its passwords replaced, in its user info and in a `password` query
+/// parameter: `postgres://app:***@db/idem`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    // The user info ends at the last `@` before the path: a password may hold `@` or `/`.
+    let shown = match rest.rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
+            None => format!("{scheme}://{rest}"),
+        },
+        None => format!("{scheme}://{rest}"),
+    };
+    let Some(query) = query else {
+        return shown;
+    };
+    let pairs: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{shown}?{}", pairs.join("&"))
+}
+
+/// The limits every client is held to, so that slow, idle or too many clients cannot hold
+/// the proxy's connections and memory: what nginx's `client_header_timeout`,
+/// `client_body_timeout` and `worker_connections` bound.
+///
+/// At most `max_concurrent_requests` requests are served at once (protected ones until
+/// their answer has gone out, others until their answer's head is ready; handlers whose
+/// clients went away count until they end), each holding at most its route's
+/// `max_request_body` and a stored answer (`max_response_body`, plus 64 KiB of headers)
+/// in memory: that product bounds the bodies of protected requests a replica holds.
+///
+/// ```
+/// let config = idem_proxy::Config::parse(
+///     "idem.toml",
+///     r#"
+///     upstream = "http://127.0.0.1:8000"
+///     client_header_timeout = "10s"
+///     max_connections = 2048
+///     "#,
+/// )?;
+/// assert_eq!(config.clients.header_timeout, std::time::Duration::from_secs(10));
+/// assert_eq!(config.clients.max_concurrent_requests, 1024);
+/// # Ok::<(), idem_proxy::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientLimits {
+    /// How long a client has to send its first bytes and each request's whole head,
+    /// counted from the moment its connection opened or its previous answer ended
+    /// (default 75 s): a silent connection, a slow head (slowloris) and an idle HTTP/1
+    /// keep-alive connection are closed alike. HTTP/2 clients are pinged every 30 s and
+    /// closed when a ping goes 20 s unanswered. Keep it above the
+    /// idle timeout of the load balancer in front (AWS's is 60 s), or the balancer may
+    /// send a request on a connection the proxy is closing.
+    pub header_timeout: Duration,
+    /// How long the proxy waits for the next part of a request body it is reading
+    /// (default 60 s; gRPC streams excepted). On a protected route the body is read whole
+    /// before anything is claimed: one that stalls is answered 408 and nothing happens.
+    /// Elsewhere the body streams to the upstream, which has its start; the stalled
+    /// request is cut and answered 408.
+    pub body_timeout: Duration,
+    /// How long a write to a client may wait (default 60 s): a client that stops reading
+    /// its answer is cut, as with nginx's `send_timeout`.
+    pub send_timeout: Duration,
+    /// How many client connections are open at most (default 4096); past it the proxy
+    /// accepts no more until one closes, and new ones wait in the system's backlog.
+    pub max_connections: usize,
+    /// How many requests are served at once at most (default 1024); past it a request is
+    /// answered 503 with `Retry-After`, before any key is claimed.
+    pub max_concurrent_requests: usize,
+}
+
+impl Default for ClientLimits {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(75),
+            body_timeout: Duration::from_secs(60),
+            send_timeout: Duration::from_secs(60),
+            max_connections: 4096,
+            max_concurrent_requests: 1024,
+        }
+    }
 }
 
 /// What a request that matches no route gets.
@@ -202,6 +333,11 @@ pub struct Route {
     /// Response headers stored and replayed beyond idem-http's defaults
     /// (`idem_http::DEFAULT_STORED_HEADERS`): `x-charge-id`, say.
     pub store_headers: Vec<HeaderName>,
+    /// How long the upstream may take to answer this route's requests with a response
+    /// head, and (protected routes) to go on with its body (default: the file's
+    /// `upstream_timeout`). A route of long uploads or long polls sets its own, and its
+    /// lease follows, without raising every route's.
+    pub upstream_timeout: Duration,
     /// How long a first request holds its key before a retry may take over (default 60 s).
     pub lease: Duration,
     /// How long answers are kept for retries (default 24 h).
@@ -322,6 +458,13 @@ struct File {
     trust_forwarded_headers: bool,
     shutdown_grace: Option<Spanned<String>>,
     shutdown_delay: Option<Spanned<String>>,
+    client_header_timeout: Option<Spanned<String>>,
+    client_body_timeout: Option<Spanned<String>>,
+    client_send_timeout: Option<Spanned<String>>,
+    max_connections: Option<Spanned<i64>>,
+    max_concurrent_requests: Option<Spanned<i64>>,
+    #[serde(default)]
+    ready_checks_store: bool,
     store: Option<String>,
     #[serde(default)]
     migrate: bool,
@@ -343,6 +486,7 @@ struct Defaults {
     ignore_fields: Option<Vec<String>>,
     status: Option<StatusFile>,
     store_headers: Option<Vec<Spanned<String>>>,
+    upstream_timeout: Option<Spanned<String>>,
     lease: Option<Spanned<String>>,
     retention: Option<Spanned<String>>,
     max_request_body: Option<Spanned<i64>>,
@@ -364,6 +508,7 @@ struct RouteFile {
     ignore_fields: Option<Vec<String>>,
     status: Option<StatusFile>,
     store_headers: Option<Vec<Spanned<String>>>,
+    upstream_timeout: Option<Spanned<String>>,
     lease: Option<Spanned<String>>,
     retention: Option<Spanned<String>>,
     max_request_body: Option<Spanned<i64>>,
@@ -379,6 +524,7 @@ impl RouteFile {
             ignore_fields: self.ignore_fields.clone(),
             status: self.status.clone(),
             store_headers: self.store_headers.clone(),
+            upstream_timeout: self.upstream_timeout.clone(),
             lease: self.lease.clone(),
             retention: self.retention.clone(),
             max_request_body: self.max_request_body.clone(),
@@ -489,7 +635,73 @@ fn bytes(
         })
 }
 
+/// A count from 1 to `most`.
+fn count(
+    at: &Locator<'_>,
+    name: &str,
+    value: Option<&Spanned<i64>>,
+    default: usize,
+    most: usize,
+) -> Result<usize, ConfigError> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    usize::try_from(*value.get_ref())
+        .ok()
+        .filter(|n| (1..=most).contains(n))
+        .ok_or_else(|| {
+            at.error(
+                value.span(),
+                format!("`{name}` is a number from 1 to {most}"),
+            )
+        })
+}
+
 impl File {
+    fn client_limits(&self, at: &Locator<'_>) -> Result<ClientLimits, ConfigError> {
+        let defaults = ClientLimits::default();
+        // A timer shorter than a round trip on a loaded machine would close every
+        // connection before its head arrived.
+        let least = Duration::from_millis(100);
+        Ok(ClientLimits {
+            header_timeout: duration(
+                at,
+                "client_header_timeout",
+                self.client_header_timeout.as_ref(),
+                defaults.header_timeout,
+                least,
+            )?,
+            body_timeout: duration(
+                at,
+                "client_body_timeout",
+                self.client_body_timeout.as_ref(),
+                defaults.body_timeout,
+                least,
+            )?,
+            send_timeout: duration(
+                at,
+                "client_send_timeout",
+                self.client_send_timeout.as_ref(),
+                defaults.send_timeout,
+                least,
+            )?,
+            max_connections: count(
+                at,
+                "max_connections",
+                self.max_connections.as_ref(),
+                defaults.max_connections,
+                1_000_000,
+            )?,
+            max_concurrent_requests: count(
+                at,
+                "max_concurrent_requests",
+                self.max_concurrent_requests.as_ref(),
+                defaults.max_concurrent_requests,
+                1_000_000,
+            )?,
+        })
+    }
+
     fn check(self, at: &Locator<'_>) -> Result<Config, ConfigError> {
         let upstream = self
             .upstream
@@ -556,7 +768,12 @@ impl File {
         }
         let mut routes = Vec::with_capacity(self.routes.len());
         for route in &self.routes {
-            routes.push(route_of(at, route, &self.defaults, upstream_timeout)?);
+            routes.push(route_of(
+                at,
+                route,
+                &self.defaults,
+                (connect_timeout, upstream_timeout),
+            )?);
         }
         Ok(Config {
             listen,
@@ -593,6 +810,8 @@ impl File {
                 Duration::ZERO,
                 Duration::ZERO,
             )?,
+            clients: self.client_limits(at)?,
+            ready_checks_store: self.ready_checks_store,
             store: self.store.filter(|s| !s.trim().is_empty()),
             migrate: self.migrate,
             store_connections: match &self.store_connections {
@@ -627,7 +846,7 @@ fn route_of(
     at: &Locator<'_>,
     spanned: &Spanned<RouteFile>,
     defaults: &Defaults,
-    upstream_timeout: Duration,
+    (connect_timeout, upstream_timeout): (Duration, Duration),
 ) -> Result<Route, ConfigError> {
     let route = spanned.get_ref();
     let line = at.line(spanned.span().start);
@@ -767,14 +986,24 @@ fn route_of(
             format!("status {code} is in both `status.release` and `status.hold`: keep it in one"),
         ));
     }
+    let own_timeout = pick(&own.upstream_timeout, &defaults.upstream_timeout);
+    let upstream_timeout = duration(
+        at,
+        "upstream_timeout",
+        own_timeout.as_ref(),
+        upstream_timeout,
+        connect_timeout.saturating_add(Duration::from_millis(1)),
+    )?;
     let lease = duration(
         at,
         "lease",
         pick(&own.lease, &defaults.lease).as_ref(),
-        Duration::from_secs(60),
+        Duration::from_secs(60).max(upstream_timeout),
         Duration::from_millis(100),
     )?;
-    if lease < upstream_timeout {
+    // An exempt route claims nothing: its lease and retention are never used.
+    let exempt = key == KeyRule::Exempt;
+    if lease < upstream_timeout && !exempt {
         let value = pick(&own.lease, &defaults.lease);
         return Err(at.error(
             value.map_or(spanned.span(), |v| v.span()),
@@ -793,7 +1022,7 @@ fn route_of(
         Duration::from_secs(24 * 3600),
         Duration::from_secs(1),
     )?;
-    if retention <= lease {
+    if retention <= lease && !exempt {
         return Err(at.error(
             retention_value.map_or(spanned.span(), |v| v.span()),
             format!(
@@ -825,6 +1054,7 @@ fn route_of(
             .unwrap_or_default(),
         status: policy,
         store_headers,
+        upstream_timeout,
         lease,
         retention,
         max_request_body: bytes(
@@ -936,5 +1166,35 @@ fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSourc
             span,
             "a scope is either { header = \"x-account-id\" } or { jwt_claim = \"sub\", secret_env = \"JWT_SECRET\" }, exactly one of them",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn a_store_urls_password_is_hidden() {
+        assert_eq!(
+            without_password("postgres://app:s3cret@db:5432/idem?sslmode=require"),
+            "postgres://app:***@db:5432/idem?sslmode=require"
+        );
+        assert_eq!(
+            without_password("redis://:p%40ss@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            without_password("postgres://app@db/idem"),
+            "postgres://app@db/idem"
+        );
+        assert_eq!(
+            without_password("postgres://app:pa/ss@db/idem"),
+            "postgres://app:***@db/idem"
+        );
+        assert_eq!(
+            without_password("postgres://app@db/idem?sslmode=require&password=s3cret"),
+            "postgres://app@db/idem?sslmode=require&password=***"
+        );
+        assert_eq!(without_password("not a url"), "not a url");
     }
 }

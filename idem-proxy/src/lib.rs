@@ -39,13 +39,19 @@
 //!   is asked again under the same key. The effect may have happened: a lease at least
 //!   `upstream_timeout` (the file refuses less) and longer than the upstream's slowest
 //!   answer keeps a retry from running it while the first may still be running; an
-//!   upstream that dedupes by the `Idempotency-Key` it is sent is safe either way.
+//!   upstream that dedupes by the `Idempotency-Scoped-Key` it is sent (below) is safe
+//!   either way.
 //! - **It sent its head, then broke off its body** (or, on a protected route, let it
 //!   stall for `upstream_timeout`): the head decides the key. A stored status finishes
 //!   it without the body, and a retry gets that status with
 //!   `idempotent-body-not-stored: true`: the upstream is never asked again.
 //! - **The client went away**: the upstream's answer is still read and stored, and the
 //!   retry replays it.
+//!
+//! A protected request reaches the upstream with `Idempotency-Scoped-Key: idem-<hex>`
+//! beside the key the client sent: a hash of the key with its scope, the same for every
+//! retry and takeover of one operation, and never the same for two callers. Clients choose
+//! their keys and two callers' `order-1` collide: an upstream dedupes by the scoped key.
 //!
 //! Requests are streamed both ways; a protected request's body is read whole to
 //! fingerprint it (within `max_request_body`), and an answer of at most 1 MiB (by its
@@ -72,7 +78,12 @@
 //!
 //! - `admin_listen` (default `127.0.0.1:9464`) serves `/metrics` (Prometheus text: the
 //!   proxy's, the layer's and the driver's metrics, see [`observe`]), `/healthz` (the
-//!   process is up) and `/readyz` (serving, and the store answers a read).
+//!   process is up) and `/readyz` (serving; with `ready_checks_store`, the store answers
+//!   a read within 800 ms too).
+//! - Clients are held to [`ClientLimits`]: a head within `client_header_timeout` (idle
+//!   keep-alive connections too), no pause in a body over `client_body_timeout` (408),
+//!   at most `max_connections` connections and `max_concurrent_requests` requests (503
+//!   with `Retry-After`, before any key is claimed).
 //! - SIGTERM or Ctrl-C: `/readyz` turns 503, in-flight requests run to their end and store
 //!   their answers, within `shutdown_grace`.
 //! - Several replicas share one store (PostgreSQL, Redis, DynamoDB): a retry that lands
@@ -82,13 +93,16 @@
 //!
 //! ## Where things live
 //!
-//! `config.rs`: the file; `routes.rs`: matching and each route's layer; `scope.rs`:
-//! scopes; `upstream.rs`: forwarding; `server.rs`: listeners and shutdown; [`observe`]:
-//! the metrics.
+//! `config.rs`: the file; `clients.rs`: accepting clients within their limits;
+//! `routes.rs`: matching and each route's layer; `scope.rs`: scopes; `upstream.rs`:
+//! forwarding; `idle.rs`: bodies that may not stall; `server.rs`: listeners and
+//! shutdown; [`observe`]: the metrics.
 
 #![warn(missing_docs)]
 
+mod clients;
 mod config;
+mod idle;
 pub mod observe;
 mod routes;
 mod scope;
@@ -96,7 +110,7 @@ mod server;
 mod upstream;
 
 pub use config::{
-    Config, ConfigError, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
+    ClientLimits, Config, ConfigError, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
 };
 pub use routes::RouteError;
 pub use server::{Proxy, ProxyError};

@@ -5,8 +5,11 @@
 //! | name | kind | labels | moves when |
 //! |---|---|---|---|
 //! | `idem_proxy_requests_total` | counter | `route`, `status` | the proxy answered a request (`route` is the route's name, or `unmatched`) |
-//! | `idem_proxy_upstream_errors_total` | counter | `kind` | the upstream did not answer: `connect` (never reached; the key is released), `timeout` or `broken` (before its head: the key is held; after it: its head decides) |
+//! | `idem_proxy_upstream_errors_total` | counter | `kind` | the upstream did not answer: `connect` (never reached; the key is released), `refused` (an HTTP/2 stream refused unprocessed; released), `timeout` or `broken` (before its head: the key is held; after it: its head decides) |
 //! | `idem_proxy_upstream_seconds` | histogram | | the upstream's time to a response head |
+//! | `idem_proxy_client_connections` | gauge | | client connections open |
+//! | `idem_proxy_client_limits_total` | counter | `limit` | a client met a limit: `connections` (`max_connections` reached: no more are accepted until one closes), `requests` (`max_concurrent_requests` reached: 503), `body_timeout` (a request body stalled: 408) |
+//! | `idem_proxy_unprotected_keys_total` | counter | | a request carried an idempotency key on no route: it went to the upstream unprotected (`unmatched = "pass"`) |
 
 use std::time::Duration;
 
@@ -16,6 +19,12 @@ pub const REQUESTS: &str = "idem_proxy_requests_total";
 pub const UPSTREAM_ERRORS: &str = "idem_proxy_upstream_errors_total";
 /// `idem_proxy_upstream_seconds`
 pub const UPSTREAM_SECONDS: &str = "idem_proxy_upstream_seconds";
+/// `idem_proxy_client_connections`
+pub const CLIENT_CONNECTIONS: &str = "idem_proxy_client_connections";
+/// `idem_proxy_client_limits_total`
+pub const CLIENT_LIMITS: &str = "idem_proxy_client_limits_total";
+/// `idem_proxy_unprotected_keys_total`
+pub const UNPROTECTED_KEYS: &str = "idem_proxy_unprotected_keys_total";
 
 pub(crate) fn request(route: &str, status: http::StatusCode) {
     metrics::counter!(REQUESTS, "route" => route.to_owned(), "status" => status.as_str().to_owned())
@@ -28,4 +37,16 @@ pub(crate) fn upstream_error(kind: &'static str) {
 
 pub(crate) fn upstream_latency(elapsed: Duration) {
     metrics::histogram!(UPSTREAM_SECONDS).record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn client_connections(change: f64) {
+    metrics::gauge!(CLIENT_CONNECTIONS).increment(change);
+}
+
+pub(crate) fn client_limit(limit: &'static str) {
+    metrics::counter!(CLIENT_LIMITS, "limit" => limit).increment(1);
+}
+
+pub(crate) fn unprotected_key() {
+    metrics::counter!(UNPROTECTED_KEYS).increment(1);
 }

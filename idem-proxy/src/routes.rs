@@ -30,8 +30,8 @@ use crate::upstream::Upstream;
 enum Protection {
     /// Behind idem-http's layer.
     Protected(IdempotencyService<Upstream>),
-    /// Straight to the upstream (`key = "exempt"`).
-    Exempt,
+    /// Straight to the upstream (`key = "exempt"`), within the route's timeout.
+    Exempt(Upstream),
 }
 
 struct Compiled {
@@ -125,11 +125,15 @@ impl Routes {
                     .map_err(conflict)?;
             }
             let protection = match route.key {
-                KeyRule::Exempt => Protection::Exempt,
+                KeyRule::Exempt => {
+                    Protection::Exempt(upstream.for_route(None, route.upstream_timeout))
+                }
                 KeyRule::Required | KeyRule::Optional => {
                     let layer = layer(route, store, config.preserve_host)?;
                     routes.handlers.push(layer.handlers());
-                    Protection::Protected(layer.layer(upstream.buffering()))
+                    Protection::Protected(layer.layer(
+                        upstream.for_route(Some(route.header.clone()), route.upstream_timeout),
+                    ))
                 }
             };
             routes.routes.push(Compiled {
@@ -175,19 +179,19 @@ impl Routes {
         }
     }
 
+    /// Whether route `index` is behind the layer.
+    pub(crate) fn is_protected(&self, index: usize) -> bool {
+        matches!(self.routes[index].protection, Protection::Protected(_))
+    }
+
     pub(crate) fn name(&self, index: usize) -> &str {
         &self.routes[index].name
     }
 
     /// Serves a request on route `index`.
-    pub(crate) async fn serve(
-        &self,
-        index: usize,
-        request: Request<Body>,
-        upstream: &Upstream,
-    ) -> Response<Body> {
+    pub(crate) async fn serve(&self, index: usize, request: Request<Body>) -> Response<Body> {
         match &self.routes[index].protection {
-            Protection::Exempt => upstream.forward(request).await,
+            Protection::Exempt(upstream) => upstream.forward(request).await,
             Protection::Protected(service) => {
                 if let Some(named) = overridden(&request, self.overrides_reach_upstream) {
                     return refuse_override(named);

@@ -20,7 +20,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, Unmatched};
+use crate::clients;
+use crate::config::{ClientLimits, Config, Unmatched};
+use crate::idle::{Idle, Side};
 use crate::observe;
 use crate::routes::normalize;
 use crate::routes::{RouteError, Routes};
@@ -58,6 +60,14 @@ pub enum ProxyError {
         upstream: http::Uri,
         /// Where the proxy listens.
         listen: SocketAddr,
+    },
+    /// A client limit built in code cannot work (the file's check refuses these).
+    #[error("`{setting}` {why}")]
+    Limit {
+        /// The setting, as the file names it.
+        setting: &'static str,
+        /// What it must be.
+        why: &'static str,
     },
     /// A listener failed while serving.
     #[error("serving failed: {0}")]
@@ -104,6 +114,17 @@ struct Shared {
     store: Arc<dyn Store>,
     /// Cleared when a shutdown begins: `/readyz` answers 503 from then on.
     ready: AtomicBool,
+    /// Whether `/readyz` reads the store too.
+    ready_checks_store: bool,
+    limits: ClientLimits,
+    /// One permit per request served at once.
+    requests: Arc<tokio::sync::Semaphore>,
+    /// The key headers of the routes: a request with one that matches no route is
+    /// counted, since its key protects nothing.
+    key_headers: Vec<http::HeaderName>,
+    /// When an unprotected key was last logged (seconds since the proxy started).
+    unprotected_logged: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
 }
 
 impl Proxy {
@@ -118,6 +139,7 @@ impl Proxy {
         config_path: impl Into<PathBuf>,
         store: Arc<dyn Store>,
     ) -> Result<Self, ProxyError> {
+        check_limits(&config.clients)?;
         let upstream = Upstream::new(&config)?;
         let routes = Routes::new(&config, &config_path.into(), &store, &upstream)?;
         let bind = |addr: SocketAddr, setting: &'static str| async move {
@@ -139,6 +161,12 @@ impl Proxy {
             });
         }
         let admin_listener = bind(config.admin_listen, "admin_listen").await?;
+        let mut key_headers = vec![idem_http::DEFAULT_HEADER];
+        for route in &config.routes {
+            if !key_headers.contains(&route.header) {
+                key_headers.push(route.header.clone());
+            }
+        }
         Ok(Self {
             shared: Arc::new(Shared {
                 routes,
@@ -146,6 +174,14 @@ impl Proxy {
                 unmatched: config.unmatched,
                 store,
                 ready: AtomicBool::new(true),
+                ready_checks_store: config.ready_checks_store,
+                limits: config.clients,
+                requests: Arc::new(tokio::sync::Semaphore::new(
+                    config.clients.max_concurrent_requests,
+                )),
+                key_headers,
+                unprotected_logged: std::sync::atomic::AtomicU64::new(u64::MAX),
+                started: std::time::Instant::now(),
             }),
             config,
             listener,
@@ -187,8 +223,12 @@ impl Proxy {
     ///   shut down: `run` returns without waiting for them, and the caller shuts the
     ///   runtime down (`idem proxy` does, on return).
     ///
+    /// Clients are held to [`Config::clients`](crate::Config::clients) throughout.
+    ///
     /// # Errors
-    /// [`ProxyError::Serve`] when a listener fails.
+    /// None today: a failed accept (no file descriptor left, say) is logged and tried
+    /// again after a second, as hyper's own server did. [`ProxyError::Serve`] is kept for
+    /// a listener that fails for good.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -225,11 +265,7 @@ impl Proxy {
         let began = CancellationToken::new();
         let began_signal = began.clone();
         let delay = self.config.shutdown_delay;
-        let server = axum::serve(
-            self.listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move {
+        let server = clients::serve(self.listener, app, self.config.clients, async move {
             tokio::select! {
                 () = shutdown => {}
                 () = serve_token.cancelled() => {}
@@ -246,8 +282,7 @@ impl Proxy {
             tracing::info!(
                 "shutting down: no new connections; requests in flight run to their end"
             );
-        })
-        .into_future();
+        });
         tokio::pin!(server);
 
         // One deadline for the whole shutdown, from the moment it began (plus the
@@ -259,9 +294,9 @@ impl Proxy {
         };
         tokio::pin!(deadline);
         let mut ends_at = None;
-        let served = loop {
+        loop {
             tokio::select! {
-                served = &mut server => break served,
+                () = &mut server => break,
                 at = &mut deadline, if ends_at.is_none() => ends_at = Some(at),
                 () = async {
                     match ends_at {
@@ -270,10 +305,10 @@ impl Proxy {
                     }
                 } => {
                     tracing::warn!(?grace, "requests still in flight after the shutdown grace are cut; their keys stay held until their leases end, when a retry takes over");
-                    break Ok(());
+                    break;
                 }
             }
-        };
+        }
         let ends_at = match ends_at {
             Some(at) => at,
             // The server ended in the same moment the shutdown began.
@@ -306,7 +341,7 @@ impl Proxy {
         {
             admin_server.abort();
         }
-        served.map_err(ProxyError::Serve)
+        Ok(())
     }
 }
 
@@ -328,70 +363,196 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
     fn call(&mut self, request: Request<axum::body::Body>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
-            let mut request = request.map(Body::new);
-            // Routes see, and the upstream gets, the path made plain.
-            if let Some(plain) = normalize(request.uri().path()) {
-                let target = match request.uri().query() {
-                    Some(query) => format!("{plain}?{query}"),
-                    None => plain,
-                };
-                let mut parts = request.uri().clone().into_parts();
-                let rebuilt = target.parse().ok().and_then(|target| {
-                    parts.path_and_query = Some(target);
-                    http::Uri::from_parts(parts).ok()
-                });
-                let Some(uri) = rebuilt else {
-                    // Never the raw path, which the routes did not see.
-                    return Ok(Problem::new(
-                        StatusCode::BAD_REQUEST,
-                        "bad-target",
-                        "The request's path cannot be made plain",
-                    )
-                    .into_http_response());
-                };
-                *request.uri_mut() = uri;
-            }
-            // The router in front set the path as it came; the scope and the fingerprint
-            // read that one first (`idem_http::scope::path`): they must see the plain one,
-            // or each spelling of a path would be an operation of its own (a trailing `/`
-            // the route's pattern does not have included). The upstream gets the path as
-            // it came, made plain.
-            let route = shared.routes.find(request.method(), request.uri().path());
-            let operation = route
-                .map(|index| shared.routes.operation_path(index, request.uri().path()))
-                .filter(|path| *path != request.uri().path())
-                .and_then(|path| {
-                    let target = match request.uri().query() {
-                        Some(query) => format!("{path}?{query}"),
-                        None => path.to_owned(),
-                    };
-                    target.parse::<http::Uri>().ok()
-                });
-            let plain =
-                axum::extract::OriginalUri(operation.unwrap_or_else(|| request.uri().clone()));
-            request.extensions_mut().insert(plain);
-            let (name, response) = match route {
-                Some(index) => (
-                    shared.routes.name(index).to_owned(),
-                    shared.routes.serve(index, request, &shared.upstream).await,
-                ),
-                None => (
-                    "unmatched".to_owned(),
-                    match shared.unmatched {
-                        Unmatched::Pass => shared.upstream.forward(request).await,
-                        Unmatched::Reject => Problem::new(
-                            StatusCode::NOT_FOUND,
-                            "no-route",
-                            "No route of the proxy matches this method and path",
-                        )
-                        .into_http_response(),
-                    },
-                ),
+            // Past the limit, answered before anything is read, claimed or forwarded.
+            // Handlers whose clients went away still hold their bodies and an upstream
+            // call: they count too.
+            let detached: usize = shared.routes.handlers.iter().map(|h| h.running()).sum();
+            let permit = match Arc::clone(&shared.requests).try_acquire_owned() {
+                Ok(permit) if detached <= shared.requests.available_permits() => permit,
+                _ => {
+                    observe::client_limit("requests");
+                    observe::request("overloaded", StatusCode::SERVICE_UNAVAILABLE);
+                    return Ok(overloaded());
+                }
             };
-            observe::request(&name, response.status());
-            Ok(response)
+            let (parts, body) = request.into_parts();
+            // gRPC streams stay open, quiet, for as long as the call lasts.
+            let streaming = parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+            let (request, stalled) = if streaming {
+                (Request::from_parts(parts, Body::new(body)), None)
+            } else {
+                let body = Idle::new(body, shared.limits.body_timeout, Side::Client)
+                    .on_stall(|| observe::client_limit("body_timeout"));
+                let stalled = body.stalled();
+                (Request::from_parts(parts, Body::new(body)), Some(stalled))
+            };
+            let Answered {
+                route,
+                protected,
+                response,
+            } = answer(&shared, request).await;
+            // The body stalled and the proxy's own refusal says what broke (a 400 from
+            // the layer): the client is told it was too slow. An upstream's answer stays.
+            let response = match stalled {
+                Some(stalled)
+                    if stalled.load(Ordering::Relaxed)
+                        && response.extensions().get::<Problem>().is_some() =>
+                {
+                    body_timed_out()
+                }
+                _ => response,
+            };
+            observe::request(&route, response.status());
+            // A protected answer is held in memory until it has gone out; anything else
+            // streams, and stops counting once its head is ready.
+            Ok(match protected {
+                true => response.map(|body| clients::holding(body, permit)),
+                false => response,
+            })
         })
     }
+}
+
+/// A request's answer, and where it came from.
+struct Answered {
+    /// The route's name, or `unmatched`.
+    route: String,
+    /// Whether the route is protected.
+    protected: bool,
+    response: Response<Body>,
+}
+
+/// A request's answer: its route's, or the unmatched rule's.
+async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
+    let mut request = request;
+    // Routes see, and the upstream gets, the path made plain.
+    if let Some(plain) = normalize(request.uri().path()) {
+        let target = match request.uri().query() {
+            Some(query) => format!("{plain}?{query}"),
+            None => plain,
+        };
+        let mut parts = request.uri().clone().into_parts();
+        let rebuilt = target.parse().ok().and_then(|target| {
+            parts.path_and_query = Some(target);
+            http::Uri::from_parts(parts).ok()
+        });
+        let Some(uri) = rebuilt else {
+            // Never the raw path, which the routes did not see.
+            return Answered {
+                route: "unmatched".to_owned(),
+                protected: false,
+                response: Problem::new(
+                    StatusCode::BAD_REQUEST,
+                    "bad-target",
+                    "The request's path cannot be made plain",
+                )
+                .into_http_response(),
+            };
+        };
+        *request.uri_mut() = uri;
+    }
+    // The router in front set the path as it came; the scope and the fingerprint
+    // read that one first (`idem_http::scope::path`): they must see the plain one,
+    // or each spelling of a path would be an operation of its own (a trailing `/`
+    // the route's pattern does not have included). The upstream gets the path as
+    // it came, made plain.
+    let route = shared.routes.find(request.method(), request.uri().path());
+    let operation = route
+        .map(|index| shared.routes.operation_path(index, request.uri().path()))
+        .filter(|path| *path != request.uri().path())
+        .and_then(|path| {
+            let target = match request.uri().query() {
+                Some(query) => format!("{path}?{query}"),
+                None => path.to_owned(),
+            };
+            target.parse::<http::Uri>().ok()
+        });
+    let plain = axum::extract::OriginalUri(operation.unwrap_or_else(|| request.uri().clone()));
+    request.extensions_mut().insert(plain);
+    match route {
+        Some(index) => Answered {
+            route: shared.routes.name(index).to_owned(),
+            protected: shared.routes.is_protected(index),
+            response: shared.routes.serve(index, request).await,
+        },
+        None => Answered {
+            route: "unmatched".to_owned(),
+            protected: false,
+            response: match shared.unmatched {
+                Unmatched::Pass => {
+                    if !request.method().is_safe()
+                        && shared
+                            .key_headers
+                            .iter()
+                            .any(|name| request.headers().contains_key(name))
+                    {
+                        unprotected_key(shared, &request);
+                    }
+                    shared.upstream.forward(request).await
+                }
+                Unmatched::Reject => Problem::new(
+                    StatusCode::NOT_FOUND,
+                    "no-route",
+                    "No route of the proxy matches this method and path",
+                )
+                .into_http_response(),
+            },
+        },
+    }
+}
+
+/// A request with a key on no route: counted, and logged at most once a minute (never
+/// the key), so that a route missing from the file is seen before a retry runs twice.
+fn unprotected_key(shared: &Shared, request: &Request<Body>) {
+    observe::unprotected_key();
+    let now = shared.started.elapsed().as_secs();
+    let last = shared.unprotected_logged.load(Ordering::Relaxed);
+    if (last == u64::MAX || now >= last + 60)
+        && shared
+            .unprotected_logged
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            method = %request.method(),
+            path = %request.uri().path(),
+            "a request with an idempotency key matches no route: it went to the upstream unprotected, and a retry of it runs again; add a route for it (or `unmatched = \"reject\"`). Counted in idem_proxy_unprotected_keys_total; logged at most once a minute"
+        );
+    }
+}
+
+/// 503 with `Retry-After`: `max_concurrent_requests` are being served.
+fn overloaded() -> Response<Body> {
+    let mut response = Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "The proxy is serving as many requests as it may at once; nothing was done: retry shortly",
+    )
+    .into_http_response();
+    response.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from_static("1"),
+    );
+    response
+}
+
+/// 408: the request body stalled for `client_body_timeout` while the proxy read it to
+/// fingerprint it; nothing was claimed or forwarded. The connection is closed.
+fn body_timed_out() -> Response<Body> {
+    let mut response = Problem::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body-timeout",
+        "The request body stopped arriving; nothing was done: send it again",
+    )
+    .into_http_response();
+    response.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
 }
 
 #[derive(Clone)]
@@ -400,16 +561,20 @@ struct AdminState {
     metrics: Option<PrometheusHandle>,
 }
 
-/// 200 while serving and the store answers a read within 2 s; 503 once a shutdown began,
-/// or while the store does not.
+/// 200 while serving; 503 once a shutdown began. With `ready_checks_store`, also 503
+/// while the store fails a read or takes longer than 800 ms (below kubelet's default 1 s
+/// probe timeout, so the probe gets an answer, not a timeout).
 async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
     if !state.shared.ready.load(Ordering::SeqCst) {
         return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
     }
+    if !state.shared.ready_checks_store {
+        return (StatusCode::OK, "ready\n");
+    }
     let Ok(probe) = Key::new("idem-proxy", "readiness") else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "no probe key\n");
     };
-    match tokio::time::timeout(Duration::from_secs(2), state.shared.store.get(&probe)).await {
+    match tokio::time::timeout(Duration::from_millis(800), state.shared.store.get(&probe)).await {
         Ok(Ok(_)) => (StatusCode::OK, "ready\n"),
         Ok(Err(err)) => {
             tracing::warn!(error = %err, "readiness: the store failed a read");
@@ -417,7 +582,7 @@ async fn readyz(State(state): State<AdminState>) -> (StatusCode, &'static str) {
         }
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "the store did not answer in 2 s\n",
+            "the store did not answer in 800 ms\n",
         ),
     }
 }
@@ -473,6 +638,33 @@ async fn purge_loop(store: Arc<dyn Store>, every: Duration, token: CancellationT
             tracing::info!(purged, "expired records purged");
         }
     }
+}
+
+/// The limits a file could not have set: counts from 1 to a million, timeouts from
+/// 100 ms to idem's longest duration.
+fn check_limits(limits: &ClientLimits) -> Result<(), ProxyError> {
+    let count = |setting, n: usize| match (1..=1_000_000).contains(&n) {
+        true => Ok(()),
+        false => Err(ProxyError::Limit {
+            setting,
+            why: "is a number from 1 to 1000000",
+        }),
+    };
+    count("max_connections", limits.max_connections)?;
+    count("max_concurrent_requests", limits.max_concurrent_requests)?;
+    for (setting, timeout) in [
+        ("client_header_timeout", limits.header_timeout),
+        ("client_body_timeout", limits.body_timeout),
+        ("client_send_timeout", limits.send_timeout),
+    ] {
+        if !(Duration::from_millis(100)..=idem_core::raw::MAX_DURATION).contains(&timeout) {
+            return Err(ProxyError::Limit {
+                setting,
+                why: "is a duration from 100 ms to 100 years",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Whether `upstream` names this machine's `listen` address: the same port, on the same

@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | could not be reached (refused, no route, connect timeout) | 502 | released: the request never left the proxy, a retry runs it |
 //! | took the request and sent no response head in `upstream_timeout` | 504 | held until the lease ends: the effect may have happened |
+//! | refused the request's HTTP/2 stream (`REFUSED_STREAM`: nothing of it was processed) | 502 | released: a retry runs it |
 //! | broke the connection before the response head | 502 | held, for the same reason |
 //! | sent its response head, then broke off its body, or (protected routes) let it stall for `upstream_timeout` | the client's connection is cut, after the head where it already went | the head decides: a stored status finishes the key without its body (a retry gets the status and headers with `idempotent-body-not-stored: true`, never a second run); a released or held one as its status says |
 //!
@@ -34,6 +35,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_http::{Body, Disposition, FinalHead, Problem};
 
 use crate::config::Config;
+use crate::idle::{Idle, Side};
 use crate::observe;
 
 /// Forwards requests to the upstream; cheap to clone.
@@ -43,7 +45,16 @@ pub(crate) struct Upstream {
     /// Small answers are read whole before they are passed on (protected routes only:
     /// elsewhere nothing is stored, and a read streams as it comes).
     buffer: bool,
+    /// How long the upstream may take to send a head, and (protected routes) to go on
+    /// with its body: the route's `upstream_timeout`.
+    timeout: Duration,
+    /// The route's key header, on protected routes: a request that carries it is sent
+    /// with its scoped key too.
+    key_header: Option<HeaderName>,
 }
+
+/// The header a protected request's scoped key reaches the upstream in.
+pub(crate) const SCOPED_KEY: HeaderName = HeaderName::from_static("idempotency-scoped-key");
 
 struct Inner {
     client: Client<HttpConnector, Body>,
@@ -51,7 +62,6 @@ struct Inner {
     authority: http::uri::Authority,
     /// The upstream URL's path, without its trailing `/`, put before every request's.
     prefix: String,
-    timeout: Duration,
     preserve_host: bool,
     http2: bool,
     trust_forwarded: bool,
@@ -86,6 +96,8 @@ impl Upstream {
         };
         Ok(Self {
             buffer: false,
+            timeout: config.upstream_timeout.min(idem_core::raw::MAX_DURATION),
+            key_header: None,
             inner: Arc::new(Inner {
                 client,
                 scheme: parts.scheme.unwrap_or(http::uri::Scheme::HTTP),
@@ -94,7 +106,6 @@ impl Upstream {
                     .path_and_query
                     .map(|p| p.path().trim_end_matches('/').to_owned())
                     .unwrap_or_default(),
-                timeout: config.upstream_timeout,
                 preserve_host: config.preserve_host,
                 http2: config.upstream_http2,
                 trust_forwarded: config.trust_forwarded_headers,
@@ -102,12 +113,16 @@ impl Upstream {
         })
     }
 
-    /// The same upstream, reading small answers whole before passing them on: for a
-    /// protected route, whose answer is then stored before the client sees it.
-    pub(crate) fn buffering(&self) -> Self {
+    /// The same upstream for a route, within its `timeout`; for a protected route (its
+    /// key header given), reading small answers whole before passing them on (so that
+    /// they are stored before the client sees them) and sending the scoped key.
+    pub(crate) fn for_route(&self, protected: Option<HeaderName>, timeout: Duration) -> Self {
         Self {
             inner: Arc::clone(&self.inner),
-            buffer: true,
+            buffer: protected.is_some(),
+            // A deadline far enough to be none, never past what an `Instant` holds.
+            timeout: timeout.min(idem_core::raw::MAX_DURATION),
+            key_header: protected,
         }
     }
 
@@ -142,7 +157,23 @@ impl Upstream {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|info| info.0.ip());
+        // Decided before hop-by-hop headers go: a client's `Connection` may name its key
+        // header, never take the scoped key away.
+        let scoped = match (
+            &self.key_header,
+            parts.extensions.get::<idem_core::Context>(),
+        ) {
+            (Some(name), Some(context)) if parts.headers.contains_key(name) => {
+                Some(scoped_key(&context.key()))
+            }
+            _ => None,
+        };
         remove_hop_by_hop(&mut parts.headers, Direction::Request);
+        // Never a client's own: only the proxy names a scoped key.
+        parts.headers.remove(SCOPED_KEY);
+        if let Some(value) = scoped {
+            parts.headers.insert(SCOPED_KEY, value);
+        }
         if !inner.trust_forwarded {
             // What a client says of where it came from, or of which method or path it
             // meant, is not believed.
@@ -207,7 +238,7 @@ impl Upstream {
         };
         let started = Instant::now();
         let request = Request::from_parts(parts, body);
-        let deadline = tokio::time::Instant::now() + inner.timeout;
+        let deadline = tokio::time::Instant::now() + self.timeout;
         let answer = tokio::time::timeout_at(deadline, inner.client.request(request)).await;
         observe::upstream_latency(started.elapsed());
         match answer {
@@ -239,13 +270,14 @@ impl Upstream {
                     // Streamed on a protected route: a body that stalls for a whole
                     // `upstream_timeout` breaks off, and its head decides the key,
                     // rather than holding it in progress while the client waits.
-                    let idle = Idle::new(body, inner.timeout);
+                    let idle = Idle::new(body, self.timeout, Side::Upstream)
+                        .on_stall(|| observe::upstream_error("timeout"));
                     return Response::from_parts(parts, Body::new(idle));
                 }
                 let body = http_body_util::Limited::new(body, BUFFERED_RESPONSE as usize);
                 // The body's own deadline, from its head: a head that came late leaves it
                 // the whole timeout.
-                let body_deadline = tokio::time::Instant::now() + inner.timeout;
+                let body_deadline = tokio::time::Instant::now() + self.timeout;
                 match tokio::time::timeout_at(body_deadline, body.collect()).await {
                     Ok(Ok(collected)) => {
                         let (data, trailers) = {
@@ -291,6 +323,28 @@ impl Upstream {
                     Disposition::Release,
                 )
             }
+            // The client stopped sending its body: the upstream got part of it, and no
+            // answer is owed to a client that went quiet. Nothing protected reaches here
+            // (the layer reads those bodies before a claim).
+            Ok(Err(err)) if crate::idle::client_stalled(&err) => {
+                tracing::debug!("a client's request body stalled on its way to the upstream");
+                problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "body-timeout",
+                    "The request body stopped arriving; send the request again",
+                    Disposition::Release,
+                )
+            }
+            Ok(Err(err)) if refused_stream(&err) => {
+                observe::upstream_error("refused");
+                tracing::warn!(error = %err, "the upstream refused the request's HTTP/2 stream, before processing it; the key is released");
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-refused",
+                    "The service behind the proxy refused the request without processing it; retry",
+                    Disposition::Release,
+                )
+            }
             Ok(Err(err)) => {
                 observe::upstream_error("broken");
                 tracing::warn!(error = %err, "the upstream broke the exchange before answering; the key is held until its lease ends");
@@ -304,7 +358,7 @@ impl Upstream {
             Err(_) => {
                 observe::upstream_error("timeout");
                 tracing::warn!(
-                    timeout = ?inner.timeout,
+                    timeout = ?self.timeout,
                     "the upstream did not answer in time; the key is held until its lease ends"
                 );
                 problem(
@@ -316,6 +370,41 @@ impl Upstream {
             }
         }
     }
+}
+
+/// `idem-` and a hash of the key with its scope (64 hex digits): what the upstream
+/// dedupes by, the same for every retry of one caller's operation and never the same for
+/// two callers.
+fn scoped_key(key: &idem_core::Key) -> HeaderValue {
+    let digest = idem_core::Fingerprint::builder()
+        .field("idem-proxy scoped key")
+        .field(key.scope())
+        .field(key.key())
+        .finish();
+    let mut text = String::with_capacity(5 + 64);
+    text.push_str("idem-");
+    for byte in digest.as_bytes() {
+        text.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
+        text.push(char::from(b"0123456789abcdef"[usize::from(byte & 0xf)]));
+    }
+    HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("idem-"))
+}
+
+/// Whether the upstream refused the request's HTTP/2 stream (`REFUSED_STREAM`), which
+/// says that no part of it was processed (RFC 9113, section 8.7): a retry may run it. A
+/// `GOAWAY` is not read so: hyper does not tell the streams past its last id from those
+/// cut after they were taken.
+fn refused_stream(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(err);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            return h2.is_reset()
+                && h2.is_remote()
+                && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Whether an answer redirects to the same path with its trailing `/` added or dropped.
@@ -332,59 +421,6 @@ fn redirects_to_other_slash(status: StatusCode, headers: &HeaderMap, path: &str)
     };
     let target = location.path();
     target != path && target.trim_end_matches('/') == path.trim_end_matches('/')
-}
-
-/// A body whose every frame must come within `timeout` of the one before, or it breaks
-/// off with an error.
-struct Idle<B> {
-    body: B,
-    timeout: Duration,
-    sleep: Pin<Box<tokio::time::Sleep>>,
-}
-
-impl<B> Idle<B> {
-    fn new(body: B, timeout: Duration) -> Self {
-        Self {
-            body,
-            timeout,
-            sleep: Box::pin(tokio::time::sleep(timeout)),
-        }
-    }
-}
-
-impl<B> http_body::Body for Idle<B>
-where
-    B: http_body::Body<Data = bytes::Bytes> + Unpin,
-    B::Error: Into<idem_core::BoxError>,
-{
-    type Data = bytes::Bytes;
-    type Error = idem_core::BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        if let Poll::Ready(frame) = Pin::new(&mut self.body).poll_frame(cx) {
-            let next = tokio::time::Instant::now() + self.timeout;
-            self.sleep.as_mut().reset(next);
-            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
-        }
-        match self.sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                observe::upstream_error("timeout");
-                Poll::Ready(Some(Err("the upstream's answer stalled".into())))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
 }
 
 /// A body that fails at once: the client's connection is cut after the head, and the

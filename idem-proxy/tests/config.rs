@@ -46,7 +46,14 @@ fn a_good_file_has_the_documented_defaults() {
     assert_eq!(config.upstream_idle_timeout, Duration::from_millis(1500));
     assert!(!config.trust_forwarded_headers);
     assert_eq!(config.shutdown_delay, Duration::ZERO);
+    assert_eq!(config.clients, idem_proxy::ClientLimits::default());
+    assert_eq!(config.clients.header_timeout, Duration::from_secs(75));
+    assert_eq!(config.clients.body_timeout, Duration::from_secs(60));
+    assert_eq!(config.clients.max_connections, 4096);
+    assert_eq!(config.clients.max_concurrent_requests, 1024);
+    assert!(!config.ready_checks_store);
     let route = &config.routes[0];
+    assert_eq!(route.upstream_timeout, Duration::from_secs(60));
     assert_eq!(route.name, "POST /payments");
     assert_eq!(route.key, KeyRule::Required);
     assert_eq!(route.header, "idempotency-key");
@@ -298,4 +305,99 @@ async fn an_upstream_that_is_the_proxy_itself_is_refused_at_bind() {
         .await
         .unwrap_err();
     assert!(matches!(err, ProxyError::Loop { .. }), "{err}");
+}
+
+#[test]
+fn client_limits_and_route_timeouts_are_checked() {
+    let with = |top: &str, route: &str| {
+        format!(
+            "upstream = \"http://127.0.0.1:8000\"\n{top}\n[defaults]\nscope = {{ header = \"x-account-id\" }}\n\n[[routes]]\npath = \"/payments\"\n{route}\n"
+        )
+    };
+    let (line, _, message) = refused(&with("max_connections = 0", ""));
+    assert_eq!(line, 2);
+    assert!(
+        message.contains("`max_connections` is a number from 1 to"),
+        "{message}"
+    );
+    let (_, _, message) = refused(&with("max_concurrent_requests = -3", ""));
+    assert!(message.contains("`max_concurrent_requests`"), "{message}");
+    let (_, _, message) = refused(&with("client_header_timeout = \"10ms\"", ""));
+    assert!(message.contains("under the least that works"), "{message}");
+    let (_, _, message) = refused(&with("client_body_timeout = \"soon\"", ""));
+    assert!(message.contains("`client_body_timeout`"), "{message}");
+    // A route's own upstream timeout: after the connection's, and within its lease.
+    let (line, _, message) = refused(&with("", "upstream_timeout = \"1s\""));
+    assert_eq!(line, 8);
+    assert!(message.contains("`upstream_timeout`"), "{message}");
+    let (_, _, message) = refused(&with("", "upstream_timeout = \"5m\"\nlease = \"1m\""));
+    assert!(
+        message.contains("shorter than `upstream_timeout`"),
+        "{message}"
+    );
+    let config = Config::parse("idem.toml", &with("", "upstream_timeout = \"5m\"")).unwrap();
+    assert_eq!(config.routes[0].upstream_timeout, Duration::from_secs(300));
+    assert_eq!(
+        config.routes[0].lease,
+        Duration::from_secs(300),
+        "the lease follows"
+    );
+    assert_eq!(
+        config.upstream_timeout,
+        Duration::from_secs(60),
+        "others keep theirs"
+    );
+    // An exempt route claims nothing: a long poll's timeout needs no lease.
+    let config = Config::parse(
+        "idem.toml",
+        &with("", "key = \"exempt\"\nupstream_timeout = \"25h\""),
+    )
+    .unwrap();
+    assert_eq!(
+        config.routes[0].upstream_timeout,
+        Duration::from_secs(25 * 3600)
+    );
+}
+
+#[test]
+fn debug_hides_the_stores_password() {
+    let text = format!("store = \"postgres://app:hunter2@127.0.0.1/idem\"\n{GOOD}");
+    let config = Config::parse("idem.toml", &text).unwrap();
+    let shown = format!("{config:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(
+        shown.contains("postgres://app:***@127.0.0.1/idem"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn limits_set_in_code_are_checked_at_bind() {
+    let bind = |change: fn(&mut Config)| async move {
+        let mut config = Config::parse("idem.toml", GOOD).unwrap();
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        config.admin_listen = "127.0.0.1:0".parse().unwrap();
+        change(&mut config);
+        Proxy::bind(config, "idem.toml", Arc::new(MemoryStore::new())).await
+    };
+    let err = bind(|c| c.clients.max_connections = 0).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ProxyError::Limit {
+                setting: "max_connections",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = bind(|c| c.clients.max_concurrent_requests = usize::MAX)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("max_concurrent_requests"), "{err}");
+    let err = bind(|c| c.clients.header_timeout = Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("client_header_timeout"), "{err}");
+    assert!(bind(|_| {}).await.is_ok());
 }

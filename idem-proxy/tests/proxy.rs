@@ -1,188 +1,17 @@
 //! The proxy in front of a real HTTP upstream on 127.0.0.1, in process: what clients get
 //! and how many times the upstream ran.
 
-use std::collections::HashMap;
+mod common;
+
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
+use axum::http::StatusCode;
+use axum::routing::post;
+use common::*;
 use idem_core::{MemoryStore, Store};
-use idem_proxy::{Config, Proxy};
-use tokio::sync::oneshot;
-
-/// An upstream that counts its executions by key, and answers as told.
-#[derive(Clone, Default)]
-struct Upstream {
-    runs: Arc<Mutex<HashMap<String, usize>>>,
-    /// How long each POST takes.
-    delay: Arc<Mutex<Duration>>,
-    /// The status each POST answers.
-    status: Arc<Mutex<Option<StatusCode>>>,
-    /// The last request's headers.
-    seen: Arc<Mutex<Option<HeaderMap>>>,
-    /// Told when a POST arrives.
-    arrived: Arc<tokio::sync::Notify>,
-}
-
-impl Upstream {
-    fn runs(&self, key: &str) -> usize {
-        self.runs.lock().unwrap().get(key).copied().unwrap_or(0)
-    }
-    fn total(&self) -> usize {
-        self.runs.lock().unwrap().values().sum()
-    }
-}
-
-async fn pay(
-    State(up): State<Upstream>,
-    headers: HeaderMap,
-    body: String,
-) -> (StatusCode, [(&'static str, String); 1], String) {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    up.arrived.notify_one();
-    let delay = *up.delay.lock().unwrap();
-    tokio::time::sleep(delay).await;
-    let n = {
-        let mut runs = up.runs.lock().unwrap();
-        let n = runs.entry(key).or_default();
-        *n += 1;
-        runs.values().sum::<usize>()
-    };
-    *up.seen.lock().unwrap() = Some(headers);
-    let status = up.status.lock().unwrap().unwrap_or(StatusCode::CREATED);
-    (
-        status,
-        [("x-charge-id", format!("ch_{n}"))],
-        format!("{{\"charge\":\"ch_{n}\",\"request\":{body:?}}}"),
-    )
-}
-
-async fn upstream(up: Upstream) -> SocketAddr {
-    let app = Router::new()
-        .route("/payments", post(pay))
-        .route("/v1/payments", post(pay))
-        .route("/free", post(pay))
-        .route("/any", post(pay).get(|| async { "read" }))
-        .route("/health", get(|| async { "ok" }))
-        // Starlette's and Werkzeug's way: the one spelling redirects to the other.
-        .route(
-            "/slashy",
-            post(|| async { axum::response::Redirect::temporary("/slashy/") }),
-        )
-        .route("/slashy/", post(pay))
-        .with_state(up);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    addr
-}
-
-/// A running proxy: its addresses, and the switch that shuts it down.
-struct Running {
-    addr: SocketAddr,
-    admin: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<Result<(), idem_proxy::ProxyError>>,
-}
-
-impl Running {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-    async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(20), self.done)
-            .await
-            .expect("the proxy stops within its grace")
-            .unwrap()
-            .unwrap();
-    }
-}
-
-async fn proxy(toml: &str, store: Arc<dyn Store>) -> Running {
-    let mut config = Config::parse("test.toml", toml).expect("a valid configuration");
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.admin_listen = "127.0.0.1:0".parse().unwrap();
-    let proxy = Proxy::bind(config, "test.toml", store).await.unwrap();
-    let (addr, admin) = (proxy.local_addr(), proxy.admin_addr());
-    let (stop, stopped) = oneshot::channel::<()>();
-    let done = tokio::spawn(proxy.run(async move {
-        let _ = stopped.await;
-    }));
-    Running {
-        addr,
-        admin,
-        stop: Some(stop),
-        done,
-    }
-}
-
-/// An upstream, and a proxy in front of it on a memory store with the test configuration
-/// and `extra` route settings.
-async fn started(extra: &str) -> (Upstream, Running) {
-    let up = Upstream::default();
-    let running = proxy(
-        &config(upstream(up.clone()).await, extra),
-        Arc::new(MemoryStore::new()),
-    )
-    .await;
-    (up, running)
-}
-
-fn config(upstream: SocketAddr, extra: &str) -> String {
-    format!(
-        r#"
-        upstream = "http://{upstream}"
-        upstream_timeout = "2s"
-        connect_timeout = "500ms"
-        shutdown_grace = "10s"
-
-        [defaults]
-        scope = {{ header = "x-account-id" }}
-
-        [[routes]]
-        methods = ["POST"]
-        path = "/payments"
-        ignore_fields = ["sent_at"]
-        {extra}
-        "#
-    )
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap()
-}
-
-async fn pay_once(
-    url: &str,
-    account: &str,
-    key: Option<&str>,
-    body: &str,
-) -> (StatusCode, HeaderMap, String) {
-    let mut request = client()
-        .post(url)
-        .header("x-account-id", account)
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let response = request.send().await.expect("the proxy answers");
-    let status = StatusCode::from_u16(response.status().as_u16()).unwrap();
-    let headers = response.headers().clone();
-    (status, headers, response.text().await.unwrap())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_is_answered_with_the_first_response_and_the_upstream_runs_once() {
@@ -735,19 +564,6 @@ async fn a_route_without_methods_protects_writes_and_lets_reads_pass() {
     proxy.shutdown().await;
 }
 
-/// Sends `request` as raw bytes to `addr` and reads the answer until the server closes.
-async fn raw(addr: SocketAddr, request: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
-        .await
-        .expect("the proxy answers and closes")
-        .unwrap();
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dot_segments_sent_as_is_are_the_same_route() {
     let (up, proxy) = started("").await;
@@ -1117,5 +933,39 @@ async fn a_redirect_to_the_other_slash_is_followed_not_replayed() {
     let again = pay_once(&proxy.url("/slashy"), "acct_1", Some("k-redirect"), "{}").await;
     assert_eq!(again.0, StatusCode::CREATED, "{again:?}");
     assert_eq!(up.runs("k-redirect"), 1);
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_gets_a_scoped_key_that_two_callers_never_share() {
+    let (up, proxy) = started("").await;
+    let url = proxy.url("/payments");
+    let scoped = |up: &Upstream| {
+        let seen = up.seen.lock().unwrap().clone().expect("a request arrived");
+        assert_eq!(
+            seen["idempotency-key"], "order-1",
+            "the client's key, as sent"
+        );
+        seen["idempotency-scoped-key"].to_str().unwrap().to_owned()
+    };
+    let (status, _, _) = pay_once(&url, "acct_a", Some("order-1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let a = scoped(&up);
+    assert!(a.starts_with("idem-") && a.len() == 5 + 64, "{a}");
+    // Another caller's same key: another scoped key.
+    let (status, _, _) = pay_once(&url, "acct_b", Some("order-1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let b = scoped(&up);
+    assert_ne!(a, b);
+    // A client cannot name one: a keyless request to no route carries none of its own.
+    let forged = client()
+        .post(proxy.url("/free"))
+        .header("idempotency-scoped-key", "idem-forged")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 201);
+    let seen = up.seen.lock().unwrap().clone().unwrap();
+    assert!(!seen.contains_key("idempotency-scoped-key"), "{seen:?}");
     proxy.shutdown().await;
 }

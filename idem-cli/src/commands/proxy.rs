@@ -85,25 +85,46 @@ fn proxy_failure(err: idem_proxy::ProxyError) -> Failure {
     Failure::Proxy(err)
 }
 
-/// SIGTERM (what an orchestrator sends) or Ctrl-C.
+/// SIGTERM (what an orchestrator sends) or Ctrl-C. A second one stops the process at
+/// once, with exit code 143 (SIGTERM) or 130 (Ctrl-C): requests in flight are cut, and
+/// their keys stay held until their leases end, when a retry takes over.
 async fn shutdown_signal() {
+    let mut signals = Signals::new();
+    signals.next().await;
+    tokio::spawn(async move {
+        let code = signals.next().await;
+        eprintln!(
+            "idem proxy: a second signal: stopping at once; requests in flight are cut, and their keys stay held until their leases end"
+        );
+        std::process::exit(code);
+    });
+}
+
+/// The shutdown signals, registered once so that none arriving between two waits is
+/// missed.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    term: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        Self {
+            #[cfg(unix)]
+            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
         }
     }
-    #[cfg(not(unix))]
-    {
+
+    /// Waits for the next one; answers the exit code a process it stopped would have.
+    async fn next(&mut self) -> i32 {
+        #[cfg(unix)]
+        if let Some(term) = &mut self.term {
+            return tokio::select! {
+                _ = term.recv() => 143,
+                _ = tokio::signal::ctrl_c() => 130,
+            };
+        }
         let _ = tokio::signal::ctrl_c().await;
+        130
     }
 }

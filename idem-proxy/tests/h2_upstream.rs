@@ -1,0 +1,63 @@
+//! The proxy in front of a misbehaving HTTP/2 upstream, spoken to with the h2 crate
+//! itself: a stream it refuses (`REFUSED_STREAM`) was not processed, and its key is free.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::http::{Response, StatusCode};
+use common::*;
+use idem_core::MemoryStore;
+
+/// An h2c upstream that refuses the first `refuse` streams and answers 201 to the rest;
+/// counts the streams it answered.
+async fn refusing_upstream(refuse: usize) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&answered);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let (answered, seen) = (Arc::clone(&counted), Arc::clone(&seen));
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                    if seen.fetch_add(1, Ordering::SeqCst) < refuse {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        continue;
+                    }
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    let head = Response::builder().status(201).body(()).unwrap();
+                    let _ = respond.send_response(head, true);
+                }
+            });
+        }
+    });
+    (addr, answered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_releases_its_key_and_the_retry_runs_once() {
+    let (addr, answered) = refusing_upstream(1).await;
+    let toml = config_with(addr, "upstream_http2 = true", "");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let url = proxy.url("/payments");
+
+    let (status, _, body) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body.contains("upstream-refused"), "{body}");
+    assert_eq!(answered.load(Ordering::SeqCst), 0);
+
+    // Released, not held for the lease: the retry reaches the upstream at once.
+    let (status, _, body) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, headers, _) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(answered.load(Ordering::SeqCst), 1);
+    proxy.shutdown().await;
+}

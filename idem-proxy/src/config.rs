@@ -347,8 +347,23 @@ pub struct Route {
     /// The largest response body stored (default 960 KiB); a larger one streams to its
     /// client and is stored without its body.
     pub max_response_body: usize,
+    /// How many new keys one scope (caller) may create, per period (default: no limit):
+    /// a caller that sends a new key with every retry fills the store, and past its
+    /// budget it gets 429 with `Retry-After`, nothing stored. Retries of keys it already
+    /// has replay as ever. Counted per replica (`idem_core::driver::TokenBucket`).
+    pub key_budget: Option<KeyBudget>,
     /// Where the route starts in the file, for messages.
     pub line: usize,
+}
+
+/// A route's budget of new keys per scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyBudget {
+    /// New keys at once, and per `per`.
+    pub keys: u32,
+    /// The period they refill over.
+    pub per: Duration,
 }
 
 /// A configuration that cannot be used: where, what, and what to do.
@@ -491,6 +506,7 @@ struct Defaults {
     retention: Option<Spanned<String>>,
     max_request_body: Option<Spanned<i64>>,
     max_response_body: Option<Spanned<i64>>,
+    key_budget: Option<Spanned<KeyBudgetFile>>,
 }
 
 // The settings of `Defaults` again: serde's `flatten` would lose the spans and cannot
@@ -513,6 +529,7 @@ struct RouteFile {
     retention: Option<Spanned<String>>,
     max_request_body: Option<Spanned<i64>>,
     max_response_body: Option<Spanned<i64>>,
+    key_budget: Option<Spanned<KeyBudgetFile>>,
 }
 
 impl RouteFile {
@@ -529,8 +546,16 @@ impl RouteFile {
             retention: self.retention.clone(),
             max_request_body: self.max_request_body.clone(),
             max_response_body: self.max_response_body.clone(),
+            key_budget: self.key_budget.clone(),
         }
     }
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct KeyBudgetFile {
+    keys: i64,
+    per: String,
 }
 
 #[derive(Deserialize, Clone)]
@@ -1073,8 +1098,41 @@ fn route_of(
                 .or(defaults.max_response_body.as_ref()),
             idem_http::DEFAULT_MAX_RESPONSE_BODY,
         )?,
+        key_budget: match own.key_budget.as_ref().or(defaults.key_budget.as_ref()) {
+            None => None,
+            Some(budget) => Some(key_budget(at, budget)?),
+        },
         line,
     })
+}
+
+fn key_budget(
+    at: &Locator<'_>,
+    spanned: &Spanned<KeyBudgetFile>,
+) -> Result<KeyBudget, ConfigError> {
+    let budget = spanned.get_ref();
+    let keys = u32::try_from(budget.keys)
+        .ok()
+        .filter(|keys| *keys >= 1)
+        .ok_or_else(|| {
+            at.error(
+                spanned.span(),
+                "`key_budget.keys` is a number of new keys from 1 to 4294967295, such as 100",
+            )
+        })?;
+    let per = humantime::parse_duration(&budget.per)
+        .ok()
+        .filter(|per| (Duration::from_secs(1)..=idem_core::raw::MAX_DURATION).contains(per))
+        .ok_or_else(|| {
+            at.error(
+                spanned.span(),
+                format!(
+                    "`key_budget.per` = {:?}: write a period from 1 s, such as \"1m\" or \"1h\"",
+                    budget.per
+                ),
+            )
+        })?;
+    Ok(KeyBudget { keys, per })
 }
 
 fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSource, ConfigError> {

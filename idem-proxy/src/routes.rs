@@ -307,17 +307,19 @@ fn layer(
     store: &Arc<dyn Store>,
     by_host: bool,
 ) -> Result<IdempotencyLayer, RouteError> {
-    let idem = Idempotency::builder(Arc::clone(store))
+    let mut idem = Idempotency::builder(Arc::clone(store))
         .lease(route.lease)
         .retention(route.retention)
         // The record holds the body the route stores and the head beside it: the
         // driver's own cap (1 MiB) would otherwise keep a larger body from every replay.
-        .max_response_bytes(route.max_response_body.saturating_add(RESPONSE_HEAD_ROOM))
-        .build()
-        .map_err(|source| RouteError::Settings {
-            route: route.name.clone(),
-            source,
-        })?;
+        .max_response_bytes(route.max_response_body.saturating_add(RESPONSE_HEAD_ROOM));
+    if let Some(budget) = route.key_budget {
+        idem = idem.key_budget(idem_core::driver::TokenBucket::new(budget.keys, budget.per));
+    }
+    let idem = idem.build().map_err(|source| RouteError::Settings {
+        route: route.name.clone(),
+        source,
+    })?;
     let scope = match &route.scope {
         Some(source) => Scope::new(source).map_err(|source| RouteError::JwtKey {
             route: route.name.clone(),

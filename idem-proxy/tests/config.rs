@@ -347,6 +347,20 @@ fn client_limits_and_route_timeouts_are_checked() {
         Duration::from_secs(60),
         "others keep theirs"
     );
+    let (line, _, message) = refused(&with("", "key_budget = { keys = 0, per = \"1m\" }"));
+    assert_eq!(line, 8);
+    assert!(message.contains("`key_budget.keys`"), "{message}");
+    let (_, _, message) = refused(&with("", "key_budget = { keys = 5, per = \"10ms\" }"));
+    assert!(message.contains("`key_budget.per`"), "{message}");
+    let config = Config::parse(
+        "idem.toml",
+        &with("", "key_budget = { keys = 5, per = \"1m\" }"),
+    )
+    .unwrap();
+    assert_eq!(
+        config.routes[0].key_budget.map(|b| (b.keys, b.per)),
+        Some((5, Duration::from_secs(60)))
+    );
     // An exempt route claims nothing: a long poll's timeout needs no lease.
     let config = Config::parse(
         "idem.toml",

@@ -969,3 +969,26 @@ async fn the_upstream_gets_a_scoped_key_that_two_callers_never_share() {
     assert!(!seen.contains_key("idempotency-scoped-key"), "{seen:?}");
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_s_key_budget_refuses_new_keys_past_it_and_replays_the_rest() {
+    let (up, proxy) = started(r#"key_budget = { keys = 2, per = "1h" }"#).await;
+    let url = proxy.url("/payments");
+    for key in ["k1", "k2"] {
+        let (status, _, _) = pay_once(&url, "acct_a", Some(key), "{}").await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let (status, headers, body) = pay_once(&url, "acct_a", Some("k3"), "{}").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(headers.contains_key("retry-after"));
+    // Keys it has replay; another caller has a budget of its own.
+    let (status, headers, _) = pay_once(&url, "acct_a", Some("k1"), "{}").await;
+    assert_eq!(
+        (status, &headers["idempotent-replayed"]),
+        (StatusCode::CREATED, &"true".parse().unwrap())
+    );
+    let (status, _, _) = pay_once(&url, "acct_b", Some("k3"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!((up.runs("k3"), up.total()), (1, 3));
+    proxy.shutdown().await;
+}

@@ -396,6 +396,28 @@ fn two_replicas_on_postgres_run_each_payment_once_through_dropped_answers() {
     assert_eq!(executions["executions"], payments, "{executions}");
     let cut = cut.load(Ordering::SeqCst);
     assert!(cut > 0, "the upstream leg was never cut mid-answer");
+    // Each replica logged every request it answered, without a key or a caller.
+    let logs: String = ["replica-1.log", "replica-2.log"]
+        .iter()
+        .map(|name| std::fs::read_to_string(dir.join(name)).unwrap_or_default())
+        .collect();
+    let access = logs
+        .lines()
+        .filter(|line| line.contains("idem_proxy::access"))
+        .count();
+    assert!(
+        access >= 2 * payments as usize,
+        "{access} access lines:\n{logs}"
+    );
+    assert!(
+        logs.lines()
+            .any(|line| line.contains("idem_proxy::access") && line.contains("status=201")),
+        "{logs}"
+    );
+    assert!(
+        !logs.contains("pay-") && !logs.contains("acct_"),
+        "a key or a caller was logged:\n{logs}"
+    );
     println!(
         "{payments} payments, 2 clients each, 2 replicas: {dropped} answers dropped, {cut} upstream answers cut mid-body, {replays} replays, 1 execution each"
     );

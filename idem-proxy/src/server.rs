@@ -375,7 +375,16 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                     return Ok(overloaded());
                 }
             };
+            let started = std::time::Instant::now();
             let (parts, body) = request.into_parts();
+            let (method, path, peer) = (
+                parts.method.clone(),
+                parts.uri.path().to_owned(),
+                parts
+                    .extensions
+                    .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                    .map(|info| info.0.ip()),
+            );
             // gRPC streams stay open, quiet, for as long as the call lasts.
             let streaming = parts
                 .headers
@@ -406,6 +415,7 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 _ => response,
             };
             observe::request(&route, response.status());
+            access_log(&method, &path, peer, &route, &response, started.elapsed());
             // A protected answer is held in memory until it has gone out; anything else
             // streams, and stops counting once its head is ready.
             Ok(match protected {
@@ -502,6 +512,35 @@ async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
             },
         },
     }
+}
+
+/// One line per request at `info`, target `idem_proxy::access`: the method, the path
+/// (never the query, where tokens travel), the client's address, the route, the status,
+/// whether it was a replay, and the time to the answer's head. Never a key, a header, a
+/// token or a body. A subscriber filtering that target out (`idem proxy --log warn`)
+/// leaves it out.
+fn access_log(
+    method: &http::Method,
+    path: &str,
+    peer: Option<std::net::IpAddr>,
+    route: &str,
+    response: &Response<Body>,
+    elapsed: Duration,
+) {
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|value| value == "true");
+    tracing::info!(
+        target: "idem_proxy::access",
+        %method,
+        path,
+        peer = peer.map(tracing::field::display),
+        route,
+        status = response.status().as_u16(),
+        replayed,
+        ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+    );
 }
 
 /// A request with a key on no route: counted, and logged at most once a minute (never

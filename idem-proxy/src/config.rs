@@ -283,6 +283,18 @@ pub enum JwtKey {
         /// The PEM text.
         pem: Vec<u8>,
     },
+    /// The keys an identity provider publishes at a JWKS URL, picked by the token's
+    /// `kid`: fetched before the proxy serves, refreshed every `refresh` and early when a
+    /// token names a key not known yet (at most every 30 s), so a rotation needs no
+    /// restart. Each key verifies with its own `alg`, never the token's choice.
+    Jwks {
+        /// `https://` (this machine's TLS roots) or `http://`.
+        url: http::Uri,
+        /// How often the set is fetched again (default 5 min).
+        refresh: std::time::Duration,
+        /// The algorithm of keys that name none (`algorithm` in the file).
+        algorithm: Option<jsonwebtoken::Algorithm>,
+    },
 }
 
 impl fmt::Debug for JwtKey {
@@ -291,6 +303,7 @@ impl fmt::Debug for JwtKey {
         match self {
             Self::Secret { algorithm, .. } => write!(f, "Secret({algorithm:?})"),
             Self::PublicKeyPem { algorithm, .. } => write!(f, "PublicKeyPem({algorithm:?})"),
+            Self::Jwks { url, refresh, .. } => write!(f, "Jwks({url}, every {refresh:?})"),
         }
     }
 }
@@ -566,6 +579,8 @@ struct ScopeFile {
     algorithm: Option<String>,
     secret_env: Option<String>,
     public_key_pem: Option<String>,
+    jwks_url: Option<String>,
+    jwks_refresh: Option<String>,
     audience: Option<Vec<String>>,
     issuer: Option<String>,
 }
@@ -1135,6 +1150,49 @@ fn key_budget(
     Ok(KeyBudget { keys, per })
 }
 
+/// The keys of a JWKS URL: `algorithm` only for keys that name none.
+fn jwks_key(
+    at: &Locator<'_>,
+    span: &Range<usize>,
+    scope: &ScopeFile,
+) -> Result<JwtKey, ConfigError> {
+    let text = scope.jwks_url.as_deref().unwrap_or_default();
+    let url: http::Uri = text
+        .parse()
+        .ok()
+        .filter(|url: &http::Uri| {
+            matches!(url.scheme_str(), Some("https" | "http")) && url.authority().is_some()
+        })
+        .ok_or_else(|| {
+            at.error(
+                span.clone(),
+                format!(
+                    "`jwks_url` = {text:?}: write the provider's https://.../.well-known/jwks.json"
+                ),
+            )
+        })?;
+    let refresh = match &scope.jwks_refresh {
+        None => Duration::from_secs(300),
+        Some(text) => humantime::parse_duration(text)
+            .ok()
+            .filter(|refresh| (Duration::from_secs(1)..=Duration::from_secs(7 * 24 * 3600)).contains(refresh))
+            .ok_or_else(|| {
+                at.error(span.clone(), format!("`jwks_refresh` = {text:?}: write a period from 1 s to 7 days, such as \"5m\""))
+            })?,
+    };
+    let algorithm = match &scope.algorithm {
+        None => None,
+        Some(text) => Some(text.parse().map_err(|_| {
+            at.error(span.clone(), format!("`algorithm` = {text:?}: write RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384 or EdDSA"))
+        })?),
+    };
+    Ok(JwtKey::Jwks {
+        url,
+        refresh,
+        algorithm,
+    })
+}
+
 fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSource, ConfigError> {
     let scope = spanned.get_ref();
     let span = spanned.span();
@@ -1143,10 +1201,12 @@ fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSourc
             if scope.algorithm.is_some()
                 || scope.secret_env.is_some()
                 || scope.public_key_pem.is_some()
+                || scope.jwks_url.is_some()
+                || scope.jwks_refresh.is_some()
                 || scope.audience.is_some()
                 || scope.issuer.is_some()
             {
-                return Err(at.error(span.clone(), "a header scope takes no `algorithm`, `secret_env`, `public_key_pem`, `audience` or `issuer`"));
+                return Err(at.error(span.clone(), "a header scope takes no `algorithm`, `secret_env`, `public_key_pem`, `jwks_url`, `jwks_refresh`, `audience` or `issuer`"));
             }
             let name = HeaderName::from_bytes(header.as_bytes()).map_err(|_| {
                 at.error(span.clone(), format!("scope header {header:?} is not a header name"))
@@ -1167,7 +1227,14 @@ fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSourc
                     | jsonwebtoken::Algorithm::HS384
                     | jsonwebtoken::Algorithm::HS512
             );
+            if scope.jwks_refresh.is_some() && scope.jwks_url.is_none() {
+                return Err(at.error(span.clone(), "`jwks_refresh` goes with `jwks_url`"));
+            }
             let key = match (&scope.secret_env, &scope.public_key_pem, hmac) {
+                (None, None, _) if scope.jwks_url.is_some() => jwks_key(at, &span, scope)?,
+                _ if scope.jwks_url.is_some() => {
+                    return Err(at.error(span.clone(), "a scope's keys come from one place: `jwks_url`, `public_key_pem` or `secret_env`"));
+                }
                 (Some(var), None, true) => {
                     let secret = std::env::var(var).map_err(|_| {
                         at.error(span.clone(), format!("`secret_env` names {var}, which is not set in the proxy's environment: export it (the secret never goes in this file)"))

@@ -69,7 +69,9 @@
 //! - `scope = { jwt_claim = "sub", secret_env = "JWT_SECRET" }` (HS256), or
 //!   `{ jwt_claim = "sub", algorithm = "RS256", public_key_pem = "/etc/idem/jwt.pem" }`:
 //!   the claim of a bearer token the proxy verified (signature, algorithm, `exp` and
-//!   `nbf` with 60 s of leeway, `aud` and `iss` where the file names them). The raw
+//!   `nbf` with 60 s of leeway, `aud` and `iss` where the file names them), or
+//!   `{ jwt_claim = "sub", jwks_url = "https://id.example/.well-known/jwks.json" }`: the
+//!   provider's keys by `kid`, refreshed in the background. The raw
 //!   token never scopes a key: a refreshed token would put a retry in a new scope.
 //!
 //! A request without one is refused with 401 before anything is claimed.
@@ -103,6 +105,7 @@
 mod clients;
 mod config;
 mod idle;
+mod jwks;
 pub mod observe;
 mod routes;
 mod scope;
@@ -112,6 +115,7 @@ mod upstream;
 pub use config::{
     ClientLimits, Config, ConfigError, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
 };
+pub use jwks::JwksError;
 pub use routes::RouteError;
 pub use server::{Proxy, ProxyError};
 pub use upstream::BadUpstream;

@@ -23,7 +23,8 @@ use idem_http::{
 use tower::{Layer, ServiceExt};
 
 use crate::config::{Config, ConfigError, KeyRule, Route};
-use crate::scope::Scope;
+use crate::jwks::Jwks;
+use crate::scope::{Scope, ScopeError};
 use crate::upstream::Upstream;
 
 /// One route, ready to serve.
@@ -50,6 +51,8 @@ pub(crate) struct Routes {
     /// The handlers that outlived their requests, per protected route: a shutdown waits
     /// for them.
     pub(crate) handlers: Vec<Handlers>,
+    /// The JWKS of the routes that read one, by route name: fetched before serving.
+    pub(crate) jwks: Vec<(String, Jwks)>,
     /// Whether override headers reach the upstream (`trust_forwarded_headers`); else the
     /// proxy removes them and they need no refusal.
     overrides_reach_upstream: bool,
@@ -84,6 +87,15 @@ pub enum RouteError {
         #[source]
         source: jsonwebtoken::errors::Error,
     },
+    /// A route's JWKS could not be fetched before serving.
+    #[error("route `{route}`: {source}")]
+    Jwks {
+        /// The route's name.
+        route: String,
+        /// Why.
+        #[source]
+        source: Box<crate::JwksError>,
+    },
 }
 
 impl Routes {
@@ -98,6 +110,7 @@ impl Routes {
             any_method: matchit::Router::new(),
             routes: Vec::with_capacity(config.routes.len()),
             handlers: Vec::new(),
+            jwks: Vec::new(),
             overrides_reach_upstream: config.trust_forwarded_headers,
         };
         for (index, route) in config.routes.iter().enumerate() {
@@ -129,7 +142,10 @@ impl Routes {
                     Protection::Exempt(upstream.for_route(None, route.upstream_timeout))
                 }
                 KeyRule::Required | KeyRule::Optional => {
-                    let layer = layer(route, store, config.preserve_host)?;
+                    let (layer, jwks) = layer(route, store, config.preserve_host)?;
+                    if let Some(jwks) = jwks {
+                        routes.jwks.push((route.name.clone(), jwks));
+                    }
                     routes.handlers.push(layer.handlers());
                     Protection::Protected(layer.layer(
                         upstream.for_route(Some(route.header.clone()), route.upstream_timeout),
@@ -306,7 +322,7 @@ fn layer(
     route: &Route,
     store: &Arc<dyn Store>,
     by_host: bool,
-) -> Result<IdempotencyLayer, RouteError> {
+) -> Result<(IdempotencyLayer, Option<Jwks>), RouteError> {
     let mut idem = Idempotency::builder(Arc::clone(store))
         .lease(route.lease)
         .retention(route.retention)
@@ -321,12 +337,19 @@ fn layer(
         source,
     })?;
     let scope = match &route.scope {
-        Some(source) => Scope::new(source).map_err(|source| RouteError::JwtKey {
-            route: route.name.clone(),
-            source,
+        Some(source) => Scope::new(source).map_err(|err| match err {
+            ScopeError::Key(source) => RouteError::JwtKey {
+                route: route.name.clone(),
+                source,
+            },
+            ScopeError::Jwks(source) => RouteError::Jwks {
+                route: route.name.clone(),
+                source: Box::new(source),
+            },
         })?,
         None => return Err(RouteError::NoScope(route.name.clone())),
     };
+    let jwks = scope.jwks().cloned();
     let requirement = match route.key {
         KeyRule::Optional => KeyRequirement::Optional,
         _ => KeyRequirement::Required,
@@ -370,7 +393,7 @@ fn layer(
     if !route.ignore_fields.is_empty() {
         layer = layer.ignore_json_fields(route.ignore_fields.iter().cloned());
     }
-    Ok(layer)
+    Ok((layer, jwks))
 }
 
 /// The request path as routes see it and the upstream gets it: percent-escapes of

@@ -11,6 +11,7 @@ use idem_http::{Refusal, scope};
 use jsonwebtoken::{DecodingKey, Validation};
 
 use crate::config::{JwtKey, ScopeSource};
+use crate::jwks::{Jwks, JwksError};
 
 /// A route's scope, ready to read requests.
 #[derive(Clone)]
@@ -18,14 +19,33 @@ pub(crate) enum Scope {
     Header(http::HeaderName),
     Jwt {
         claim: String,
-        key: DecodingKey,
+        keys: Keys,
+        /// The checks; a JWKS key's own algorithm replaces its algorithms.
         validation: Box<Validation>,
     },
 }
 
+/// Where a token's verification key comes from.
+#[derive(Clone)]
+pub(crate) enum Keys {
+    /// One key, from the file.
+    Fixed(DecodingKey),
+    /// A provider's key set, by `kid`.
+    Jwks(Jwks),
+}
+
+/// Why a scope could not be built.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ScopeError {
+    #[error(transparent)]
+    Key(#[from] jsonwebtoken::errors::Error),
+    #[error(transparent)]
+    Jwks(#[from] JwksError),
+}
+
 impl Scope {
     /// The scope `source` describes; its key was checked when the file was read.
-    pub(crate) fn new(source: &ScopeSource) -> Result<Self, jsonwebtoken::errors::Error> {
+    pub(crate) fn new(source: &ScopeSource) -> Result<Self, ScopeError> {
         Ok(match source {
             ScopeSource::Header(name) => Self::Header(name.clone()),
             ScopeSource::JwtClaim {
@@ -34,13 +54,22 @@ impl Scope {
                 audience,
                 issuer,
             } => {
-                let (algorithm, key) = match key {
+                let (algorithm, keys) = match key {
                     JwtKey::Secret { algorithm, secret } => {
-                        (*algorithm, DecodingKey::from_secret(secret))
+                        (*algorithm, Keys::Fixed(DecodingKey::from_secret(secret)))
                     }
                     JwtKey::PublicKeyPem { algorithm, pem } => {
-                        (*algorithm, decoding_key(*algorithm, pem)?)
+                        (*algorithm, Keys::Fixed(decoding_key(*algorithm, pem)?))
                     }
+                    JwtKey::Jwks {
+                        url,
+                        refresh,
+                        algorithm,
+                    } => (
+                        // Replaced by each key's own.
+                        jsonwebtoken::Algorithm::RS256,
+                        Keys::Jwks(Jwks::new(url.clone(), *refresh, *algorithm)?),
+                    ),
                 };
                 // The signature, the algorithm named here (never the token's own choice),
                 // `exp` and `nbf` (with jsonwebtoken's 60 s of leeway for clocks); `aud` and `iss` where the file names them (a token's
@@ -61,7 +90,7 @@ impl Scope {
                 }
                 Self::Jwt {
                     claim: claim.clone(),
-                    key,
+                    keys,
                     validation: Box::new(validation),
                 }
             }
@@ -86,19 +115,10 @@ impl Scope {
             }
             Self::Jwt {
                 claim,
-                key,
+                keys,
                 validation,
             } => bearer(parts)
-                .and_then(|token| {
-                    jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
-                        token, key, validation,
-                    )
-                    // Why, never the token.
-                    .map_err(
-                        |err| tracing::debug!(error = ?err.kind(), "a bearer token was refused"),
-                    )
-                    .ok()
-                })
+                .and_then(|token| verify(token, keys, validation))
                 .and_then(|data| match data.claims.get(claim) {
                     Some(serde_json::Value::String(value)) if !value.is_empty() => {
                         Some(scope::hashed(value))
@@ -120,6 +140,46 @@ impl Scope {
             _ => principal,
         };
         scope::operation(principal, parts)
+    }
+}
+
+/// The claims of a token whose signature and checks hold; `None` (and why, at debug,
+/// never the token) otherwise.
+fn verify(
+    token: &str,
+    keys: &Keys,
+    validation: &Validation,
+) -> Option<jsonwebtoken::TokenData<serde_json::Map<String, serde_json::Value>>> {
+    let verified = match keys {
+        Keys::Fixed(key) => jsonwebtoken::decode(token, key, validation),
+        Keys::Jwks(jwks) => {
+            let header = jsonwebtoken::decode_header(token)
+                .map_err(|err| tracing::debug!(error = ?err.kind(), "a bearer token was refused"))
+                .ok()?;
+            let Some(key) = jwks.key(header.kid.as_deref()) else {
+                tracing::debug!("a bearer token names a key the JWKS does not hold");
+                return None;
+            };
+            let mut validation = validation.clone();
+            validation.algorithms = vec![key.algorithm];
+            jsonwebtoken::decode(token, &key.key, &validation)
+        }
+    };
+    verified
+        .map_err(|err| tracing::debug!(error = ?err.kind(), "a bearer token was refused"))
+        .ok()
+}
+
+/// The key sets the scope reads, to fetch before serving.
+impl Scope {
+    pub(crate) fn jwks(&self) -> Option<&Jwks> {
+        match self {
+            Self::Jwt {
+                keys: Keys::Jwks(jwks),
+                ..
+            } => Some(jwks),
+            _ => None,
+        }
     }
 }
 

@@ -142,6 +142,14 @@ impl Proxy {
         check_limits(&config.clients)?;
         let upstream = Upstream::new(&config)?;
         let routes = Routes::new(&config, &config_path.into(), &store, &upstream)?;
+        // Tokens are verified from the first request on: each JWKS is fetched now.
+        for (route, jwks) in &routes.jwks {
+            jwks.fetch().await.map_err(|source| RouteError::Jwks {
+                route: route.clone(),
+                source: Box::new(source),
+            })?;
+            jwks.spawn_refresh();
+        }
         let bind = |addr: SocketAddr, setting: &'static str| async move {
             TcpListener::bind(addr)
                 .await

@@ -256,8 +256,9 @@ async fn pay(url: String, account: String, key: String, amount: u32) -> Got {
                     };
                 }
             }
-            // In flight on the other replica, or the first answer was dropped: retry.
-            Ok(response) if response.status().as_u16() == 409 => {}
+            // In flight on the other replica, or the first answer was dropped: retry. A
+            // 502 is an upstream leg broken before its head (the key held): retry too.
+            Ok(response) if matches!(response.status().as_u16(), 409 | 502) => {}
             Ok(response) => panic!(
                 "{key}: unexpected {}: {}",
                 response.status(),

@@ -33,6 +33,8 @@ use tokio_util::task::TaskTracker;
 #[derive(Clone, Debug, Default)]
 pub struct Handlers {
     tracker: TaskTracker,
+    /// Those whose client went away, among them.
+    orphans: TaskTracker,
 }
 
 impl Handlers {
@@ -56,6 +58,27 @@ impl Handlers {
     /// How many handlers run in tasks of their own now.
     pub fn running(&self) -> usize {
         self.tracker.len()
+    }
+
+    /// How many of them run for a client that went away: work no request counts any
+    /// more, which a server that bounds its requests at once may count as its own.
+    ///
+    /// ```
+    /// # let layer = idem_http::IdempotencyLayer::new(idem_core::Idempotency::new(idem_core::MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()));
+    /// let handlers = layer.handlers();
+    /// assert_eq!(handlers.orphaned(), 0);
+    /// assert!(handlers.orphaned() <= handlers.running());
+    /// ```
+    pub fn orphaned(&self) -> usize {
+        self.orphans.len()
+    }
+
+    /// [`detach`](Self::detach) for a handler whose client went away.
+    pub(crate) fn detach_orphan<F>(&self, work: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.detach(self.orphans.track_future(work));
     }
 
     /// Runs `work` to its end in a task of its own, counted until it ends.

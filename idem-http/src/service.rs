@@ -554,7 +554,7 @@ where
             // request in a `join!`): this work is sound, and finishes elsewhere.
             if let Some(work) = self.work.take() {
                 let tail = tail(work, Arc::clone(self.pump));
-                self.config.handlers.detach(tail);
+                self.config.handlers.detach_orphan(tail);
             }
         }
     }

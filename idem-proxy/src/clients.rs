@@ -118,22 +118,32 @@ pub(crate) async fn serve(
         observe::client_connections(1.0);
         tokio::spawn(async move {
             // The protocol, from the first bytes, within the head's time: a client that
-            // sends nothing (or part of the HTTP/2 preface) is closed.
-            let protocol = sniff(&stream, header_timeout).await;
+            // sends nothing (or part of the HTTP/2 preface) is closed, and at once when a
+            // shutdown begins.
+            let protocol = tokio::select! {
+                protocol = sniff(&stream, header_timeout) => protocol,
+                () = draining.cancelled() => None,
+            };
             if let Some(protocol) = protocol {
                 let io = TokioIo::new(Timed::new(stream, send_timeout));
                 let service = TowerToHyperService::new(service);
+                // Upgrades are not proxied: plain connections, so that each builder
+                // speaks only its own protocol.
                 let connection = match protocol {
-                    Protocol::Http1 => http1.serve_connection_with_upgrades(io, service),
-                    Protocol::Http2 => http2.serve_connection_with_upgrades(io, service),
+                    Protocol::Http1 => http1.serve_connection(io, service),
+                    Protocol::Http2 => http2.serve_connection(io, service),
                 }
                 .into_owned();
                 let connection = watcher.watch(connection);
+                // HTTP/2 connections close by themselves once their streams are done
+                // (hyper's GOAWAY); an HTTP/1 one still sending a head would not.
+                let http1 = matches!(protocol, Protocol::Http1);
+                let flush = send_timeout.min(FLUSH_WINDOW);
                 tokio::select! {
                     // A client that breaks its connection, sends no head in time or
                     // stops reading its answer ends it.
                     _ = connection => {}
-                    () = idle_once_draining(&draining, &in_flight) => {}
+                    () = quiet_once_draining(&draining, &in_flight, flush), if http1 => {}
                 }
             }
             observe::client_connections(-1.0);
@@ -145,13 +155,29 @@ pub(crate) async fn serve(
     graceful.shutdown().await;
 }
 
-/// Completes once a shutdown began and the connection has no request in flight: hyper
-/// closes idle HTTP/1 connections itself, but not one that is still sending a head.
-async fn idle_once_draining(draining: &CancellationToken, in_flight: &AtomicUsize) {
+/// The longest a shutdown waits, once an HTTP/1 connection has no request in flight, for
+/// its last answer to reach the client before the connection is cut.
+const FLUSH_WINDOW: Duration = Duration::from_secs(5);
+
+/// Completes once a shutdown began and the connection had no request in flight for a
+/// whole `flush` (its last answer's bytes left in that time, and hyper closed it first,
+/// unless it is still sending a head): hyper closes idle HTTP/1 connections itself, but
+/// not one that is still sending a head.
+async fn quiet_once_draining(
+    draining: &CancellationToken,
+    in_flight: &AtomicUsize,
+    flush: Duration,
+) {
     draining.cancelled().await;
     // Bounded by the connection: it ends by itself when its last answer is sent.
-    while in_flight.load(Ordering::Acquire) > 0 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    loop {
+        while in_flight.load(Ordering::Acquire) > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(flush).await;
+        if in_flight.load(Ordering::Acquire) == 0 {
+            return;
+        }
     }
 }
 
@@ -167,6 +193,7 @@ enum Protocol {
 async fn sniff(stream: &TcpStream, within: Duration) -> Option<Protocol> {
     let told = tokio::time::timeout(within, async {
         let mut first = [0u8; PREFACE.len()];
+        let mut pause = Duration::from_millis(5);
         loop {
             let n = stream.peek(&mut first).await.ok()?;
             if n == 0 {
@@ -179,8 +206,9 @@ async fn sniff(stream: &TcpStream, within: Duration) -> Option<Protocol> {
                 return Some(Protocol::Http2);
             }
             // Part of the preface: `peek` answers at once with the same bytes until more
-            // arrive, so wait a moment before looking again.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            // arrive, so wait before looking again, longer each time.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     })
     .await;

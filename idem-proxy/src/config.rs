@@ -127,25 +127,25 @@ impl fmt::Debug for Config {
 }
 
 /// A URL with its passwords replaced, in its user info and in a `password` query
-/// parameter: `postgres://app:***@db/idem`.
+/// parameter: `postgres://app:***@db/idem`. The user info ends at the last `@` (a
+/// password may hold `/`, `?`, `#` or `@`); what cannot be read as a URL is hidden whole
+/// past its scheme.
 fn without_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+        return "***".to_owned();
     };
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, Some(query)),
-        None => (rest, None),
+    let (shown, after) = match rest.rfind('@') {
+        Some(at) => {
+            let user = match rest[..at].split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                None => rest[..at].to_owned(),
+            };
+            (format!("{scheme}://{user}@"), &rest[at + 1..])
+        }
+        None => (format!("{scheme}://"), rest),
     };
-    // The user info ends at the last `@` before the path: a password may hold `@` or `/`.
-    let shown = match rest.rfind('@') {
-        Some(at) => match rest[..at].split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***{}", &rest[at..]),
-            None => format!("{scheme}://{rest}"),
-        },
-        None => format!("{scheme}://{rest}"),
-    };
-    let Some(query) = query else {
-        return shown;
+    let Some((place, query)) = after.split_once('?') else {
+        return format!("{shown}{after}");
     };
     let pairs: Vec<String> = query
         .split('&')
@@ -154,7 +154,7 @@ fn without_password(url: &str) -> String {
             _ => pair.to_owned(),
         })
         .collect();
-    format!("{shown}?{}", pairs.join("&"))
+    format!("{shown}{place}?{}", pairs.join("&"))
 }
 
 /// The limits every client is held to, so that slow, idle or too many clients cannot hold
@@ -162,8 +162,8 @@ fn without_password(url: &str) -> String {
 /// `client_body_timeout` and `worker_connections` bound.
 ///
 /// At most `max_concurrent_requests` requests are served at once (protected ones until
-/// their answer has gone out, others until their answer's head is ready; handlers whose
-/// clients went away count until they end), each holding at most its route's
+/// the server took their answer's last part, others until their answer's head is ready;
+/// handlers whose clients went away count until they end), each holding at most its route's
 /// `max_request_body` and a stored answer (`max_response_body`, plus 64 KiB of headers)
 /// in memory: that product bounds the bodies of protected requests a replica holds.
 ///
@@ -183,9 +183,9 @@ fn without_password(url: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ClientLimits {
-    /// How long a client has to send its first bytes and each request's whole head,
-    /// counted from the moment its connection opened or its previous answer ended
-    /// (default 75 s): a silent connection, a slow head (slowloris) and an idle HTTP/1
+    /// How long a client has to send its first bytes, and then each HTTP/1 request's
+    /// whole head, counted from the moment its connection opened (so a first head may
+    /// take twice it) or its previous answer ended (default 75 s): a silent connection, a slow head (slowloris) and an idle HTTP/1
     /// keep-alive connection are closed alike. HTTP/2 clients are pinged every 30 s and
     /// closed when a ping goes 20 s unanswered. Keep it above the
     /// idle timeout of the load balancer in front (AWS's is 60 s), or the balancer may
@@ -1320,6 +1320,10 @@ mod tests {
             without_password("postgres://app@db/idem?sslmode=require&password=s3cret"),
             "postgres://app@db/idem?sslmode=require&password=***"
         );
-        assert_eq!(without_password("not a url"), "not a url");
+        assert_eq!(
+            without_password("postgres://app:pa?ss#w@db/idem"),
+            "postgres://app:***@db/idem"
+        );
+        assert_eq!(without_password("not a url"), "***");
     }
 }

@@ -8,7 +8,7 @@
 //! | `idem_proxy_upstream_errors_total` | counter | `kind` | the upstream did not answer: `connect` (never reached; the key is released), `refused` (an HTTP/2 stream refused unprocessed; released), `timeout` or `broken` (before its head: the key is held; after it: its head decides) |
 //! | `idem_proxy_upstream_seconds` | histogram | | the upstream's time to a response head |
 //! | `idem_proxy_client_connections` | gauge | | client connections open |
-//! | `idem_proxy_client_limits_total` | counter | `limit` | a client met a limit: `connections` (`max_connections` reached: no more are accepted until one closes), `requests` (`max_concurrent_requests` reached: 503), `body_timeout` (a request body stalled: 408) |
+//! | `idem_proxy_client_limits_total` | counter | `limit` | a client met a limit: `connections` (`max_connections` reached: no more are accepted until one closes), `requests` (`max_concurrent_requests` reached: 503), `body_timeout` (a request body stalled: 408), `send_timeout` (a client stopped reading its answer: cut) |
 //! | `idem_proxy_unprotected_keys_total` | counter | | a request carried an idempotency key on no route: it went to the upstream unprotected (`unmatched = "pass"`) |
 
 use std::time::Duration;

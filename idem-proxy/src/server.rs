@@ -140,6 +140,17 @@ impl Proxy {
         store: Arc<dyn Store>,
     ) -> Result<Self, ProxyError> {
         check_limits(&config.clients)?;
+        if config.upstream_timeout.is_zero()
+            || config
+                .routes
+                .iter()
+                .any(|route| route.upstream_timeout.is_zero())
+        {
+            return Err(ProxyError::Limit {
+                setting: "upstream_timeout",
+                why: "is at least 1 ms: zero would answer every request 504 and hold its key",
+            });
+        }
         let upstream = Upstream::new(&config)?;
         let routes = Routes::new(&config, &config_path.into(), &store, &upstream)?;
         // Tokens are verified from the first request on: each JWKS is fetched now.
@@ -374,7 +385,7 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
             // Past the limit, answered before anything is read, claimed or forwarded.
             // Handlers whose clients went away still hold their bodies and an upstream
             // call: they count too.
-            let detached: usize = shared.routes.handlers.iter().map(|h| h.running()).sum();
+            let detached: usize = shared.routes.handlers.iter().map(|h| h.orphaned()).sum();
             let permit = match Arc::clone(&shared.requests).try_acquire_owned() {
                 Ok(permit) if detached <= shared.requests.available_permits() => permit,
                 _ => {
@@ -384,33 +395,20 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 }
             };
             let started = std::time::Instant::now();
-            let (parts, body) = request.into_parts();
             let (method, path, peer) = (
-                parts.method.clone(),
-                parts.uri.path().to_owned(),
-                parts
-                    .extensions
+                request.method().clone(),
+                request.uri().path().to_owned(),
+                request
+                    .extensions()
                     .get::<axum::extract::ConnectInfo<SocketAddr>>()
                     .map(|info| info.0.ip()),
             );
-            // gRPC streams stay open, quiet, for as long as the call lasts.
-            let streaming = parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
-            let (request, stalled) = if streaming {
-                (Request::from_parts(parts, Body::new(body)), None)
-            } else {
-                let body = Idle::new(body, shared.limits.body_timeout, Side::Client)
-                    .on_stall(|| observe::client_limit("body_timeout"));
-                let stalled = body.stalled();
-                (Request::from_parts(parts, Body::new(body)), Some(stalled))
-            };
             let Answered {
                 route,
                 protected,
                 response,
-            } = answer(&shared, request).await;
+                stalled,
+            } = answer(&shared, request.map(Body::new)).await;
             // The body stalled and the proxy's own refusal says what broke (a 400 from
             // the layer): the client is told it was too slow. An upstream's answer stays.
             let response = match stalled {
@@ -441,6 +439,31 @@ struct Answered {
     /// Whether the route is protected.
     protected: bool,
     response: Response<Body>,
+    /// Raised when the request body stalled, if it was timed.
+    stalled: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+/// The request with its body timed by `client_body_timeout`, and the flag it raises when
+/// it stalls. An unprotected gRPC call's body is left alone: a client stream stays open,
+/// quiet, for as long as the call lasts. A protected one is read whole before a claim (a
+/// unary call's one message; client streams are refused), and is timed like any body.
+fn timed(
+    shared: &Shared,
+    request: Request<Body>,
+    protected: bool,
+) -> (Request<Body>, Option<Arc<std::sync::atomic::AtomicBool>>) {
+    let grpc = request
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+    if grpc && !protected {
+        return (request, None);
+    }
+    let (parts, body) = request.into_parts();
+    let body = Idle::new(body, shared.limits.body_timeout, Side::Client)
+        .on_stall(|| observe::client_limit("body_timeout"));
+    let stalled = body.stalled();
+    (Request::from_parts(parts, Body::new(body)), Some(stalled))
 }
 
 /// A request's answer: its route's, or the unmatched rule's.
@@ -462,6 +485,7 @@ async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
             return Answered {
                 route: "unmatched".to_owned(),
                 protected: false,
+                stalled: None,
                 response: Problem::new(
                     StatusCode::BAD_REQUEST,
                     "bad-target",
@@ -490,15 +514,19 @@ async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
         });
     let plain = axum::extract::OriginalUri(operation.unwrap_or_else(|| request.uri().clone()));
     request.extensions_mut().insert(plain);
+    let protected = route.is_some_and(|index| shared.routes.is_protected(index));
+    let (request, stalled) = timed(shared, request, protected);
     match route {
         Some(index) => Answered {
             route: shared.routes.name(index).to_owned(),
-            protected: shared.routes.is_protected(index),
+            protected,
             response: shared.routes.serve(index, request).await,
+            stalled,
         },
         None => Answered {
             route: "unmatched".to_owned(),
             protected: false,
+            stalled,
             response: match shared.unmatched {
                 Unmatched::Pass => {
                     if !request.method().is_safe()

@@ -413,5 +413,9 @@ async fn limits_set_in_code_are_checked_at_bind() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("client_header_timeout"), "{err}");
+    let err = bind(|c| c.routes[0].upstream_timeout = Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("upstream_timeout"), "{err}");
     assert!(bind(|_| {}).await.is_ok());
 }

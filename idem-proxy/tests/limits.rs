@@ -196,14 +196,15 @@ async fn metrics_text(admin: std::net::SocketAddr) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_max_concurrent_requests_a_request_is_told_to_retry_and_nothing_is_claimed() {
     let up = Upstream::default();
-    // Long enough that the second request certainly arrives while the first runs, within
-    // the test configuration's 2 s upstream timeout.
+    // Long enough that the second request certainly arrives while the first runs, well
+    // within the upstream timeout.
     *up.delay.lock().unwrap() = Duration::from_millis(1500);
     let toml = config_with(
         upstream(up.clone()).await,
         "max_concurrent_requests = 1",
         "",
-    );
+    )
+    .replace("upstream_timeout = \"2s\"", "upstream_timeout = \"30s\"");
     let proxy = observed_proxy(&toml, Arc::new(MemoryStore::new()), Some(recorder())).await;
     let url = proxy.url("/payments");
 
@@ -267,7 +268,7 @@ async fn each_route_has_its_own_upstream_timeout() {
         r#"
         upstream = "http://{addr}"
         upstream_timeout = "300ms"
-        connect_timeout = "100ms"
+        connect_timeout = "250ms"
 
         [defaults]
         scope = {{ header = "x-account-id" }}
@@ -387,8 +388,9 @@ async fn a_client_that_stops_reading_its_answer_is_cut() {
         .write_all(b"GET /big HTTP/1.1\r\nHost: proxy\r\n\r\n")
         .await
         .unwrap();
-    // It reads nothing for a while: the proxy's writes block, then time out.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // It reads nothing for ten times the timeout: the proxy's writes block, then time
+    // out.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let got = assert_closed(&mut reader, "a client that stopped reading").await;
     assert!(
         got.len() < BIG,
@@ -417,22 +419,26 @@ async fn a_shutdown_closes_connections_still_sending_a_head() {
     slow.write_all(b"POST /payments HTTP/1.1\r\nHost: proxy\r\n")
         .await
         .unwrap();
+    // And one that has sent nothing yet.
+    let mut silent = TcpStream::connect(proxy.addr).await.unwrap();
     // The proxy has read what was sent (a GET on another connection is answered after).
     let mut other = TcpStream::connect(proxy.addr).await.unwrap();
     health_on(&mut other).await;
     proxy.shutdown().await;
     assert_closed(&mut slow, "a half-sent head at shutdown").await;
+    assert_closed(&mut silent, "a silent connection at shutdown").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_whose_client_went_away_still_counts() {
     let up = Upstream::default();
-    *up.delay.lock().unwrap() = Duration::from_millis(1500);
+    *up.delay.lock().unwrap() = Duration::from_secs(3);
     let toml = config_with(
         upstream(up.clone()).await,
         "max_concurrent_requests = 1",
         "",
-    );
+    )
+    .replace("upstream_timeout = \"2s\"", "upstream_timeout = \"30s\"");
     let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
     let url = proxy.url("/payments");
     // The first client gives up once its request reached the upstream.
@@ -453,6 +459,9 @@ async fn a_handler_whose_client_went_away_still_counts() {
     arrived.await;
     impatient.abort();
     let _ = impatient.await;
+    // The proxy saw the client go (its request's own slot is free), while the handler
+    // runs on for seconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // Its handler runs on, detached, and holds the only slot.
     let (status, _, body) = pay_once(&url, "a", Some("k2"), "{}").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");

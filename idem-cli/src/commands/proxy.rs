@@ -105,23 +105,31 @@ async fn shutdown_signal() {
 struct Signals {
     #[cfg(unix)]
     term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
 }
 
 impl Signals {
     fn new() -> Self {
-        Self {
-            #[cfg(unix)]
-            term: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok(),
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                term: signal(SignalKind::terminate()).ok(),
+                interrupt: signal(SignalKind::interrupt()).ok(),
+            }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
 
     /// Waits for the next one; answers the exit code a process it stopped would have.
     async fn next(&mut self) -> i32 {
         #[cfg(unix)]
-        if let Some(term) = &mut self.term {
+        if let (Some(term), Some(interrupt)) = (&mut self.term, &mut self.interrupt) {
             return tokio::select! {
                 _ = term.recv() => 143,
-                _ = tokio::signal::ctrl_c() => 130,
+                _ = interrupt.recv() => 130,
             };
         }
         let _ = tokio::signal::ctrl_c().await;

@@ -43,6 +43,7 @@ mod report;
 mod reverse_proxy;
 mod scaling;
 mod server;
+mod slow_clients;
 mod target;
 mod workload;
 
@@ -114,6 +115,11 @@ struct Args {
     /// --backends. Quick mode runs a small one, on SQLite, after its run.
     #[arg(long)]
     reverse_proxy: bool,
+    /// Only measure `idem proxy`'s memory (its resident set and peak) with its default
+    /// limits while this many slow clients hold connections: heads that never end, then
+    /// protected bodies half sent and stalled; on SQLite. Quick mode runs 200.
+    #[arg(long, value_name = "CLIENTS")]
+    slow_clients: Option<usize>,
     /// Only measure DynamoDB's consumed capacity and latency per store call, fresh and
     /// replayed, with the default claim and with claims that read first, for stored
     /// results of 36 bytes to 350 KB (DynamoDB of --backends). Quick mode runs a small
@@ -469,6 +475,7 @@ async fn main() -> Result<(), BoxError> {
         codec: Vec::new(),
         scaling: scaling::ScaleReport::default(),
         reverse_proxy: Vec::new(),
+        slow_clients: Vec::new(),
         dynamodb_capacity: Vec::new(),
         churn: None,
     };
@@ -478,6 +485,7 @@ async fn main() -> Result<(), BoxError> {
         Some(path) => path.clone(),
         None if args.purge.is_some()
             || args.reverse_proxy
+            || args.slow_clients.is_some()
             || args.quick
             || !args.scaling.is_empty() =>
         {
@@ -511,6 +519,12 @@ async fn main() -> Result<(), BoxError> {
         drop_proxy_tables(&stores).await;
         let _ = std::fs::remove_dir_all(&dir);
         reverse_proxy::print(&report.reverse_proxy);
+        return finish(&args, &report);
+    }
+    if let Some(clients) = args.slow_clients {
+        report.slow_clients = slow_clients::run(&idem, clients.max(1), &dir).await?;
+        let _ = std::fs::remove_dir_all(&dir);
+        slow_clients::print(&report.slow_clients);
         return finish(&args, &report);
     }
     if args.dynamodb_capacity {
@@ -616,6 +630,7 @@ async fn main() -> Result<(), BoxError> {
         let sqlite = proxy_stores(&["sqlite".to_owned()], &dir)?;
         report.reverse_proxy =
             reverse_proxy::run(&idem, &sqlite, &[1, 16], seconds, 1, &dir).await?;
+        report.slow_clients = slow_clients::run(&idem, 200, &dir).await?;
         if args.backends.iter().any(|b| b == "dynamodb") {
             report.dynamodb_capacity = capacity::run(3).await?;
         }
@@ -631,6 +646,7 @@ async fn main() -> Result<(), BoxError> {
     codec::print(&report.codec);
     scaling::print(&report.scaling);
     reverse_proxy::print(&report.reverse_proxy);
+    slow_clients::print(&report.slow_clients);
     capacity::print(&report.dynamodb_capacity);
     churn::print(&report.churn);
     finish(&args, &report)

@@ -90,6 +90,9 @@ pub(crate) struct Report {
     pub(crate) codec: Vec<codec::CodecRow>,
     pub(crate) scaling: scaling::ScaleReport,
     pub(crate) reverse_proxy: Vec<crate::reverse_proxy::Row>,
+    /// `idem proxy`'s memory under slow clients.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) slow_clients: Vec<crate::slow_clients::SlowRow>,
     pub(crate) dynamodb_capacity: Vec<crate::capacity::CapacityRow>,
     pub(crate) churn: Option<crate::churn::ChurnReport>,
 }

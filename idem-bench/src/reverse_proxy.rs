@@ -35,7 +35,14 @@ pub(crate) struct Row {
 /// A process stopped when dropped: asked with SIGTERM first, so that nginx's master
 /// stops its workers (a SIGKILLed master leaves them running, on the port) and `idem
 /// proxy` shuts down as it would in service; killed if it has not ended 3 s later.
-struct Process(Child);
+pub(crate) struct Process(Child);
+
+impl Process {
+    /// The process id.
+    pub(crate) fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -57,7 +64,7 @@ impl Drop for Process {
     }
 }
 
-async fn upstream() -> Result<SocketAddr, BoxError> {
+pub(crate) async fn upstream() -> Result<SocketAddr, BoxError> {
     let app = Router::new().route(
         "/payments",
         post(|| async {
@@ -162,7 +169,7 @@ http {{
 }
 
 /// `idem proxy` in front of `upstream`, on `store` (URL and flags).
-async fn idem_proxy(
+pub(crate) async fn idem_proxy(
     idem: &Path,
     upstream: SocketAddr,
     store: &[String],

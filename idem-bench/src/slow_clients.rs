@@ -22,9 +22,10 @@ use crate::target::BoxError;
 pub(crate) struct SlowRow {
     pub(crate) attack: &'static str,
     pub(crate) clients: usize,
-    /// Connections the attack opened (the rest timed out waiting in the backlog).
+    /// Connections whose handshake completed: accepted by the proxy, or waiting in the
+    /// system's backlog past `max_connections` (the rest timed out).
     pub(crate) connected: usize,
-    /// Clients the proxy answered before the attack ended (503 past its limits).
+    /// Clients answered 503 before the attack ended (past `max_concurrent_requests`).
     pub(crate) answered: usize,
     pub(crate) idle_rss_mib: f64,
     pub(crate) rss_mib: f64,
@@ -131,9 +132,9 @@ async fn attacker(
         let _ = tokio::time::timeout(HOLD, stream.write_all(body)).await;
     }
     let mut answer = [0u8; 64];
-    // Whatever the proxy says before the attack ends.
+    // A 503 the proxy sends before the attack ends.
     let read = tokio::time::timeout(HOLD, stream.read(&mut answer)).await;
-    if matches!(read, Ok(Ok(n)) if n > 0) {
+    if matches!(read, Ok(Ok(n)) if answer[..n].starts_with(b"HTTP/1.1 503")) {
         counts.answered.fetch_add(1, Ordering::Relaxed);
     }
     // Held until aborted.

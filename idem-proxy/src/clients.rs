@@ -8,7 +8,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -121,11 +121,14 @@ pub(crate) async fn serve(
             // sends nothing (or part of the HTTP/2 preface) is closed, and at once when a
             // shutdown begins.
             let protocol = tokio::select! {
+                // A client whose bytes are already here is served, not dropped.
+                biased;
                 protocol = sniff(&stream, header_timeout) => protocol,
                 () = draining.cancelled() => None,
             };
             if let Some(protocol) = protocol {
-                let io = TokioIo::new(Timed::new(stream, send_timeout));
+                let wrote = Arc::new(AtomicBool::new(false));
+                let io = TokioIo::new(Timed::new(stream, send_timeout, Arc::clone(&wrote)));
                 let service = TowerToHyperService::new(service);
                 // Upgrades are not proxied: plain connections, so that each builder
                 // speaks only its own protocol.
@@ -143,7 +146,7 @@ pub(crate) async fn serve(
                     // A client that breaks its connection, sends no head in time or
                     // stops reading its answer ends it.
                     _ = connection => {}
-                    () = quiet_once_draining(&draining, &in_flight, flush), if http1 => {}
+                    () = quiet_once_draining(&draining, &in_flight, &wrote, flush), if http1 => {}
                 }
             }
             observe::client_connections(-1.0);
@@ -159,23 +162,26 @@ pub(crate) async fn serve(
 /// its last answer to reach the client before the connection is cut.
 const FLUSH_WINDOW: Duration = Duration::from_secs(5);
 
-/// Completes once a shutdown began and the connection had no request in flight for a
-/// whole `flush` (its last answer's bytes left in that time, and hyper closed it first,
-/// unless it is still sending a head): hyper closes idle HTTP/1 connections itself, but
-/// not one that is still sending a head.
+/// Completes once a shutdown began and the connection went a whole `flush` with no
+/// request in flight and nothing written (its last answer's bytes all left, and hyper
+/// would have closed it, unless it is still sending a head): hyper closes idle HTTP/1
+/// connections itself, but not one that is still sending a head.
 async fn quiet_once_draining(
     draining: &CancellationToken,
     in_flight: &AtomicUsize,
+    wrote: &AtomicBool,
     flush: Duration,
 ) {
     draining.cancelled().await;
-    // Bounded by the connection: it ends by itself when its last answer is sent.
+    // Bounded by the connection: it ends by itself when its last answer is sent, and a
+    // client that stops reading is cut by the send timeout.
     loop {
         while in_flight.load(Ordering::Acquire) > 0 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        wrote.store(false, Ordering::Release);
         tokio::time::sleep(flush).await;
-        if in_flight.load(Ordering::Acquire) == 0 {
+        if in_flight.load(Ordering::Acquire) == 0 && !wrote.load(Ordering::Acquire) {
             return;
         }
     }
@@ -299,14 +305,17 @@ struct Timed {
     timeout: Duration,
     /// Armed while a write waits.
     stuck: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Raised by every write that went through.
+    wrote: Arc<AtomicBool>,
 }
 
 impl Timed {
-    fn new(stream: TcpStream, timeout: Duration) -> Self {
+    fn new(stream: TcpStream, timeout: Duration, wrote: Arc<AtomicBool>) -> Self {
         Self {
             stream,
             timeout,
             stuck: None,
+            wrote,
         }
     }
 
@@ -318,6 +327,7 @@ impl Timed {
     ) -> Poll<io::Result<T>> {
         if let Poll::Ready(done) = poll(Pin::new(&mut self.stream), cx) {
             self.stuck = None;
+            self.wrote.store(true, Ordering::Release);
             return Poll::Ready(done);
         }
         let timeout = self.timeout;

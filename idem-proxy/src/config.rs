@@ -144,17 +144,25 @@ fn without_password(url: &str) -> String {
         }
         None => (format!("{scheme}://"), rest),
     };
-    let Some((place, query)) = after.split_once('?') else {
-        return format!("{shown}{after}");
-    };
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.eq_ignore_ascii_case("password") => format!("{name}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{shown}{place}?{}", pairs.join("&"))
+    without_password_parameters(&format!("{shown}{after}"))
+}
+
+/// `text` with the value of every `password=` parameter replaced, wherever it stands (a
+/// query after an `@` in another parameter is still a query).
+fn without_password_parameters(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.to_ascii_lowercase().find("password=") {
+        let value = at + "password=".len();
+        shown.push_str(&rest[..value]);
+        shown.push_str("***");
+        let end = rest[value..]
+            .find(['&', '#', ' '])
+            .map_or(rest.len(), |end| value + end);
+        rest = &rest[end..];
+    }
+    shown.push_str(rest);
+    shown
 }
 
 /// The limits every client is held to, so that slow, idle or too many clients cannot hold
@@ -1161,16 +1169,36 @@ fn jwks_key(
         .parse()
         .ok()
         .filter(|url: &http::Uri| {
-            matches!(url.scheme_str(), Some("https" | "http")) && url.authority().is_some()
+            let loopback = url.host().is_some_and(|host| {
+                host == "localhost"
+                    || host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback())
+            });
+            // Keys fetched in clear could be swapped on the way: plain HTTP only from
+            // this machine (a local mirror).
+            url.authority().is_some()
+                && (url.scheme_str() == Some("https")
+                    || url.scheme_str() == Some("http") && loopback)
         })
         .ok_or_else(|| {
             at.error(
                 span.clone(),
                 format!(
-                    "`jwks_url` = {text:?}: write the provider's https://.../.well-known/jwks.json"
+                    "`jwks_url` = {text:?}: write the provider's https://.../.well-known/jwks.json (plain http only on this machine)"
                 ),
             )
         })?;
+    // A provider's key set signs every tenant's tokens (Firebase, Entra's common keys):
+    // only the issuer tells this deployment's from another's.
+    if scope.issuer.as_deref().is_none_or(str::is_empty) {
+        return Err(at.error(
+            span.clone(),
+            "a `jwks_url` scope needs `issuer`: the provider signs other tenants' tokens with the same keys, and only `iss` tells yours apart; write issuer = \"https://id.example/\" as your tokens name it (and `audience`, your API's)",
+        ));
+    }
     let refresh = match &scope.jwks_refresh {
         None => Duration::from_secs(300),
         Some(text) => humantime::parse_duration(text)
@@ -1182,9 +1210,21 @@ fn jwks_key(
     };
     let algorithm = match &scope.algorithm {
         None => None,
-        Some(text) => Some(text.parse().map_err(|_| {
-            at.error(span.clone(), format!("`algorithm` = {text:?}: write RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384 or EdDSA"))
-        })?),
+        Some(text) => Some(
+            text.parse::<jsonwebtoken::Algorithm>()
+                .ok()
+                .filter(|algorithm| {
+                    !matches!(
+                        algorithm,
+                        jsonwebtoken::Algorithm::HS256
+                            | jsonwebtoken::Algorithm::HS384
+                            | jsonwebtoken::Algorithm::HS512
+                    )
+                })
+                .ok_or_else(|| {
+                    at.error(span.clone(), format!("`algorithm` = {text:?} for a JWKS's keys without `alg`: write RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384 or EdDSA (a shared secret never comes from a public key set)"))
+                })?,
+        ),
     };
     Ok(JwtKey::Jwks {
         url,
@@ -1325,5 +1365,9 @@ mod tests {
             "postgres://app:***@db/idem"
         );
         assert_eq!(without_password("not a url"), "***");
+        assert_eq!(
+            without_password("postgres://db/idem?password=s3cret&application_name=a@b"),
+            "postgres://db/idem?password=***&application_name=a@b"
+        );
     }
 }

@@ -14,7 +14,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use jsonwebtoken::jwk::{Jwk, JwkSet};
+use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, DecodingKey};
 use tokio::sync::Notify;
 
@@ -71,6 +71,12 @@ pub enum JwksError {
     Roots(#[source] std::io::Error),
 }
 
+/// A key set as published, each key read on its own.
+#[derive(serde::Deserialize)]
+struct RawSet {
+    keys: Vec<serde_json::Value>,
+}
+
 /// One verification key: the key, and the algorithm it verifies.
 #[derive(Clone)]
 pub(crate) struct Key {
@@ -78,7 +84,8 @@ pub(crate) struct Key {
     pub(crate) algorithm: Algorithm,
 }
 
-/// A key set, shared by the routes that name its URL; cheap to clone.
+/// A key set, shared by the routes that name its URL with the same settings; cheap to
+/// clone.
 #[derive(Clone)]
 pub(crate) struct Jwks {
     inner: Arc<Inner>,
@@ -93,7 +100,8 @@ struct Inner {
     /// By `kid`; a key without one under `None`.
     keys: RwLock<Arc<HashMap<Option<String>, Key>>>,
     last_fetch: Mutex<Option<Instant>>,
-    wake: Notify,
+    /// Apart from the rest, so that the refresher waits on it without keeping the set.
+    wake: Arc<Notify>,
 }
 
 impl Jwks {
@@ -127,7 +135,7 @@ impl Jwks {
                 client: Client::builder(TokioExecutor::new()).build(https),
                 keys: RwLock::new(Arc::new(HashMap::new())),
                 last_fetch: Mutex::new(None),
-                wake: Notify::new(),
+                wake: Arc::new(Notify::new()),
             }),
         })
     }
@@ -162,25 +170,32 @@ impl Jwks {
     /// Refreshes the set every `refresh`, and early when an unknown key is asked for,
     /// for as long as a route holds it. A failed refresh keeps the keys it had.
     pub(crate) fn spawn_refresh(&self) {
+        // The task holds the set only while it fetches: once every route let go of it,
+        // the task ends at its next wake-up.
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        let wake = Arc::clone(&self.inner.wake);
         let refresh = self.inner.refresh;
+        let spacing = UNKNOWN_KEY_SPACING.min(refresh);
         tokio::spawn(async move {
             loop {
-                let Some(inner) = weak.upgrade() else { return };
                 let woken = tokio::select! {
                     () = tokio::time::sleep(refresh) => false,
-                    () = inner.wake.notified() => true,
+                    () = wake.notified() => true,
                 };
                 if woken {
-                    let recent = inner
-                        .last_fetch
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .is_some_and(|at| at.elapsed() < UNKNOWN_KEY_SPACING.min(refresh));
-                    if recent {
-                        continue;
+                    // An unknown key soon after a fetch: fetched once the spacing is over.
+                    let last = match weak.upgrade() {
+                        Some(inner) => *inner
+                            .last_fetch
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner),
+                        None => return,
+                    };
+                    if let Some(at) = last {
+                        tokio::time::sleep(spacing.saturating_sub(at.elapsed())).await;
                     }
                 }
+                let Some(inner) = weak.upgrade() else { return };
                 if let Err(err) = inner.fetch().await {
                     tracing::warn!(error = %err, "refreshing the JWKS failed; the keys fetched before stay in use");
                 }
@@ -224,15 +239,32 @@ impl Inner {
         })
         .await
         .map_err(|elapsed| fetch_failed(elapsed.into()))??;
-        let set: JwkSet = serde_json::from_slice(&body).map_err(|source| JwksError::Parse {
+        // Key by key: one a newer provider publishes that this library cannot read (an
+        // encryption curve, a post-quantum key) must not take the others with it.
+        let set: RawSet = serde_json::from_slice(&body).map_err(|source| JwksError::Parse {
             url: url.clone(),
             source,
         })?;
-        let keys: HashMap<Option<String>, Key> = set
-            .keys
-            .iter()
-            .filter_map(|jwk| Some((jwk.common.key_id.clone(), self.usable(jwk)?)))
-            .collect();
+        let mut keys: HashMap<Option<String>, Key> = HashMap::new();
+        for raw in set.keys {
+            let Ok(jwk) = serde_json::from_value::<Jwk>(raw) else {
+                continue;
+            };
+            let Some(key) = self.usable(&jwk) else {
+                continue;
+            };
+            // Two keys under one `kid` (or two without one) cannot be told apart: the
+            // first stands.
+            let kid = jwk.common.key_id.clone();
+            if keys.contains_key(&kid) {
+                tracing::warn!(
+                    kid = kid.as_deref().unwrap_or("(none)"),
+                    "the JWKS names a key twice; the first is used"
+                );
+                continue;
+            }
+            keys.insert(kid, key);
+        }
         if keys.is_empty() {
             return Err(JwksError::NoKeys { url: url.clone() });
         }
@@ -246,8 +278,25 @@ impl Inner {
     }
 
     /// A signing key's verification key and algorithm: its own `alg`, or the file's
-    /// `algorithm` for a key that names none; never one the token chooses.
+    /// `algorithm` for a key that names none; never one the token chooses. Symmetric
+    /// keys are never taken from a set anyone may read, and an Ed25519 key must have
+    /// its 32 bytes (a shorter one would make the verifier panic).
     fn usable(&self, jwk: &Jwk) -> Option<Key> {
+        use jsonwebtoken::jwk::AlgorithmParameters;
+        match &jwk.algorithm {
+            AlgorithmParameters::OctetKey(_) => return None,
+            AlgorithmParameters::OctetKeyPair(pair) => {
+                let x = base64::Engine::decode(
+                    &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+                    pair.x.trim_end_matches('='),
+                )
+                .ok()?;
+                if x.len() != 32 {
+                    return None;
+                }
+            }
+            _ => {}
+        }
         if jwk
             .common
             .public_key_use
@@ -260,6 +309,12 @@ impl Inner {
             Some(named) => Algorithm::from_str(&format!("{named:?}")).ok()?,
             None => self.fallback?,
         };
+        if matches!(
+            algorithm,
+            Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512
+        ) {
+            return None;
+        }
         let key = DecodingKey::from_jwk(jwk).ok()?;
         Some(Key { key, algorithm })
     }

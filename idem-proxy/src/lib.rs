@@ -70,7 +70,7 @@
 //!   `{ jwt_claim = "sub", algorithm = "RS256", public_key_pem = "/etc/idem/jwt.pem" }`:
 //!   the claim of a bearer token the proxy verified (signature, algorithm, `exp` and
 //!   `nbf` with 60 s of leeway, `aud` and `iss` where the file names them), or
-//!   `{ jwt_claim = "sub", jwks_url = "https://id.example/.well-known/jwks.json" }`: the
+//!   `{ jwt_claim = "sub", jwks_url = "https://id.example/.well-known/jwks.json", issuer = "https://id.example/" }`: the
 //!   provider's keys by `kid`, refreshed in the background. The raw
 //!   token never scopes a key: a refreshed token would put a retry in a new scope.
 //!
@@ -86,7 +86,10 @@
 //!   keep-alive connections too), no pause in a body over `client_body_timeout` (408),
 //!   at most `max_connections` connections and `max_concurrent_requests` requests (503
 //!   with `Retry-After`, before any key is claimed).
-//! - SIGTERM or Ctrl-C: `/readyz` turns 503, in-flight requests run to their end and store
+//! - An access log line per request (`info`, target `idem_proxy::access`), with no key,
+//!   header, token, query or body. A route's `key_budget` bounds the new keys one caller
+//!   creates there.
+//! - SIGTERM or Ctrl-C (a second one stops at once): `/readyz` turns 503, in-flight requests run to their end and store
 //!   their answers, within `shutdown_grace`.
 //! - Several replicas share one store (PostgreSQL, Redis, DynamoDB): a retry that lands
 //!   on another replica is answered the same.
@@ -96,12 +99,14 @@
 //! ## Where things live
 //!
 //! `config.rs`: the file; `clients.rs`: accepting clients within their limits;
-//! `routes.rs`: matching and each route's layer; `scope.rs`: scopes; `upstream.rs`:
-//! forwarding; `idle.rs`: bodies that may not stall; `server.rs`: listeners and
-//! shutdown; [`observe`]: the metrics.
+//! `routes.rs`: matching and each route's layer; `scope.rs`: scopes; `jwks.rs`: a
+//! provider's token keys; `budget.rs`: new keys per caller; `upstream.rs`: forwarding;
+//! `idle.rs`: bodies that may not stall; `server.rs`: listeners, shutdown and the access
+//! log; [`observe`]: the metrics.
 
 #![warn(missing_docs)]
 
+mod budget;
 mod clients;
 mod config;
 mod idle;

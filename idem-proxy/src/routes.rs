@@ -113,6 +113,7 @@ impl Routes {
             jwks: Vec::new(),
             overrides_reach_upstream: config.trust_forwarded_headers,
         };
+        let mut sets = HashMap::new();
         for (index, route) in config.routes.iter().enumerate() {
             let conflict = |err: matchit::InsertError| ConfigError::Invalid {
                 path: config_path.to_owned(),
@@ -142,10 +143,15 @@ impl Routes {
                     Protection::Exempt(upstream.for_route(None, route.upstream_timeout))
                 }
                 KeyRule::Required | KeyRule::Optional => {
-                    let (layer, jwks) = layer(route, store, config.preserve_host)?;
-                    if let Some(jwks) = jwks {
+                    let known = sets.len();
+                    let layer = layer(route, store, config.preserve_host, &mut sets)?;
+                    // A set this route is the first to name: fetched before serving.
+                    if sets.len() > known
+                        && let Some(jwks) = layer.1
+                    {
                         routes.jwks.push((route.name.clone(), jwks));
                     }
+                    let layer = layer.0;
                     routes.handlers.push(layer.handlers());
                     Protection::Protected(layer.layer(
                         upstream.for_route(Some(route.header.clone()), route.upstream_timeout),
@@ -322,6 +328,7 @@ fn layer(
     route: &Route,
     store: &Arc<dyn Store>,
     by_host: bool,
+    sets: &mut HashMap<String, Jwks>,
 ) -> Result<(IdempotencyLayer, Option<Jwks>), RouteError> {
     let mut idem = Idempotency::builder(Arc::clone(store))
         .lease(route.lease)
@@ -330,14 +337,18 @@ fn layer(
         // driver's own cap (1 MiB) would otherwise keep a larger body from every replay.
         .max_response_bytes(route.max_response_body.saturating_add(RESPONSE_HEAD_ROOM));
     if let Some(budget) = route.key_budget {
-        idem = idem.key_budget(idem_core::driver::TokenBucket::new(budget.keys, budget.per));
+        idem = idem.key_budget(crate::budget::PerCaller::new(
+            &route.name,
+            budget.keys,
+            budget.per,
+        ));
     }
     let idem = idem.build().map_err(|source| RouteError::Settings {
         route: route.name.clone(),
         source,
     })?;
     let scope = match &route.scope {
-        Some(source) => Scope::new(source).map_err(|err| match err {
+        Some(source) => Scope::new(source, sets).map_err(|err| match err {
             ScopeError::Key(source) => RouteError::JwtKey {
                 route: route.name.clone(),
                 source,

@@ -45,7 +45,12 @@ pub(crate) enum ScopeError {
 
 impl Scope {
     /// The scope `source` describes; its key was checked when the file was read.
-    pub(crate) fn new(source: &ScopeSource) -> Result<Self, ScopeError> {
+    /// `sets`: the key sets built so far, by URL and settings: routes that name the same
+    /// set share it (one fetch, one refresher).
+    pub(crate) fn new(
+        source: &ScopeSource,
+        sets: &mut std::collections::HashMap<String, Jwks>,
+    ) -> Result<Self, ScopeError> {
         Ok(match source {
             ScopeSource::Header(name) => Self::Header(name.clone()),
             ScopeSource::JwtClaim {
@@ -65,11 +70,19 @@ impl Scope {
                         url,
                         refresh,
                         algorithm,
-                    } => (
-                        // Replaced by each key's own.
-                        jsonwebtoken::Algorithm::RS256,
-                        Keys::Jwks(Jwks::new(url.clone(), *refresh, *algorithm)?),
-                    ),
+                    } => {
+                        let id = format!("{url} {refresh:?} {algorithm:?}");
+                        let jwks = match sets.get(&id) {
+                            Some(jwks) => jwks.clone(),
+                            None => {
+                                let jwks = Jwks::new(url.clone(), *refresh, *algorithm)?;
+                                sets.insert(id, jwks.clone());
+                                jwks
+                            }
+                        };
+                        // The algorithm is replaced by each key's own.
+                        (jsonwebtoken::Algorithm::RS256, Keys::Jwks(jwks))
+                    }
                 };
                 // The signature, the algorithm named here (never the token's own choice),
                 // `exp` and `nbf` (with jsonwebtoken's 60 s of leeway for clocks); `aud` and `iss` where the file names them (a token's

@@ -385,24 +385,30 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
             // Past the limit, answered before anything is read, claimed or forwarded.
             // Handlers whose clients went away still hold their bodies and an upstream
             // call: they count too.
+            let started = std::time::Instant::now();
+            let peer = request
+                .extensions()
+                .get::<axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|info| info.0.ip());
             let detached: usize = shared.routes.handlers.iter().map(|h| h.orphaned()).sum();
             let permit = match Arc::clone(&shared.requests).try_acquire_owned() {
                 Ok(permit) if detached <= shared.requests.available_permits() => permit,
                 _ => {
                     observe::client_limit("requests");
                     observe::request("overloaded", StatusCode::SERVICE_UNAVAILABLE);
-                    return Ok(overloaded());
+                    let response = overloaded();
+                    let seen = Seen {
+                        method: request.method(),
+                        path: request.uri().path(),
+                        peer,
+                        route: "overloaded",
+                        protected: false,
+                    };
+                    access_log(&seen, &response, started.elapsed());
+                    return Ok(response);
                 }
             };
-            let started = std::time::Instant::now();
-            let (method, path, peer) = (
-                request.method().clone(),
-                request.uri().path().to_owned(),
-                request
-                    .extensions()
-                    .get::<axum::extract::ConnectInfo<SocketAddr>>()
-                    .map(|info| info.0.ip()),
-            );
+            let (method, path) = (request.method().clone(), request.uri().path().to_owned());
             let Answered {
                 route,
                 protected,
@@ -421,7 +427,14 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 _ => response,
             };
             observe::request(&route, response.status());
-            access_log(&method, &path, peer, &route, &response, started.elapsed());
+            let seen = Seen {
+                method: &method,
+                path: &path,
+                peer,
+                route: &route,
+                protected,
+            };
+            access_log(&seen, &response, started.elapsed());
             // A protected answer is held in memory until it has gone out; anything else
             // streams, and stops counting once its head is ready.
             Ok(match protected {
@@ -555,28 +568,40 @@ async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
 /// whether it was a replay, and the time to the answer's head. Never a key, a header, a
 /// token or a body. A subscriber filtering that target out (`idem proxy --log warn`)
 /// leaves it out.
-fn access_log(
-    method: &http::Method,
-    path: &str,
-    peer: Option<std::net::IpAddr>,
-    route: &str,
-    response: &Response<Body>,
-    elapsed: Duration,
-) {
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|value| value == "true");
+fn access_log(seen: &Seen<'_>, response: &Response<Body>, elapsed: Duration) {
+    // Only the layer says a replay is one: an unprotected upstream's header is its own.
+    let replayed = seen.protected
+        && response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true");
+    // A path is as long as a client makes it: the line is not.
+    let path = match seen.path.char_indices().nth(MAX_LOGGED_PATH) {
+        Some((cut, _)) => &seen.path[..cut],
+        None => seen.path,
+    };
     tracing::info!(
         target: "idem_proxy::access",
-        %method,
+        method = %seen.method,
         path,
-        peer = peer.map(tracing::field::display),
-        route,
+        peer = seen.peer.map(tracing::field::display),
+        route = seen.route,
         status = response.status().as_u16(),
         replayed,
         ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
     );
+}
+
+/// The characters of a path an access log line keeps.
+const MAX_LOGGED_PATH: usize = 256;
+
+/// What the access log says of a request.
+struct Seen<'a> {
+    method: &'a http::Method,
+    path: &'a str,
+    peer: Option<std::net::IpAddr>,
+    route: &'a str,
+    protected: bool,
 }
 
 /// A request with a key on no route: counted, and logged at most once a minute (never

@@ -18,6 +18,7 @@ use idem_core::MemoryStore;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 
 const KEYS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/keys");
+const ISSUER: &str = "https://id.example/";
 
 /// The JWK of a P-256 public key in PEM, under `kid`.
 fn jwk(public_pem: &str, kid: &str) -> serde_json::Value {
@@ -75,7 +76,7 @@ fn token(private_pem: &str, kid: &str, sub: &str) -> String {
     header.kid = Some(kid.to_owned());
     encode(
         &header,
-        &serde_json::json!({ "sub": sub, "exp": exp }),
+        &serde_json::json!({ "sub": sub, "exp": exp, "iss": ISSUER }),
         &EncodingKey::from_ec_pem(&private).unwrap(),
     )
     .unwrap()
@@ -98,14 +99,22 @@ fn with_jwks(upstream: std::net::SocketAddr, jwks_url: &str) -> String {
     config(upstream, "").replace(
         "scope = { header = \"x-account-id\" }",
         &format!(
-            "scope = {{ jwt_claim = \"sub\", jwks_url = \"{jwks_url}\", jwks_refresh = \"1s\" }}"
+            "scope = {{ jwt_claim = \"sub\", jwks_url = \"{jwks_url}\", jwks_refresh = \"1s\", issuer = \"{ISSUER}\" }}"
         ),
     )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_come_from_the_jwks_by_kid_and_a_rotation_needs_no_restart() {
-    let (provider, jwks_url) = provider(vec![jwk("es256-public.pem", "a")]).await;
+    // Beside key `a`: a symmetric key anyone reading the set could sign with, and a key
+    // this library cannot read (an X25519 encryption key): neither is used, and neither
+    // takes key `a` with it.
+    let (provider, jwks_url) = provider(vec![
+        jwk("es256-public.pem", "a"),
+        serde_json::json!({ "kty": "oct", "alg": "HS256", "kid": "shared", "k": URL_SAFE_NO_PAD.encode(b"a secret anyone can read, 32 bytes") }),
+        serde_json::json!({ "kty": "OKP", "crv": "X25519", "use": "enc", "kid": "enc", "x": URL_SAFE_NO_PAD.encode([7u8; 32]) }),
+    ])
+    .await;
     let up = Upstream::default();
     let proxy = proxy(
         &with_jwks(upstream(up.clone()).await, &jwks_url),
@@ -133,11 +142,32 @@ async fn keys_come_from_the_jwks_by_kid_and_a_rotation_needs_no_restart() {
     header.kid = Some("a".to_owned());
     let confused = encode(
         &header,
-        &serde_json::json!({ "sub": "user-1", "exp": u64::MAX / 2 }),
+        &serde_json::json!({ "sub": "user-1", "exp": u64::MAX / 2, "iss": ISSUER }),
         &EncodingKey::from_secret(&public),
     )
     .unwrap();
     assert_eq!(pay(&url, &confused, "k4").await, 401);
+    // An HMAC token signed with the published symmetric key.
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = Some("shared".to_owned());
+    let shared = encode(
+        &header,
+        &serde_json::json!({ "sub": "user-1", "exp": u64::MAX / 2, "iss": ISSUER }),
+        &EncodingKey::from_secret(b"a secret anyone can read, 32 bytes"),
+    )
+    .unwrap();
+    assert_eq!(pay(&url, &shared, "k5").await, 401);
+    // Another tenant's token, signed by the same provider's key: another issuer.
+    let private = std::fs::read(format!("{KEYS}/es256-private.pem")).unwrap();
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some("a".to_owned());
+    let other_tenant = encode(
+        &header,
+        &serde_json::json!({ "sub": "user-1", "exp": u64::MAX / 2, "iss": "https://other.example/" }),
+        &EncodingKey::from_ec_pem(&private).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(pay(&url, &other_tenant, "k6").await, 401);
 
     // The provider rotates: `b` is published, and tokens it signs are verified soon,
     // with no restart.
@@ -193,4 +223,37 @@ async fn a_jwks_that_cannot_be_fetched_stops_the_start() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("cannot fetch the JWKS"), "{err}");
+}
+
+#[test]
+fn a_jwks_scope_needs_an_issuer_and_https_off_this_machine() {
+    let with = |scope: &str| {
+        format!(
+            "upstream = \"http://127.0.0.1:8000\"\n[defaults]\nscope = {{ jwt_claim = \"sub\", {scope} }}\n[[routes]]\npath = \"/payments\"\n"
+        )
+    };
+    let refused = |text: String| match idem_proxy::Config::parse("idem.toml", &text) {
+        Err(idem_proxy::ConfigError::Invalid { message, .. }) => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let message = refused(with(r#"jwks_url = "https://id.example/jwks.json""#));
+    assert!(message.contains("needs `issuer`"), "{message}");
+    let message = refused(with(
+        r#"jwks_url = "http://id.example/jwks.json", issuer = "https://id.example/""#,
+    ));
+    assert!(
+        message.contains("plain http only on this machine"),
+        "{message}"
+    );
+    let message = refused(with(
+        r#"jwks_url = "https://id.example/jwks.json", issuer = "https://id.example/", algorithm = "HS256""#,
+    ));
+    assert!(message.contains("a shared secret never comes"), "{message}");
+    assert!(
+        idem_proxy::Config::parse(
+            "idem.toml",
+            &with(r#"jwks_url = "https://id.example/jwks.json", issuer = "https://id.example/""#)
+        )
+        .is_ok()
+    );
 }

@@ -992,3 +992,23 @@ async fn a_route_s_key_budget_refuses_new_keys_past_it_and_replays_the_rest() {
     assert_eq!((up.runs("k3"), up.total()), (1, 3));
     proxy.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_budget_is_the_caller_s_across_the_paths_of_its_route() {
+    let up = Upstream::default();
+    let toml = config(
+        upstream(up.clone()).await,
+        r#"key_budget = { keys = 2, per = "1h" }"#,
+    )
+    .replace("path = \"/payments\"", "path = \"/{name}\"");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let (status, _, _) = pay_once(&proxy.url("/payments"), "acct_a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = pay_once(&proxy.url("/free"), "acct_a", Some("k2"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Another path of the same route is no fresh budget.
+    let (status, _, body) = pay_once(&proxy.url("/payments"), "acct_a", Some("k3"), "{}").await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(up.total(), 2);
+    proxy.shutdown().await;
+}

@@ -319,6 +319,14 @@ impl Timed {
         }
     }
 
+    /// Raises `wrote` for bytes that went out: a flush with nothing to send is no sign
+    /// of an answer still going.
+    fn note(&self, written: &Poll<io::Result<usize>>) {
+        if matches!(written, Poll::Ready(Ok(n)) if *n > 0) {
+            self.wrote.store(true, Ordering::Release);
+        }
+    }
+
     /// `poll` of a write: pending for at most `timeout` in a row.
     fn bounded<T>(
         &mut self,
@@ -327,7 +335,6 @@ impl Timed {
     ) -> Poll<io::Result<T>> {
         if let Poll::Ready(done) = poll(Pin::new(&mut self.stream), cx) {
             self.stuck = None;
-            self.wrote.store(true, Ordering::Release);
             return Poll::Ready(done);
         }
         let timeout = self.timeout;
@@ -359,7 +366,9 @@ impl AsyncWrite for Timed {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.bounded(cx, |stream, cx| stream.poll_write(cx, buf))
+        let written = self.bounded(cx, |stream, cx| stream.poll_write(cx, buf));
+        self.note(&written);
+        written
     }
 
     fn poll_write_vectored(
@@ -367,7 +376,9 @@ impl AsyncWrite for Timed {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        self.bounded(cx, |stream, cx| stream.poll_write_vectored(cx, bufs))
+        let written = self.bounded(cx, |stream, cx| stream.poll_write_vectored(cx, bufs));
+        self.note(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

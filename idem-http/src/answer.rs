@@ -24,6 +24,7 @@ pub(crate) fn answer(
     result: Result<Outcome<Vec<u8>, Vec<u8>>, Error>,
     first: impl Fn() -> Option<Response<Body>>,
     config: &Config,
+    held_here: bool,
 ) -> (Answer, Response<Body>) {
     let respond = |answer, response| (answer, response);
     let internal = |answer, title: &str| {
@@ -57,6 +58,13 @@ pub(crate) fn answer(
         Ok(_) => internal(
             Answer::Error,
             "This key holds a result that is not an HTTP response",
+        ),
+        Err(Error::InFlight { retry_after }) if held_here => respond(
+            Answer::InFlight,
+            config.problem(StatusCode::CONFLICT, "in-flight", "A request with this key is held until its lease ends")
+                .detail("The first request with this idempotency key was answered with an error that may have taken effect, so nothing runs again under this key until its lease ends. Retry after the time in Retry-After: the request then runs again, unless an operator finished the key.")
+                .retry_after(whole_seconds(retry_after.min(config.held_retry_after)))
+                .into_http_response(),
         ),
         Err(Error::InFlight { retry_after }) => respond(
             Answer::InFlight,

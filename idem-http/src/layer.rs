@@ -34,6 +34,11 @@ pub const DEFAULT_MAX_RESPONSE_BODY: usize = 960 * 1024;
 /// when a crashed first request could be taken over, not when a live one will finish, so
 /// the hint is capped: a handler that takes 300 ms is polled again after 1 s, not 60.
 pub const DEFAULT_IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The default longest `Retry-After` of a 409 for a key this layer holds after answering
+/// its first request (a 5xx, a response it could not store): 30 s. Nothing runs under
+/// such a key; it is free at its lease's end, which the answer says, capped so that an
+/// operator's release (`idem release`) is noticed within half a minute.
+pub const DEFAULT_HELD_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 /// Whether requests of a method need the header.
 ///
@@ -73,6 +78,9 @@ pub(crate) struct Config {
     pub(crate) requirement: Option<RequirementFn>,
     pub(crate) key_with: Option<KeyFn>,
     pub(crate) in_flight_retry_after: Duration,
+    pub(crate) held_retry_after: Duration,
+    pub(crate) held: Arc<crate::held::HeldKeys>,
+    pub(crate) route_label: Option<metrics::SharedString>,
     pub(crate) problem_base: Arc<str>,
     pub(crate) on_replay: Option<ReplayFn>,
     pub(crate) leave_unmatched: bool,
@@ -229,6 +237,8 @@ pub const DEFAULT_STORED_HEADERS: [HeaderName; 12] = [
 /// | [`max_response_body`](IdempotencyLayer::max_response_body) | 960 KiB or the store's room, then streamed once and stored without the body |
 /// | [`disposition`](IdempotencyLayer::disposition) | [`default_disposition`]: 5xx and 408 held, other 4xx but 402 released, the rest stored |
 /// | [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after) | 1 s at most |
+/// | [`held_retry_after`](IdempotencyLayer::held_retry_after) | 30 s at most |
+/// | [`route_label`](IdempotencyLayer::route_label) | none |
 /// | [`problem_type_base`](IdempotencyLayer::problem_type_base) | [`PROBLEM_TYPE_BASE`] |
 /// | [`on_replay`](IdempotencyLayer::on_replay) | none |
 /// | [`leave_unmatched_routes`](IdempotencyLayer::leave_unmatched_routes) | off: a request no route matched goes to axum's fallback without a key, and is protected with one |
@@ -280,6 +290,9 @@ impl IdempotencyLayer {
                 requirement: None,
                 key_with: None,
                 in_flight_retry_after: DEFAULT_IN_FLIGHT_RETRY_AFTER,
+                held_retry_after: DEFAULT_HELD_RETRY_AFTER,
+                held: Arc::default(),
+                route_label: None,
                 problem_base: Arc::from(PROBLEM_TYPE_BASE),
                 on_replay: None,
                 leave_unmatched: false,
@@ -344,6 +357,59 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn in_flight_retry_after(mut self, longest: Duration) -> Self {
         self.config_mut().in_flight_retry_after = longest;
+        self
+    }
+
+    /// The longest `Retry-After` a 409 carries for a key this layer holds (default
+    /// [`DEFAULT_HELD_RETRY_AFTER`], 30 s): its first request was answered with a
+    /// response the layer neither stored nor released (a 5xx under
+    /// [`default_disposition`], a response it could not store), so nothing runs under
+    /// the key, and a retry runs only once the lease ends. The answer says that end,
+    /// capped by this, where a key in flight says at most
+    /// [`in_flight_retry_after`](Self::in_flight_retry_after).
+    ///
+    /// Only the replica that held the key knows it (the store answers "in flight" for
+    /// both): a retry that reaches another replica is answered as for work in flight.
+    /// At most 10 000 held keys are remembered at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| Ok(idem_http::scope::path(parts).to_owned()))
+    ///     .held_retry_after(Duration::from_secs(10));
+    /// # let _ = layer;
+    /// ```
+    #[must_use]
+    pub fn held_retry_after(mut self, longest: Duration) -> Self {
+        self.config_mut().held_retry_after = longest;
+        self
+    }
+
+    /// Adds a `route` label to this layer's metrics (`idem_http_requests_total`,
+    /// `idem_http_shadow_total`), so that each route's answers can be told apart. A name
+    /// of your choosing, from a small set: a label's every value is a time series of its
+    /// own, so never a path with ids in it. Place a layer per route (axum's
+    /// `route_layer`) to label each; without a label, the metrics have none.
+    ///
+    /// ```
+    /// use axum::{Router, routing::post};
+    /// use idem_core::{Idempotency, MemoryStore};
+    /// use idem_http::IdempotencyLayer;
+    ///
+    /// let idem = Idempotency::new(MemoryStore::new());
+    /// let layer = IdempotencyLayer::new(idem, |parts| Ok(idem_http::scope::path(parts).to_owned()));
+    /// let app: Router = Router::new()
+    ///     .route("/payments", post(|| async { "charged" }))
+    ///     .route_layer(layer.route_label("payments"));
+    /// # let _ = app;
+    /// ```
+    #[must_use]
+    pub fn route_label(mut self, name: impl Into<String>) -> Self {
+        // Shared, so that labelling each answer costs a reference count.
+        let name: Arc<str> = Arc::from(name.into());
+        self.config_mut().route_label = Some(metrics::SharedString::from(name));
         self
     }
 
@@ -640,6 +706,8 @@ impl fmt::Debug for IdempotencyLayer {
             .field("store_set_cookie", &self.config.store_set_cookie)
             .field("shadow", &self.config.shadow)
             .field("in_flight_retry_after", &self.config.in_flight_retry_after)
+            .field("held_retry_after", &self.config.held_retry_after)
+            .field("route_label", &self.config.route_label.as_deref())
             .field("problem_type_base", &self.config.problem_base)
             .field("leave_unmatched_routes", &self.config.leave_unmatched)
             .finish_non_exhaustive()

@@ -44,6 +44,7 @@
 //! | same key, same request, again | the stored status, headers and body, byte for byte, plus `Idempotent-Replayed: true` |
 //! | same key, different request | 422, problem+json; never the original request, response or fingerprint |
 //! | same key while the first is still running | 409 with `Retry-After` (the lease's end, at most [`in_flight_retry_after`](IdempotencyLayer::in_flight_retry_after), 1 s by default), or a wait under `InFlightPolicy::Wait` |
+//! | same key after the first got a response that was held (a 5xx), until its lease ends | 409 with `Retry-After` (the lease's end, at most [`held_retry_after`](IdempotencyLayer::held_retry_after), 30 s by default) from the replica that held it; from another, as while running |
 //! | key refused by the driver's [`KeyPolicy`](idem_core::KeyPolicy) | 400, problem+json naming the rule |
 //! | a new key over the scope's [`KeyBudget`](idem_core::driver::KeyBudget) | 429 with `Retry-After`; keys already stored still replay |
 //! | store unavailable | 503 with `Retry-After`; the handler does not run |
@@ -356,6 +357,7 @@ mod body;
 mod disposition;
 mod grpc;
 mod handlers;
+mod held;
 mod key_header;
 mod layer;
 pub mod observe;
@@ -376,8 +378,9 @@ pub use grpc::{GRPC_ORIGINAL_STATUS_HEADER, GRPC_PROBLEM_HEADER, grpc_code, grpc
 pub use handlers::Handlers;
 pub use key_header::KeyHeaderError;
 pub use layer::{
-    DEFAULT_HEADER, DEFAULT_IN_FLIGHT_RETRY_AFTER, DEFAULT_MAX_REQUEST_BODY,
-    DEFAULT_MAX_RESPONSE_BODY, DEFAULT_STORED_HEADERS, IdempotencyLayer, KeyRequirement,
+    DEFAULT_HEADER, DEFAULT_HELD_RETRY_AFTER, DEFAULT_IN_FLIGHT_RETRY_AFTER,
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_STORED_HEADERS, IdempotencyLayer,
+    KeyRequirement,
 };
 pub use problem::{PROBLEM_TYPE_BASE, Problem, Refusal};
 pub use service::{BODY_NOT_STORED_HEADER, IdempotencyService, REPLAYED_HEADER};

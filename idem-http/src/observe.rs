@@ -2,11 +2,13 @@
 //!
 //! | name | kind | labels | moves when |
 //! |---|---|---|---|
-//! | `idem_http_requests_total` | counter | `answer` | the layer answered a request: `executed`, `replayed`, `passed_through`, `missing_key`, `malformed_key`, `scope_refused`, `too_large`, `bad_body`, `mismatch`, `in_flight`, `lease_lost`, `unavailable`, `released`, `held`, `error` |
-//! | `idem_http_shadow_total` | counter | `would` | in shadow mode, the layer would have answered other than the handler (`replayed`, `mismatch`, `in_flight`, `missing_key`, ...) |
+//! | `idem_http_requests_total` | counter | `answer`, and `route` with [`route_label`](crate::IdempotencyLayer::route_label) | the layer answered a request: `executed`, `replayed`, `passed_through`, `missing_key`, `malformed_key`, `scope_refused`, `too_large`, `bad_body`, `mismatch`, `in_flight`, `lease_lost`, `unavailable`, `released`, `held`, `error` |
+//! | `idem_http_shadow_total` | counter | `would`, and `route` as above | in shadow mode, the layer would have answered other than the handler (`replayed`, `mismatch`, `in_flight`, `missing_key`, ...) |
 //!
 //! The driver's own metrics (`idem_claims_total` and the rest, see
 //! [`idem_core::driver::observe`]) move too.
+
+use crate::layer::Config;
 
 /// `idem_http_requests_total`
 pub const REQUESTS: &str = "idem_http_requests_total";
@@ -76,10 +78,21 @@ impl Answer {
     }
 }
 
-pub(crate) fn answer(answer: Answer) {
-    metrics::counter!(REQUESTS, "answer" => answer.name()).increment(1);
+pub(crate) fn answer(config: &Config, answer: Answer) {
+    match &config.route_label {
+        Some(route) => {
+            metrics::counter!(REQUESTS, "answer" => answer.name(), "route" => route.clone())
+                .increment(1);
+        }
+        None => metrics::counter!(REQUESTS, "answer" => answer.name()).increment(1),
+    }
 }
 
-pub(crate) fn shadow(would: &'static str) {
-    metrics::counter!(SHADOW, "would" => would).increment(1);
+pub(crate) fn shadow(config: &Config, would: &'static str) {
+    match &config.route_label {
+        Some(route) => {
+            metrics::counter!(SHADOW, "would" => would, "route" => route.clone()).increment(1);
+        }
+        None => metrics::counter!(SHADOW, "would" => would).increment(1),
+    }
 }

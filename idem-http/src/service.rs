@@ -129,7 +129,7 @@ where
         if let Some(err) = self.broken.take() {
             return Box::pin(async move {
                 tracing::warn!(error = %err, "the inner service is not ready");
-                observe::answer(Answer::Error);
+                observe::answer(&config, Answer::Error);
                 let response = handler_failed(&config);
                 Ok(match grpc {
                     Some(content_type) => {
@@ -320,7 +320,7 @@ where
     ResBody: ResponseBody,
 {
     if config.shadow {
-        observe::shadow(answer.name());
+        observe::shadow(config, answer.name());
         tracing::info!(would = answer.name(), "shadow mode: passing the request on");
         let context = unprotected_context(config, &parts);
         return pass(
@@ -331,7 +331,7 @@ where
         )
         .await;
     }
-    observe::answer(answer);
+    observe::answer(config, answer);
     response
 }
 
@@ -394,7 +394,7 @@ impl Unreadable {
             }
             Unreadable::Broken => {
                 // Nothing of the body can reach the handler either, shadow mode or not.
-                observe::answer(Answer::BadBody);
+                observe::answer(config, Answer::BadBody);
                 config
                     .problem(
                         StatusCode::BAD_REQUEST,
@@ -446,7 +446,7 @@ where
     S: Inner<ResBody>,
     ResBody: ResponseBody,
 {
-    observe::answer(Answer::PassedThrough);
+    observe::answer(config, Answer::PassedThrough);
     if let Some(context) = context {
         request.extensions_mut().insert(context);
     }
@@ -522,10 +522,11 @@ where
     let captured: Captured = Arc::default();
     let pump: Pump<ResBody> = Arc::default();
     let mut work: Option<Pin<Box<dyn Future<Output = Executed> + Send>>> = Some(Box::pin({
-        let (config, captured, pump) = (
+        let (config, captured, pump, key) = (
             Arc::clone(&config),
             Arc::clone(&captured),
             Arc::clone(&pump),
+            key.clone(),
         );
         async move {
             let run = |ctx| {
@@ -547,13 +548,19 @@ where
         work: &'a mut Option<Pin<Box<dyn Future<Output = Executed> + Send>>>,
         pump: &'a Pump<ResBody>,
         config: &'a Arc<Config>,
+        key: &'a Key,
     }
     impl<ResBody: ResponseBody> Drop for Unfinished<'_, ResBody> {
         fn drop(&mut self) {
             // Also while another future of the same task unwinds (a panic beside this
             // request in a `join!`): this work is sound, and finishes elsewhere.
             if let Some(work) = self.work.take() {
-                let tail = tail(work, Arc::clone(self.pump));
+                let tail = tail(
+                    work,
+                    Arc::clone(self.pump),
+                    Arc::clone(self.config),
+                    self.key.clone(),
+                );
                 self.config.handlers.detach_orphan(tail);
             }
         }
@@ -562,6 +569,7 @@ where
         work: &mut work,
         pump: &pump,
         config: &config,
+        key: &key,
     };
     let mut head_open = true;
     let first = poll_fn(|cx| {
@@ -592,21 +600,27 @@ where
     let (head, tail) = match first {
         First::Panicked => {
             tracing::error!("the idempotency driver panicked");
-            observe::answer(Answer::Error);
+            observe::answer(&config, Answer::Error);
             return handler_failed(&config);
         }
         First::Head(head) => {
             let running = running.expect("the work runs until it answers");
-            (head, tail(running, pump))
+            (head, tail(running, pump, Arc::clone(&config), key))
         }
         First::Done(result) => match head_rx.try_recv() {
             // The handler's response began and its work ended in the same poll.
-            Ok(head) => (head, Box::pin(tail_of(result, pump)) as Tail),
+            Ok(head) => (
+                head,
+                Box::pin(tail_of(result, pump, config.clone(), key)) as Tail,
+            ),
             Err(_) => {
                 let first = || lock(&captured).take();
                 let Some(shadow) = shadow else {
-                    let (answer, response) = answer(result, first, &config);
-                    observe::answer(answer);
+                    let held_here =
+                        matches!(result, Err(Error::InFlight { .. })) && config.held.holds(&key);
+                    let (answer, response) = answer(result, first, &config, held_here);
+                    remember(&config, &key, answer);
+                    observe::answer(&config, answer);
                     return response;
                 };
                 // Boxed: shadow mode may call the handler again, whose future is not
@@ -645,18 +659,18 @@ where
     // Shadow mode: the handler's answer, always; what the layer would have said is
     // counted when it is not the handler's.
     if let Some(response) = first() {
-        observe::answer(Answer::PassedThrough);
+        observe::answer(config, Answer::PassedThrough);
         return response;
     }
-    let (would, _) = answer(result, || None, config);
-    observe::shadow(would.name());
+    let (would, _) = answer(result, || None, config, false);
+    observe::shadow(config, would.name());
     tracing::info!(would = would.name(), "shadow mode: passing the request on");
     let fingerprint = Fingerprint::of_bytes(crate::scope::path(&head).as_bytes());
     let mut request = Request::from_parts(head, full(body));
     request
         .extensions_mut()
         .insert(config.idem.detached_context(&key, fingerprint));
-    observe::answer(Answer::PassedThrough);
+    observe::answer(config, Answer::PassedThrough);
     match inner.oneshot(request).await.map_err(Into::into) {
         Ok(response) => response.map(Body::new),
         Err(err) => {
@@ -671,14 +685,21 @@ where
 fn tail<ResBody: ResponseBody>(
     work: Pin<Box<dyn Future<Output = Executed> + Send>>,
     pump: Pump<ResBody>,
+    config: Arc<Config>,
+    key: Key,
 ) -> Tail {
     Box::pin(async move {
         let result = work.await;
-        tail_of(result, pump).await;
+        tail_of(result, pump, config, key).await;
     })
 }
 
-async fn tail_of<ResBody: ResponseBody>(result: Executed, pump: Pump<ResBody>) {
+async fn tail_of<ResBody: ResponseBody>(
+    result: Executed,
+    pump: Pump<ResBody>,
+    config: Arc<Config>,
+    key: Key,
+) {
     let rest = lock(&pump).take();
     match rest {
         Some((Rest::Body(body), frames)) => stream_rest(body, frames).await,
@@ -687,7 +708,20 @@ async fn tail_of<ResBody: ResponseBody>(result: Executed, pump: Pump<ResBody>) {
         }
         None => {}
     }
-    observe::answer(streamed_answer(&result));
+    let answer = streamed_answer(&result);
+    remember(&config, &key, answer);
+    observe::answer(&config, answer);
+}
+
+/// Keeps in mind a key this layer holds after answering its request, so that a retry
+/// here is told when the lease ends; any other end forgets it.
+fn remember(config: &Config, key: &Key, answer: Answer) {
+    match answer {
+        Answer::Held => config.held.hold(key, config.idem.lease()),
+        // Still held (or running): what was known stays so.
+        Answer::InFlight => {}
+        _ => config.held.forget(key),
+    }
 }
 
 /// What a request whose response went out as the handler gave it counts as.

@@ -1,22 +1,65 @@
 //! Shadow mode: keys are claimed and responses recorded as usual, every request reaches
-//! the handler, and what the layer would have answered is counted. Alone in its binary:
-//! it installs the process-wide metrics recorder it reads.
+//! the handler, and what the layer would have answered is counted; and the layer's
+//! metrics with a route label. Alone in their binary: they install the process-wide
+//! metrics recorder they read.
 
 mod common;
 
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use common::{Effects, Server, app, client, layer, post};
 use idem_core::{Idempotency, MemoryStore};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+/// This binary's recorder, installed once whichever test comes first.
+fn snapshotter() -> &'static Snapshotter {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
+        snapshotter
+    })
+}
+
+/// The count of `name` with every label in `labels`, and no `route` label unless asked,
+/// since the binary began: a snapshot takes the counts since the last one, so they are
+/// added up here.
+fn counted(name: &str, labels: &[(&str, &str)]) -> u64 {
+    static TALLY: Mutex<Vec<(metrics::Key, u64)>> = Mutex::new(Vec::new());
+    let mut tally = TALLY.lock().unwrap();
+    for (key, _, _, value) in snapshotter().snapshot().into_vec() {
+        if let DebugValue::Counter(n) = value {
+            match tally.iter_mut().find(|(k, _)| k == key.key()) {
+                Some((_, total)) => *total += n,
+                None => tally.push((key.key().clone(), n)),
+            }
+        }
+    }
+    tally
+        .iter()
+        .filter(|(key, _)| {
+            let has = |k: &str, v: &str| key.labels().any(|l| l.key() == k && l.value() == v);
+            key.name() == name
+                && labels.iter().all(|(k, v)| has(k, v))
+                && (labels.iter().any(|(k, _)| *k == "route")
+                    || !key.labels().any(|l| l.key() == "route"))
+        })
+        .map(|(_, n)| n)
+        .sum()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_answers_as_the_handler_and_counts_what_it_would_have_done() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this binary");
+    let before = |what| counted(idem_http::observe::SHADOW, &[("would", what)]);
+    let (replayed, mismatch, missing_key) = (
+        before("replayed"),
+        before("mismatch"),
+        before("missing_key"),
+    );
 
     let idem = Idempotency::builder(MemoryStore::new())
         .lease(Duration::from_secs(30))
@@ -40,26 +83,10 @@ async fn shadow_mode_answers_as_the_handler_and_counts_what_it_would_have_done()
     }
     assert_eq!(effects.runs(), 4, "every request reached the handler");
 
-    let snapshot = snapshotter.snapshot().into_vec();
-    let would = |what: &str| {
-        snapshot
-            .iter()
-            .filter(|(key, _, _, _)| {
-                key.key().name() == idem_http::observe::SHADOW
-                    && key
-                        .key()
-                        .labels()
-                        .any(|l| l.key() == "would" && l.value() == what)
-            })
-            .map(|(_, _, _, value)| match value {
-                DebugValue::Counter(n) => *n,
-                _ => 0,
-            })
-            .sum::<u64>()
-    };
-    assert_eq!(would("replayed"), 1);
-    assert_eq!(would("mismatch"), 1);
-    assert_eq!(would("missing_key"), 1);
+    let would = |what| counted(idem_http::observe::SHADOW, &[("would", what)]);
+    assert_eq!(would("replayed"), replayed + 1);
+    assert_eq!(would("mismatch"), mismatch + 1);
+    assert_eq!(would("missing_key"), missing_key + 1);
 
     // Switched off, the record made in shadow mode is real: the retry replays.
     let live = Server::start(app(layer(idem), effects.clone())).await;
@@ -155,4 +182,20 @@ async fn shadow_mode_never_gives_two_requests_one_downstream_key() {
         40,
         "every payment has a downstream key of its own"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_label_names_the_route_of_each_answer() {
+    let requests = idem_http::observe::REQUESTS;
+    let labelled = |answer| counted(requests, &[("answer", answer), ("route", "payments")]);
+    let (executed, replayed) = (labelled("executed"), labelled("replayed"));
+    let idem = Idempotency::new(MemoryStore::new()).into_dyn();
+    let effects = Effects::default();
+    let server = Server::start(app(layer(idem).route_label("payments"), effects.clone())).await;
+    let url = server.url("/payments");
+    post(&client(), &url, Some("route-k"), "{}", &[]).await;
+    post(&client(), &url, Some("route-k"), "{}", &[]).await;
+    assert_eq!(labelled("executed"), executed + 1);
+    assert_eq!(labelled("replayed"), replayed + 1);
+    assert_eq!(effects.runs(), 1);
 }

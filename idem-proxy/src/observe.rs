@@ -1,5 +1,5 @@
 //! Metrics, through the `metrics` facade, served at `/metrics` with the layer's
-//! (`idem_http_requests_total`) and the driver's (`idem_claims_total` and the rest). No
+//! (`idem_http_requests_total`, labelled with the `route`'s name) and the driver's (`idem_claims_total` and the rest). No
 //! label carries a key, a scope, a path or a body: routes are named by the configuration.
 //!
 //! | name | kind | labels | moves when |
@@ -12,6 +12,29 @@
 //! | `idem_proxy_unprotected_keys_total` | counter | | a request carried an idempotency key on no route: it went to the upstream unprotected (`unmatched = "pass"`) |
 
 use std::time::Duration;
+
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+
+/// A Prometheus recorder's builder with every histogram (the proxy's, the driver's)
+/// exported as a Prometheus histogram, with
+/// [`SECONDS_BUCKETS`](idem_core::driver::observe::SECONDS_BUCKETS): buckets add up
+/// across replicas (`histogram_quantile(0.99, sum by (le) (rate(..._bucket[5m])))`),
+/// where the exporter's default, a summary per replica, cannot be aggregated.
+///
+/// ```
+/// let handle = idem_proxy::observe::prometheus_builder()
+///     .expect("the buckets are valid")
+///     .build_recorder()
+///     .handle();
+/// # let _ = handle;
+/// ```
+///
+/// # Errors
+///
+/// None with idem's buckets; the type is the exporter's.
+pub fn prometheus_builder() -> Result<PrometheusBuilder, BuildError> {
+    PrometheusBuilder::new().set_buckets(idem_core::driver::observe::SECONDS_BUCKETS)
+}
 
 /// `idem_proxy_requests_total`
 pub const REQUESTS: &str = "idem_proxy_requests_total";

@@ -376,6 +376,7 @@ fn layer(
         scope.of(parts, host.as_deref())
     })
     .header(route.header.clone())
+    .route_label(route.name.clone())
     .stored_headers(stored_headers)
     .requirement_with(move |parts| {
         let safe = matches!(

@@ -175,8 +175,8 @@ fn recorder() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            metrics_exporter_prometheus::PrometheusBuilder::new()
-                .install_recorder()
+            idem_proxy::observe::prometheus_builder()
+                .and_then(|builder| builder.install_recorder())
                 .expect("the only recorder of this test process")
         })
         .clone()
@@ -256,6 +256,27 @@ async fn a_keyed_request_on_no_route_is_counted() {
         ),
         "{metrics}"
     );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_are_histograms_and_the_layers_answers_name_their_route() {
+    let up = Upstream::default();
+    let toml = config(upstream(up.clone()).await, "");
+    let proxy = observed_proxy(&toml, Arc::new(MemoryStore::new()), Some(recorder())).await;
+    let (status, _, _) = pay_once(&proxy.url("/payments"), "a", Some("metrics-k"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let metrics = metrics_text(proxy.admin).await;
+    for expected in [
+        // Buckets add up across replicas, where a summary's quantiles cannot.
+        "idem_proxy_upstream_seconds_bucket{le=\"0.001\"}",
+        "idem_proxy_upstream_seconds_bucket{le=\"600\"}",
+        "idem_work_duration_seconds_bucket{le=\"0.25\"}",
+        "idem_http_requests_total{answer=\"executed\",route=\"POST /payments\"}",
+    ] {
+        assert!(metrics.contains(expected), "no {expected} in\n{metrics}");
+    }
+    assert!(!metrics.contains("quantile="), "no summaries: {metrics}");
     proxy.shutdown().await;
 }
 

@@ -46,8 +46,8 @@ pub(crate) async fn run(
         .map_err(Failure::open(target))?;
     let store: Arc<dyn Store> = store;
     // One recorder per process; the metrics of the layer and the driver go to it too.
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
+    let metrics = idem_proxy::observe::prometheus_builder()
+        .and_then(|builder| builder.install_recorder())
         .map_err(|err| Failure::Usage {
             what: format!("cannot install the metrics recorder: {err}"),
         })?;

@@ -19,6 +19,16 @@
 //! | `idem_new_keys_total` | counter | a claim created a record (a new key, or a new lifetime of one); label `scope` only with [`IdempotencyBuilder::scope_label`](crate::IdempotencyBuilder::scope_label) |
 //! | `idem_key_budget_rejections_total` | counter | a new key was refused by the [`KeyBudget`](crate::driver::KeyBudget); label as above |
 //!
+//! Histograms are durations in seconds. A recorder that exports histograms as buckets (as
+//! Prometheus' histogram type, which can be aggregated across replicas, unlike
+//! quantiles) can use [`SECONDS_BUCKETS`]:
+//!
+//! ```
+//! // 1 ms to 10 min: a replay's store round trip to the longest lease worth holding.
+//! assert_eq!(idem_core::driver::observe::SECONDS_BUCKETS.first(), Some(&0.001));
+//! assert_eq!(idem_core::driver::observe::SECONDS_BUCKETS.last(), Some(&600.0));
+//! ```
+//!
 //! Scopes often hold account ids: a raw scope as a label would leak them and give every
 //! account a time series. The `scope` label appears only when the application supplies a
 //! function mapping a scope to a label of its choosing (the operation, a tier).
@@ -47,6 +57,13 @@ pub const LEASE_LOSSES: &str = "idem_lease_losses_total";
 pub const STORE_ERRORS: &str = "idem_store_errors_total";
 /// `idem_work_duration_seconds`
 pub const WORK_DURATION: &str = "idem_work_duration_seconds";
+/// Bucket bounds for the histograms above, in seconds: from a store round trip (1 ms) to
+/// a long lease (10 min), about three per decade, so that `histogram_quantile` reads a
+/// latency within a factor of about two.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
+];
 /// `idem_purged_total`
 pub const PURGED: &str = "idem_purged_total";
 

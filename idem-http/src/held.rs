@@ -1,0 +1,109 @@
+//! The keys this layer answered with a response it held (a 5xx, a response it could not
+//! store): nothing runs under them any more, yet the store answers "in flight" until
+//! their lease ends. A retry that reaches this replica is told the lease's end (capped by
+//! [`held_retry_after`](crate::IdempotencyLayer::held_retry_after)) instead of polling
+//! every second for a whole lease. Another replica does not know, and answers as for
+//! work in flight: the store cannot tell the two apart.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use idem_core::Key;
+
+/// Past this many keys held at once, new ones are not remembered (their retries are
+/// answered as for work in flight): the memory stays bounded under a flood of failures.
+const MOST: usize = 10_000;
+
+/// Keys held after their response, each until its lease ends at the latest.
+#[derive(Debug, Default)]
+pub(crate) struct HeldKeys {
+    until: Mutex<HashMap<Key, Instant>>,
+}
+
+impl HeldKeys {
+    /// Remembers `key` as held for at most `lease` from now.
+    pub(crate) fn hold(&self, key: &Key, lease: Duration) {
+        let now = Instant::now();
+        let Some(until) = now.checked_add(lease) else {
+            return;
+        };
+        let mut held = self.lock();
+        if held.len() >= MOST {
+            held.retain(|_, until| *until > now);
+            if held.len() >= MOST {
+                return;
+            }
+        }
+        held.insert(key.clone(), until);
+    }
+
+    /// Whether `key` was held by this layer and its lease may not have ended yet.
+    pub(crate) fn holds(&self, key: &Key) -> bool {
+        let mut held = self.lock();
+        match held.get(key) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                held.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets `key`: something ran under it again, or it was finished.
+    pub(crate) fn forget(&self, key: &Key) {
+        let mut held = self.lock();
+        if !held.is_empty() {
+            held.remove(key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Instant>> {
+        // A panic while holding the map leaves a map, still sound to read.
+        self.until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_key_is_known_until_its_lease_ends() {
+        let held = HeldKeys::default();
+        let key = Key::new("s", "k").unwrap();
+        let other = Key::new("s", "other").unwrap();
+        held.hold(&key, Duration::from_secs(60));
+        assert!(held.holds(&key));
+        assert!(!held.holds(&other));
+        held.forget(&key);
+        assert!(!held.holds(&key));
+        held.hold(&key, Duration::ZERO);
+        assert!(!held.holds(&key), "a lease already over holds nothing");
+        assert!(held.lock().is_empty(), "an ended hold is dropped when read");
+    }
+
+    #[test]
+    fn at_most_so_many_keys_are_remembered() {
+        let held = HeldKeys::default();
+        for i in 0..MOST + 5 {
+            held.hold(
+                &Key::new("s", format!("k{i}")).unwrap(),
+                Duration::from_secs(60),
+            );
+        }
+        assert_eq!(held.lock().len(), MOST);
+        assert!(!held.holds(&Key::new("s", format!("k{}", MOST + 1)).unwrap()));
+        // Ended holds make room.
+        let ended = HeldKeys::default();
+        for i in 0..MOST {
+            ended.hold(&Key::new("s", format!("k{i}")).unwrap(), Duration::ZERO);
+        }
+        let fresh = Key::new("s", "fresh").unwrap();
+        ended.hold(&fresh, Duration::from_secs(60));
+        assert!(ended.holds(&fresh));
+    }
+}

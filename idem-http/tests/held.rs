@@ -1,0 +1,131 @@
+//! A key held after its first request was answered (a 5xx): nothing runs under it until
+//! its lease ends, and a retry is told so, where a key whose work still runs is polled
+//! again within a second.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Effects, Server, app, client, layer, post};
+use idem_core::{Idempotency, MemoryStore};
+
+fn idem(store: &MemoryStore, lease: Duration) -> Idempotency {
+    Idempotency::builder(store.clone())
+        .lease(lease)
+        .build()
+        .expect("valid settings")
+        .into_dyn()
+}
+
+fn retry_after(answer: &common::Answer) -> u64 {
+    answer
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("a Retry-After in seconds: {answer:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_of_a_held_key_is_told_when_its_lease_ends() {
+    let store = MemoryStore::new();
+    let effects = Effects::default();
+    let layer = layer(idem(&store, Duration::from_secs(20)));
+    let server = Server::start(app(layer, effects.clone())).await;
+    let url = server.url("/payments");
+    let http = client();
+
+    let failed = post(&http, &url, Some("k1"), "{}", &[("x-status", "500")]).await;
+    assert_eq!(failed.status, 500);
+    let retried = post(&http, &url, Some("k1"), "{}", &[]).await;
+    assert_eq!(retried.status, 409, "{retried:?}");
+    let wait = retry_after(&retried);
+    assert!(
+        (15..=20).contains(&wait),
+        "the held lease's end (20 s lease), not a second: {wait}"
+    );
+    let problem = retried.json();
+    assert!(
+        problem["type"].as_str().unwrap().ends_with("in-flight"),
+        "still the in-flight type, which clients poll on: {problem}"
+    );
+    assert!(
+        problem["title"].as_str().unwrap().contains("held"),
+        "{problem}"
+    );
+    assert_eq!(effects.runs(), 1, "nothing ran again");
+
+    // A key whose first request still runs is polled again within a second.
+    let running = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { post(&http, &url, Some("k2"), "{}", &[("x-sleep-ms", "1500")]).await }
+    });
+    effects.wait_for_runs(2).await;
+    let duplicate = post(&http, &url, Some("k2"), "{}", &[]).await;
+    assert_eq!(duplicate.status, 409, "{duplicate:?}");
+    assert_eq!(retry_after(&duplicate), 1);
+    assert_eq!(running.await.unwrap().status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_held_answer_is_capped_and_only_its_replica_knows() {
+    let store = MemoryStore::new();
+    let effects = Effects::default();
+    let capped =
+        layer(idem(&store, Duration::from_secs(120))).held_retry_after(Duration::from_secs(5));
+    let server = Server::start(app(capped, effects.clone())).await;
+    let other = Server::start(app(
+        layer(idem(&store, Duration::from_secs(120))),
+        effects.clone(),
+    ))
+    .await;
+    let http = client();
+
+    let failed = post(
+        &http,
+        &server.url("/payments"),
+        Some("k"),
+        "{}",
+        &[("x-status", "503")],
+    )
+    .await;
+    assert_eq!(failed.status, 503);
+    let here = post(&http, &server.url("/payments"), Some("k"), "{}", &[]).await;
+    assert_eq!((here.status, retry_after(&here)), (409, 5), "{here:?}");
+    // The store cannot tell a held key from one in flight: another replica polls.
+    let there = post(&http, &other.url("/payments"), Some("k"), "{}", &[]).await;
+    assert_eq!((there.status, retry_after(&there)), (409, 1), "{there:?}");
+    assert_eq!(effects.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_run_again_after_its_lease_is_no_longer_held() {
+    let store = MemoryStore::new();
+    let effects = Effects::default();
+    let server = Server::start(app(
+        layer(idem(&store, Duration::from_millis(300))),
+        effects.clone(),
+    ))
+    .await;
+    let url = server.url("/payments");
+    let http = client();
+
+    assert_eq!(
+        post(&http, &url, Some("k"), "{}", &[("x-status", "500")])
+            .await
+            .status,
+        500
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The lease ended: the retry runs, and while it runs a duplicate is polled as usual.
+    let running = tokio::spawn({
+        let (http, url) = (http.clone(), url.clone());
+        async move { post(&http, &url, Some("k"), "{}", &[("x-sleep-ms", "1000")]).await }
+    });
+    effects.wait_for_runs(2).await;
+    let duplicate = post(&http, &url, Some("k"), "{}", &[]).await;
+    assert_eq!(
+        (duplicate.status, retry_after(&duplicate)),
+        (409, 1),
+        "{duplicate:?}"
+    );
+    assert_eq!(running.await.unwrap().status, 201);
+}

@@ -13,6 +13,27 @@ use http::{HeaderName, Method, StatusCode};
 use serde::Deserialize;
 use toml::Spanned;
 
+/// The default `shutdown_grace`: 20 s, which with
+/// [`DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES`] ends a shutdown within Kubernetes' default
+/// `terminationGracePeriodSeconds` (30 s), before the pod is killed.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// The default `shutdown_delay` under Kubernetes: 5 s of serving after `/readyz` turned
+/// 503, while the endpoints drop the terminating pod and the load balancers and proxies
+/// that read them catch up (a request sent meanwhile would otherwise find no listener).
+/// Elsewhere the default is 0, so that Ctrl-C on a workstation stops at once.
+pub const DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES: Duration = Duration::from_secs(5);
+
+/// The default `shutdown_delay`: [`DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES`] when the proxy
+/// runs in a Kubernetes pod, else none.
+fn default_shutdown_delay(on_kubernetes: bool) -> Duration {
+    if on_kubernetes {
+        DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// The whole configuration of one proxy.
 ///
 /// ```
@@ -69,10 +90,13 @@ pub struct Config {
     /// only a load balancer or gateway that sets them can reach the proxy.
     pub trust_forwarded_headers: bool,
     /// How long a shutdown keeps serving after `/readyz` turned 503, so that a load
-    /// balancer stops sending first (default 0).
+    /// balancer stops sending first: by default 5 s under Kubernetes (the proxy's
+    /// environment has `KUBERNETES_SERVICE_HOST`), whose endpoints take a few seconds to
+    /// drop a terminating pod, and 0 elsewhere ([`DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES`]).
     pub shutdown_delay: Duration,
     /// How long a shutdown waits for requests in flight to finish and store their
-    /// answers (default 30 s).
+    /// answers (default 20 s: with the delay, within Kubernetes' default 30 s
+    /// `terminationGracePeriodSeconds`, so that the pod is not killed mid-answer).
     pub shutdown_grace: Duration,
     /// The limits every client is held to, protected route or not.
     pub clients: ClientLimits,
@@ -848,14 +872,14 @@ impl File {
                 at,
                 "shutdown_grace",
                 self.shutdown_grace.as_ref(),
-                Duration::from_secs(30),
+                DEFAULT_SHUTDOWN_GRACE,
                 Duration::ZERO,
             )?,
             shutdown_delay: duration(
                 at,
                 "shutdown_delay",
                 self.shutdown_delay.as_ref(),
-                Duration::ZERO,
+                default_shutdown_delay(std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()),
                 Duration::ZERO,
             )?,
             clients: self.client_limits(at)?,
@@ -1337,6 +1361,13 @@ fn scope_of(at: &Locator<'_>, spanned: &Spanned<ScopeFile>) -> Result<ScopeSourc
 #[cfg(test)]
 mod tests {
     use super::without_password;
+
+    #[test]
+    fn a_pod_waits_for_its_endpoints_to_drop_it_and_a_workstation_does_not() {
+        use std::time::Duration;
+        assert_eq!(super::default_shutdown_delay(true), Duration::from_secs(5));
+        assert_eq!(super::default_shutdown_delay(false), Duration::ZERO);
+    }
 
     #[test]
     fn a_store_urls_password_is_hidden() {

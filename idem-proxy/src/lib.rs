@@ -112,13 +112,15 @@ mod config;
 mod idle;
 mod jwks;
 pub mod observe;
+mod overrides;
 mod routes;
 mod scope;
 mod server;
 mod upstream;
 
 pub use config::{
-    ClientLimits, Config, ConfigError, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
+    ClientLimits, Config, ConfigError, DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES,
+    DEFAULT_SHUTDOWN_GRACE, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
 };
 pub use jwks::JwksError;
 pub use routes::RouteError;

@@ -40,12 +40,20 @@ fn a_good_file_has_the_documented_defaults() {
     assert_eq!(config.admin_listen.to_string(), "127.0.0.1:9464");
     assert_eq!(config.upstream_timeout, Duration::from_secs(60));
     assert_eq!(config.connect_timeout, Duration::from_secs(2));
-    assert_eq!(config.shutdown_grace, Duration::from_secs(30));
+    assert_eq!(config.shutdown_grace, Duration::from_secs(20));
+    // Within Kubernetes' default 30 s grace period, with the delay a pod gets.
+    assert!(
+        config.shutdown_grace + idem_proxy::DEFAULT_SHUTDOWN_DELAY_ON_KUBERNETES
+            < Duration::from_secs(30)
+    );
     assert!(!config.migrate && config.purge_interval.is_none() && config.store.is_none());
     assert_eq!(config.store_connections, 16);
     assert_eq!(config.upstream_idle_timeout, Duration::from_millis(1500));
     assert!(!config.trust_forwarded_headers);
-    assert_eq!(config.shutdown_delay, Duration::ZERO);
+    // Outside a Kubernetes pod (as the tests run), Ctrl-C stops at once.
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        assert_eq!(config.shutdown_delay, Duration::ZERO);
+    }
     assert_eq!(config.clients, idem_proxy::ClientLimits::default());
     assert_eq!(config.clients.header_timeout, Duration::from_secs(75));
     assert_eq!(config.clients.body_timeout, Duration::from_secs(60));

@@ -18,12 +18,13 @@ use std::sync::Arc;
 use http::{Method, Request, Response, StatusCode};
 use idem_core::{Idempotency, Store};
 use idem_http::{
-    Body, Disposition, Handlers, IdempotencyLayer, IdempotencyService, KeyRequirement, Problem,
+    Body, Disposition, Handlers, IdempotencyLayer, IdempotencyService, KeyRequirement,
 };
 use tower::{Layer, ServiceExt};
 
 use crate::config::{Config, ConfigError, KeyRule, Route};
 use crate::jwks::Jwks;
+use crate::overrides;
 use crate::scope::{Scope, ScopeError};
 use crate::upstream::Upstream;
 
@@ -41,6 +42,8 @@ struct Compiled {
     /// Whether the route's own pattern ends with `/` (or catches all): one that does not
     /// is also matched with a trailing `/`, which is then the same operation.
     slashed: bool,
+    /// The route's `max_request_body`: a form body is read up to it for overrides.
+    max_request_body: usize,
 }
 
 /// Every route, and the matchers that pick one.
@@ -163,6 +166,7 @@ impl Routes {
                 protection,
                 // A catch-all's paths are its own: a trailing `/` there may mean something.
                 slashed: route.path.ends_with('/') || route.path.contains("{*"),
+                max_request_body: route.max_request_body,
             });
         }
         // Then each pattern with a trailing slash, where no route claimed that itself.
@@ -215,9 +219,12 @@ impl Routes {
         match &self.routes[index].protection {
             Protection::Exempt(upstream) => upstream.forward(request).await,
             Protection::Protected(service) => {
-                if let Some(named) = overridden(&request, self.overrides_reach_upstream) {
-                    return refuse_override(named);
-                }
+                let limit = self.routes[index].max_request_body;
+                let request =
+                    match overrides::check(request, self.overrides_reach_upstream, limit).await {
+                        Ok(request) => request,
+                        Err(refusal) => return refusal,
+                    };
                 match service.clone().oneshot(request).await {
                     Ok(response) => response,
                     Err(never) => match never {},
@@ -225,84 +232,6 @@ impl Routes {
             }
         }
     }
-}
-
-/// Headers by which a request names another method than its own, which frameworks
-/// upstream act on (Express's method-override, Google's APIs, ...).
-const METHOD_HEADERS: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
-];
-
-/// Headers by which a request names another path than its own (IIS, Symfony).
-const PATH_HEADERS: [&str; 2] = ["x-original-url", "x-rewrite-url"];
-
-/// What in `request` names another method or path than the route matched, which the
-/// upstream would act on under this route's key and scope: an override header that
-/// reaches the upstream (`headers_reach`: only under `trust_forwarded_headers`; else the
-/// proxy removes them) naming another method or path, or `_method` in the query of a
-/// request that changes things (as PHP reads names: `_method`, `.method`, ` method`,
-/// `[method` are one).
-fn overridden(request: &Request<Body>, headers_reach: bool) -> Option<&'static str> {
-    let value = |name: &str| {
-        request
-            .headers()
-            .get_all(name)
-            .iter()
-            .filter_map(|value| value.to_str().ok())
-            .map(str::trim)
-            .collect::<Vec<_>>()
-    };
-    if headers_reach {
-        let method = request.method().as_str();
-        if let Some(name) = METHOD_HEADERS.into_iter().find(|name| {
-            value(name)
-                .iter()
-                .any(|named| !named.eq_ignore_ascii_case(method))
-        }) {
-            return Some(name);
-        }
-        let path = request.uri().path();
-        if let Some(name) = PATH_HEADERS.into_iter().find(|name| {
-            value(name)
-                .iter()
-                .any(|named| *named != path && !named.starts_with(&format!("{path}?")))
-        }) {
-            return Some(name);
-        }
-    }
-    if request.method().is_safe() {
-        return None;
-    }
-    let query = request.uri().query()?;
-    query
-        .split('&')
-        .filter_map(|pair| pair.split('=').next())
-        .any(|name| {
-            let name = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
-            // PHP turns leading spaces away, and ` `, `.` and `[` into `_`.
-            let name: String = name
-                .trim_start_matches(' ')
-                .chars()
-                .map(|c| if matches!(c, ' ' | '.' | '[') { '_' } else { c })
-                .collect();
-            name.eq_ignore_ascii_case("_method")
-        })
-        .then_some("_method")
-}
-
-/// 400 for a protected request that names another method or path.
-fn refuse_override(named: &str) -> Response<Body> {
-    Problem::new(
-        StatusCode::BAD_REQUEST,
-        "method-override",
-        "Method and path overrides are refused on protected routes",
-    )
-    .detail(format!(
-        "This request carries `{named}`, which names another method or path than the one its route matched; send the request with its real method and path."
-    ))
-    .into_http_response()
 }
 
 /// The host a request names (its `Host`, or its URI's authority under HTTP/2),

@@ -919,6 +919,76 @@ async fn method_and_path_overrides_are_refused_on_protected_routes() {
     proxy.shutdown().await;
 }
 
+/// Rails, Laravel and Symfony also read `_method` from a form's body: a protected form
+/// that names another method is refused before anything is claimed; any other form
+/// reaches the upstream whole, however its body arrived; a form over the route's body
+/// limit is the layer's 413, as without the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forms_method_override_is_refused_and_other_forms_pass_whole() {
+    let (up, proxy) = started("max_request_body = 64").await;
+    let form = |body: &'static str, path: &'static str| {
+        client()
+            .post(proxy.url(path))
+            .header("x-account-id", "acct_1")
+            .header(
+                "content-type",
+                "application/x-www-form-urlencoded; charset=utf-8",
+            )
+            .header("idempotency-key", "k-form")
+            .body(body)
+            .send()
+    };
+    for (body, path) in [
+        ("amount=5&_method=DELETE", "/payments"),
+        ("_method=PUT", "/payments"),
+        // As PHP reads names: `+` is a space, and a leading one goes.
+        ("amount=5&+_method=DELETE", "/payments"),
+        ("amount=5&%2Emethod=DELETE", "/payments"),
+        ("amount=5", "/payments?+_method=DELETE"),
+    ] {
+        let refused = form(body, path).await.unwrap();
+        assert_eq!(refused.status().as_u16(), 400, "{body} {path}");
+        assert!(refused.text().await.unwrap().contains("method-override"));
+    }
+    assert_eq!(up.total(), 0, "nothing forwarded");
+
+    // A form sent in pieces, by a client on a raw socket: read ahead, then forwarded whole.
+    let body = "amount=5&method_note=x&note=_method";
+    let mut socket = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST /payments HTTP/1.1\r\nhost: {}\r\nx-account-id: acct_1\r\nidempotency-key: k-form\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        proxy.addr,
+        body.len()
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(&body.as_bytes()[..10]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    socket.write_all(&body.as_bytes()[10..]).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), socket.read_to_string(&mut answer))
+        .await
+        .expect("answered within 10 s")
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        answer.contains(body),
+        "the whole form reached the upstream: {answer}"
+    );
+    assert_eq!(up.runs("k-form"), 1);
+
+    // Over the limit: the layer's own refusal.
+    let long = form(
+        "amount=5&memo=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "/payments",
+    )
+    .await
+    .unwrap();
+    assert_eq!(long.status().as_u16(), 413);
+    assert_eq!(up.runs("k-form"), 1);
+    proxy.shutdown().await;
+}
+
 /// An upstream that redirects `/slashy` to `/slashy/` (Starlette, Werkzeug): both
 /// spellings are one operation at the proxy, so the redirect is released, never kept, or
 /// the client following it with its key would be replayed the redirect forever.

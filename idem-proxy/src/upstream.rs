@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | could not be reached (refused, no route, connect timeout) | 502 | released: the request never left the proxy, a retry runs it |
 //! | took the request and sent no response head in `upstream_timeout` | 504 | held until the lease ends: the effect may have happened |
-//! | refused the request's HTTP/2 stream (`REFUSED_STREAM`: nothing of it was processed) | 502 | released: a retry runs it |
+//! | refused the request's HTTP/2 stream (`REFUSED_STREAM`, or a graceful `GOAWAY` whose last stream id is below it: nothing of it was processed) | 502 | released: a retry runs it |
 //! | broke the connection before the response head | 502 | held, for the same reason |
 //! | sent its response head, then broke off its body, or (protected routes) let it stall for `upstream_timeout` | the client's connection is cut, after the head where it already went | the head decides: a stored status finishes the key without its body (a retry gets the status and headers with `idempotent-body-not-stored: true`, never a second run); a released or held one as its status says |
 //!
@@ -390,17 +390,21 @@ fn scoped_key(key: &idem_core::Key) -> HeaderValue {
     HeaderValue::from_str(&text).unwrap_or(HeaderValue::from_static("idem-"))
 }
 
-/// Whether the upstream refused the request's HTTP/2 stream (`REFUSED_STREAM`), which
-/// says that no part of it was processed (RFC 9113, section 8.7): a retry may run it. A
-/// `GOAWAY` is not read so: hyper does not tell the streams past its last id from those
-/// cut after they were taken.
+/// Whether the upstream said that no part of the request's HTTP/2 stream was processed
+/// (RFC 9113, section 8.7), so that a retry may run it:
+/// - it reset the stream with `REFUSED_STREAM`;
+/// - it went away gracefully (`GOAWAY` with `NO_ERROR`) with a last stream id below the
+///   stream's. The h2 crate fails a stream with that `GOAWAY` only when the stream is
+///   past the last id: the streams the upstream took run on, and one cut later fails
+///   with the connection's own error. A `GOAWAY` with an error code is not read so:
+///   it fails every stream, those taken included.
 fn refused_stream(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut source = Some(err);
     while let Some(cause) = source {
         if let Some(h2) = cause.downcast_ref::<h2::Error>() {
-            return h2.is_reset()
-                && h2.is_remote()
-                && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            let passed_over = h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR);
+            return h2.is_remote() && (refused || passed_over);
         }
         source = cause.source();
     }

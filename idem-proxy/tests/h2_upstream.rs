@@ -61,3 +61,91 @@ async fn a_refused_stream_releases_its_key_and_the_retry_runs_once() {
     assert_eq!(answered.load(Ordering::SeqCst), 1);
     proxy.shutdown().await;
 }
+
+/// An h2c upstream whose first connection reads the first stream's head and answers it
+/// with `GOAWAY` whose last stream id is 0, `NO_ERROR` (a graceful shutdown that took
+/// none of the streams: RFC 9113, section 6.8, says they were not processed), written
+/// frame by frame on the socket; later connections answer 201. Counts the streams
+/// answered.
+async fn going_away_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&answered);
+    tokio::spawn(async move {
+        let Ok((mut socket, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut preface = [0u8; 24];
+            if socket.read_exact(&mut preface).await.is_err() {
+                return;
+            }
+            // Our SETTINGS (none), then the client's frames until a HEADERS.
+            let _ = socket.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await;
+            for _ in 0..16 {
+                let mut head = [0u8; 9];
+                if socket.read_exact(&mut head).await.is_err() {
+                    return;
+                }
+                let length =
+                    usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                let mut payload = vec![0u8; length];
+                if socket.read_exact(&mut payload).await.is_err() {
+                    return;
+                }
+                match head[3] {
+                    // SETTINGS, not an ACK: acknowledged.
+                    4 if head[4] & 1 == 0 => {
+                        let _ = socket.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await;
+                    }
+                    // HEADERS: gone away, taking no stream.
+                    1 => {
+                        let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                        let _ = socket.write_all(&goaway).await;
+                        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        });
+        while let Ok((socket, _)) = listener.accept().await {
+            let answered = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let Ok(mut connection) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    let head = Response::builder().status(201).body(()).unwrap();
+                    let _ = respond.send_response(head, true);
+                }
+            });
+        }
+    });
+    (addr, answered)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_past_a_graceful_goaway_releases_its_key() {
+    let (addr, answered) = going_away_upstream().await;
+    let toml = config_with(addr, "upstream_http2 = true", "");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let url = proxy.url("/payments");
+
+    let (status, _, body) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body.contains("upstream-refused"), "{body}");
+    assert_eq!(answered.load(Ordering::SeqCst), 0);
+
+    // Released: the retry reaches the upstream at once, and runs once.
+    let (status, _, body) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, headers, _) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(answered.load(Ordering::SeqCst), 1);
+    proxy.shutdown().await;
+}

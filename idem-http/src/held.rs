@@ -38,11 +38,18 @@ impl HeldKeys {
         held.insert(key.clone(), until);
     }
 
-    /// Whether `key` was held by this layer and its lease may not have ended yet.
-    pub(crate) fn holds(&self, key: &Key) -> bool {
+    /// Whether `key` is still under the lease this layer held it with, given that the
+    /// store says its lease ends in `lease_left`. The held lease ended by the time this
+    /// layer remembered (its answer's time plus a whole lease); a lease that ends later
+    /// is another attempt's, which took the key over since (here or on another replica,
+    /// or after an operator's release) and whose work runs.
+    pub(crate) fn holds(&self, key: &Key, lease_left: Duration) -> bool {
         let mut held = self.lock();
+        let now = Instant::now();
         match held.get(key) {
-            Some(until) if *until > Instant::now() => true,
+            Some(until) if *until > now => {
+                now.checked_add(lease_left).is_some_and(|end| end <= *until)
+            }
             Some(_) => {
                 held.remove(key);
                 false
@@ -77,12 +84,19 @@ mod tests {
         let key = Key::new("s", "k").unwrap();
         let other = Key::new("s", "other").unwrap();
         held.hold(&key, Duration::from_secs(60));
-        assert!(held.holds(&key));
-        assert!(!held.holds(&other));
+        assert!(held.holds(&key, Duration::from_secs(50)));
+        assert!(
+            !held.holds(&key, Duration::from_secs(70)),
+            "a later lease is another attempt's"
+        );
+        assert!(!held.holds(&other, Duration::from_secs(50)));
         held.forget(&key);
-        assert!(!held.holds(&key));
+        assert!(!held.holds(&key, Duration::from_secs(50)));
         held.hold(&key, Duration::ZERO);
-        assert!(!held.holds(&key), "a lease already over holds nothing");
+        assert!(
+            !held.holds(&key, Duration::ZERO),
+            "a lease already over holds nothing"
+        );
         assert!(held.lock().is_empty(), "an ended hold is dropped when read");
     }
 
@@ -96,7 +110,10 @@ mod tests {
             );
         }
         assert_eq!(held.lock().len(), MOST);
-        assert!(!held.holds(&Key::new("s", format!("k{}", MOST + 1)).unwrap()));
+        assert!(!held.holds(
+            &Key::new("s", format!("k{}", MOST + 1)).unwrap(),
+            Duration::from_secs(1)
+        ));
         // Ended holds make room.
         let ended = HeldKeys::default();
         for i in 0..MOST {
@@ -104,6 +121,6 @@ mod tests {
         }
         let fresh = Key::new("s", "fresh").unwrap();
         ended.hold(&fresh, Duration::from_secs(60));
-        assert!(ended.holds(&fresh));
+        assert!(ended.holds(&fresh, Duration::from_secs(1)));
     }
 }

@@ -530,6 +530,8 @@ where
         );
         async move {
             let run = |ctx| {
+                // Claimed here: whatever this layer held the key with has ended.
+                config.held.forget(&key);
                 handler_outcome(
                     inner,
                     request,
@@ -616,8 +618,12 @@ where
             Err(_) => {
                 let first = || lock(&captured).take();
                 let Some(shadow) = shadow else {
-                    let held_here =
-                        matches!(result, Err(Error::InFlight { .. })) && config.held.holds(&key);
+                    let held_here = match &result {
+                        Err(Error::InFlight { retry_after }) => {
+                            config.held.holds(&key, *retry_after)
+                        }
+                        _ => false,
+                    };
                     let (answer, response) = answer(result, first, &config, held_here);
                     remember(&config, &key, answer);
                     observe::answer(&config, answer);
@@ -716,6 +722,10 @@ async fn tail_of<ResBody: ResponseBody>(
 /// Keeps in mind a key this layer holds after answering its request, so that a retry
 /// here is told when the lease ends; any other end forgets it.
 fn remember(config: &Config, key: &Key, answer: Answer) {
+    // Shadow mode never answers for a held key: nothing to remember.
+    if config.shadow {
+        return;
+    }
     match answer {
         Answer::Held => config.held.hold(key, config.idem.lease()),
         // Still held (or running): what was known stays so.

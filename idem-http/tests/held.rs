@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Effects, Server, app, client, layer, post};
-use idem_core::{Idempotency, MemoryStore};
+use idem_core::{Heartbeat, Idempotency, MemoryStore};
 
 fn idem(store: &MemoryStore, lease: Duration) -> Idempotency {
     Idempotency::builder(store.clone())
@@ -96,36 +96,53 @@ async fn the_held_answer_is_capped_and_only_its_replica_knows() {
     assert_eq!(effects.runs(), 1);
 }
 
+/// The layer remembers a held key for at most a lease from its answer, which may outlast
+/// the store's lease (renewed last before the answer). A retry that took the key over in
+/// between, on another replica, runs the request: a duplicate here is told to poll, not
+/// that the key is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_run_again_after_its_lease_is_no_longer_held() {
+async fn a_key_taken_over_elsewhere_is_no_longer_held_here() {
     let store = MemoryStore::new();
     let effects = Effects::default();
-    let server = Server::start(app(
-        layer(idem(&store, Duration::from_millis(300))),
-        effects.clone(),
-    ))
-    .await;
-    let url = server.url("/payments");
+    // Without heartbeats the lease ends a lease after the claim, and the held answer
+    // comes 2 s into it: this layer remembers the key until 3 s after that answer.
+    let unrenewed = || {
+        Idempotency::builder(store.clone())
+            .lease(Duration::from_secs(3))
+            .heartbeat(Heartbeat::Off)
+            .build()
+            .expect("valid settings")
+            .into_dyn()
+    };
+    let here = Server::start(app(layer(unrenewed()), effects.clone())).await;
+    let there = Server::start(app(layer(unrenewed()), effects.clone())).await;
     let http = client();
 
-    assert_eq!(
-        post(&http, &url, Some("k"), "{}", &[("x-status", "500")])
-            .await
-            .status,
-        500
-    );
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    // The lease ended: the retry runs, and while it runs a duplicate is polled as usual.
-    let running = tokio::spawn({
-        let (http, url) = (http.clone(), url.clone());
-        async move { post(&http, &url, Some("k"), "{}", &[("x-sleep-ms", "1000")]).await }
+    let failed = post(
+        &http,
+        &here.url("/payments"),
+        Some("k"),
+        "{}",
+        &[("x-status", "500"), ("x-sleep-ms", "2000")],
+    )
+    .await;
+    assert_eq!(failed.status, 500);
+    // Past the store's lease, not past what this layer remembers.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let takeover = tokio::spawn({
+        let (http, url) = (http.clone(), there.url("/payments"));
+        async move { post(&http, &url, Some("k"), "{}", &[("x-sleep-ms", "1500")]).await }
     });
     effects.wait_for_runs(2).await;
-    let duplicate = post(&http, &url, Some("k"), "{}", &[]).await;
+    let duplicate = post(&http, &here.url("/payments"), Some("k"), "{}", &[]).await;
     assert_eq!(
         (duplicate.status, retry_after(&duplicate)),
         (409, 1),
         "{duplicate:?}"
     );
-    assert_eq!(running.await.unwrap().status, 201);
+    assert!(
+        !duplicate.json()["title"].as_str().unwrap().contains("held"),
+        "{duplicate:?}"
+    );
+    assert_eq!(takeover.await.unwrap().status, 201);
 }

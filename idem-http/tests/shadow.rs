@@ -54,7 +54,13 @@ fn counted(name: &str, labels: &[(&str, &str)]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_mode_answers_as_the_handler_and_counts_what_it_would_have_done() {
-    let before = |what| counted(idem_http::observe::SHADOW, &[("would", what)]);
+    // A label of this test's own: the binary's other tests count beside it.
+    let before = |what| {
+        counted(
+            idem_http::observe::SHADOW,
+            &[("would", what), ("route", "shadow-counts")],
+        )
+    };
     let (replayed, mismatch, missing_key) = (
         before("replayed"),
         before("mismatch"),
@@ -67,7 +73,10 @@ async fn shadow_mode_answers_as_the_handler_and_counts_what_it_would_have_done()
         .unwrap()
         .into_dyn();
     let effects = Effects::default();
-    let server = Server::start(app(layer(idem.clone()).shadow(true), effects.clone())).await;
+    let shadowed = layer(idem.clone())
+        .shadow(true)
+        .route_label("shadow-counts");
+    let server = Server::start(app(shadowed, effects.clone())).await;
     let url = server.url("/payments");
 
     let first = post(&client(), &url, Some("k"), r#"{"amount":5}"#, &[]).await;
@@ -83,7 +92,12 @@ async fn shadow_mode_answers_as_the_handler_and_counts_what_it_would_have_done()
     }
     assert_eq!(effects.runs(), 4, "every request reached the handler");
 
-    let would = |what| counted(idem_http::observe::SHADOW, &[("would", what)]);
+    let would = |what| {
+        counted(
+            idem_http::observe::SHADOW,
+            &[("would", what), ("route", "shadow-counts")],
+        )
+    };
     assert_eq!(would("replayed"), replayed + 1);
     assert_eq!(would("mismatch"), mismatch + 1);
     assert_eq!(would("missing_key"), missing_key + 1);

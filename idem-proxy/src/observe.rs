@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
 
-/// A Prometheus recorder's builder with every histogram (the proxy's, the driver's)
-/// exported as a Prometheus histogram, with
+/// A Prometheus recorder's builder with idem's histograms (the proxy's, the driver's:
+/// every metric named `idem_...`) exported as Prometheus histograms, with
 /// [`SECONDS_BUCKETS`](idem_core::driver::observe::SECONDS_BUCKETS): buckets add up
 /// across replicas (`histogram_quantile(0.99, sum by (le) (rate(..._bucket[5m])))`),
 /// where the exporter's default, a summary per replica, cannot be aggregated.
@@ -33,7 +33,11 @@ use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
 ///
 /// None with idem's buckets; the type is the exporter's.
 pub fn prometheus_builder() -> Result<PrometheusBuilder, BuildError> {
-    PrometheusBuilder::new().set_buckets(idem_core::driver::observe::SECONDS_BUCKETS)
+    // idem's histograms only: another library's in the same process keeps its own kind.
+    PrometheusBuilder::new().set_buckets_for_metric(
+        Matcher::Prefix("idem_".to_owned()),
+        idem_core::driver::observe::SECONDS_BUCKETS,
+    )
 }
 
 /// `idem_proxy_requests_total`

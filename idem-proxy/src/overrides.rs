@@ -2,64 +2,108 @@
 //! method or path than the one its route matched, which the upstream would act on under
 //! this route's key and scope. Such requests are refused (400 `method-override`).
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
-use http::{Request, Response, StatusCode, header};
+use http::{HeaderName, Method, Request, Response, StatusCode, header};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use idem_core::BoxError;
 use idem_http::{Body, Problem};
 
 /// `request` as it came (its body read ahead only where it is a form), or the refusal
-/// when it names another method or path. `limit` is the route's `max_request_body`: a
-/// form body longer than it is not read through (the layer refuses it as too large).
+/// when it names another method or path. A body is read ahead only for a request that
+/// carries its route's key (`key_header`: without one, the layer refuses it or passes it
+/// on unprotected, and nothing is claimed), and only within `limit`, the route's
+/// `max_request_body`: a form longer than that is not read through, and the layer
+/// refuses it as too large, at once when its length says so.
 pub(crate) async fn check(
     request: Request<Body>,
     headers_reach: bool,
+    key_header: &HeaderName,
     limit: usize,
 ) -> Result<Request<Body>, Response<Body>> {
     if let Some(named) = overridden(&request, headers_reach) {
         return Err(refuse_override(named));
     }
-    if request.method().is_safe() || !is_form(&request) {
+    if request.method().is_safe() || !request.headers().contains_key(key_header) {
         return Ok(request);
     }
     // Rails, Laravel and Symfony read `_method` from a form's body too.
+    let Some(form) = form_kind(&request) else {
+        return Ok(request);
+    };
+    if http_body::Body::size_hint(request.body()).lower() > limit as u64 {
+        return Ok(request);
+    }
     let (parts, body) = request.into_parts();
     let (read, whole) = read_ahead(body, limit).await;
-    if let Some(form) = whole
-        && form
+    let named = match (whole, form) {
+        (Some(bytes), Form::Urlencoded) => bytes
             .split(|byte| *byte == b'&')
             .filter_map(|pair| pair.split(|byte| *byte == b'=').next())
-            .any(|name| names_method(&String::from_utf8_lossy(name)))
-    {
+            .any(|name| names_method(&String::from_utf8_lossy(name))),
+        (Some(bytes), Form::Multipart(boundary)) => multipart_names_method(bytes, boundary).await,
+        (None, _) => false,
+    };
+    if named {
         return Err(refuse_override("_method"));
     }
     Ok(Request::from_parts(parts, read))
 }
 
-fn is_form(request: &Request<Body>) -> bool {
-    request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|essence| {
-            essence
-                .trim()
-                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
-        })
+/// The kinds of body whose fields frameworks read `_method` from.
+enum Form {
+    Urlencoded,
+    Multipart(String),
+}
+
+/// What kind of form `request`'s body is, if any: `application/x-www-form-urlencoded`
+/// (also a `POST` without a content type, which Rack reads as one), or
+/// `multipart/form-data` with its boundary.
+fn form_kind(request: &Request<Body>) -> Option<Form> {
+    let Some(content_type) = request.headers().get(header::CONTENT_TYPE) else {
+        return (request.method() == Method::POST).then_some(Form::Urlencoded);
+    };
+    let content_type = content_type.to_str().ok()?;
+    let essence = content_type.split(';').next()?.trim();
+    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        Some(Form::Urlencoded)
+    } else if essence.eq_ignore_ascii_case("multipart/form-data") {
+        multer::parse_boundary(content_type)
+            .ok()
+            .map(Form::Multipart)
+    } else {
+        None
+    }
+}
+
+/// Whether a multipart body has a field named `_method`, as PHP reads names. A body
+/// that does not parse names nothing: the upstream cannot read fields from it either.
+async fn multipart_names_method(body: Bytes, boundary: String) -> bool {
+    let stream = futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
+    let mut form = multer::Multipart::new(stream, boundary);
+    while let Ok(Some(field)) = form.next_field().await {
+        if field.name().is_some_and(is_method_name) {
+            return true;
+        }
+    }
+    false
 }
 
 /// Whether a form or query name (still percent-encoded) is `_method` as PHP reads names:
-/// `+` is a space, leading spaces go, and ` `, `.` and `[` become `_` (`_method`,
-/// `+_method`, `.method`, `[method` are one).
+/// `+` is a space, then as [`is_method_name`].
 fn names_method(encoded: &str) -> bool {
     let encoded = encoded.replace('+', " ");
-    let name = percent_encoding::percent_decode_str(&encoded).decode_utf8_lossy();
+    is_method_name(&percent_encoding::percent_decode_str(&encoded).decode_utf8_lossy())
+}
+
+/// Whether a decoded name is `_method` as PHP reads names: it ends at a NUL, leading
+/// spaces go, and ` `, `.` and `[` become `_` (`_method`, ` _method`, `.method`,
+/// `[method`, `_method\0x` are one).
+fn is_method_name(name: &str) -> bool {
+    let name = name.split('\0').next().unwrap_or_default();
     let name: String = name
         .trim_start_matches(' ')
         .chars()
@@ -68,39 +112,46 @@ fn names_method(encoded: &str) -> bool {
     name.eq_ignore_ascii_case("_method")
 }
 
-/// Reads `body` until its end, past `limit` bytes, or an error: the body again, whole
-/// (what was read, then the rest, an error where it broke off), and its bytes when it
-/// ended within `limit`.
+/// Reads `body` until its end, past `limit` bytes, or an error, keeping one copy of its
+/// bytes: the body again, whole (what was read, then the rest, or the error where it
+/// broke off), and its bytes when it ended within `limit`.
 async fn read_ahead(mut body: Body, limit: usize) -> (Body, Option<Bytes>) {
-    let mut frames = VecDeque::new();
     let mut data = BytesMut::new();
-    loop {
+    let (rest, error, trailers) = loop {
         match body.frame().await {
-            None => {
-                let whole = data.freeze();
-                return (Body::new(Replayed { frames, rest: None }), Some(whole));
-            }
-            Some(Ok(frame)) => {
-                if let Some(bytes) = frame.data_ref() {
-                    data.extend_from_slice(bytes);
+            None => break (None, None, None),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(bytes) => {
+                    data.extend_from_slice(&bytes);
+                    if data.len() > limit {
+                        break (Some(body), None, None);
+                    }
                 }
-                frames.push_back(Ok(frame));
-                if data.len() > limit {
-                    let rest = Some(body);
-                    return (Body::new(Replayed { frames, rest }), None);
+                Err(frame) => {
+                    // Trailers end a body.
+                    break (None, None, frame.into_trailers().ok());
                 }
-            }
-            Some(Err(err)) => {
-                frames.push_back(Err(err));
-                return (Body::new(Replayed { frames, rest: None }), None);
-            }
+            },
+            Some(Err(err)) => break (None, Some(err), None),
         }
-    }
+    };
+    let data = data.freeze();
+    let whole = (rest.is_none() && error.is_none()).then(|| data.clone());
+    let replayed = Replayed {
+        data: (!data.is_empty()).then_some(data),
+        trailers,
+        error,
+        rest,
+    };
+    (Body::new(replayed), whole)
 }
 
-/// Frames read ahead, then the rest of the body they came from.
+/// A body read ahead: its bytes, then its trailers, the error it broke off with, or the
+/// rest of the body they came from.
 struct Replayed {
-    frames: VecDeque<Result<Frame<Bytes>, BoxError>>,
+    data: Option<Bytes>,
+    trailers: Option<http::HeaderMap>,
+    error: Option<BoxError>,
     rest: Option<Body>,
 }
 
@@ -112,8 +163,14 @@ impl http_body::Body for Replayed {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(frame) = self.frames.pop_front() {
-            return Poll::Ready(Some(frame));
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(trailers) = self.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        if let Some(error) = self.error.take() {
+            return Poll::Ready(Some(Err(error)));
         }
         match self.rest.as_mut() {
             Some(rest) => Pin::new(rest).poll_frame(cx),
@@ -122,11 +179,27 @@ impl http_body::Body for Replayed {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty()
+        self.data.is_none()
+            && self.trailers.is_none()
+            && self.error.is_none()
             && self
                 .rest
                 .as_ref()
                 .is_none_or(http_body::Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let read = self.data.as_ref().map_or(0, |data| data.len() as u64);
+        let mut hint = self.rest.as_ref().map_or_else(
+            || http_body::SizeHint::with_exact(0),
+            http_body::Body::size_hint,
+        );
+        // The upper bound first: `set_lower` panics above the upper bound.
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper.saturating_add(read));
+        }
+        hint.set_lower(hint.lower().saturating_add(read));
+        hint
     }
 }
 
@@ -196,4 +269,46 @@ fn refuse_override(named: &str) -> Response<Body> {
         "This request carries `{named}`, which names another method or path than the one its route matched; send the request with its real method and path."
     ))
     .into_http_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_read_as_php_reads_them() {
+        for name in [
+            "_method",
+            "+_method",
+            "%20_method",
+            ".method",
+            "[method",
+            "_METHOD",
+            "_method%00x",
+        ] {
+            assert!(names_method(name), "{name}");
+        }
+        for name in ["method", "__method", "_method_", "x_method", "%2B_method"] {
+            assert!(!names_method(name), "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_read_ahead_is_the_same_body_with_the_same_length() {
+        let rest = Body::from(Bytes::from_static(b"0123456789"));
+        let replayed = Replayed {
+            data: Some(Bytes::from_static(b"abc")),
+            trailers: None,
+            error: None,
+            rest: Some(rest),
+        };
+        let hint = http_body::Body::size_hint(&replayed);
+        assert_eq!((hint.lower(), hint.upper()), (13, Some(13)));
+        let whole = Body::new(replayed).collect().await.unwrap().to_bytes();
+        assert_eq!(&whole[..], b"abc0123456789");
+
+        let (body, read) = read_ahead(Body::from(Bytes::from_static(b"a=1&b=2")), 4).await;
+        assert_eq!(read, None, "past the limit: not read through");
+        assert_eq!(&body.collect().await.unwrap().to_bytes()[..], b"a=1&b=2");
+    }
 }

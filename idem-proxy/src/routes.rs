@@ -44,6 +44,8 @@ struct Compiled {
     slashed: bool,
     /// The route's `max_request_body`: a form body is read up to it for overrides.
     max_request_body: usize,
+    /// The route's key header: only a keyed request's form is read for overrides.
+    key_header: http::HeaderName,
 }
 
 /// Every route, and the matchers that pick one.
@@ -167,6 +169,7 @@ impl Routes {
                 // A catch-all's paths are its own: a trailing `/` there may mean something.
                 slashed: route.path.ends_with('/') || route.path.contains("{*"),
                 max_request_body: route.max_request_body,
+                key_header: route.header.clone(),
             });
         }
         // Then each pattern with a trailing slash, where no route claimed that itself.
@@ -219,12 +222,13 @@ impl Routes {
         match &self.routes[index].protection {
             Protection::Exempt(upstream) => upstream.forward(request).await,
             Protection::Protected(service) => {
-                let limit = self.routes[index].max_request_body;
-                let request =
-                    match overrides::check(request, self.overrides_reach_upstream, limit).await {
-                        Ok(request) => request,
-                        Err(refusal) => return refusal,
-                    };
+                let route = &self.routes[index];
+                let (reach, header) = (self.overrides_reach_upstream, &route.key_header);
+                let limit = route.max_request_body;
+                let request = match overrides::check(request, reach, header, limit).await {
+                    Ok(request) => request,
+                    Err(refusal) => return refusal,
+                };
                 match service.clone().oneshot(request).await {
                     Ok(response) => response,
                     Err(never) => match never {},

@@ -925,7 +925,7 @@ async fn method_and_path_overrides_are_refused_on_protected_routes() {
 /// limit is the layer's 413, as without the check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forms_method_override_is_refused_and_other_forms_pass_whole() {
-    let (up, proxy) = started("max_request_body = 64").await;
+    let (up, proxy) = started("max_request_body = 200").await;
     let form = |body: &'static str, path: &'static str| {
         client()
             .post(proxy.url(path))
@@ -945,12 +945,53 @@ async fn a_forms_method_override_is_refused_and_other_forms_pass_whole() {
         ("amount=5&+_method=DELETE", "/payments"),
         ("amount=5&%2Emethod=DELETE", "/payments"),
         ("amount=5", "/payments?+_method=DELETE"),
+        // PHP ends a name at a NUL.
+        ("amount=5&_method%00x=DELETE", "/payments"),
     ] {
         let refused = form(body, path).await.unwrap();
         assert_eq!(refused.status().as_u16(), 400, "{body} {path}");
         assert!(refused.text().await.unwrap().contains("method-override"));
     }
+    // A multipart form (an HTML form with a file), and a POST without a content type,
+    // which Rack reads as a form.
+    let multipart = "--XyZ\r\ncontent-disposition: form-data; name=\"amount\"\r\n\r\n5\r\n--XyZ\r\ncontent-disposition: form-data; name=\"_method\"\r\n\r\nDELETE\r\n--XyZ--\r\n";
+    let multipart = client()
+        .post(proxy.url("/payments"))
+        .header("x-account-id", "acct_1")
+        .header("content-type", "multipart/form-data; boundary=XyZ")
+        .header("idempotency-key", "k-form")
+        .body(multipart)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(multipart.status().as_u16(), 400);
+    let untyped = client()
+        .post(proxy.url("/payments"))
+        .header("x-account-id", "acct_1")
+        .header("idempotency-key", "k-form")
+        .body("_method=DELETE")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(untyped.status().as_u16(), 400);
     assert_eq!(up.total(), 0, "nothing forwarded");
+
+    // A form whose length is over the limit is refused at once, before its client sends
+    // it (no `100 Continue`).
+    let mut socket = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = format!(
+        "POST /payments HTTP/1.1\r\nhost: {}\r\nx-account-id: acct_1\r\nidempotency-key: k-form\r\ncontent-type: application/x-www-form-urlencoded\r\ncontent-length: 10000000\r\nexpect: 100-continue\r\nconnection: close\r\n\r\n",
+        proxy.addr
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut answer))
+        .await
+        .expect("answered within 10 s")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
 
     // A form sent in pieces, by a client on a raw socket: read ahead, then forwarded whole.
     let body = "amount=5&method_note=x&note=_method";
@@ -960,7 +1001,6 @@ async fn a_forms_method_override_is_refused_and_other_forms_pass_whole() {
         proxy.addr,
         body.len()
     );
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     socket.write_all(head.as_bytes()).await.unwrap();
     socket.write_all(&body.as_bytes()[..10]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -979,7 +1019,7 @@ async fn a_forms_method_override_is_refused_and_other_forms_pass_whole() {
 
     // Over the limit: the layer's own refusal.
     let long = form(
-        "amount=5&memo=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+        "amount=5&memo=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         "/payments",
     )
     .await

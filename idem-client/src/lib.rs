@@ -32,7 +32,10 @@
 //! (idem-http on the other side) answers the first result. A 400 or a 422 is never
 //! retried: it is a bug to surface; nor a 500, the server's own word that the request
 //! failed. An operation that ends without an answer comes back with its key
-//! ([`key_of`]), to retry later.
+//! ([`key_of`]), to retry later. A 409 in flight is polled with backoff, never later
+//! than its `Retry-After`; one that idem-http marks `"held": true` (the key waits out
+//! its lease after an answer that was not kept) is tried again only after its whole
+//! `Retry-After`, or handed back at once when the deadline ends first.
 //!
 //! ## Where things live
 //!

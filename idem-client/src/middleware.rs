@@ -556,6 +556,18 @@ async fn classify(
                 return Tried::Answer(response);
             }
             match read_conflict(response).await {
+                // idem-http's word that the key is held until its lease ends, after an
+                // answer that was not kept: nothing changes before `Retry-After`.
+                Ok((response, Some(body)))
+                    if policy.says_in_flight(&body)
+                        && body.get("held") == Some(&serde_json::Value::Bool(true))
+                        && asked.is_some() =>
+                {
+                    Tried::InFlight {
+                        last: Ok(response),
+                        wait: asked.map_or(poll, |asked| policy.jittered(asked)),
+                    }
+                }
                 Ok((response, Some(body))) if policy.says_in_flight(&body) => Tried::InFlight {
                     last: Ok(response),
                     wait: poll,

@@ -308,3 +308,40 @@ async fn reqwest_retrys_default_strategy_runs_a_held_500_again_after_the_lease()
         assert_eq!(response.status().as_u16(), expected, "{strategy}");
     }
 }
+
+/// idem-http says when a key is held until its lease ends (after a 500 it did not keep):
+/// nothing changes before its `Retry-After`, so idem-client does not poll sooner, and a
+/// deadline that ends first hands the 409 back at once instead of polling it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_until_its_lease_ends_is_not_polled_sooner() {
+    let seen = Arc::new(Seen::default());
+    let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| {
+        Ok(format!("tests {}", idem_http::scope::path(parts)))
+    });
+    let app = Router::new()
+        .route("/payments", post(charge).route_layer(layer))
+        .with_state(Arc::clone(&seen));
+    let addr = common::serve(app).await;
+    let client = ClientBuilder::new(inner()).with(idem()).build();
+    let send = || {
+        client
+            .post(format!("http://{addr}/payments"))
+            .header("idempotency-key", "k-held")
+            .body("amount=500")
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 500, "a 500 is an answer");
+    let again = send().await.unwrap();
+    assert_eq!(again.status(), 409);
+    let attempts = again
+        .extensions()
+        .get::<idem_client::Attempts>()
+        .expect("idem-client's count")
+        .attempts;
+    assert_eq!(
+        attempts, 1,
+        "held for 30 s, past the 5 s deadline: not polled"
+    );
+    assert_eq!(seen.charges.load(Ordering::SeqCst), 1);
+}

@@ -64,6 +64,7 @@ pub(crate) fn answer(
             config.problem(StatusCode::CONFLICT, "in-flight", "A request with this key is held until its lease ends")
                 .detail("The first request with this idempotency key got a response that was not kept (an error that may have taken effect, or a response that could not be stored), so nothing runs again under this key until its lease ends. Retry after the time in Retry-After: the request then runs again, unless an operator finished the key.")
                 .retry_after(whole_seconds(retry_after.min(config.held_retry_after)))
+                .held()
                 .into_http_response(),
         ),
         Err(Error::InFlight { retry_after }) => respond(

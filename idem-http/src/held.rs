@@ -15,6 +15,12 @@ use idem_core::Key;
 /// answered as for work in flight): the memory stays bounded under a flood of failures.
 const MOST: usize = 10_000;
 
+/// How much later than remembered a held key's lease may seem to end: the stores'
+/// rounding, with room to spare. A takeover's lease ends at least this much later but
+/// when the held answer came within this of its lease's end (heartbeats renew a lease
+/// every third of it), when its retry is told to wait for at most `held_retry_after`.
+const SLACK: Duration = Duration::from_millis(250);
+
 /// Keys held after their response, each until its lease ends at the latest.
 #[derive(Debug, Default)]
 pub(crate) struct HeldKeys {
@@ -48,7 +54,11 @@ impl HeldKeys {
         let now = Instant::now();
         match held.get(key) {
             Some(until) if *until > now => {
-                now.checked_add(lease_left).is_some_and(|end| end <= *until)
+                // Stores count leases in milliseconds, against this clock in nanoseconds:
+                // a lease may seem to end a little after what was remembered. Another
+                // attempt's begins only once the held one ended, a lease after that.
+                now.checked_add(lease_left)
+                    .is_some_and(|end| end <= *until + SLACK)
             }
             Some(_) => {
                 held.remove(key);

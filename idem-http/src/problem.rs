@@ -33,6 +33,10 @@ pub struct Problem {
     detail: Option<String>,
     #[serde(skip)]
     retry_after: Option<u64>,
+    /// An extension member: the key is held until its lease ends, and nothing runs
+    /// under it meanwhile, so polling sooner than `Retry-After` is pointless.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held: Option<bool>,
 }
 
 impl Problem {
@@ -49,6 +53,7 @@ impl Problem {
             status: status.as_u16(),
             detail: None,
             retry_after: None,
+            held: None,
         }
     }
 
@@ -63,6 +68,12 @@ impl Problem {
     #[must_use]
     pub fn retry_after(mut self, seconds: u64) -> Self {
         self.retry_after = Some(seconds);
+        self
+    }
+
+    /// Marks an in-flight problem as a key held until its lease ends (`"held": true`).
+    pub(crate) fn held(mut self) -> Self {
+        self.held = Some(true);
         self
     }
 
@@ -112,6 +123,7 @@ impl Problem {
             status: document.status?,
             detail: document.detail,
             retry_after,
+            held: None,
         })
     }
 
@@ -123,6 +135,7 @@ impl Problem {
             status: status.as_u16(),
             detail: None,
             retry_after,
+            held: None,
         }
     }
 

@@ -868,6 +868,11 @@ where
         false => std::panic::catch_unwind(AssertUnwindSafe(|| (config.disposition)(status)))
             .unwrap_or(Disposition::Hold),
     });
+    // Known held before anything of the answer goes out, so that a retry sent the moment
+    // it arrives is told so (the work's end is recorded after the answer is sent).
+    if disposition == Disposition::Hold && !grpc && !config.shadow {
+        config.held.hold(&ctx.key(), config.idem.lease());
+    }
     let storing = disposition == Disposition::Store;
     let headers: HeaderMap = if storing {
         parts

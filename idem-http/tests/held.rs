@@ -51,6 +51,10 @@ async fn a_retry_of_a_held_key_is_told_when_its_lease_ends() {
         problem["title"].as_str().unwrap().contains("held"),
         "{problem}"
     );
+    assert_eq!(
+        problem["held"], true,
+        "an extension member clients read: {problem}"
+    );
     assert_eq!(effects.runs(), 1, "nothing ran again");
 
     // A key whose first request still runs is polled again within a second.

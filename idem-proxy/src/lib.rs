@@ -90,7 +90,8 @@
 //!   header, token, query or body. A route's `key_budget` bounds the new keys one caller
 //!   creates there.
 //! - SIGTERM or Ctrl-C (a second one stops at once): `/readyz` turns 503, in-flight requests run to their end and store
-//!   their answers, within `shutdown_grace`.
+//!   their answers, within `shutdown_grace`. SIGHUP reloads the routes and the upstream
+//!   without dropping a connection ([`Reloader`]).
 //! - Several replicas share one store (PostgreSQL, Redis, DynamoDB): a retry that lands
 //!   on another replica is answered the same.
 //! - A mistake in the file is reported with its line and what to write instead, before
@@ -101,8 +102,9 @@
 //! `config.rs`: the file; `clients.rs`: accepting clients within their limits;
 //! `routes.rs`: matching and each route's layer; `scope.rs`: scopes; `jwks.rs`: a
 //! provider's token keys; `budget.rs`: new keys per caller; `upstream.rs`: forwarding;
-//! `idle.rs`: bodies that may not stall; `server.rs`: listeners, shutdown and the access
-//! log; [`observe`]: the metrics.
+//! `idle.rs`: bodies that may not stall; `overrides.rs`: method and path overrides;
+//! `reload.rs`: a new configuration while serving; `server.rs`: listeners, shutdown and
+//! the access log; [`observe`]: the metrics.
 
 #![warn(missing_docs)]
 
@@ -113,6 +115,7 @@ mod idle;
 mod jwks;
 pub mod observe;
 mod overrides;
+mod reload;
 mod routes;
 mod scope;
 mod server;
@@ -123,6 +126,7 @@ pub use config::{
     DEFAULT_SHUTDOWN_GRACE, JwtKey, KeyRule, Route, ScopeSource, StatusPolicy, Unmatched,
 };
 pub use jwks::JwksError;
+pub use reload::{Reloaded, Reloader};
 pub use routes::RouteError;
 pub use server::{Proxy, ProxyError};
 pub use upstream::BadUpstream;

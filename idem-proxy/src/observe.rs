@@ -9,6 +9,7 @@
 //! | `idem_proxy_upstream_seconds` | histogram | | the upstream's time to a response head |
 //! | `idem_proxy_client_connections` | gauge | | client connections open |
 //! | `idem_proxy_client_limits_total` | counter | `limit` | a client met a limit: `connections` (`max_connections` reached: no more are accepted until one closes), `requests` (`max_concurrent_requests` reached: 503), `body_timeout` (a request body stalled: 408), `send_timeout` (a client stopped reading its answer: cut) |
+//! | `idem_proxy_reloads_total` | counter | `result` | a reload of the configuration (SIGHUP to `idem proxy`) was applied (`ok`) or refused, the running one kept (`failed`) |
 //! | `idem_proxy_unprotected_keys_total` | counter | | a request carried an idempotency key on no route: it went to the upstream unprotected (`unmatched = "pass"`) |
 
 use std::time::Duration;
@@ -50,6 +51,8 @@ pub const UPSTREAM_SECONDS: &str = "idem_proxy_upstream_seconds";
 pub const CLIENT_CONNECTIONS: &str = "idem_proxy_client_connections";
 /// `idem_proxy_client_limits_total`
 pub const CLIENT_LIMITS: &str = "idem_proxy_client_limits_total";
+/// `idem_proxy_reloads_total`
+pub const RELOADS: &str = "idem_proxy_reloads_total";
 /// `idem_proxy_unprotected_keys_total`
 pub const UNPROTECTED_KEYS: &str = "idem_proxy_unprotected_keys_total";
 
@@ -76,4 +79,9 @@ pub(crate) fn client_limit(limit: &'static str) {
 
 pub(crate) fn unprotected_key() {
     metrics::counter!(UNPROTECTED_KEYS).increment(1);
+}
+
+pub(crate) fn reload(ok: bool) {
+    let result = if ok { "ok" } else { "failed" };
+    metrics::counter!(RELOADS, "result" => result).increment(1);
 }

@@ -10,12 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::get;
 use http::{Request, Response, StatusCode};
 use idem_core::{Key, Store};
-use idem_http::{Body, Problem};
+use idem_http::{Body, Handlers, Problem};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -24,9 +25,10 @@ use crate::clients;
 use crate::config::{ClientLimits, Config, Unmatched};
 use crate::idle::{Idle, Side};
 use crate::observe;
+use crate::reload::{Live, Reloader, Retired};
+use crate::routes::RouteError;
 use crate::routes::normalize;
-use crate::routes::{RouteError, Routes};
-use crate::upstream::{BadUpstream, Upstream};
+use crate::upstream::BadUpstream;
 
 /// Why the proxy could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,14 @@ pub enum ProxyError {
     /// A listener failed while serving.
     #[error("serving failed: {0}")]
     Serve(#[source] std::io::Error),
+    /// A reload changes a setting read when the proxy started.
+    #[error(
+        "`{setting}` changed: it is read when the proxy starts; restart the proxy to apply it (nothing was reloaded)"
+    )]
+    NeedsRestart {
+        /// The setting, as the file names it.
+        setting: &'static str,
+    },
 }
 
 /// A bound proxy, ready to [`run`](Proxy::run).
@@ -91,6 +101,9 @@ pub enum ProxyError {
 /// ```
 pub struct Proxy {
     config: Config,
+    /// The configuration in force, as reloads change it.
+    running: Arc<tokio::sync::Mutex<Config>>,
+    config_path: PathBuf,
     listener: TcpListener,
     admin_listener: TcpListener,
     shared: Arc<Shared>,
@@ -107,11 +120,13 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
-struct Shared {
-    routes: Routes,
-    upstream: Upstream,
-    unmatched: Unmatched,
-    store: Arc<dyn Store>,
+pub(crate) struct Shared {
+    /// The routes and the upstream, swapped whole by a reload.
+    pub(crate) live: ArcSwap<Live>,
+    /// The handlers of routes a reload replaced: they still count against
+    /// `max_concurrent_requests`, and a shutdown waits for them.
+    retired: Retired,
+    pub(crate) store: Arc<dyn Store>,
     /// Cleared when a shutdown begins: `/readyz` answers 503 from then on.
     ready: AtomicBool,
     /// Whether `/readyz` reads the store too.
@@ -119,12 +134,26 @@ struct Shared {
     limits: ClientLimits,
     /// One permit per request served at once.
     requests: Arc<tokio::sync::Semaphore>,
-    /// The key headers of the routes: a request with one that matches no route is
-    /// counted, since its key protects nothing.
-    key_headers: Vec<http::HeaderName>,
     /// When an unprotected key was last logged (seconds since the proxy started).
     unprotected_logged: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
+}
+
+impl Shared {
+    pub(crate) fn retire(&self, handlers: Vec<Handlers>) {
+        self.retired.add(handlers);
+    }
+
+    /// Handlers running for clients that went away, on the routes served now or before
+    /// a reload.
+    fn orphaned(&self, live: &Live) -> usize {
+        live.routes
+            .handlers
+            .iter()
+            .map(Handlers::orphaned)
+            .sum::<usize>()
+            + self.retired.orphaned()
+    }
 }
 
 impl Proxy {
@@ -140,27 +169,8 @@ impl Proxy {
         store: Arc<dyn Store>,
     ) -> Result<Self, ProxyError> {
         check_limits(&config.clients)?;
-        if config.upstream_timeout.is_zero()
-            || config
-                .routes
-                .iter()
-                .any(|route| route.upstream_timeout.is_zero())
-        {
-            return Err(ProxyError::Limit {
-                setting: "upstream_timeout",
-                why: "is at least 1 ms: zero would answer every request 504 and hold its key",
-            });
-        }
-        let upstream = Upstream::new(&config)?;
-        let routes = Routes::new(&config, &config_path.into(), &store, &upstream)?;
-        // Tokens are verified from the first request on: each JWKS is fetched now.
-        for (route, jwks) in &routes.jwks {
-            jwks.fetch().await.map_err(|source| RouteError::Jwks {
-                route: route.clone(),
-                source: Box::new(source),
-            })?;
-            jwks.spawn_refresh();
-        }
+        let config_path = config_path.into();
+        let live = Live::build(&config, &config_path, &store).await?;
         let bind = |addr: SocketAddr, setting: &'static str| async move {
             TcpListener::bind(addr)
                 .await
@@ -180,17 +190,10 @@ impl Proxy {
             });
         }
         let admin_listener = bind(config.admin_listen, "admin_listen").await?;
-        let mut key_headers = vec![idem_http::DEFAULT_HEADER];
-        for route in &config.routes {
-            if !key_headers.contains(&route.header) {
-                key_headers.push(route.header.clone());
-            }
-        }
         Ok(Self {
             shared: Arc::new(Shared {
-                routes,
-                upstream,
-                unmatched: config.unmatched,
+                live: ArcSwap::from_pointee(live),
+                retired: Retired::default(),
                 store,
                 ready: AtomicBool::new(true),
                 ready_checks_store: config.ready_checks_store,
@@ -198,15 +201,27 @@ impl Proxy {
                 requests: Arc::new(tokio::sync::Semaphore::new(
                     config.clients.max_concurrent_requests,
                 )),
-                key_headers,
                 unprotected_logged: std::sync::atomic::AtomicU64::new(u64::MAX),
                 started: std::time::Instant::now(),
             }),
+            running: Arc::new(tokio::sync::Mutex::new(config.clone())),
             config,
+            config_path,
             listener,
             admin_listener,
             metrics: None,
         })
+    }
+
+    /// A handle that reloads this proxy's configuration while it runs (see
+    /// [`Reloader`]).
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            shared: Arc::clone(&self.shared),
+            running: Arc::clone(&self.running),
+            config_path: self.config_path.clone(),
+            listen: self.local_addr(),
+        }
     }
 
     /// Serves `/metrics` from this recorder's handle (the process installs the recorder:
@@ -336,7 +351,8 @@ impl Proxy {
             None => tokio::time::Instant::now() + grace,
         };
         // Handlers whose clients went away store their answers, within what is left.
-        let handlers = self.shared.routes.handlers.clone();
+        let mut handlers = self.shared.live.load().routes.handlers.clone();
+        handlers.extend(self.shared.retired.all());
         let waited = tokio::time::timeout_at(ends_at, async move {
             for handlers in &handlers {
                 handlers.wait().await;
@@ -390,7 +406,7 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 .extensions()
                 .get::<axum::extract::ConnectInfo<SocketAddr>>()
                 .map(|info| info.0.ip());
-            let detached: usize = shared.routes.handlers.iter().map(|h| h.orphaned()).sum();
+            let detached = shared.orphaned(&shared.live.load());
             let permit = match Arc::clone(&shared.requests).try_acquire_owned() {
                 Ok(permit) if detached <= shared.requests.available_permits() => permit,
                 _ => {
@@ -482,6 +498,8 @@ fn timed(
 /// A request's answer: its route's, or the unmatched rule's.
 async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
     let mut request = request;
+    // What this request began on: a reload meanwhile does not change it.
+    let live = shared.live.load_full();
     // Routes see, and the upstream gets, the path made plain.
     if let Some(plain) = normalize(request.uri().path()) {
         let target = match request.uri().query() {
@@ -514,9 +532,9 @@ async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
     // or each spelling of a path would be an operation of its own (a trailing `/`
     // the route's pattern does not have included). The upstream gets the path as
     // it came, made plain.
-    let route = shared.routes.find(request.method(), request.uri().path());
+    let route = live.routes.find(request.method(), request.uri().path());
     let operation = route
-        .map(|index| shared.routes.operation_path(index, request.uri().path()))
+        .map(|index| live.routes.operation_path(index, request.uri().path()))
         .filter(|path| *path != request.uri().path())
         .and_then(|path| {
             let target = match request.uri().query() {
@@ -527,30 +545,30 @@ async fn answer(shared: &Shared, request: Request<Body>) -> Answered {
         });
     let plain = axum::extract::OriginalUri(operation.unwrap_or_else(|| request.uri().clone()));
     request.extensions_mut().insert(plain);
-    let protected = route.is_some_and(|index| shared.routes.is_protected(index));
+    let protected = route.is_some_and(|index| live.routes.is_protected(index));
     let (request, stalled) = timed(shared, request, protected);
     match route {
         Some(index) => Answered {
-            route: shared.routes.name(index).to_owned(),
+            route: live.routes.name(index).to_owned(),
             protected,
-            response: shared.routes.serve(index, request).await,
+            response: live.routes.serve(index, request).await,
             stalled,
         },
         None => Answered {
             route: "unmatched".to_owned(),
             protected: false,
             stalled,
-            response: match shared.unmatched {
+            response: match live.unmatched {
                 Unmatched::Pass => {
                     if !request.method().is_safe()
-                        && shared
+                        && live
                             .key_headers
                             .iter()
                             .any(|name| request.headers().contains_key(name))
                     {
                         unprotected_key(shared, &request);
                     }
-                    shared.upstream.forward(request).await
+                    live.upstream.forward(request).await
                 }
                 Unmatched::Reject => Problem::new(
                     StatusCode::NOT_FOUND,
@@ -769,7 +787,7 @@ fn check_limits(limits: &ClientLimits) -> Result<(), ProxyError> {
 
 /// Whether `upstream` names this machine's `listen` address: the same port, on the same
 /// address, on loopback or "any address".
-fn points_at(upstream: &http::Uri, listen: SocketAddr) -> bool {
+pub(crate) fn points_at(upstream: &http::Uri, listen: SocketAddr) -> bool {
     let Some(authority) = upstream.authority() else {
         return false;
     };

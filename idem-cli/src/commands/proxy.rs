@@ -78,7 +78,46 @@ pub(crate) async fn run(
         )?;
         return Ok(());
     }
+    reload_on_hangup(proxy.reloader(), args.listen, args.admin_listen);
     proxy.run(shutdown_signal()).await.map_err(proxy_failure)
+}
+
+/// SIGHUP reloads the configuration file, with the command line's overrides: routes,
+/// upstream and unmatched rule, without dropping a connection. A file that does not
+/// parse or build, or that changes a setting read at start, is logged and changes
+/// nothing (`idem_proxy_reloads_total{result}` counts both).
+fn reload_on_hangup(
+    reloader: idem_proxy::Reloader,
+    listen: Option<std::net::SocketAddr>,
+    admin_listen: Option<std::net::SocketAddr>,
+) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        // Registered before serving, so that a SIGHUP from then on never kills the process.
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            eprintln!(
+                "idem proxy: SIGHUP cannot be caught here: the configuration reloads only on a restart"
+            );
+            return;
+        };
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let overrides = |config: &mut Config| {
+                    if let Some(listen) = listen {
+                        config.listen = listen;
+                    }
+                    if let Some(admin) = admin_listen {
+                        config.admin_listen = admin;
+                    }
+                };
+                // The reloader logs what it did, and why not.
+                let _ = reloader.reload_file(overrides).await;
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = (reloader, listen, admin_listen);
 }
 
 fn proxy_failure(err: idem_proxy::ProxyError) -> Failure {

@@ -610,6 +610,16 @@ async fn counting_upstream() -> (SocketAddr, Arc<std::sync::Mutex<HashMap<String
                     .trim()
                     .to_owned();
                 *runs.lock().unwrap().entry(key).or_default() += 1;
+                if let Some(trace) = text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("traceparent: "))
+                {
+                    *runs
+                        .lock()
+                        .unwrap()
+                        .entry(format!("traceparent {}", trace.trim()))
+                        .or_default() += 1;
+                }
                 let _ = socket
                     .write_all(
                         b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
@@ -623,8 +633,13 @@ async fn counting_upstream() -> (SocketAddr, Arc<std::sync::Mutex<HashMap<String
 
 /// A keyed `POST` of `{}` on an open connection; the answer's head, read whole.
 async fn post_on(connection: &mut TcpStream, path: &str, key: &str) -> String {
+    post_with(connection, path, key, "").await
+}
+
+/// [`post_on`] with `extra` header lines (each ending in CRLF).
+async fn post_with(connection: &mut TcpStream, path: &str, key: &str, extra: &str) -> String {
     let request = format!(
-        "POST {path} HTTP/1.1\r\nhost: idem\r\nx-account-id: acct_1\r\nidempotency-key: {key}\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
+        "POST {path} HTTP/1.1\r\nhost: idem\r\nx-account-id: acct_1\r\nidempotency-key: {key}\r\n{extra}content-type: application/json\r\ncontent-length: 2\r\n\r\n{{}}"
     );
     connection.write_all(request.as_bytes()).await.unwrap();
     let mut read = Vec::new();
@@ -672,7 +687,7 @@ fn wait_for_log(log: &Path, what: &str) {
 }
 
 #[test]
-fn sighup_reloads_the_routes_without_dropping_a_connection() {
+fn sighup_reloads_the_routes_without_dropping_a_connection_and_traces_pass_through() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let namespace = Namespace::fresh();
     let config = dir.join(format!("idem-proxy-hup-{}.toml", namespace.as_str()));
@@ -733,6 +748,15 @@ fn sighup_reloads_the_routes_without_dropping_a_connection() {
     assert!(first.starts_with("http/1.1 201"), "{first}");
     assert!(again.contains("idempotent-replayed: true"), "{again}");
     assert_eq!(runs_of("k-after"), 1);
+
+    // A caller's W3C trace context goes on to the upstream untouched, and its trace id
+    // is in the access log line.
+    let trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let header = format!("traceparent: {trace}\r\n");
+    let traced = runtime.block_on(post_with(&mut connection, "/payments", "k-trace", &header));
+    assert!(traced.starts_with("http/1.1 201"), "{traced}");
+    assert_eq!(runs_of(&format!("traceparent {trace}")), 1);
+    wait_for_log(&log, "trace_id=\"4bf92f3577b34da6a3ce929d0e0e4736\"");
     drop(proxy);
     let _ = std::fs::remove_file(&config);
     let _ = std::fs::remove_file(&db);

@@ -397,7 +397,19 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
 
     fn call(&mut self, request: Request<axum::body::Body>) -> Self::Future {
         let shared = Arc::clone(&self.shared);
-        Box::pin(async move {
+        // The request's span, in OpenTelemetry's terms (a `tracing-opentelemetry` layer
+        // exports it): its trace is the caller's W3C trace context, which goes on to the
+        // upstream untouched.
+        let trace = trace_id(request.headers());
+        let span = tracing::info_span!(
+            "request",
+            otel.kind = "server",
+            http.request.method = %request.method(),
+            http.route = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            trace_id = trace.as_deref(),
+        );
+        let future = Box::pin(async move {
             // Past the limit, answered before anything is read, claimed or forwarded.
             // Handlers whose clients went away still hold their bodies and an upstream
             // call: they count too.
@@ -419,6 +431,7 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                         peer,
                         route: "overloaded",
                         protected: false,
+                        trace: trace.as_deref(),
                     };
                     access_log(&seen, &response, started.elapsed());
                     return Ok(response);
@@ -443,12 +456,16 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 _ => response,
             };
             observe::request(&route, response.status());
+            let span = tracing::Span::current();
+            span.record("http.route", route.as_str());
+            span.record("http.response.status_code", response.status().as_u16());
             let seen = Seen {
                 method: &method,
                 path: &path,
                 peer,
                 route: &route,
                 protected,
+                trace: trace.as_deref(),
             };
             access_log(&seen, &response, started.elapsed());
             // A protected answer is held in memory until it has gone out; anything else
@@ -457,8 +474,37 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
                 true => response.map(|body| clients::holding(body, permit)),
                 false => response,
             })
-        })
+        });
+        Box::pin(tracing::Instrument::instrument(future, span))
     }
+}
+
+/// The trace id of a request's W3C `traceparent` (version `00`, or a later one read as
+/// `00` says), when it is well formed: 32 lowercase hex digits, not all zero.
+fn trace_id(headers: &http::HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?.trim();
+    let mut fields = value.split('-');
+    let (version, trace, parent, flags) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    let hex = |text: &str, len: usize| {
+        text.len() == len
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let valid = hex(version, 2)
+        && version != "ff"
+        && (version != "00" || fields.next().is_none())
+        && hex(trace, 32)
+        && trace.bytes().any(|b| b != b'0')
+        && hex(parent, 16)
+        && parent.bytes().any(|b| b != b'0')
+        && hex(flags, 2);
+    valid.then(|| trace.to_owned())
 }
 
 /// A request's answer, and where it came from.
@@ -600,10 +646,13 @@ fn access_log(seen: &Seen<'_>, response: &Response<Body>, elapsed: Duration) {
     };
     tracing::info!(
         target: "idem_proxy::access",
+        // The line says everything itself: not again as the request span's context.
+        parent: None,
         method = %seen.method,
         path,
         peer = seen.peer.map(tracing::field::display),
         route = seen.route,
+        trace_id = seen.trace,
         status = response.status().as_u16(),
         replayed,
         ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
@@ -615,6 +664,8 @@ const MAX_LOGGED_PATH: usize = 256;
 
 /// What the access log says of a request.
 struct Seen<'a> {
+    /// The request's W3C trace id, when it carried one.
+    trace: Option<&'a str>,
     method: &'a http::Method,
     path: &'a str,
     peer: Option<std::net::IpAddr>,
@@ -816,6 +867,39 @@ pub(crate) fn points_at(upstream: &http::Uri, listen: SocketAddr) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use super::trace_id;
+
+    #[test]
+    fn a_trace_id_is_read_from_a_well_formed_traceparent_only() {
+        let with = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert("traceparent", http::HeaderValue::from_str(value).unwrap());
+            trace_id(&headers)
+        };
+        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+        assert_eq!(
+            with(&format!("00-{id}-00f067aa0ba902b7-01")).as_deref(),
+            Some(id)
+        );
+        // A later version may add fields.
+        assert_eq!(
+            with(&format!("01-{id}-00f067aa0ba902b7-01-more")).as_deref(),
+            Some(id)
+        );
+        for bad in [
+            format!("00-{id}-00f067aa0ba902b7-01-more"),
+            format!("ff-{id}-00f067aa0ba902b7-01"),
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01".to_owned(),
+            format!("00-{id}-0000000000000000-01"),
+            format!("00-{}-00f067aa0ba902b7-01", id.to_uppercase()),
+            format!("00-{id}-00f067aa0ba902b7"),
+            "garbage".to_owned(),
+        ] {
+            assert_eq!(with(&bad), None, "{bad}");
+        }
+        assert_eq!(trace_id(&http::HeaderMap::new()), None);
+    }
+
     use super::points_at;
 
     #[test]

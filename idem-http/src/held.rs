@@ -25,6 +25,9 @@ const SLACK: Duration = Duration::from_millis(250);
 #[derive(Debug, Default)]
 pub(crate) struct HeldKeys {
     until: Mutex<HashMap<Key, Instant>>,
+    /// When a full map was last swept of ended holds: at most once a second, so that a
+    /// storm of failures does not scan it on every answer.
+    swept: Mutex<Option<Instant>>,
 }
 
 impl HeldKeys {
@@ -36,6 +39,14 @@ impl HeldKeys {
         };
         let mut held = self.lock();
         if held.len() >= MOST {
+            let mut swept = self
+                .swept
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if swept.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+                return;
+            }
+            *swept = Some(now);
             held.retain(|_, until| *until > now);
             if held.len() >= MOST {
                 return;

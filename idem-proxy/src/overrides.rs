@@ -30,7 +30,8 @@ pub(crate) async fn check(
     if request.method().is_safe() || !request.headers().contains_key(key_header) {
         return Ok(request);
     }
-    // Rails, Laravel and Symfony read `_method` from a form's body too.
+    // Rails, Laravel and Symfony read `_method` from a form's body too, and Laravel from
+    // a JSON body's top level.
     let Some(form) = form_kind(&request) else {
         return Ok(request);
     };
@@ -44,7 +45,15 @@ pub(crate) async fn check(
             .split(|byte| *byte == b'&')
             .filter_map(|pair| pair.split(|byte| *byte == b'=').next())
             .any(|name| names_method(&String::from_utf8_lossy(name))),
-        (Some(bytes), Form::Multipart(boundary)) => multipart_names_method(bytes, boundary).await,
+        (Some(bytes), Form::Multipart(Some(boundary))) => {
+            match multipart_names_method(bytes.clone(), boundary).await {
+                Some(named) => named,
+                // What multer cannot read, a more lenient parser upstream may.
+                None => names_method_anywhere(&bytes),
+            }
+        }
+        (Some(bytes), Form::Multipart(None)) => names_method_anywhere(&bytes),
+        (Some(bytes), Form::Json) => json_names_method(&bytes),
         (None, _) => false,
     };
     if named {
@@ -56,12 +65,14 @@ pub(crate) async fn check(
 /// The kinds of body whose fields frameworks read `_method` from.
 enum Form {
     Urlencoded,
-    Multipart(String),
+    /// With its boundary, when the content type has one that parses.
+    Multipart(Option<String>),
+    Json,
 }
 
 /// What kind of form `request`'s body is, if any: `application/x-www-form-urlencoded`
-/// (also a `POST` without a content type, which Rack reads as one), or
-/// `multipart/form-data` with its boundary.
+/// (also a `POST` without a content type, which Rack reads as one),
+/// `multipart/form-data` with its boundary, or JSON (`application/json`, `+json`).
 fn form_kind(request: &Request<Body>) -> Option<Form> {
     let Some(content_type) = request.headers().get(header::CONTENT_TYPE) else {
         return (request.method() == Method::POST).then_some(Form::Urlencoded);
@@ -71,25 +82,49 @@ fn form_kind(request: &Request<Body>) -> Option<Form> {
     if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
         Some(Form::Urlencoded)
     } else if essence.eq_ignore_ascii_case("multipart/form-data") {
-        multer::parse_boundary(content_type)
-            .ok()
-            .map(Form::Multipart)
+        Some(Form::Multipart(multer::parse_boundary(content_type).ok()))
+    } else if essence.eq_ignore_ascii_case("application/json")
+        || essence.to_ascii_lowercase().ends_with("+json")
+    {
+        Some(Form::Json)
     } else {
         None
     }
 }
 
-/// Whether a multipart body has a field named `_method`, as PHP reads names. A body
-/// that does not parse names nothing: the upstream cannot read fields from it either.
-async fn multipart_names_method(body: Bytes, boundary: String) -> bool {
+/// Whether a JSON body's top level has `_method` (Laravel reads a JSON body as its
+/// input, `_method` included). Parsed only when the bytes hold the name at all.
+fn json_names_method(body: &[u8]) -> bool {
+    if !body.windows(7).any(|window| window == b"_method") {
+        return false;
+    }
+    // A body that does not parse cannot name a method upstream either.
+    serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
+        .is_ok_and(|object| object.contains_key("_method"))
+}
+
+/// Whether a multipart body multer could not read names a `_method` field anywhere in
+/// its bytes (`name="_method"` or `name=_method`, any case).
+fn names_method_anywhere(body: &[u8]) -> bool {
+    let lower = body.to_ascii_lowercase();
+    [&b"name=\"_method\""[..], &b"name=_method"[..]]
+        .iter()
+        .any(|needle| lower.windows(needle.len()).any(|window| window == *needle))
+}
+
+/// Whether a multipart body has a field named `_method`, as PHP reads names; `None`
+/// when multer cannot read it through.
+async fn multipart_names_method(body: Bytes, boundary: String) -> Option<bool> {
     let stream = futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(body) });
     let mut form = multer::Multipart::new(stream, boundary);
-    while let Ok(Some(field)) = form.next_field().await {
-        if field.name().is_some_and(is_method_name) {
-            return true;
+    loop {
+        match form.next_field().await {
+            Ok(Some(field)) if field.name().is_some_and(is_method_name) => return Some(true),
+            Ok(Some(_)) => {}
+            Ok(None) => return Some(false),
+            Err(_) => return None,
         }
     }
-    false
 }
 
 /// Whether a form or query name (still percent-encoded) is `_method` as PHP reads names:

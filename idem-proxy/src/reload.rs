@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use idem_core::Store;
 use idem_http::Handlers;
@@ -79,8 +79,12 @@ impl Live {
 /// `upstream_idle_timeout`) and `unmatched`. The settings read when the proxy started
 /// (where it listens, the store, the client limits, readiness, the purge and the
 /// shutdown timings) need a restart: a file that changes one is refused, and nothing
-/// changes. What a reload resets: each route's `key_budget` counts, and upstream
-/// connections (new ones are opened; the old ones close when their requests end).
+/// changes. What a reload resets: each route's `key_budget` counts, the keys held after
+/// a 5xx that this replica remembers (a retry is told to come back in a second, as on
+/// another replica), and upstream connections (new ones are opened; the old ones close
+/// when their requests end). Every JWKS is fetched again, one after the other: a
+/// provider that cannot be reached fails the reload (within its fetch timeout each),
+/// and the running configuration stays.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -139,7 +143,15 @@ impl Reloader {
     /// configuration stays, whole.
     pub async fn reload(&self, config: Config) -> Result<Reloaded, ProxyError> {
         let mut running = self.running.lock().await;
-        let outcome = self.apply(&running, &config).await;
+        self.reload_locked(&mut running, config).await
+    }
+
+    async fn reload_locked(
+        &self,
+        running: &mut Config,
+        config: Config,
+    ) -> Result<Reloaded, ProxyError> {
+        let outcome = self.apply(running, &config).await;
         observe::reload(outcome.is_ok());
         match outcome {
             Ok(reloaded) => {
@@ -168,10 +180,12 @@ impl Reloader {
         &self,
         overrides: impl FnOnce(&mut Config) + Send,
     ) -> Result<Reloaded, ProxyError> {
+        // Read under the lock: of two reloads, the later one applies the later file.
+        let mut running = self.running.lock().await;
         match Config::load(&self.config_path) {
             Ok(mut config) => {
                 overrides(&mut config);
-                self.reload(config).await
+                self.reload_locked(&mut running, config).await
             }
             Err(err) => {
                 observe::reload(false);
@@ -195,7 +209,7 @@ impl Reloader {
         let live = Live::build(config, &self.config_path, &self.shared.store).await?;
         let routes = config.routes.len();
         let old = self.shared.live.swap(Arc::new(live));
-        self.shared.retire(old.routes.handlers.clone());
+        self.shared.retire(&old);
         Ok(Reloaded { routes })
     }
 }
@@ -237,26 +251,38 @@ fn needs_restart(running: &Config, config: &Config) -> Option<&'static str> {
 /// The handlers of routes a reload replaced, still counted and waited for.
 #[derive(Default)]
 pub(crate) struct Retired {
-    handlers: Mutex<Vec<Handlers>>,
+    handlers: Mutex<Vec<(Weak<Live>, Handlers)>>,
 }
 
 impl Retired {
-    pub(crate) fn add(&self, handlers: Vec<Handlers>) {
+    pub(crate) fn add(&self, live: &Arc<Live>) {
         let mut retired = self.lock();
-        // Those with nothing left running are forgotten: they never run anything again.
-        retired.retain(|handlers| handlers.running() > 0);
-        retired.extend(handlers);
+        // Forgotten once nothing runs on them and no request holds their routes, from
+        // which a handler could still be detached (its client going away).
+        retired.retain(|(live, handlers)| live.strong_count() > 0 || handlers.running() > 0);
+        retired.extend(
+            live.routes
+                .handlers
+                .iter()
+                .map(|handlers| (Arc::downgrade(live), handlers.clone())),
+        );
     }
 
     pub(crate) fn all(&self) -> Vec<Handlers> {
-        self.lock().clone()
+        self.lock()
+            .iter()
+            .map(|(_, handlers)| handlers.clone())
+            .collect()
     }
 
     pub(crate) fn orphaned(&self) -> usize {
-        self.lock().iter().map(Handlers::orphaned).sum()
+        self.lock()
+            .iter()
+            .map(|(_, handlers)| handlers.orphaned())
+            .sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Handlers>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Weak<Live>, Handlers)>> {
         self.handlers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

@@ -140,8 +140,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn retire(&self, handlers: Vec<Handlers>) {
-        self.retired.add(handlers);
+    pub(crate) fn retire(&self, live: &Arc<Live>) {
+        self.retired.add(live);
     }
 
     /// Handlers running for clients that went away, on the routes served now or before

@@ -70,11 +70,12 @@ async fn a_refused_stream_releases_its_key_and_the_retry_runs_once() {
 }
 
 /// An h2c upstream whose first connection reads the first stream's head and answers it
-/// with `GOAWAY` whose last stream id is 0, `NO_ERROR` (a graceful shutdown that took
-/// none of the streams: RFC 9113, section 6.8, says they were not processed), written
-/// frame by frame on the socket; later connections answer 201. Counts the streams
+/// with `GOAWAY`, `NO_ERROR`, and `last_stream_id`, then closes it, written frame by
+/// frame on the socket. With 0, a graceful shutdown that took none of the streams (RFC
+/// 9113, section 6.8, says they were not processed); with 1, one that took the request
+/// and then lost the connection. Later connections answer 201. Counts the streams
 /// answered.
-async fn going_away_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+async fn going_away_upstream(last_stream_id: u8) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -109,7 +110,25 @@ async fn going_away_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
                     }
                     // HEADERS: gone away, taking no stream.
                     1 => {
-                        let goaway = [0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+                        let goaway = [
+                            0,
+                            0,
+                            8,
+                            7,
+                            0,
+                            0,
+                            0,
+                            0,
+                            0,
+                            0,
+                            0,
+                            0,
+                            last_stream_id,
+                            0,
+                            0,
+                            0,
+                            0,
+                        ];
                         let _ = socket.write_all(&goaway).await;
                         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                         return;
@@ -137,6 +156,23 @@ async fn going_away_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_past_a_graceful_goaway_releases_its_key() {
-    let (addr, answered) = going_away_upstream().await;
+    let (addr, answered) = going_away_upstream(0).await;
     released_then_run_once(addr, answered).await;
+}
+
+/// The same graceful `GOAWAY`, but its last stream id is the request's: the upstream
+/// took it, and then closed the connection. It may have run: the key is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_a_goaway_kept_and_then_lost_holds_its_key() {
+    let (addr, answered) = going_away_upstream(1).await;
+    let toml = config_with(addr, "upstream_http2 = true", "");
+    let proxy = proxy(&toml, Arc::new(MemoryStore::new())).await;
+    let url = proxy.url("/payments");
+    let (status, _, body) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(body.contains("upstream-broken"), "{body}");
+    let (status, _, body) = pay_once(&url, "a", Some("k1"), "{}").await;
+    assert_eq!(status, StatusCode::CONFLICT, "held, not run again: {body}");
+    assert_eq!(answered.load(Ordering::SeqCst), 0);
+    proxy.shutdown().await;
 }

@@ -974,7 +974,43 @@ async fn a_forms_method_override_is_refused_and_other_forms_pass_whole() {
         .await
         .unwrap();
     assert_eq!(untyped.status().as_u16(), 400);
+    // Laravel reads a JSON body's top level as its input; a multipart body multer cannot
+    // read is searched for the name.
+    for (content_type, body) in [
+        ("application/json", r#"{"amount":5,"_method":"DELETE"}"#),
+        ("application/merge-patch+json", r#"{"_method":"PUT"}"#),
+        (
+            "multipart/form-data; boundary=XyZ",
+            "--XyZ\r\nContent-Disposition: form-data; NAME=\"_METHOD\"\r\n\r\nDELETE",
+        ),
+        (
+            "multipart/form-data",
+            "--a\r\ncontent-disposition: form-data; name=_method\r\n\r\nPUT\r\n--a--",
+        ),
+    ] {
+        let refused = client()
+            .post(proxy.url("/payments"))
+            .header("x-account-id", "acct_1")
+            .header("content-type", content_type)
+            .header("idempotency-key", "k-form")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status().as_u16(), 400, "{content_type} {body}");
+    }
     assert_eq!(up.total(), 0, "nothing forwarded");
+    // `_method` below the top level, or as a value, is the request's own business.
+    let nested = client()
+        .post(proxy.url("/payments"))
+        .header("x-account-id", "acct_1")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k-nested")
+        .body(r#"{"meta":{"_method":"DELETE"},"note":"_method"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(nested.status().as_u16(), 201);
 
     // A form whose length is over the limit is refused at once, before its client sends
     // it (no `100 Continue`).

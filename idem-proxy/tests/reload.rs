@@ -47,16 +47,28 @@ fn toml(upstream: SocketAddr, extra: &str) -> String {
 }
 
 async fn start(file: &File) -> (SocketAddr, Reloader, tokio::sync::oneshot::Sender<()>) {
+    let (addr, reloader, stop, _) = start_on(file, MemoryStore::new()).await;
+    (addr, reloader, stop)
+}
+
+/// [`start`] on `store`, with the task that runs the proxy until it has shut down.
+async fn start_on(
+    file: &File,
+    store: MemoryStore,
+) -> (
+    SocketAddr,
+    Reloader,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), ProxyError>>,
+) {
     let config = Config::load(&file.0).unwrap();
-    let proxy = Proxy::bind(config, &file.0, Arc::new(MemoryStore::new()))
-        .await
-        .unwrap();
+    let proxy = Proxy::bind(config, &file.0, Arc::new(store)).await.unwrap();
     let (addr, reloader) = (proxy.local_addr(), proxy.reloader());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(proxy.run(async move {
+    let running = tokio::spawn(proxy.run(async move {
         let _ = stopped.await;
     }));
-    (addr, reloader, stop)
+    (addr, reloader, stop, running)
 }
 
 /// Sends a keyed `POST` on an open HTTP/1.1 connection and reads its answer whole (by its
@@ -202,5 +214,57 @@ async fn a_file_that_does_not_build_or_needs_a_restart_changes_nothing() {
         let (_, head) = post(&mut connection, addr, "/payments", &key).await;
         assert!(head.contains("idempotent-replayed: true"), "{err}: {head}");
     }
+    let _ = stop.send(());
+}
+
+/// A request running on routes two reloads replaced, whose client goes away: its handler
+/// goes on in the background, counted, and a shutdown waits for it to store its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_waits_for_handlers_of_routes_replaced_twice() {
+    let up = Upstream::default();
+    let upstream = upstream(up.clone()).await;
+    let file = File::new("retired", &toml(upstream, ""));
+    let store = MemoryStore::new();
+    let (addr, reloader, stop, running) = start_on(&file, store.clone()).await;
+    *up.delay.lock().unwrap() = Duration::from_millis(1200);
+
+    let arrived = up.arrived.notified();
+    let impatient = tokio::spawn(async move {
+        reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()
+            .unwrap()
+            .post(format!("http://{addr}/payments"))
+            .header("x-account-id", "acct_1")
+            .header("idempotency-key", "k-orphan")
+            .header("content-type", "application/json")
+            .body("{}")
+            .send()
+            .await
+    });
+    arrived.await;
+    for _ in 0..2 {
+        reloader
+            .reload_file(|_| {})
+            .await
+            .expect("the same file builds");
+    }
+    assert!(
+        impatient.await.unwrap().is_err(),
+        "the client went away first"
+    );
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("shut down within its grace")
+        .unwrap()
+        .unwrap();
+    // Stored before the shutdown ended: a replica on the same store replays it.
+    let (addr, _, stop, _) = start_on(&file, store).await;
+    let mut connection = TcpStream::connect(addr).await.unwrap();
+    let (status, head) = post(&mut connection, addr, "/payments", "k-orphan").await;
+    assert_eq!(status, 201, "{head}");
+    assert!(head.contains("idempotent-replayed: true"), "{head}");
+    assert_eq!(up.runs("k-orphan"), 1);
     let _ = stop.send(());
 }

@@ -17,17 +17,18 @@ pub(crate) async fn run(
     args: &ProxyArgs,
     out: &mut dyn Write,
 ) -> Result<(), Failure> {
+    // Registered first: from the start on, a SIGHUP reloads (or is ignored until the
+    // proxy serves), never stops the process.
+    let hangups = hangups();
     let mut config = Config::load(&args.config).map_err(|err| Failure::Usage {
         what: err.to_string(),
     })?;
-    if let Some(listen) = args.listen {
-        config.listen = listen;
-    }
-    if let Some(admin) = args.admin_listen {
-        config.admin_listen = admin;
-    }
+    let store_flag = store_args.store.is_some();
+    let overrides = overrides(args.listen, args.admin_listen, store_flag);
     // The flag (or IDEM_STORE) wins over the file, as for every other command.
-    let url = store_args.store.as_deref().or(config.store.as_deref());
+    let url = store_args.store.clone().or(config.store.clone());
+    overrides(&mut config);
+    let url = url.as_deref();
     let options = ConnectOptions::default().connections(config.store_connections);
     let target = target::parse_with(
         url,
@@ -78,8 +79,49 @@ pub(crate) async fn run(
         )?;
         return Ok(());
     }
-    reload_on_hangup(proxy.reloader(), args.listen, args.admin_listen);
+    reload_on_hangup(hangups, proxy.reloader(), overrides);
     proxy.run(shutdown_signal()).await.map_err(proxy_failure)
+}
+
+/// What the command line says over the file: where the proxy listens, and whether the
+/// store is the flag's (the file's `store` is then not in force, and a reload does not
+/// hold a change of it against the file).
+fn overrides(
+    listen: Option<std::net::SocketAddr>,
+    admin_listen: Option<std::net::SocketAddr>,
+    store_flag: bool,
+) -> impl Fn(&mut Config) + Copy + Send + 'static {
+    move |config: &mut Config| {
+        if let Some(listen) = listen {
+            config.listen = listen;
+        }
+        if let Some(admin) = admin_listen {
+            config.admin_listen = admin;
+        }
+        if store_flag {
+            config.store = None;
+        }
+    }
+}
+
+#[cfg(unix)]
+type Hangups = Option<tokio::signal::unix::Signal>;
+#[cfg(not(unix))]
+type Hangups = ();
+
+/// SIGHUP, caught from now on.
+fn hangups() -> Hangups {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let caught = signal(SignalKind::hangup()).ok();
+        if caught.is_none() {
+            eprintln!(
+                "idem proxy: SIGHUP cannot be caught here: the configuration reloads only on a restart"
+            );
+        }
+        caught
+    }
 }
 
 /// SIGHUP reloads the configuration file, with the command line's overrides: routes,
@@ -87,37 +129,21 @@ pub(crate) async fn run(
 /// parse or build, or that changes a setting read at start, is logged and changes
 /// nothing (`idem_proxy_reloads_total{result}` counts both).
 fn reload_on_hangup(
+    hangups: Hangups,
     reloader: idem_proxy::Reloader,
-    listen: Option<std::net::SocketAddr>,
-    admin_listen: Option<std::net::SocketAddr>,
+    overrides: impl Fn(&mut Config) + Copy + Send + 'static,
 ) {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        // Registered before serving, so that a SIGHUP from then on never kills the process.
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            eprintln!(
-                "idem proxy: SIGHUP cannot be caught here: the configuration reloads only on a restart"
-            );
-            return;
-        };
+    if let Some(mut hangups) = hangups {
         tokio::spawn(async move {
             while hangups.recv().await.is_some() {
-                let overrides = |config: &mut Config| {
-                    if let Some(listen) = listen {
-                        config.listen = listen;
-                    }
-                    if let Some(admin) = admin_listen {
-                        config.admin_listen = admin;
-                    }
-                };
                 // The reloader logs what it did, and why not.
                 let _ = reloader.reload_file(overrides).await;
             }
         });
     }
     #[cfg(not(unix))]
-    let _ = (reloader, listen, admin_listen);
+    let _ = (hangups, reloader, overrides);
 }
 
 fn proxy_failure(err: idem_proxy::ProxyError) -> Failure {

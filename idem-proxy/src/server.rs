@@ -399,9 +399,10 @@ impl tower::Service<Request<axum::body::Body>> for ProxyService {
         let shared = Arc::clone(&self.shared);
         // The request's span, in OpenTelemetry's terms (a `tracing-opentelemetry` layer
         // exports it): its trace is the caller's W3C trace context, which goes on to the
-        // upstream untouched.
+        // upstream untouched. At `debug`, as tower-http's `TraceLayer`: a subscriber at
+        // `info` (the binary's default) neither builds nor formats it per request.
         let trace = trace_id(request.headers());
-        let span = tracing::info_span!(
+        let span = tracing::debug_span!(
             "request",
             otel.kind = "server",
             http.request.method = %request.method(),

@@ -1,13 +1,15 @@
 //! [`Consumer`]: one message, one key, the effect once, the broker told what happened.
 
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use idem_core::codec::CodecError;
 use idem_core::key::{KeyError, KeyPart};
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
@@ -40,10 +42,12 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// | key reused for another payload | dead letter (`key-reused`) |
 /// | no key, an invalid key, a refused key | dead letter (`no-key`, `bad-key`, `key-refused`) |
 /// | an invalid scope (the consumer's setting, not the message's fault) | nak after the backoff, logged as an error |
-/// | unstorable result, a stored answer altered or malformed | dead letter (`unstorable`, `unreadable`) |
-/// | a stored answer this process cannot read yet (a codec key id it lacks, a type from a newer release) | nak after the lease |
+/// | unstorable result; a stored answer altered, malformed, or of a type this release cannot read | dead letter (`unstorable`, `unreadable`): the work ran before and never runs again |
+/// | a stored answer sealed under a codec key id this process lacks (a rotation half rolled out) | nak after the lease |
 /// | the store failed, the lease was lost | nak after the backoff |
 /// | the key budget ran out | nak after the budget's `retry_after` |
+/// | the work took longer than the [`work_timeout`](Consumer::work_timeout), or panicked | nak after the lease (the lease is kept, so the redelivery takes over then) |
+/// | a retryable, unknown, timed-out or panicked attempt on the [`max_attempts`](Consumer::max_attempts)th delivery | dead letter (`attempts-exhausted`) |
 ///
 /// Only answers that redelivery cannot change go to the dead-letter path; a failure of the
 /// consumer's own side (store, codec keys, configuration) is always a nak, and logged.
@@ -91,6 +95,8 @@ pub struct Consumer<S: ?Sized = dyn Store> {
     scope: Option<String>,
     backoff: Backoff,
     concurrency: NonZeroUsize,
+    max_attempts: Option<NonZeroU64>,
+    work_timeout: Option<Duration>,
 }
 
 impl<S: ?Sized> Clone for Consumer<S> {
@@ -102,6 +108,8 @@ impl<S: ?Sized> Clone for Consumer<S> {
             scope: self.scope.clone(),
             backoff: self.backoff,
             concurrency: self.concurrency,
+            max_attempts: self.max_attempts,
+            work_timeout: self.work_timeout,
         }
     }
 }
@@ -120,6 +128,8 @@ impl<S: ?Sized> fmt::Debug for Consumer<S> {
             .field("scope", &self.scope)
             .field("backoff", &self.backoff)
             .field("concurrency", &self.concurrency)
+            .field("max_attempts", &self.max_attempts)
+            .field("work_timeout", &self.work_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +161,8 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
             scope: None,
             backoff: Backoff::default(),
             concurrency: DEFAULT_CONCURRENCY,
+            max_attempts: None,
+            work_timeout: None,
         }
     }
 
@@ -205,6 +217,49 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         self
     }
 
+    /// Dead-letters a message ([`DeadLetterReason::AttemptsExhausted`]) whose work failed
+    /// retryably, with an unknown effect, past the [`work_timeout`](Consumer::work_timeout)
+    /// or by a panic on its `max_attempts`th delivery or later, instead of asking for it
+    /// again. The default is no limit.
+    ///
+    /// - Counts the broker's deliveries ([`Message::delivery_count`]), so a message the
+    ///   broker does not count (a redelivery on a RabbitMQ classic queue) is never limited:
+    ///   use a quorum queue. Deliveries answered "in flight" or nak'd for a failure of the
+    ///   consumer's own side (the store, its configuration) count, but never dead-letter
+    ///   a message themselves: only a failing attempt of the work does.
+    /// - A work whose effect is unknown keeps its record held until its lease ends; a
+    ///   dead letter re-driven later takes over from its checkpointed steps.
+    ///
+    /// ```
+    /// # use idem_core::{Idempotency, MemoryStore};
+    /// use std::num::NonZeroU64;
+    /// let consumer = idem_consumer::Consumer::new(Idempotency::new(MemoryStore::new()))
+    ///     .max_attempts(NonZeroU64::new(10).unwrap());
+    /// # let _ = consumer;
+    /// ```
+    pub fn max_attempts(mut self, attempts: NonZeroU64) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Stops a delivery's execution (the work, and the store calls around it) that runs
+    /// longer than `limit`, so a hung handler cannot hold a sequential consumer. The
+    /// default is no limit.
+    ///
+    /// - The stopped work's lease is kept ([`Idempotency::execute`] dropped mid-work): the
+    ///   message is nak'd until the lease ends ([`Cause::TimedOut`]), and the redelivery
+    ///   then takes over, resuming at its checkpointed steps. Work that had returned still
+    ///   has its answer stored.
+    /// - Counts as a failed attempt for [`Consumer::max_attempts`].
+    /// - Keep it under the broker's acknowledgement timeout unless the adapter sends
+    ///   in-progress acks ([`Message::progress_interval`]), and under the driver's lease
+    ///   unless the lease is renewed ([`Heartbeat`](idem_core::Heartbeat)).
+    /// - A zero `limit` is taken as no limit.
+    pub fn work_timeout(mut self, limit: Duration) -> Self {
+        self.work_timeout = Some(limit).filter(|limit| !limit.is_zero());
+        self
+    }
+
     /// The driver.
     pub fn idempotency(&self) -> &Idempotency<S> {
         &self.idem
@@ -251,7 +306,7 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         F: FnOnce(Context, Bytes) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let decision = self.decide(message, work).await;
+        let decision = while_in_progress(message, self.decide(message, work)).await;
         self.settle(message, decision).await
     }
 
@@ -261,6 +316,9 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     ///
     /// - Each message is settled on its own: one failure never holds back, acks or
     ///   redelivers another, and a slow message never keeps the next from starting.
+    /// - A message waiting for its turn is marked in progress with the broker
+    ///   ([`Message::in_progress`]) as one that runs is, so it is not delivered again
+    ///   while it waits.
     /// - Two deliveries of one message in a batch run it once: the second waits or is
     ///   retried as in flight, and a later delivery replays.
     ///
@@ -300,35 +358,33 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         F: Fn(Context, Bytes) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        // A loop over `FuturesUnordered` of a method's futures rather than stream
-        // combinators over closures: those make the future unprovably `Send` (rustc's
-        // "FnOnce is not general enough"), and a consumer loop must be spawnable.
-        let limit = self.concurrency.get();
-        let mut waiting = messages.into_iter().enumerate();
-        let mut running = futures_util::stream::FuturesUnordered::new();
-        let mut settled = Vec::new();
-        loop {
-            while running.len() < limit {
-                let Some((index, message)) = waiting.next() else {
-                    break;
-                };
-                running.push(self.handle_at(index, message, &work));
-            }
-            match running.next().await {
-                Some(answer) => settled.push(answer),
-                None => break,
-            }
+        // `FuturesUnordered` of a method's futures rather than stream combinators over
+        // closures: those make the future unprovably `Send` (rustc's "FnOnce is not
+        // general enough"), and a consumer loop must be spawnable. Every message's future
+        // starts at once, so each is marked in progress while it waits; the semaphore
+        // bounds how many run.
+        let permits = tokio::sync::Semaphore::new(self.concurrency.get());
+        let mut running: futures_util::stream::FuturesUnordered<_> = messages
+            .into_iter()
+            .enumerate()
+            .map(|(index, message)| self.handle_queued(index, message, &work, &permits))
+            .collect();
+        let mut settled = Vec::with_capacity(running.len());
+        while let Some(answer) = running.next().await {
+            settled.push(answer);
         }
         settled.sort_unstable_by_key(|(index, _)| *index);
         settled.into_iter().map(|(_, settled)| settled).collect()
     }
 
-    /// [`Consumer::handle`], answered with the message's place in its batch.
-    async fn handle_at<M, T, E, F, Fut>(
+    /// [`Consumer::handle`] once a permit is free, marked in progress from the start,
+    /// answered with the message's place in its batch.
+    async fn handle_queued<M, T, E, F, Fut>(
         &self,
         index: usize,
         message: &M,
         work: &F,
+        permits: &tokio::sync::Semaphore,
     ) -> (usize, Result<Settled<T, E>, SettleError>)
     where
         M: Message + ?Sized,
@@ -337,7 +393,13 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         F: Fn(Context, Bytes) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        (index, self.handle(message, work).await)
+        let run = async {
+            // Never closed: the semaphore lives as long as the batch.
+            let permit = permits.acquire().await.ok();
+            (permit, self.decide(message, work).await)
+        };
+        let (_permit, decision) = while_in_progress(message, run).await;
+        (index, self.settle(message, decision).await)
     }
 
     async fn decide<M, T, E, F, Fut>(&self, message: &M, work: F) -> Decision<T, E>
@@ -378,11 +440,37 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
             None => Fingerprint::of_bytes(payload),
         };
         let payload = payload.clone();
-        let answer = self
-            .idem
-            .execute(&key, fingerprint, |ctx| work(ctx, payload))
-            .await;
-        let decision = self.decision(answer, message.delivery_count());
+        let run = AssertUnwindSafe(
+            self.idem
+                .execute(&key, fingerprint, |ctx| work(ctx, payload)),
+        )
+        .catch_unwind();
+        let ran = match self.work_timeout {
+            Some(limit) => tokio::time::timeout(limit, run)
+                .await
+                .map_err(|_| Cause::TimedOut { limit }),
+            None => Ok(run.await),
+        };
+        let decision = match ran {
+            Ok(Ok(answer)) => self.decision(answer, message.delivery_count()),
+            // Dropped mid-work, as a panic leaves it: the lease is kept, so a redelivery
+            // takes over once it ends.
+            Ok(Err(_panic)) => {
+                tracing::error!(key = %key.short_hash(), "idem-consumer: the work panicked; the message is delivered again once the lease ends");
+                Decision::Nak {
+                    delay: self.idem.lease(),
+                    cause: Cause::Panicked,
+                }
+            }
+            Err(cause) => {
+                tracing::warn!(key = %key.short_hash(), error = %cause, "idem-consumer: stopped a delivery's work; the message is delivered again once the lease ends");
+                Decision::Nak {
+                    delay: self.idem.lease(),
+                    cause,
+                }
+            }
+        };
+        let decision = self.limit_attempts(decision, message.delivery_count());
         match &decision {
             Decision::DeadLetter { reason, .. } => {
                 tracing::warn!(key = %key.short_hash(), %reason, "idem-consumer: dead-lettering a message");
@@ -394,8 +482,7 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                         err @ (Error::Store(_)
                         | Error::Interrupted(_)
                         | Error::CompensationPending { .. }
-                        | Error::Codec { .. }
-                        | Error::Decode(_)),
+                        | Error::Codec { .. }),
                     ),
                 delay,
             } => {
@@ -442,10 +529,14 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                     source: CodecError::Unauthentic { .. } | CodecError::Malformed { .. },
                     ..
                 } => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
-                // A key id this process lacks (a rotation half rolled out), no randomness,
-                // a stored type from a newer release: another consumer, or this one later,
-                // can read it. Half-done work under it must not be dropped.
-                Error::Codec { .. } | Error::Decode(_) => nak(lease, Cause::Idem(err)),
+                // A stored result that no longer decodes as its type (the type changed
+                // across a deploy): the work ran, and naking would only repeat this until
+                // the record expires and the work runs again.
+                Error::Decode(_) => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
+                // A key id this process lacks (a rotation half rolled out), no randomness:
+                // another consumer, or this one later, can read it. Half-done work under
+                // it must not be dropped.
+                Error::Codec { .. } => nak(lease, Cause::Idem(err)),
                 // The store failing, a lost lease: the message waits for a redelivery,
                 // never the dead-letter path for a failure of our own.
                 _ if err.is_retryable() || matches!(err, Error::Store(_)) => {
@@ -454,6 +545,32 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                 // An error this version does not know: the safe side, as for outcomes.
                 _ => nak(lease, Cause::Idem(err)),
             },
+        }
+    }
+
+    /// A nak for the work's own failure on the last allowed delivery becomes a dead letter.
+    fn limit_attempts<T, E>(
+        &self,
+        decision: Decision<T, E>,
+        delivered: Option<u64>,
+    ) -> Decision<T, E> {
+        let (Some(limit), Some(delivered)) = (self.max_attempts, delivered) else {
+            return decision;
+        };
+        match decision {
+            Decision::Nak { cause, .. }
+                if delivered >= limit.get()
+                    && matches!(
+                        cause,
+                        Cause::Work(_) | Cause::TimedOut { .. } | Cause::Panicked
+                    ) =>
+            {
+                Decision::DeadLetter {
+                    reason: DeadLetterReason::AttemptsExhausted,
+                    cause,
+                }
+            }
+            decision => decision,
         }
     }
 
@@ -489,6 +606,8 @@ impl<S: Store + 'static> Consumer<S> {
             scope: self.scope,
             backoff: self.backoff,
             concurrency: self.concurrency,
+            max_attempts: self.max_attempts,
+            work_timeout: self.work_timeout,
         }
     }
 }
@@ -501,5 +620,38 @@ fn key_part(err: &KeyError) -> Option<KeyPart> {
         | KeyError::Reserved { part, .. }
         | KeyError::ControlCharacter { part, .. } => Some(*part),
         _ => None,
+    }
+}
+
+/// `run`, with the message marked in progress with the broker every
+/// [`Message::progress_interval`] until it ends.
+async fn while_in_progress<M, F>(message: &M, run: F) -> F::Output
+where
+    M: Message + ?Sized,
+    F: Future,
+{
+    let Some(every) = message.progress_interval().filter(|every| !every.is_zero()) else {
+        return run.await;
+    };
+    let beat = mark_in_progress(message, every);
+    tokio::pin!(run);
+    tokio::pin!(beat);
+    tokio::select! {
+        biased;
+        output = &mut run => output,
+        never = &mut beat => match never {},
+    }
+}
+
+/// Marks the message in progress every `every`, for as long as it is polled.
+async fn mark_in_progress<M: Message + ?Sized>(message: &M, every: Duration) -> Infallible {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    // A tick missed while the broker was slow is not made up in a burst.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if let Err(err) = message.in_progress().await {
+            tracing::debug!(error = %err, "idem-consumer: the broker did not take an in-progress mark");
+        }
     }
 }

@@ -65,6 +65,34 @@ pub trait Message: Send + Sync {
         None
     }
 
+    /// How often the consumer tells the broker, while the work runs or the delivery waits
+    /// for its turn in a batch, that the delivery is still being handled
+    /// ([`Message::in_progress`]). `None` (the default) sends nothing.
+    ///
+    /// - A broker with an acknowledgement timeout (JetStream's `ack_wait`, SQS's
+    ///   visibility timeout, a Redis Streams claim's idle time) redelivers a delivery that
+    ///   stays silent past it; each such copy is answered "in flight" and counts as a
+    ///   delivery. An adapter for such a broker answers a fraction of that timeout (a
+    ///   third, say), so one late tick never lets it run out.
+    /// - A zero duration is taken as `None`.
+    fn progress_interval(&self) -> Option<Duration> {
+        None
+    }
+
+    /// Tells the broker the delivery is still being handled, so that it is not delivered
+    /// again meanwhile (JetStream `+WPI`, SQS `ChangeMessageVisibility`, Redis `XCLAIM`).
+    ///
+    /// - Called every [`Message::progress_interval`] until the delivery is settled; never
+    ///   after it is settled, never concurrently with itself.
+    /// - The default does nothing.
+    ///
+    /// # Errors
+    /// [`SettleError`] when the broker did not take it. The consumer logs it and goes on:
+    /// the worst case is a redelivery, answered "in flight" while the work runs.
+    async fn in_progress(&self) -> Result<(), SettleError> {
+        Ok(())
+    }
+
     /// Tells the broker the message is handled: it is never delivered again.
     ///
     /// - Called only after the result is stored, so a crash before or during the ack
@@ -108,6 +136,8 @@ pub enum Settlement {
     Nak,
     /// Taken off the queue for good.
     DeadLetter,
+    /// Still being handled: not to be delivered again yet.
+    InProgress,
 }
 
 impl fmt::Display for Settlement {
@@ -116,6 +146,7 @@ impl fmt::Display for Settlement {
             Settlement::Ack => "acknowledge",
             Settlement::Nak => "negatively acknowledge",
             Settlement::DeadLetter => "dead-letter",
+            Settlement::InProgress => "mark in progress",
         })
     }
 }
@@ -141,14 +172,18 @@ pub enum DeadLetterReason {
     /// The result or the error cannot be stored (too large, not serialisable); that is
     /// stored, and the work never runs again.
     Unstorable,
-    /// The stored answer cannot be read (its type changed, or the codec refused it): the
-    /// record is left for an operator (`idem inspect`).
+    /// The stored answer cannot be read (its type changed across a deploy, or the codec
+    /// found it altered): the work ran before and never runs again; the record is left
+    /// for an operator (`idem inspect`).
     Unreadable,
+    /// The work failed, timed out or panicked on as many deliveries as
+    /// [`Consumer::max_attempts`](crate::Consumer::max_attempts) allows.
+    AttemptsExhausted,
 }
 
 impl DeadLetterReason {
     /// A stable code: `failed`, `key-reused`, `no-key`, `bad-key`, `key-refused`,
-    /// `unstorable`, `unreadable`.
+    /// `unstorable`, `unreadable`, `attempts-exhausted`.
     ///
     /// ```
     /// assert_eq!(idem_consumer::DeadLetterReason::KeyReused.as_str(), "key-reused");
@@ -162,6 +197,7 @@ impl DeadLetterReason {
             DeadLetterReason::KeyRefused => "key-refused",
             DeadLetterReason::Unstorable => "unstorable",
             DeadLetterReason::Unreadable => "unreadable",
+            DeadLetterReason::AttemptsExhausted => "attempts-exhausted",
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! ```no_run
 //! use futures_util::StreamExt;
-//! use idem_consumer::{Consumer, nats::JetStreamMessage};
+//! use idem_consumer::Consumer;
+//! use idem_consumer::nats::{DeadLetters, JetStreamSource};
 //! use idem_core::{Idempotency, MemoryStore, done};
 //!
 //! # async fn consume() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -10,12 +11,14 @@
 //! let jetstream = async_nats::jetstream::new(client);
 //! let stream = jetstream.get_stream("ORDERS").await?;
 //! let pull: async_nats::jetstream::consumer::PullConsumer = stream.get_consumer("billing").await?;
+//! // Refuses a consumer whose ack policy would lose naks; dead letters go to a stream of
+//! // their own (DLQ.>), never back into ORDERS.
+//! let source = JetStreamSource::new(pull.cached_info(), DeadLetters::publish_to("DLQ.orders"))?;
 //! let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
 //!
 //! let mut messages = pull.messages().await?;
 //! while let Some(message) = messages.next().await {
-//!     // Dead letters go to a stream of their own (DLQ.>), never back into ORDERS.
-//!     let message = JetStreamMessage::new(message?).dead_letter_to("DLQ.orders");
+//!     let message = source.wrap(message?);
 //!     // A settlement the broker refused is delivered again: log it and go on.
 //!     if let Err(err) = consumer.handle(&message, |_ctx, payload| async move { done(payload.len()) }).await {
 //!         tracing::warn!(error = %err, "not settled");
@@ -28,6 +31,18 @@
 //! - The key is the `Nats-Msg-Id` header, which publishers also set for JetStream's own
 //!   duplicate window: the window drops a resend within minutes, idem catches every
 //!   redelivery and every resend for the whole retention.
+//! - A message without one (`js.publish` sets none) is keyed by where the stream stored
+//!   it: `nats-stream-sequence/<stream>/<sequence>/<stored at, in nanoseconds>`, the
+//!   same on every redelivery, and never reused by a stream deleted and created again.
+//!   It catches every redelivery, but a publisher's own resend (a publish retried after
+//!   a lost answer) is stored twice and runs twice: publishers that resend set an id,
+//!   or key by the payload ([`Consumer::key_from_payload`](crate::Consumer::key_from_payload)).
+//! - [`JetStreamSource::new`] refuses a consumer that does not acknowledge each message
+//!   explicitly: under `AckPolicy::All` an ack of a later message acks a nak'd earlier
+//!   one, and under `AckPolicy::None` every nak'd message is lost.
+//! - While the work runs, and while a message waits for its turn in a batch, the
+//!   delivery is marked in progress (`+WPI`) every third of the consumer's `ack_wait`,
+//!   so work longer than `ack_wait` is not delivered again meanwhile.
 //! - The scope is `<stream>/<consumer>`: two durable consumers of one stream (billing and
 //!   shipping) each handle every message once, even on one store. An ephemeral consumer's
 //!   name changes with each connection: give such consumers one scope of their own
@@ -46,13 +61,15 @@
 //!   belong to another stream than the message's: a copy stored back in the same stream
 //!   would be a new message, run again ([`SettleError::Misconfigured`]).
 //! - Leave the consumer's `max_deliver` unlimited (the default), or above what a store
-//!   outage can take: naks count as deliveries. Set `ack_wait` above the longest work: a
-//!   delivery redelivered while its work still runs is answered as in flight.
+//!   outage can take: naks count as deliveries. Bound the work's attempts with
+//!   [`Consumer::max_attempts`](crate::Consumer::max_attempts) instead, which ends in a
+//!   dead letter with its reason.
 
 use std::fmt;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::AckPolicy;
 use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
 
@@ -78,7 +95,10 @@ pub struct JetStreamMessage {
     source: String,
     sequence: Option<u64>,
     delivered: Option<u64>,
+    /// The key when the publisher gave no `Nats-Msg-Id`: where the stream stored it.
+    stored_at: Option<String>,
     dead_letter_subject: Option<String>,
+    progress_every: Option<Duration>,
 }
 
 impl fmt::Debug for JetStreamMessage {
@@ -94,8 +114,11 @@ impl fmt::Debug for JetStreamMessage {
 }
 
 impl JetStreamMessage {
-    /// Wraps a delivery from a JetStream consumer. A message that did not come through
-    /// JetStream (no ack subject) is scoped by its subject, and settling it fails.
+    /// Wraps a delivery from a JetStream consumer, unchecked: no dead-letter subject (a
+    /// dead letter is only terminated) and no in-progress marks. Prefer
+    /// [`JetStreamSource::wrap`], which checks the consumer's settings once and sets both.
+    /// A message that did not come through JetStream (no ack subject) is scoped by its
+    /// subject, and settling it fails.
     pub fn new(message: jetstream::Message) -> Self {
         let (stream, consumer, sequence, delivered) = match message.info() {
             Ok(info) => (
@@ -110,6 +133,13 @@ impl JetStreamMessage {
             Some(consumer) => format!("{stream}/{consumer}"),
             None => stream.clone(),
         };
+        let stored_at =
+            sequence.map(
+                |sequence| match message.reply.as_deref().and_then(stored_nanos) {
+                    Some(nanos) => format!("nats-stream-sequence/{stream}/{sequence}/{nanos}"),
+                    None => format!("nats-stream-sequence/{stream}/{sequence}"),
+                },
+            );
         Self {
             message,
             stream,
@@ -117,8 +147,17 @@ impl JetStreamMessage {
             source,
             sequence,
             delivered,
+            stored_at,
             dead_letter_subject: None,
+            progress_every: None,
         }
+    }
+
+    /// Marks the delivery in progress (`+WPI`) every `every` while it is handled; a third
+    /// of the consumer's `ack_wait` is right. Zero turns the marks off.
+    pub fn progress_every(mut self, every: Duration) -> Self {
+        self.progress_every = Some(every).filter(|every| !every.is_zero());
+        self
     }
 
     /// Publishes dead letters to `subject` (a subject of a stream of their own, say)
@@ -136,6 +175,16 @@ impl JetStreamMessage {
     /// The delivery, unwrapped.
     pub fn into_inner(self) -> jetstream::Message {
         self.message
+    }
+
+    /// The publisher's `Nats-Msg-Id`, if it set one.
+    fn publisher_id(&self) -> Option<&str> {
+        self.message
+            .headers
+            .as_ref()?
+            .get(async_nats::header::NATS_MESSAGE_ID)
+            .map(|id| id.as_str())
+            .filter(|id| !id.is_empty())
     }
 
     async fn ack_with(&self, action: Settlement, kind: AckKind) -> Result<(), SettleError> {
@@ -183,7 +232,7 @@ impl JetStreamMessage {
                 format!("idem-dead-letter/{}/{consumer}/{sequence}", self.stream).as_str(),
             );
         }
-        if let Some(id) = self.id() {
+        if let Some(id) = self.publisher_id() {
             headers.insert(ORIGINAL_ID, id);
         }
         let ack = self
@@ -202,9 +251,11 @@ impl Message for JetStreamMessage {
     fn id(&self) -> Option<&str> {
         self.message
             .headers
-            .as_ref()?
-            .get(async_nats::header::NATS_MESSAGE_ID)
+            .as_ref()
+            .and_then(|headers| headers.get(async_nats::header::NATS_MESSAGE_ID))
             .map(|id| id.as_str())
+            .filter(|id| !id.is_empty())
+            .or(self.stored_at.as_deref())
     }
 
     fn source(&self) -> &str {
@@ -217,6 +268,15 @@ impl Message for JetStreamMessage {
 
     fn delivery_count(&self) -> Option<u64> {
         self.delivered
+    }
+
+    fn progress_interval(&self) -> Option<Duration> {
+        self.progress_every
+    }
+
+    async fn in_progress(&self) -> Result<(), SettleError> {
+        self.ack_with(Settlement::InProgress, AckKind::Progress)
+            .await
     }
 
     async fn ack(&self) -> Result<(), SettleError> {
@@ -233,5 +293,132 @@ impl Message for JetStreamMessage {
             self.publish_dead_letter(subject, reason).await?;
         }
         self.ack_with(Settlement::DeadLetter, AckKind::Term).await
+    }
+}
+
+/// When the stream stored the message, in nanoseconds since the epoch: the ack subject's
+/// timestamp token (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.
+/// <timestamp>.<pending>`, with a domain and an account hash after `ACK` in the newer
+/// form, and an optional token after the pending count).
+fn stored_nanos(reply: &str) -> Option<&str> {
+    let tokens: Vec<&str> = reply.split('.').collect();
+    let index = match tokens.len() {
+        9 => 7,
+        11 | 12 => 9,
+        _ => return None,
+    };
+    let nanos = tokens.get(index)?;
+    (!nanos.is_empty() && nanos.bytes().all(|b| b.is_ascii_digit())).then_some(nanos)
+}
+
+/// Where dead letters go: a choice made once, so that none is dropped unawares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadLetters {
+    /// Published (with the reason and the original's stream, consumer, sequence and id
+    /// in headers) to a subject of another stream, then terminated.
+    Publish {
+        /// The subject.
+        subject: String,
+    },
+    /// Only terminated (`+TERM`): JetStream reports a `MSG_TERMINATED` advisory, and the
+    /// message stays in the stream until its limits remove it (a work-queue stream
+    /// removes it at once). For setups that collect the advisories.
+    Terminate,
+}
+
+impl DeadLetters {
+    /// [`DeadLetters::Publish`] to `subject`.
+    pub fn publish_to(subject: impl Into<String>) -> Self {
+        DeadLetters::Publish {
+            subject: subject.into(),
+        }
+    }
+}
+
+/// A JetStream consumer's settings, checked once: the source of [`JetStreamMessage`]s
+/// that mark themselves in progress and dead-letter where they were told.
+///
+/// ```no_run
+/// use async_nats::jetstream::consumer::PullConsumer;
+/// use idem_consumer::nats::{DeadLetters, JetStreamSource, SetupError};
+///
+/// # async fn set_up(pull: PullConsumer) -> Result<(), SetupError> {
+/// // A consumer that acks each message is accepted, and marks deliveries in progress
+/// // every third of its ack wait; one whose acks cover earlier messages is refused.
+/// let source = JetStreamSource::new(pull.cached_info(), DeadLetters::publish_to("DLQ.orders"))?;
+/// println!("in progress every {:?}", source.progress_every());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct JetStreamSource {
+    dead_letters: DeadLetters,
+    progress_every: Duration,
+}
+
+/// A JetStream consumer whose settings would lose messages.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The consumer does not acknowledge each message on its own.
+    #[error(
+        "the JetStream consumer `{consumer}` acknowledges with AckPolicy::{policy:?}, which loses nak'd messages (All: an ack of a later message acks them; None: nothing is redelivered); create it with AckPolicy::Explicit"
+    )]
+    AckPolicy {
+        /// The consumer's name.
+        consumer: String,
+        /// Its ack policy.
+        policy: AckPolicy,
+    },
+    /// The dead-letter subject is empty.
+    #[error("the dead-letter subject is empty; name a subject of another stream")]
+    EmptySubject,
+}
+
+/// JetStream's `ack_wait` when a consumer sets none.
+const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+
+impl JetStreamSource {
+    /// Checks a consumer's settings (`PullConsumer::cached_info`, or a push consumer's).
+    ///
+    /// # Errors
+    /// [`SetupError::AckPolicy`] for a consumer whose ack policy is not `Explicit`;
+    /// [`SetupError::EmptySubject`] for an empty dead-letter subject.
+    pub fn new(
+        consumer: &jetstream::consumer::Info,
+        dead_letters: DeadLetters,
+    ) -> Result<Self, SetupError> {
+        let policy = consumer.config.ack_policy;
+        if policy != AckPolicy::Explicit {
+            return Err(SetupError::AckPolicy {
+                consumer: consumer.name.clone(),
+                policy,
+            });
+        }
+        if matches!(&dead_letters, DeadLetters::Publish { subject } if subject.is_empty()) {
+            return Err(SetupError::EmptySubject);
+        }
+        let ack_wait = Some(consumer.config.ack_wait)
+            .filter(|wait| !wait.is_zero())
+            .unwrap_or(DEFAULT_ACK_WAIT);
+        Ok(Self {
+            dead_letters,
+            progress_every: (ack_wait / 3).max(Duration::from_millis(1)),
+        })
+    }
+
+    /// How often a delivery is marked in progress: a third of the consumer's `ack_wait`.
+    pub fn progress_every(&self) -> Duration {
+        self.progress_every
+    }
+
+    /// A delivery of the checked consumer, as a [`Message`].
+    pub fn wrap(&self, message: jetstream::Message) -> JetStreamMessage {
+        let message = JetStreamMessage::new(message).progress_every(self.progress_every);
+        match &self.dead_letters {
+            DeadLetters::Publish { subject } => message.dead_letter_to(subject.clone()),
+            DeadLetters::Terminate => message,
+        }
     }
 }

@@ -2,19 +2,25 @@
 //!
 //! ```no_run
 //! use futures_util::StreamExt;
-//! use idem_consumer::{Consumer, rabbitmq::RabbitMessage};
+//! use idem_consumer::Consumer;
+//! use idem_consumer::rabbitmq::{DeadLetters, RabbitQueue};
 //! use idem_core::{Idempotency, MemoryStore, done};
 //! use lapin::{options::BasicConsumeOptions, types::FieldTable};
 //!
 //! # async fn consume() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let connection = lapin::Connection::connect("amqp://127.0.0.1:5672/%2f", Default::default()).await?;
 //! let channel = connection.create_channel().await?;
-//! let mut deliveries = channel
-//!     .basic_consume("orders".into(), "billing".into(), BasicConsumeOptions::default(), FieldTable::default())
+//! // Dead letters are published with their reason to the `dead-letters` exchange under
+//! // publisher confirms, on a channel of their own, before the original is acked.
+//! let dead_letters = DeadLetters::publish_to(&connection.create_channel().await?, "dead-letters", "orders").await?;
+//! let queue = RabbitQueue::new("orders", dead_letters);
+//! // Refuses `no_ack`, under which every nak'd message would be lost.
+//! let mut deliveries = queue
+//!     .consume(&channel, "billing", BasicConsumeOptions::default(), FieldTable::default())
 //!     .await?;
 //! let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
 //! while let Some(delivery) = deliveries.next().await {
-//!     let message = RabbitMessage::new(delivery?, "orders");
+//!     let message = queue.wrap(delivery?);
 //!     // A settlement the broker refused is delivered again: log it and go on.
 //!     if let Err(err) = consumer.handle(&message, |_ctx, payload| async move { done(payload.len()) }).await {
 //!         tracing::warn!(error = %err, "not settled");
@@ -39,25 +45,55 @@
 //!   unset on classic queues.
 //! - A `handle` future dropped mid-work leaves its delivery unacknowledged until the
 //!   channel closes (AMQP has no acknowledgement timeout).
-//! - A dead letter is rejected without requeue (`basic.reject`), which RabbitMQ routes to
-//!   the queue's dead-letter exchange (`x-dead-letter-exchange`) with an `x-death`
-//!   header; a queue without one drops it. The reason is logged.
+//! - Dead letters go where [`DeadLetters`] says, a choice made once:
+//!   - [`DeadLetters::Publish`]: a copy (the original's properties, with the reason in
+//!     the [`DEAD_LETTER_REASON`] header and the queue in [`ORIGINAL_QUEUE`]) is
+//!     published `mandatory` under publisher confirms, and the original is acked only
+//!     once the broker confirmed the copy was routed. A copy that no queue took, or that
+//!     the broker refused, leaves the original to be delivered again. A crash between
+//!     the two can publish a copy twice: dead letters are at least once.
+//!   - [`DeadLetters::QueuePolicy`]: rejected without requeue (`basic.reject`), to the
+//!     queue's own dead-letter exchange (`x-dead-letter-exchange`) with an `x-death`
+//!     header and no reason (the reason is logged). RabbitMQ moves it at most once from
+//!     a classic queue (a crash of the broker mid-way loses it), and a queue without a
+//!     dead-letter exchange drops it: for quorum queues with `dead-letter-strategy:
+//!     at-least-once`, or where that loss is acceptable.
+//! - There is no stable id to fall back on when a publisher sets no `message_id` (the
+//!   delivery tag changes with each delivery): such a message is dead-lettered (`no-key`)
+//!   unless the consumer keys by the payload
+//!   ([`Consumer::key_from_payload`](crate::Consumer::key_from_payload)).
 
 use std::fmt;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use lapin::Confirmation;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
-use lapin::types::AMQPValue;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions,
+    BasicRejectOptions, ConfirmSelectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 
 use crate::{DeadLetterReason, Message, SettleError, Settlement};
+
+/// The header that carries the reason on a dead-lettered copy.
+pub const DEAD_LETTER_REASON: &str = "idem-dead-letter-reason";
+/// The header that carries the original's queue on a dead-lettered copy.
+pub const ORIGINAL_QUEUE: &str = "idem-original-queue";
+
+/// How long a delivery whose dead letter could not be published waits before it is
+/// requeued, so a dead-letter exchange that routes nowhere is not retried in a loop.
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
 
 /// A RabbitMQ delivery, as a [`Message`].
 pub struct RabbitMessage {
     delivery: Delivery,
     payload: Bytes,
     queue: String,
+    dead_letters: Option<Arc<DeadLetters>>,
 }
 
 impl fmt::Debug for RabbitMessage {
@@ -72,13 +108,72 @@ impl fmt::Debug for RabbitMessage {
 }
 
 impl RabbitMessage {
-    /// Wraps a delivery from a consumer of `queue`.
+    /// Wraps a delivery from a consumer of `queue`, unchecked: dead letters are rejected
+    /// to the queue's policy ([`DeadLetters::QueuePolicy`]). Prefer [`RabbitQueue::wrap`].
     pub fn new(mut delivery: Delivery, queue: impl Into<String>) -> Self {
         let payload = Bytes::from(std::mem::take(&mut delivery.data));
         Self {
             delivery,
             payload,
             queue: queue.into(),
+            dead_letters: None,
+        }
+    }
+
+    /// Publishes the dead-lettered copy with its reason and waits for the broker's confirm.
+    async fn publish_dead_letter(
+        &self,
+        channel: &lapin::Channel,
+        exchange: &str,
+        routing_key: &str,
+        reason: DeadLetterReason,
+    ) -> Result<(), SettleError> {
+        let action = Settlement::DeadLetter;
+        let mut headers = self
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        headers.insert(
+            DEAD_LETTER_REASON.into(),
+            AMQPValue::LongString(reason.as_str().into()),
+        );
+        headers.insert(
+            ORIGINAL_QUEUE.into(),
+            AMQPValue::LongString(self.queue.as_str().into()),
+        );
+        let properties = self.delivery.properties.clone().with_headers(headers);
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(exchange),
+                ShortString::from(routing_key),
+                BasicPublishOptions {
+                    // A copy no queue takes comes back instead of vanishing.
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &self.payload,
+                properties,
+            )
+            .await
+            .map_err(|err| SettleError::broker(action, err))?
+            .await
+            .map_err(|err| SettleError::broker(action, err))?;
+        match confirm {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(SettleError::Misconfigured {
+                action,
+                problem: "no queue took the dead letter: bind a queue to the dead-letter exchange under its routing key",
+            }),
+            Confirmation::Nack(_) => Err(SettleError::broker(
+                action,
+                std::io::Error::other("the broker refused the dead letter (basic.nack)"),
+            )),
+            Confirmation::NotRequested => Err(SettleError::Misconfigured {
+                action,
+                problem: "the dead-letter channel is not in confirm mode: build DeadLetters with DeadLetters::publish_to",
+            }),
         }
     }
 
@@ -178,9 +273,146 @@ impl Message for RabbitMessage {
     }
 
     async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
-        tracing::warn!(queue = %self.queue, %reason, "idem-consumer: rejecting a message to the dead-letter exchange");
         let acker = &self.delivery.acker;
-        let answer = acker.reject(BasicRejectOptions { requeue: false }).await;
-        settled(Settlement::DeadLetter, acker, answer)
+        match self.dead_letters.as_deref() {
+            Some(DeadLetters::Publish {
+                channel,
+                exchange,
+                routing_key,
+            }) => {
+                if let Err(err) = self
+                    .publish_dead_letter(channel, exchange, routing_key, reason)
+                    .await
+                {
+                    // Not dead-lettered: the original must come back, not stay held.
+                    let _ = self.nak(DEAD_LETTER_RETRY).await;
+                    return Err(err);
+                }
+                settled(
+                    Settlement::DeadLetter,
+                    acker,
+                    acker.ack(BasicAckOptions::default()).await,
+                )
+            }
+            _ => {
+                tracing::warn!(queue = %self.queue, %reason, "idem-consumer: rejecting a message to the queue's dead-letter exchange");
+                let answer = acker.reject(BasicRejectOptions { requeue: false }).await;
+                settled(Settlement::DeadLetter, acker, answer)
+            }
+        }
+    }
+}
+
+/// Where dead letters go: a choice made once, so that none is dropped unawares.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum DeadLetters {
+    /// Published with the reason under publisher confirms, then the original acked.
+    /// Build it with [`DeadLetters::publish_to`], which puts the channel in confirm mode.
+    Publish {
+        /// The channel the copies are published on (in confirm mode).
+        channel: lapin::Channel,
+        /// The exchange.
+        exchange: String,
+        /// The routing key.
+        routing_key: String,
+    },
+    /// Rejected without requeue, to the queue's own `x-dead-letter-exchange`: at most
+    /// once from a classic queue, dropped where the queue has none (see the module docs).
+    QueuePolicy,
+}
+
+impl DeadLetters {
+    /// [`DeadLetters::Publish`] on `channel` (a channel of its own is best), which is put
+    /// in confirm mode.
+    ///
+    /// # Errors
+    /// [`SetupError::Broker`] when the channel does not take confirm mode.
+    pub async fn publish_to(
+        channel: &lapin::Channel,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Result<Self, SetupError> {
+        if !channel.status().confirm() {
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(SetupError::Broker)?;
+        }
+        Ok(DeadLetters::Publish {
+            channel: channel.clone(),
+            exchange: exchange.into(),
+            routing_key: routing_key.into(),
+        })
+    }
+}
+
+/// A consumer setup that would lose messages, or a broker that refused it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// `no_ack` was asked: the broker forgets each message as it sends it, so nothing
+    /// nak'd or unsettled by a crash is ever delivered again.
+    #[error(
+        "no_ack loses every message that is nak'd or in flight in a crash; consume with no_ack: false"
+    )]
+    NoAck,
+    /// The broker refused.
+    #[error("the broker refused the consumer's setup: {0}")]
+    Broker(#[source] lapin::Error),
+}
+
+/// One queue's consumer setup: how its deliveries are consumed, wrapped and dead-lettered.
+#[derive(Debug, Clone)]
+pub struct RabbitQueue {
+    queue: String,
+    dead_letters: Arc<DeadLetters>,
+}
+
+impl RabbitQueue {
+    /// The setup for `queue`, dead-lettering as `dead_letters` says.
+    pub fn new(queue: impl Into<String>, dead_letters: DeadLetters) -> Self {
+        Self {
+            queue: queue.into(),
+            dead_letters: Arc::new(dead_letters),
+        }
+    }
+
+    /// The queue's name.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// Starts consuming the queue on `channel` (`basic.consume`).
+    ///
+    /// # Errors
+    /// [`SetupError::NoAck`] when `options.no_ack` is set, before anything is asked of
+    /// the broker; [`SetupError::Broker`] when the broker refuses.
+    pub async fn consume(
+        &self,
+        channel: &lapin::Channel,
+        consumer_tag: &str,
+        options: BasicConsumeOptions,
+        arguments: FieldTable,
+    ) -> Result<lapin::Consumer, SetupError> {
+        if options.no_ack {
+            return Err(SetupError::NoAck);
+        }
+        channel
+            .basic_consume(
+                ShortString::from(self.queue.as_str()),
+                ShortString::from(consumer_tag),
+                options,
+                arguments,
+            )
+            .await
+            .map_err(SetupError::Broker)
+    }
+
+    /// A delivery from this queue, as a [`Message`].
+    pub fn wrap(&self, delivery: Delivery) -> RabbitMessage {
+        let mut message = RabbitMessage::new(delivery, self.queue.clone());
+        message.dead_letters = Some(Arc::clone(&self.dead_letters));
+        message
     }
 }

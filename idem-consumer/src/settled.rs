@@ -77,6 +77,17 @@ pub enum Cause<E> {
     /// the error names the scope).
     #[error("the message's key is not valid: {0}")]
     BadKey(#[source] idem_core::key::KeyError),
+    /// The delivery's execution took longer than
+    /// [`Consumer::work_timeout`](crate::Consumer::work_timeout) and was stopped; its
+    /// lease is kept, so a redelivery takes over once it ends (resuming at its steps).
+    #[error("the work took longer than {limit:?} and was stopped")]
+    TimedOut {
+        /// The limit that was reached.
+        limit: std::time::Duration,
+    },
+    /// The work panicked; its lease is kept, so a redelivery takes over once it ends.
+    #[error("the work panicked")]
+    Panicked,
     /// The driver answered a kind of outcome this version of idem-consumer does not know;
     /// the message was left to the broker.
     #[error("the driver answered an outcome this version does not know; upgrade idem-consumer")]

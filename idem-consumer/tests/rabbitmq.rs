@@ -7,8 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use idem_consumer::rabbitmq::RabbitMessage;
-use idem_consumer::{Backoff, Consumer, DeadLetterReason, Message, Settled};
+use idem_consumer::rabbitmq::{
+    DEAD_LETTER_REASON, DeadLetters, ORIGINAL_QUEUE, RabbitMessage, RabbitQueue, SetupError,
+};
+use idem_consumer::{Backoff, Cause, Consumer, DeadLetterReason, Message, SettleError, Settled};
 use idem_core::{Context, Idempotency, MemoryStore, WorkError};
 use lapin::options::{
     BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
@@ -348,4 +350,255 @@ async fn a_batch_is_settled_per_message() {
     channel.close(200, "done".into()).await.unwrap();
     assert_eq!(depth(&connection, &queue).await, 0);
     assert_eq!(depth(&connection, &format!("{queue}.dlq")).await, 4);
+}
+
+/// A queue of its own with no dead-letter exchange: a rejected message would be dropped.
+async fn plain_queue(channel: &Channel, queue: &str, arguments: FieldTable) {
+    let _ = channel
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await;
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            arguments,
+        )
+        .await
+        .expect("declare the queue");
+}
+
+/// The next message waiting in `queue`, taken off it, within the wait.
+async fn take(channel: &Channel, queue: &str) -> lapin::message::BasicGetMessage {
+    for _ in 0..300 {
+        if let Some(message) = channel
+            .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("basic.get")
+        {
+            return message;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("nothing arrived in {queue}");
+}
+
+fn header<'a>(message: &'a lapin::message::BasicGetMessage, name: &str) -> Option<&'a AMQPValue> {
+    message
+        .delivery
+        .properties
+        .headers()
+        .as_ref()?
+        .inner()
+        .get(name)
+}
+
+#[tokio::test]
+async fn no_ack_is_refused_before_the_broker_is_asked() {
+    let Some((connection, channel, queue)) = setup("idem.no-ack").await else {
+        return;
+    };
+    let source = RabbitQueue::new(queue.as_str(), DeadLetters::QueuePolicy);
+    let refused = source
+        .consume(
+            &channel,
+            "billing",
+            BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    assert!(matches!(refused, Err(SetupError::NoAck)), "{refused:?}");
+    // Nothing was asked of the broker: the queue has no consumer.
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..Default::default()
+    };
+    let declared = connection
+        .create_channel()
+        .await
+        .unwrap()
+        .queue_declare(queue.as_str().into(), passive, FieldTable::default())
+        .await
+        .unwrap();
+    assert_eq!(declared.consumer_count(), 0);
+}
+
+#[tokio::test]
+async fn dead_letters_are_published_with_their_reason_under_confirms_then_acked() {
+    let Some((connection, channel, _)) = setup("idem.dead-publish").await else {
+        return;
+    };
+    // No dead-letter exchange on the queue: a reject would drop the message.
+    let (queue, dlq) = ("idem.dead-publish.plain", "idem.dead-publish.copies");
+    plain_queue(&channel, queue, FieldTable::default()).await;
+    plain_queue(&channel, dlq, FieldTable::default()).await;
+    publish(&channel, queue, None, "no id").await;
+    publish(&channel, queue, Some("o-2"), "").await;
+    let (source, mut deliveries) = publishing_dead_letters(&connection, &channel, queue, dlq).await;
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut reasons = Vec::new();
+    for _ in 0..2 {
+        let delivery = delivery(&mut deliveries).await;
+        let message = source.wrap(delivery);
+        match consumer
+            .handle(&message, refusing_empty(&runs))
+            .await
+            .unwrap()
+        {
+            Settled::DeadLettered { reason, .. } => reasons.push(reason.as_str()),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(reasons, ["no-key", "failed"]);
+    let mut copies = Vec::new();
+    for _ in 0..2 {
+        let copy = take(&channel, dlq).await;
+        assert_eq!(
+            header(&copy, ORIGINAL_QUEUE),
+            Some(&AMQPValue::LongString(queue.into()))
+        );
+        let Some(AMQPValue::LongString(reason)) = header(&copy, DEAD_LETTER_REASON) else {
+            panic!("no reason on {copy:?}");
+        };
+        copies.push((
+            reason.to_string(),
+            String::from_utf8(copy.delivery.data.clone()).unwrap(),
+        ));
+    }
+    copies.sort();
+    assert_eq!(
+        copies,
+        [
+            ("failed".to_owned(), String::new()),
+            ("no-key".to_owned(), "no id".to_owned())
+        ]
+    );
+    // The originals were acked, not left to come back.
+    assert_eq!(depth(&connection, queue).await, 0);
+    let quiet = tokio::time::timeout(Duration::from_millis(500), deliveries.next()).await;
+    assert!(
+        quiet.is_err(),
+        "a dead-lettered message came back: {quiet:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letter_that_no_queue_takes_leaves_the_original_to_come_back() {
+    let Some((connection, channel, _)) = setup("idem.dead-unroutable").await else {
+        return;
+    };
+    let queue = "idem.dead-unroutable.plain";
+    plain_queue(&channel, queue, FieldTable::default()).await;
+    publish(&channel, queue, Some("o-1"), "").await;
+    let (source, mut deliveries) =
+        publishing_dead_letters(&connection, &channel, queue, "idem.nowhere").await;
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = delivery(&mut deliveries).await;
+    let refused = consumer
+        .handle(&source.wrap(first), refusing_empty(&runs))
+        .await;
+    assert!(
+        matches!(refused, Err(SettleError::Misconfigured { .. })),
+        "{refused:?}"
+    );
+    // It comes back (after the adapter's pause) and the stored failure is replayed.
+    let again = delivery(&mut deliveries).await;
+    assert!(again.redelivered);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_quorum_queue_counts_deliveries_and_the_attempt_limit_dead_letters_with_the_reason() {
+    let Some((connection, channel, _)) = setup("idem.quorum").await else {
+        return;
+    };
+    let (queue, dlq) = ("idem.quorum.orders", "idem.quorum.copies");
+    let mut quorum = FieldTable::default();
+    quorum.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    plain_queue(&channel, queue, quorum).await;
+    plain_queue(&channel, dlq, FieldTable::default()).await;
+    publish(&channel, queue, Some("o-1"), "busy").await;
+    let (source, mut deliveries) = publishing_dead_letters(&connection, &channel, queue, dlq).await;
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()))
+        .backoff(Backoff::new(Duration::from_millis(100), Duration::from_millis(100)).unwrap())
+        .max_attempts(std::num::NonZeroU64::new(3).unwrap());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let busy = |_ctx: Context, _payload: Bytes| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { Err::<u8, _>(WorkError::Retryable("warehouse busy".to_owned())) }
+    };
+    let mut counts = Vec::new();
+    loop {
+        let delivery = delivery(&mut deliveries).await;
+        let message = source.wrap(delivery);
+        counts.push(message.delivery_count());
+        match consumer.handle(&message, busy).await.unwrap() {
+            Settled::Retried {
+                cause: Cause::Work(_),
+                ..
+            } => {}
+            Settled::DeadLettered {
+                reason: DeadLetterReason::AttemptsExhausted,
+                ..
+            } => break,
+            other => panic!("{other:?}"),
+        }
+    }
+    // The quorum queue's `x-delivery-count` (absent on the first delivery) plus one.
+    assert_eq!(counts, [Some(1), Some(2), Some(3)]);
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let copy = take(&channel, dlq).await;
+    assert_eq!(
+        header(&copy, DEAD_LETTER_REASON),
+        Some(&AMQPValue::LongString("attempts-exhausted".into()))
+    );
+    assert_eq!(depth(&connection, queue).await, 0);
+}
+
+/// `queue` consumed on `channel`, its dead letters published to the default exchange
+/// under `routing_key` on a channel of their own.
+async fn publishing_dead_letters(
+    connection: &Connection,
+    channel: &Channel,
+    queue: &str,
+    routing_key: &str,
+) -> (RabbitQueue, lapin::Consumer) {
+    let dead_letters =
+        DeadLetters::publish_to(&connection.create_channel().await.unwrap(), "", routing_key)
+            .await
+            .expect("confirm mode");
+    let source = RabbitQueue::new(queue, dead_letters);
+    channel
+        .basic_qos(10, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let deliveries = source
+        .consume(
+            channel,
+            "billing",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .expect("consume");
+    (source, deliveries)
+}
+
+/// The next delivery, within the wait.
+async fn delivery(deliveries: &mut lapin::Consumer) -> lapin::message::Delivery {
+    tokio::time::timeout(WAIT, deliveries.next())
+        .await
+        .expect("a delivery within the wait")
+        .expect("the consumer goes on")
+        .expect("a delivery")
 }

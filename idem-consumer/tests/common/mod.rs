@@ -136,3 +136,76 @@ impl Message for TestMessage {
         self.record(Settlement::DeadLetter, Settle::DeadLetter(reason))
     }
 }
+
+/// The memory store, whose first `fail_claims` claims fail with an error a retry is not
+/// expected to cure (a read-only replica during a failover, say).
+#[allow(dead_code)] // each test binary uses what it needs
+pub(crate) struct FailingClaims {
+    pub(crate) inner: idem_core::MemoryStore,
+    pub(crate) fail_claims: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl idem_core::Store for FailingClaims {
+    async fn claim(
+        &self,
+        request: &idem_core::store::ClaimRequest,
+    ) -> Result<idem_core::store::ClaimOutcome, idem_core::StoreError> {
+        if self
+            .fail_claims
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(idem_core::StoreError::Backend {
+                operation: idem_core::store::Operation::Claim,
+                retryable: false,
+                source: "cannot execute INSERT in a read-only transaction".into(),
+            });
+        }
+        self.inner.claim(request).await
+    }
+    async fn complete(
+        &self,
+        lease: &idem_core::record::Lease,
+        response: &[u8],
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.complete(lease, response).await
+    }
+    async fn fail(
+        &self,
+        lease: &idem_core::record::Lease,
+        response: &[u8],
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.fail(lease, response).await
+    }
+    async fn release(
+        &self,
+        lease: &idem_core::record::Lease,
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(
+        &self,
+        lease: &idem_core::record::Lease,
+        extend: Duration,
+    ) -> Result<idem_core::store::RenewOutcome, idem_core::StoreError> {
+        self.inner.renew(lease, extend).await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &idem_core::record::Lease,
+        step: &idem_core::key::StepName,
+        value: &[u8],
+    ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        self.inner.checkpoint(lease, step, value).await
+    }
+    async fn get(
+        &self,
+        key: &idem_core::Key,
+    ) -> Result<Option<idem_core::Record>, idem_core::StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, idem_core::StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}

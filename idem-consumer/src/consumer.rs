@@ -6,6 +6,8 @@ use std::future::Future;
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,6 +22,11 @@ use crate::{Backoff, Cause, DeadLetterReason, Message, SettleError, Settled};
 
 type KeyFn = dyn Fn(&[u8]) -> Option<String> + Send + Sync;
 type FingerprintFn = dyn Fn(&[u8]) -> Fingerprint + Send + Sync;
+
+/// The delivery on which a stored result that does not decode as its type is
+/// dead-lettered; the deliveries before it are nak'd for a lease, so that a replica of
+/// another release (a rolling deploy) can take them.
+pub const UNREADABLE_AFTER: u64 = 3;
 
 /// The default bound on a batch's messages in flight at once.
 pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
@@ -42,11 +49,12 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// | key reused for another payload | dead letter (`key-reused`) |
 /// | no key, an invalid key, a refused key | dead letter (`no-key`, `bad-key`, `key-refused`) |
 /// | an invalid scope (the consumer's setting, not the message's fault) | nak after the backoff, logged as an error |
-/// | unstorable result; a stored answer altered, malformed, or of a type this release cannot read | dead letter (`unstorable`, `unreadable`): the work ran before and never runs again |
+/// | unstorable result; a stored answer altered or malformed | dead letter (`unstorable`, `unreadable`): the work ran before and never runs again |
+/// | a stored answer of a type this release cannot read | nak after the lease before the [`UNREADABLE_AFTER`]th delivery (a replica of another release may read it), then dead letter (`unreadable`); a broker that does not count deliveries dead-letters a redelivery |
 /// | a stored answer sealed under a codec key id this process lacks (a rotation half rolled out) | nak after the lease |
 /// | the store failed, the lease was lost | nak after the backoff |
 /// | the key budget ran out | nak after the budget's `retry_after` |
-/// | the work took longer than the [`work_timeout`](Consumer::work_timeout), or panicked | nak after the lease (the lease is kept, so the redelivery takes over then) |
+/// | the work took longer than the [`work_timeout`](Consumer::work_timeout), or panicked (the work, or the key or fingerprint function; under `panic = "abort"` the process ends instead) | nak after the lease (the lease is kept, so the redelivery takes over then) |
 /// | a retryable, unknown, timed-out or panicked attempt on the [`max_attempts`](Consumer::max_attempts)th delivery | dead letter (`attempts-exhausted`) |
 ///
 /// Only answers that redelivery cannot change go to the dead-letter path; a failure of the
@@ -250,10 +258,15 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     ///   message is nak'd until the lease ends ([`Cause::TimedOut`]), and the redelivery
     ///   then takes over, resuming at its checkpointed steps. Work that had returned still
     ///   has its answer stored.
+    /// - The limit runs from the work's start to its end: the store calls before and
+    ///   after it (the claim, the result's write) always finish, so a slow store is
+    ///   never taken for a hung work, and a result the work returned is always stored.
     /// - Counts as a failed attempt for [`Consumer::max_attempts`].
-    /// - Keep it under the broker's acknowledgement timeout unless the adapter sends
-    ///   in-progress acks ([`Message::progress_interval`]), and under the driver's lease
-    ///   unless the lease is renewed ([`Heartbeat`](idem_core::Heartbeat)).
+    /// - Set one where the adapter marks deliveries in progress
+    ///   ([`Message::progress_interval`]): the marks keep a hung work's message from
+    ///   being delivered again, so only this limit ends it.
+    /// - It stops work that awaits; work that blocks its thread stops everything on that
+    ///   thread, this limit and the marks included.
     /// - A zero `limit` is taken as no limit.
     pub fn work_timeout(mut self, limit: Duration) -> Self {
         self.work_timeout = Some(limit).filter(|limit| !limit.is_zero());
@@ -402,7 +415,36 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         (index, self.settle(message, decision).await)
     }
 
+    /// What a delivery comes to, a panic anywhere in the user's code (the key and
+    /// fingerprint functions, the work) included.
     async fn decide<M, T, E, F, Fut>(&self, message: &M, work: F) -> Decision<T, E>
+    where
+        M: Message + ?Sized,
+        T: Serialize + DeserializeOwned + 'static,
+        E: Serialize + DeserializeOwned + 'static,
+        F: FnOnce(Context, Bytes) -> Fut,
+        Fut: Future<Output = Result<T, WorkError<E>>>,
+    {
+        let decided = AssertUnwindSafe(self.decide_unguarded(message, work))
+            .catch_unwind()
+            .await;
+        decided.unwrap_or_else(|_panic| {
+            // A panic in the work leaves `execute` dropped mid-work: the lease is kept, so
+            // a redelivery takes over once it ends.
+            tracing::error!(
+                "idem-consumer: the work (or a key or fingerprint function) panicked; the message is delivered again once the lease ends"
+            );
+            self.limit_attempts(
+                Decision::Nak {
+                    delay: self.idem.lease(),
+                    cause: Cause::Panicked,
+                },
+                message.delivery_count(),
+            )
+        })
+    }
+
+    async fn decide_unguarded<M, T, E, F, Fut>(&self, message: &M, work: F) -> Decision<T, E>
     where
         M: Message + ?Sized,
         T: Serialize + DeserializeOwned + 'static,
@@ -440,29 +482,38 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
             None => Fingerprint::of_bytes(payload),
         };
         let payload = payload.clone();
-        let run = AssertUnwindSafe(
-            self.idem
-                .execute(&key, fingerprint, |ctx| work(ctx, payload)),
-        )
-        .catch_unwind();
-        let ran = match self.work_timeout {
-            Some(limit) => tokio::time::timeout(limit, run)
-                .await
-                .map_err(|_| Cause::TimedOut { limit }),
-            None => Ok(run.await),
-        };
-        let decision = match ran {
-            Ok(Ok(answer)) => self.decision(answer, message.delivery_count()),
-            // Dropped mid-work, as a panic leaves it: the lease is kept, so a redelivery
-            // takes over once it ends.
-            Ok(Err(_panic)) => {
-                tracing::error!(key = %key.short_hash(), "idem-consumer: the work panicked; the message is delivered again once the lease ends");
-                Decision::Nak {
-                    delay: self.idem.lease(),
-                    cause: Cause::Panicked,
-                }
+        // The limit runs from the work's start to its end only: the store calls before
+        // and after it (the claim, the result's write) always finish, so a slow store is
+        // never taken for a hung work, and a result the work returned is always stored.
+        let started = tokio::sync::Notify::new();
+        let finished = AtomicBool::new(false);
+        let run = self.idem.execute(&key, fingerprint, |ctx| {
+            started.notify_one();
+            let work = work(ctx, payload);
+            async {
+                let answer = work.await;
+                finished.store(true, Ordering::SeqCst);
+                answer
             }
-            Err(cause) => {
+        });
+        let deadline = async {
+            let Some(limit) = self.work_timeout else {
+                return std::future::pending().await;
+            };
+            started.notified().await;
+            tokio::time::sleep(limit).await;
+            if finished.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+            limit
+        };
+        let decision = tokio::select! {
+            biased;
+            answer = run => self.decision(answer, message.delivery_count()),
+            limit = deadline => {
+                // `execute` dropped mid-work: the lease is kept, so a redelivery takes
+                // over once it ends.
+                let cause = Cause::TimedOut { limit };
                 tracing::warn!(key = %key.short_hash(), error = %cause, "idem-consumer: stopped a delivery's work; the message is delivered again once the lease ends");
                 Decision::Nak {
                     delay: self.idem.lease(),
@@ -529,9 +580,15 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                     source: CodecError::Unauthentic { .. } | CodecError::Malformed { .. },
                     ..
                 } => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
-                // A stored result that no longer decodes as its type (the type changed
-                // across a deploy): the work ran, and naking would only repeat this until
-                // the record expires and the work runs again.
+                // A stored result that no longer decodes as its type. During a rolling
+                // deploy a replica of the other release can read it: wait a lease, a few
+                // deliveries. After that the type changed for good, and naking would only
+                // repeat this until the record expires and the work runs again.
+                Error::Decode(_)
+                    if delivered.is_some_and(|delivered| delivered < UNREADABLE_AFTER) =>
+                {
+                    nak(lease, Cause::Idem(err))
+                }
                 Error::Decode(_) => dead(DeadLetterReason::Unreadable, Cause::Idem(err)),
                 // A key id this process lacks (a rotation half rolled out), no randomness:
                 // another consumer, or this one later, can read it. Half-done work under
@@ -624,7 +681,8 @@ fn key_part(err: &KeyError) -> Option<KeyPart> {
 }
 
 /// `run`, with the message marked in progress with the broker every
-/// [`Message::progress_interval`] until it ends.
+/// [`Message::progress_interval`] until it ends. A mark sent when `run` ends is let
+/// finish (for at most one interval), so that it never lands after the settlement.
 async fn while_in_progress<M, F>(message: &M, run: F) -> F::Output
 where
     M: Message + ?Sized,
@@ -633,25 +691,46 @@ where
     let Some(every) = message.progress_interval().filter(|every| !every.is_zero()) else {
         return run.await;
     };
-    let beat = mark_in_progress(message, every);
+    let marking = AtomicBool::new(false);
+    let beat = mark_in_progress(message, every, &marking);
     tokio::pin!(run);
     tokio::pin!(beat);
-    tokio::select! {
+    let output = tokio::select! {
         biased;
         output = &mut run => output,
         never = &mut beat => match never {},
+    };
+    if marking.load(Ordering::SeqCst) {
+        let landed = std::future::poll_fn(|cx| match beat.as_mut().poll(cx) {
+            Poll::Ready(never) => match never {},
+            Poll::Pending if marking.load(Ordering::SeqCst) => Poll::Pending,
+            Poll::Pending => Poll::Ready(()),
+        });
+        let _ = tokio::time::timeout(every, landed).await;
     }
+    output
 }
 
-/// Marks the message in progress every `every`, for as long as it is polled.
-async fn mark_in_progress<M: Message + ?Sized>(message: &M, every: Duration) -> Infallible {
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+/// Marks the message in progress every `every`, for as long as it is polled; `marking`
+/// is set while a mark is on its way.
+async fn mark_in_progress<M: Message + ?Sized>(
+    message: &M,
+    every: Duration,
+    marking: &AtomicBool,
+) -> Infallible {
+    // A period too long to add to now never ticks.
+    let Some(first) = tokio::time::Instant::now().checked_add(every) else {
+        return std::future::pending().await;
+    };
+    let mut ticks = tokio::time::interval_at(first, every);
     // A tick missed while the broker was slow is not made up in a burst.
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
+        marking.store(true, Ordering::SeqCst);
         if let Err(err) = message.in_progress().await {
             tracing::debug!(error = %err, "idem-consumer: the broker did not take an in-progress mark");
         }
+        marking.store(false, Ordering::SeqCst);
     }
 }

@@ -11,7 +11,11 @@
 //! - [`ScheduledJob`] runs a job once per slot of its schedule, keyed by the slot's time,
 //!   however many schedulers fire it; a slot whose scheduler crashed is taken over.
 //! - [`Message`] is what the consumer needs of a broker; adapters: `nats` (NATS
-//!   JetStream, feature `nats`) and `rabbitmq` (feature `rabbitmq`).
+//!   JetStream, feature `nats`), `rabbitmq` (feature `rabbitmq`) and `redis` (Redis
+//!   Streams consumer groups, feature `redis`). Kafka has no adapter yet (no broker runs
+//!   in this project's CI): one on a well-kept client (rdkafka) implements [`Message`]
+//!   with the topic, partition and offset as the key, a no-op
+//!   [`in_progress`](Message::in_progress), and a nak that seeks back.
 //!
 //! Exactly-once effect needs the effect and the result to land together: write the
 //! effect in the store's own transaction ([`Context::prepare_completion`] with
@@ -58,7 +62,7 @@
 //!   [`Cause`]; `backoff.rs`: [`Backoff`].
 //! - `message.rs`: [`Message`], [`DeadLetterReason`], [`SettleError`].
 //! - `schedule.rs`: [`ScheduledJob`].
-//! - `nats.rs`, `rabbitmq.rs`: the adapters.
+//! - `nats.rs`, `rabbitmq.rs`, `redis.rs`: the adapters.
 //!
 //! [`Idempotency::execute`]: idem_core::Idempotency::execute
 //! [`Context::prepare_completion`]: idem_core::Context::prepare_completion
@@ -74,11 +78,13 @@ mod message;
 pub mod nats;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod schedule;
 mod settled;
 
 pub use backoff::{Backoff, BackoffError};
-pub use consumer::{Consumer, DEFAULT_CONCURRENCY};
+pub use consumer::{Consumer, DEFAULT_CONCURRENCY, UNREADABLE_AFTER};
 pub use message::{DeadLetterReason, Message, SettleError, Settlement};
 pub use schedule::{MAX_CATCH_UP_SLOTS, ScheduleError, ScheduledJob, SlotRun};
 pub use settled::{Cause, Settled};

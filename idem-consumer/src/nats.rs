@@ -133,6 +133,8 @@ impl JetStreamMessage {
             Some(consumer) => format!("{stream}/{consumer}"),
             None => stream.clone(),
         };
+        // The same on every delivery of one stored message, and never reused by a
+        // recreated stream.
         let stored_at =
             sequence.map(
                 |sequence| match message.reply.as_deref().and_then(stored_nanos) {
@@ -223,13 +225,25 @@ impl JetStreamMessage {
         headers.insert(ORIGINAL_STREAM, self.stream.as_str());
         headers.insert(ORIGINAL_CONSUMER, consumer);
         if let Some(sequence) = self.sequence {
+            // The stored time too: a recreated stream's message of the same sequence is
+            // another message, not a repeat for the window to drop.
+            let stored = self
+                .message
+                .reply
+                .as_deref()
+                .and_then(stored_nanos)
+                .unwrap_or_default();
             headers.insert(ORIGINAL_SEQUENCE, sequence.to_string().as_str());
             // A repeated dead-lettering of the same delivery by the same consumer is
             // dropped by the dead-letter stream's duplicate window; another consumer's
             // is its own.
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
-                format!("idem-dead-letter/{}/{consumer}/{sequence}", self.stream).as_str(),
+                format!(
+                    "idem-dead-letter/{}/{consumer}/{sequence}/{stored}",
+                    self.stream
+                )
+                .as_str(),
             );
         }
         if let Some(id) = self.publisher_id() {
@@ -299,12 +313,12 @@ impl Message for JetStreamMessage {
 /// When the stream stored the message, in nanoseconds since the epoch: the ack subject's
 /// timestamp token (`$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.
 /// <timestamp>.<pending>`, with a domain and an account hash after `ACK` in the newer
-/// form, and an optional token after the pending count).
+/// form, which may end in further tokens), read as async-nats reads it.
 fn stored_nanos(reply: &str) -> Option<&str> {
     let tokens: Vec<&str> = reply.split('.').collect();
     let index = match tokens.len() {
         9 => 7,
-        11 | 12 => 9,
+        11.. => 9,
         _ => return None,
     };
     let nanos = tokens.get(index)?;
@@ -420,5 +434,33 @@ impl JetStreamSource {
             DeadLetters::Publish { subject } => message.dead_letter_to(subject.clone()),
             DeadLetters::Terminate => message,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stored_nanos;
+
+    #[test]
+    fn the_stored_time_is_read_from_every_ack_subject_form() {
+        let v1 = "$JS.ACK.ORDERS.billing.1.7.7.1733300000000000000.0";
+        assert_eq!(stored_nanos(v1), Some("1733300000000000000"));
+        let v2 = "$JS.ACK.hub.ACCHASH.ORDERS.billing.1.7.7.1733300000000000000.0";
+        assert_eq!(stored_nanos(v2), Some("1733300000000000000"));
+        let v2_token = format!("{v2}.random");
+        assert_eq!(stored_nanos(&v2_token), Some("1733300000000000000"));
+        let v2_more = format!("{v2}.random.later");
+        assert_eq!(stored_nanos(&v2_more), Some("1733300000000000000"));
+    }
+
+    #[test]
+    fn a_subject_of_another_shape_has_no_stored_time() {
+        assert_eq!(stored_nanos("_INBOX.abc"), None);
+        assert_eq!(
+            stored_nanos("$JS.ACK.ORDERS.billing.1.7.7.notanumber.0"),
+            None
+        );
+        assert_eq!(stored_nanos("$JS.ACK.ORDERS.billing.1.7.7..0"), None);
+        assert_eq!(stored_nanos("$JS.ACK.a.b.c.d.e.f.g"), None);
     }
 }

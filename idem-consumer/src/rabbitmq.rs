@@ -46,13 +46,13 @@
 //! - A `handle` future dropped mid-work leaves its delivery unacknowledged until the
 //!   channel closes (AMQP has no acknowledgement timeout).
 //! - Dead letters go where [`DeadLetters`] says, a choice made once:
-//!   - [`DeadLetters::Publish`]: a copy (the original's properties, with the reason in
+//!   - [`DeadLetters::publish_to`]: a persistent copy (the original's properties, with the reason in
 //!     the [`DEAD_LETTER_REASON`] header and the queue in [`ORIGINAL_QUEUE`]) is
 //!     published `mandatory` under publisher confirms, and the original is acked only
 //!     once the broker confirmed the copy was routed. A copy that no queue took, or that
 //!     the broker refused, leaves the original to be delivered again. A crash between
 //!     the two can publish a copy twice: dead letters are at least once.
-//!   - [`DeadLetters::QueuePolicy`]: rejected without requeue (`basic.reject`), to the
+//!   - [`DeadLetters::queue_policy`]: rejected without requeue (`basic.reject`), to the
 //!     queue's own dead-letter exchange (`x-dead-letter-exchange`) with an `x-death`
 //!     header and no reason (the reason is logged). RabbitMQ moves it at most once from
 //!     a classic queue (a crash of the broker mid-way loses it), and a queue without a
@@ -88,6 +88,9 @@ pub const ORIGINAL_QUEUE: &str = "idem-original-queue";
 /// requeued, so a dead-letter exchange that routes nowhere is not retried in a loop.
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
 
+/// How long a dead letter's publish waits for the broker's confirm.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A RabbitMQ delivery, as a [`Message`].
 pub struct RabbitMessage {
     delivery: Delivery,
@@ -109,7 +112,7 @@ impl fmt::Debug for RabbitMessage {
 
 impl RabbitMessage {
     /// Wraps a delivery from a consumer of `queue`, unchecked: dead letters are rejected
-    /// to the queue's policy ([`DeadLetters::QueuePolicy`]). Prefer [`RabbitQueue::wrap`].
+    /// to the queue's policy ([`DeadLetters::queue_policy`]). Prefer [`RabbitQueue::wrap`].
     pub fn new(mut delivery: Delivery, queue: impl Into<String>) -> Self {
         let payload = Bytes::from(std::mem::take(&mut delivery.data));
         Self {
@@ -123,11 +126,10 @@ impl RabbitMessage {
     /// Publishes the dead-lettered copy with its reason and waits for the broker's confirm.
     async fn publish_dead_letter(
         &self,
-        channel: &lapin::Channel,
-        exchange: &str,
-        routing_key: &str,
+        publisher: &Publisher,
         reason: DeadLetterReason,
     ) -> Result<(), SettleError> {
+        let (exchange, routing_key) = (publisher.exchange.as_str(), publisher.routing_key.as_str());
         let action = Settlement::DeadLetter;
         let mut headers = self
             .delivery
@@ -143,23 +145,46 @@ impl RabbitMessage {
             ORIGINAL_QUEUE.into(),
             AMQPValue::LongString(self.queue.as_str().into()),
         );
-        let properties = self.delivery.properties.clone().with_headers(headers);
-        let confirm = channel
-            .basic_publish(
-                ShortString::from(exchange),
-                ShortString::from(routing_key),
-                BasicPublishOptions {
-                    // A copy no queue takes comes back instead of vanishing.
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &self.payload,
-                properties,
+        let properties = dead_letter_properties(&self.delivery.properties, headers);
+        let channel = &publisher.channel;
+        if !channel.status().connected() {
+            return Err(SettleError::Misconfigured {
+                action,
+                problem: "the dead-letter channel is closed (the broker closes it on an error, such as an exchange that does not exist): build DeadLetters again on a new channel",
+            });
+        }
+        // One copy at a time on the channel: lapin hands a returned copy to whichever
+        // confirm resolves next, so two copies in flight could swap their answers.
+        let _one_at_a_time = publisher.one_at_a_time.lock().await;
+        let publish = channel.basic_publish(
+            ShortString::from(exchange),
+            ShortString::from(routing_key),
+            BasicPublishOptions {
+                // A copy no queue takes comes back instead of vanishing.
+                mandatory: true,
+                ..Default::default()
+            },
+            &self.payload,
+            properties,
+        );
+        // A broker under a memory or disk alarm holds publishes: never wait forever.
+        let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, async {
+            publish
+                .await
+                .map_err(|err| SettleError::broker(action, err))?
+                .await
+                .map_err(|err| SettleError::broker(action, err))
+        })
+        .await
+        .map_err(|_| {
+            SettleError::broker(
+                action,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the broker did not confirm the dead letter in time",
+                ),
             )
-            .await
-            .map_err(|err| SettleError::broker(action, err))?
-            .await
-            .map_err(|err| SettleError::broker(action, err))?;
+        })??;
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(SettleError::Misconfigured {
@@ -172,7 +197,7 @@ impl RabbitMessage {
             )),
             Confirmation::NotRequested => Err(SettleError::Misconfigured {
                 action,
-                problem: "the dead-letter channel is not in confirm mode: build DeadLetters with DeadLetters::publish_to",
+                problem: "the dead-letter channel left confirm mode: build DeadLetters again on a new channel",
             }),
         }
     }
@@ -274,16 +299,9 @@ impl Message for RabbitMessage {
 
     async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
         let acker = &self.delivery.acker;
-        match self.dead_letters.as_deref() {
-            Some(DeadLetters::Publish {
-                channel,
-                exchange,
-                routing_key,
-            }) => {
-                if let Err(err) = self
-                    .publish_dead_letter(channel, exchange, routing_key, reason)
-                    .await
-                {
+        match self.dead_letters.as_ref().map(|dead| &dead.target) {
+            Some(Target::Publish(publisher)) => {
+                if let Err(err) = self.publish_dead_letter(publisher, reason).await {
                     // Not dead-lettered: the original must come back, not stay held.
                     let _ = self.nak(DEAD_LETTER_RETRY).await;
                     return Err(err);
@@ -304,47 +322,117 @@ impl Message for RabbitMessage {
 }
 
 /// Where dead letters go: a choice made once, so that none is dropped unawares.
+///
+/// Clones share their channel and publish one copy at a time on it; build one per channel.
 #[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum DeadLetters {
-    /// Published with the reason under publisher confirms, then the original acked.
-    /// Build it with [`DeadLetters::publish_to`], which puts the channel in confirm mode.
-    Publish {
-        /// The channel the copies are published on (in confirm mode).
-        channel: lapin::Channel,
-        /// The exchange.
-        exchange: String,
-        /// The routing key.
-        routing_key: String,
-    },
-    /// Rejected without requeue, to the queue's own `x-dead-letter-exchange`: at most
-    /// once from a classic queue, dropped where the queue has none (see the module docs).
+pub struct DeadLetters {
+    target: Target,
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    Publish(Arc<Publisher>),
     QueuePolicy,
 }
 
+#[derive(Debug)]
+struct Publisher {
+    channel: lapin::Channel,
+    exchange: String,
+    routing_key: String,
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
 impl DeadLetters {
-    /// [`DeadLetters::Publish`] on `channel` (a channel of its own is best), which is put
-    /// in confirm mode.
+    /// Each dead letter is published, with its reason, to `exchange` under `routing_key`
+    /// on `channel` (a channel of its own is best), under publisher confirms and
+    /// `mandatory`; the original is acked only once the broker confirmed the copy was
+    /// routed. The channel is put in confirm mode.
     ///
     /// # Errors
-    /// [`SetupError::Broker`] when the channel does not take confirm mode.
+    /// [`SetupError::Broker`] when the channel does not take confirm mode, or the
+    /// exchange does not exist (checked with a passive declare, which closes the channel).
     pub async fn publish_to(
         channel: &lapin::Channel,
         exchange: impl Into<String>,
         routing_key: impl Into<String>,
     ) -> Result<Self, SetupError> {
+        let exchange = exchange.into();
+        if !exchange.is_empty() {
+            channel
+                .exchange_declare(
+                    ShortString::from(exchange.as_str()),
+                    lapin::ExchangeKind::Direct,
+                    lapin::options::ExchangeDeclareOptions {
+                        passive: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(SetupError::Broker)?;
+        }
         if !channel.status().confirm() {
             channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await
                 .map_err(SetupError::Broker)?;
         }
-        Ok(DeadLetters::Publish {
-            channel: channel.clone(),
-            exchange: exchange.into(),
-            routing_key: routing_key.into(),
+        Ok(Self {
+            target: Target::Publish(Arc::new(Publisher {
+                channel: channel.clone(),
+                exchange,
+                routing_key: routing_key.into(),
+                one_at_a_time: tokio::sync::Mutex::new(()),
+            })),
         })
     }
+
+    /// Each dead letter is rejected without requeue, to the queue's own
+    /// `x-dead-letter-exchange`: at most once from a classic queue, dropped where the
+    /// queue has none, and without its reason (which is logged). See the module docs.
+    pub fn queue_policy() -> Self {
+        Self {
+            target: Target::QueuePolicy,
+        }
+    }
+}
+
+/// The copy's properties: the original's, made persistent, without an expiry (the copy
+/// must outlive the original's time to live) or a user id (the broker checks it against
+/// the publishing connection's user).
+fn dead_letter_properties(
+    original: &lapin::BasicProperties,
+    headers: FieldTable,
+) -> lapin::BasicProperties {
+    let mut copy = lapin::BasicProperties::default()
+        .with_headers(headers)
+        .with_delivery_mode(2);
+    if let Some(value) = original.content_type() {
+        copy = copy.with_content_type(value.clone());
+    }
+    if let Some(value) = original.content_encoding() {
+        copy = copy.with_content_encoding(value.clone());
+    }
+    if let Some(value) = original.priority() {
+        copy = copy.with_priority(*value);
+    }
+    if let Some(value) = original.correlation_id() {
+        copy = copy.with_correlation_id(value.clone());
+    }
+    if let Some(value) = original.message_id() {
+        copy = copy.with_message_id(value.clone());
+    }
+    if let Some(value) = original.timestamp() {
+        copy = copy.with_timestamp(*value);
+    }
+    if let Some(value) = original.kind() {
+        copy = copy.with_type(value.clone());
+    }
+    if let Some(value) = original.app_id() {
+        copy = copy.with_app_id(value.clone());
+    }
+    copy
 }
 
 /// A consumer setup that would lose messages, or a broker that refused it.

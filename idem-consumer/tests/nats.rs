@@ -462,10 +462,17 @@ async fn a_message_without_a_publisher_id_is_keyed_by_where_the_stream_stored_it
 
     let first = source.wrap(next(&mut messages).await.into_inner());
     let key = first.id().expect("a key without a publisher id").to_owned();
-    assert!(
-        key.starts_with("nats-stream-sequence/IDEM_NO_ID/1/"),
+    let parts: Vec<&str> = key.split('/').collect();
+    assert_eq!(
+        parts[..3],
+        ["nats-stream-sequence", "IDEM_NO_ID", "1"],
         "{key}"
     );
+    assert!(
+        parts[3].parse::<u128>().is_ok_and(|nanos| nanos > 0),
+        "{key}"
+    );
+    assert_eq!(parts.len(), 4, "{key}");
     let settled = consumer
         .handle(&AckLost(&first), counted(&runs))
         .await
@@ -590,7 +597,13 @@ async fn a_stored_result_that_no_longer_decodes_is_dead_lettered_and_never_run_a
     };
     publish(&js, subject(&pull, "orders"), Some("order-1"), "2 mugs").await;
     let source = source_of(&pull);
-    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let lease = Duration::from_millis(300);
+    let consumer = Consumer::new(
+        Idempotency::builder(MemoryStore::new())
+            .lease(lease)
+            .build()
+            .unwrap(),
+    );
     let runs = Arc::new(AtomicUsize::new(0));
     let mut messages = pull.messages().await.expect("subscribe");
     // The release before the deploy stored a text and crashed before its ack.
@@ -603,15 +616,29 @@ async fn a_stored_result_that_no_longer_decodes_is_dead_lettered_and_never_run_a
         .await
         .unwrap();
     assert!(settled.is_acked());
-    // The release after it reads a number: the redelivery cannot decode the result.
+    // The release after it reads a number: the redelivery cannot decode the result. A
+    // replica of the release before could, during a rolling deploy: it is nak'd for a
+    // lease, until the third delivery.
+    let reads_a_number = |_ctx: Context, _payload: Bytes| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async { done(7u64) }
+    };
     let again = source.wrap(next(&mut messages).await.into_inner());
-    let settled = consumer
-        .handle(&again, |_ctx, _payload| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            async { done(7u64) }
-        })
-        .await
-        .unwrap();
+    assert_eq!(again.delivery_count(), Some(2));
+    let settled = consumer.handle(&again, reads_a_number).await.unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Retried {
+                cause: Cause::Idem(idem_core::Error::Decode(_)),
+                delay
+            } if delay == lease
+        ),
+        "{settled:?}"
+    );
+    let third = source.wrap(next(&mut messages).await.into_inner());
+    assert_eq!(third.delivery_count(), Some(3));
+    let settled = consumer.handle(&third, reads_a_number).await.unwrap();
     assert!(
         matches!(
             settled,
@@ -728,10 +755,7 @@ async fn a_store_outage_redelivers_the_message_and_never_dead_letters_it() {
     publish(&js, subject(&pull, "orders"), Some("order-1"), "2 mugs").await;
     let source = source_of(&pull);
     // A failover: the first two claims meet a read-only replica.
-    let store = FailingClaims {
-        inner: MemoryStore::new(),
-        fail_claims: AtomicUsize::new(2),
-    };
+    let store = FailingClaims::new(2);
     let consumer = Consumer::new(Idempotency::new(store))
         .backoff(Backoff::new(Duration::from_millis(100), Duration::from_millis(100)).unwrap())
         .max_attempts(std::num::NonZeroU64::new(2).unwrap());

@@ -400,7 +400,7 @@ async fn no_ack_is_refused_before_the_broker_is_asked() {
     let Some((connection, channel, queue)) = setup("idem.no-ack").await else {
         return;
     };
-    let source = RabbitQueue::new(queue.as_str(), DeadLetters::QueuePolicy);
+    let source = RabbitQueue::new(queue.as_str(), DeadLetters::queue_policy());
     let refused = source
         .consume(
             &channel,
@@ -438,7 +438,22 @@ async fn dead_letters_are_published_with_their_reason_under_confirms_then_acked(
     plain_queue(&channel, queue, FieldTable::default()).await;
     plain_queue(&channel, dlq, FieldTable::default()).await;
     publish(&channel, queue, None, "no id").await;
-    publish(&channel, queue, Some("o-2"), "").await;
+    // A message with a time to live: its copy must outlive it, and survive a restart.
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            b"",
+            BasicProperties::default()
+                .with_message_id("o-2".into())
+                .with_expiration("60000".into())
+                .with_delivery_mode(1),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("published");
     let (source, mut deliveries) = publishing_dead_letters(&connection, &channel, queue, dlq).await;
     let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
     let runs = Arc::new(AtomicUsize::new(0));
@@ -463,6 +478,8 @@ async fn dead_letters_are_published_with_their_reason_under_confirms_then_acked(
             header(&copy, ORIGINAL_QUEUE),
             Some(&AMQPValue::LongString(queue.into()))
         );
+        assert_eq!(copy.delivery.properties.expiration(), &None);
+        assert_eq!(copy.delivery.properties.delivery_mode(), &Some(2));
         let Some(AMQPValue::LongString(reason)) = header(&copy, DEAD_LETTER_REASON) else {
             panic!("no reason on {copy:?}");
         };

@@ -403,10 +403,7 @@ async fn run_for(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_error_no_retry_was_expected_to_cure_does_not_drop_the_slot() {
-    let store = FailingClaims {
-        inner: MemoryStore::new(),
-        fail_claims: AtomicUsize::new(1),
-    };
+    let store = FailingClaims::new(1);
     let idem = Idempotency::builder(store)
         .lease(Duration::from_millis(200))
         .build()

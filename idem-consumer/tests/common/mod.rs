@@ -138,11 +138,28 @@ impl Message for TestMessage {
 }
 
 /// The memory store, whose first `fail_claims` claims fail with an error a retry is not
-/// expected to cure (a read-only replica during a failover, say).
-#[allow(dead_code)] // each test binary uses what it needs
+/// expected to cure (a read-only replica during a failover, say), and whose claims and
+/// completions each take `slow` (a store under load).
 pub(crate) struct FailingClaims {
-    pub(crate) inner: idem_core::MemoryStore,
-    pub(crate) fail_claims: AtomicUsize,
+    inner: idem_core::MemoryStore,
+    fail_claims: AtomicUsize,
+    slow: Duration,
+}
+
+#[allow(dead_code)] // each test binary uses what it needs
+impl FailingClaims {
+    pub(crate) fn new(fail_claims: usize) -> Self {
+        Self {
+            inner: idem_core::MemoryStore::new(),
+            fail_claims: AtomicUsize::new(fail_claims),
+            slow: Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn slow(mut self, slow: Duration) -> Self {
+        self.slow = slow;
+        self
+    }
 }
 
 #[async_trait::async_trait]
@@ -151,6 +168,7 @@ impl idem_core::Store for FailingClaims {
         &self,
         request: &idem_core::store::ClaimRequest,
     ) -> Result<idem_core::store::ClaimOutcome, idem_core::StoreError> {
+        tokio::time::sleep(self.slow).await;
         if self
             .fail_claims
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -169,6 +187,7 @@ impl idem_core::Store for FailingClaims {
         lease: &idem_core::record::Lease,
         response: &[u8],
     ) -> Result<idem_core::store::WriteOutcome, idem_core::StoreError> {
+        tokio::time::sleep(self.slow).await;
         self.inner.complete(lease, response).await
     }
     async fn fail(

@@ -10,9 +10,10 @@
 #                                            Redis, DynamoDB Local: SIGKILL)
 #   scripts/services.sh revive SERVICE       start it again on the data it had
 #
-# SERVICE is postgres, redis, redis-cluster, dynamodb, nats (JetStream on), rabbitmq or
-# flask (not a server: a Python environment with Flask from PyPI, in which the proxy's
-# tests run a small upstream service of their own) (default: all seven), or one of the durable servers the chaos runs crash and revive:
+# SERVICE is postgres, redis, redis-cluster, dynamodb, nats (JetStream on), rabbitmq, sqs
+# (moto's server from PyPI, a local SQS-compatible server) or flask (not a server: a Python
+# environment with Flask from PyPI, in which the proxy's tests run a small upstream service
+# of their own) (default: all eight), or one of the durable servers the chaos runs crash and revive:
 # postgres-durable (fsync on), redis-durable (append-only file, `appendfsync` from
 # IDEM_REDIS_APPENDFSYNC, default always) and dynamodb-durable (a database file).
 # Use it as:  eval "$(scripts/services.sh start postgres)"
@@ -41,7 +42,10 @@ RMQ_PORT=${IDEM_RABBITMQ_PORT:-55672}
 # overflow or share the system's epmd: ours has its own ports.
 RMQ_DIST_PORT=${IDEM_RABBITMQ_DIST_PORT:-55673}
 RMQ_EPMD_PORT=${IDEM_RABBITMQ_EPMD_PORT:-54369}
-ALL=(postgres redis redis-cluster dynamodb nats rabbitmq flask)
+ALL=(postgres redis redis-cluster dynamodb nats rabbitmq sqs flask)
+SQS_PORT=${IDEM_SQS_PORT:-54566}
+# The moto release the SQS adapter is tested against.
+MOTO_REQUIREMENT=${IDEM_MOTO_REQUIREMENT:-moto[server]==5.2.*}
 # The Flask release the proxy's upstream is tested with.
 FLASK_REQUIREMENT=${IDEM_FLASK_REQUIREMENT:-flask==3.1.*}
 DURABLE=(postgres-durable redis-durable dynamodb-durable)
@@ -453,6 +457,44 @@ stop_rabbitmq() {
 env_rabbitmq() { echo "export IDEM_TEST_RABBITMQ_URL=amqp://guest:guest@127.0.0.1:$RMQ_PORT/%2f"; }
 running_rabbitmq() { pid_alive "$STATE/rabbitmq/rabbitmq.pid" && rabbitmq_answers 2>/dev/null; }
 
+# ---- sqs: moto's server, in a Python environment of its own ----------------------------
+
+sqs_python() { echo "$STATE/sqs-venv/bin/python"; }
+sqs_installed() { "$(sqs_python)" -c 'import moto.server' 2>/dev/null; }
+sqs_answers() {
+  # Plain bash, no curl: moto answers its own health path once it serves.
+  (exec 3<>"/dev/tcp/127.0.0.1/$SQS_PORT" \
+    && printf 'GET /moto-api/ HTTP/1.0\r\n\r\n' >&3 && head -n 1 <&3 | grep -q ' 200 ')
+}
+
+start_sqs() {
+  if running_sqs; then
+    say "sqs (moto) already runs on 127.0.0.1:$SQS_PORT"
+    return 0
+  fi
+  if ! sqs_installed; then
+    rm -rf "$STATE/sqs-venv"
+    if ! python3 -m venv "$STATE/sqs-venv" >&2; then
+      apt_install python3-venv
+      python3 -m venv "$STATE/sqs-venv" >&2
+    fi
+    say "installing $MOTO_REQUIREMENT from PyPI into $STATE/sqs-venv"
+    "$(sqs_python)" -m pip install --quiet --disable-pip-version-check "$MOTO_REQUIREMENT" >&2
+    sqs_installed || die "moto does not import after installing it"
+  fi
+  port_is_free "$SQS_PORT" || die "port $SQS_PORT is taken by another program"
+  local dir=$STATE/sqs
+  mkdir -p "$dir"
+  say "starting sqs (moto) on 127.0.0.1:$SQS_PORT"
+  (exec setsid "$(sqs_python)" -m moto.server -H 127.0.0.1 -p "$SQS_PORT" >>"$dir/server.log" 2>&1 </dev/null) &
+  echo $! >"$dir/sqs.pid"
+  wait_until sqs sqs_answers
+}
+
+stop_sqs() { stop_pidfile sqs "$STATE/sqs/sqs.pid" moto.server; }
+env_sqs() { echo "export IDEM_TEST_SQS_URL=http://127.0.0.1:$SQS_PORT"; }
+running_sqs() { pid_alive "$STATE/sqs/sqs.pid" && sqs_answers 2>/dev/null; }
+
 # ---- flask: a Python environment, no server -------------------------------------------
 
 flask_python() { echo "$STATE/flask-venv/bin/python"; }
@@ -486,7 +528,7 @@ services() {
   if (($# == 0)); then set -- "${ALL[@]}"; fi
   for service in "$@"; do
     case $service in
-      postgres | redis | redis-cluster | dynamodb | nats | rabbitmq | flask) echo "$service" ;;
+      postgres | redis | redis-cluster | dynamodb | nats | rabbitmq | sqs | flask) echo "$service" ;;
       postgres-durable | redis-durable | dynamodb-durable) echo "$service" ;;
       *) die "unknown service '$service' (known: ${ALL[*]} ${DURABLE[*]})" ;;
     esac

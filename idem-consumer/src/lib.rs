@@ -11,8 +11,8 @@
 //! - [`ScheduledJob`] runs a job once per slot of its schedule, keyed by the slot's time,
 //!   however many schedulers fire it; a slot whose scheduler crashed is taken over.
 //! - [`Message`] is what the consumer needs of a broker; adapters: `nats` (NATS
-//!   JetStream, feature `nats`), `rabbitmq` (feature `rabbitmq`) and `redis` (Redis
-//!   Streams consumer groups, feature `redis`). Kafka has no adapter yet (no broker runs
+//!   JetStream, feature `nats`), `rabbitmq` (feature `rabbitmq`), `redis` (Redis
+//!   Streams consumer groups, feature `redis`) and `sqs` (Amazon SQS, feature `sqs`). Kafka has no adapter yet (no broker runs
 //!   in this project's CI): one on a well-kept client (rdkafka) implements [`Message`]
 //!   with the topic, partition and offset as the key, a no-op
 //!   [`in_progress`](Message::in_progress), and a nak that seeks back.
@@ -62,7 +62,7 @@
 //!   [`Cause`]; `backoff.rs`: [`Backoff`].
 //! - `message.rs`: [`Message`], [`DeadLetterReason`], [`SettleError`].
 //! - `schedule.rs`: [`ScheduledJob`].
-//! - `nats.rs`, `rabbitmq.rs`, `redis.rs`: the adapters.
+//! - `nats.rs`, `rabbitmq.rs`, `redis.rs`, `sqs.rs`: the adapters.
 //!
 //! [`Idempotency::execute`]: idem_core::Idempotency::execute
 //! [`Context::prepare_completion`]: idem_core::Context::prepare_completion
@@ -82,6 +82,8 @@ pub mod rabbitmq;
 pub mod redis;
 mod schedule;
 mod settled;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 pub use backoff::{Backoff, BackoffError};
 pub use consumer::{Consumer, DEFAULT_CONCURRENCY, UNREADABLE_AFTER};

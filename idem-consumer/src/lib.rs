@@ -12,7 +12,9 @@
 //!   however many schedulers fire it; a slot whose scheduler crashed is taken over.
 //! - [`Message`] is what the consumer needs of a broker; adapters: `nats` (NATS
 //!   JetStream, feature `nats`), `rabbitmq` (feature `rabbitmq`), `redis` (Redis
-//!   Streams consumer groups, feature `redis`) and `sqs` (Amazon SQS, feature `sqs`). Kafka has no adapter yet (no broker runs
+//!   Streams consumer groups, feature `redis`) and `sqs` (Amazon SQS, feature `sqs`);
+//!   `lambda` (feature `lambda`) answers an AWS Lambda's SQS events with partial batch
+//!   failures. Kafka has no adapter yet (no broker runs
 //!   in this project's CI): one on a well-kept client (rdkafka) implements [`Message`]
 //!   with the topic, partition and offset as the key, a no-op
 //!   [`in_progress`](Message::in_progress), and a nak that seeks back.
@@ -62,7 +64,8 @@
 //!   [`Cause`]; `backoff.rs`: [`Backoff`].
 //! - `message.rs`: [`Message`], [`DeadLetterReason`], [`SettleError`].
 //! - `schedule.rs`: [`ScheduledJob`].
-//! - `nats.rs`, `rabbitmq.rs`, `redis.rs`, `sqs.rs`: the adapters.
+//! - `nats.rs`, `rabbitmq.rs`, `redis.rs`, `sqs.rs`: the adapters; `lambda.rs`: Lambda's
+//!   SQS events.
 //!
 //! [`Idempotency::execute`]: idem_core::Idempotency::execute
 //! [`Context::prepare_completion`]: idem_core::Context::prepare_completion
@@ -73,6 +76,8 @@
 
 mod backoff;
 mod consumer;
+#[cfg(feature = "lambda")]
+pub mod lambda;
 mod message;
 #[cfg(feature = "nats")]
 pub mod nats;

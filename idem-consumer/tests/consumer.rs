@@ -821,3 +821,197 @@ async fn a_mark_on_its_way_when_the_work_ends_lands_before_the_settlement() {
     assert!(settled.is_acked());
     assert_eq!(*message.log.lock().unwrap(), ["mark", "ack"]);
 }
+
+#[tokio::test]
+async fn the_settle_table_s_failure_rows_each_settle_as_the_table_says() {
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    // A result too large to store: the work ran once, the failure is stored, dead letter.
+    let small = Consumer::new(
+        Idempotency::builder(MemoryStore::new())
+            .max_response_bytes(8)
+            .build()
+            .unwrap(),
+    );
+    let big = TestMessage::new("m-big", "a payload whose length is stored as a long text");
+    let too_large = |_ctx: Context, payload: Bytes| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        async move { done("x".repeat(payload.len())) }
+    };
+    for _ in 0..2 {
+        let settled = small.handle(&big, too_large).await.unwrap();
+        assert!(
+            matches!(
+                settled,
+                Settled::DeadLettered {
+                    reason: DeadLetterReason::Unstorable,
+                    cause: Cause::Idem(Error::Unstorable { .. })
+                }
+            ),
+            "{settled:?}"
+        );
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "an unstorable result never runs again"
+    );
+
+    // A key the key policy refuses: dead letter, nothing run.
+    let strict = Consumer::new(
+        Idempotency::builder(MemoryStore::new())
+            .key_policy(idem_core::KeyPolicy::uuid())
+            .build()
+            .unwrap(),
+    );
+    let settled = strict
+        .handle(&TestMessage::new("not-a-uuid", "x"), counted(&runs))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::DeadLettered {
+                reason: DeadLetterReason::KeyRefused,
+                cause: Cause::Idem(Error::KeyRefused(_))
+            }
+        ),
+        "{settled:?}"
+    );
+
+    // The key budget ran out: a nak after the budget's wait, never a dead letter.
+    let budgeted = Consumer::new(
+        Idempotency::builder(MemoryStore::new())
+            .key_budget(idem_core::driver::TokenBucket::new(
+                1,
+                Duration::from_secs(60),
+            ))
+            .build()
+            .unwrap(),
+    );
+    let first = budgeted
+        .handle(&TestMessage::new("m-1", "x"), counted(&runs))
+        .await
+        .unwrap();
+    assert!(first.is_acked(), "{first:?}");
+    let second = TestMessage::new("m-2", "x");
+    let settled = budgeted.handle(&second, counted(&runs)).await.unwrap();
+    let Settled::Retried {
+        delay,
+        cause: Cause::Idem(Error::KeyBudgetExhausted { retry_after }),
+    } = settled
+    else {
+        panic!("{settled:?}");
+    };
+    assert_eq!(delay, retry_after.max(Duration::from_millis(1)));
+    assert_eq!(second.settlements(), [Settle::Nak(delay)]);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the budget's refusal runs nothing"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_lost_to_a_takeover_is_naked_and_the_taker_s_result_is_the_answer() {
+    // No renewal: the first delivery's lease (100 ms) ends while its work runs (300 ms), and
+    // a second delivery takes the key over.
+    let consumer = Consumer::new(
+        Idempotency::builder(MemoryStore::new())
+            .lease(Duration::from_millis(100))
+            .heartbeat(idem_core::Heartbeat::Off)
+            .build()
+            .unwrap(),
+    )
+    .backoff(Backoff::new(Duration::from_millis(50), Duration::from_millis(50)).unwrap());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let slow = |_ctx: Context, _payload: Bytes| {
+        let run = runs.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if run == 0 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            done(run)
+        }
+    };
+    let owner = TestMessage::new("m-1", "x");
+    let taker = TestMessage::new("m-1", "x").delivered(2);
+    let (owned, taken) = tokio::join!(consumer.handle(&owner, slow), async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        consumer.handle(&taker, slow).await
+    });
+    let taken = taken.unwrap();
+    assert!(
+        matches!(
+            taken,
+            Settled::Acked {
+                value: 1,
+                replayed: false
+            }
+        ),
+        "{taken:?}"
+    );
+    let owned = owned.unwrap();
+    assert!(
+        matches!(
+            owned,
+            Settled::Retried {
+                cause: Cause::Idem(Error::LeaseLost),
+                ..
+            }
+        ),
+        "{owned:?}"
+    );
+    // The redelivery of the owner's copy replays the taker's result.
+    let settled = consumer
+        .handle(&TestMessage::new("m-1", "x").delivered(3), slow)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::Acked {
+                value: 1,
+                replayed: true
+            }
+        ),
+        "{settled:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_result_on_a_broker_that_does_not_count_is_dead_lettered_on_its_redelivery() {
+    let store = MemoryStore::new();
+    let consumer = Consumer::new(Idempotency::new(store));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let stored = consumer
+        .handle(&TestMessage::new("m-1", "x"), counted(&runs))
+        .await
+        .unwrap();
+    assert!(stored.is_acked());
+    let reads_text = |_ctx: Context, _payload: Bytes| async { done("text".to_owned()) };
+    // A first delivery: nak'd for a lease, a replica of the other release may read it.
+    let first = consumer
+        .handle(&TestMessage::new("m-1", "x"), reads_text)
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, Settled::Retried { delay, cause: Cause::Idem(Error::Decode(_)) } if delay == consumer.idempotency().lease()),
+        "{first:?}"
+    );
+    // A redelivery the broker does not count (a RabbitMQ classic queue): dead letter.
+    let mut uncounted = TestMessage::new("m-1", "x");
+    uncounted.delivered = None;
+    let settled = consumer.handle(&uncounted, reads_text).await.unwrap();
+    assert!(
+        matches!(
+            settled,
+            Settled::DeadLettered {
+                reason: DeadLetterReason::Unreadable,
+                ..
+            }
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -17,6 +17,7 @@ use idem_core::key::{KeyError, KeyPart};
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use crate::{Backoff, Cause, DeadLetterReason, Message, SettleError, Settled};
 
@@ -98,7 +99,7 @@ pub const DEFAULT_CONCURRENCY: NonZeroUsize = NonZeroUsize::new(16).unwrap();
 /// ```
 pub struct Consumer<S: ?Sized = dyn Store> {
     idem: Idempotency<S>,
-    key: Option<Arc<KeyFn>>,
+    key: KeySource,
     fingerprint: Option<Arc<FingerprintFn>>,
     scope: Option<String>,
     backoff: Backoff,
@@ -127,10 +128,10 @@ impl<S: ?Sized> fmt::Debug for Consumer<S> {
         f.debug_struct("Consumer")
             .field(
                 "key",
-                &if self.key.is_some() {
-                    "payload"
-                } else {
-                    "message id"
+                &match &self.key {
+                    KeySource::Id => "message id".to_owned(),
+                    KeySource::Payload(_) => "payload".to_owned(),
+                    KeySource::Header(name) => format!("header {name}"),
                 },
             )
             .field("scope", &self.scope)
@@ -140,6 +141,17 @@ impl<S: ?Sized> fmt::Debug for Consumer<S> {
             .field("work_timeout", &self.work_timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// Where a delivery's key comes from.
+#[derive(Clone)]
+enum KeySource {
+    /// The message's id ([`Message::id`]).
+    Id,
+    /// A function of the payload.
+    Payload(Arc<KeyFn>),
+    /// A header ([`Message::header`]).
+    Header(Arc<str>),
 }
 
 /// What a delivery comes to before the broker is told.
@@ -164,7 +176,7 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     pub fn new(idem: Idempotency<S>) -> Self {
         Self {
             idem,
-            key: None,
+            key: KeySource::Id,
             fingerprint: None,
             scope: None,
             backoff: Backoff::default(),
@@ -191,7 +203,22 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         mut self,
         key: impl Fn(&[u8]) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
-        self.key = Some(Arc::new(key));
+        self.key = KeySource::Payload(Arc::new(key));
+        self
+    }
+
+    /// Keys messages by a header their publisher sets (an `Idempotency-Key`, an event id)
+    /// instead of their id ([`Message::header`]); a message without it is dead-lettered
+    /// ([`DeadLetterReason::NoKey`]).
+    ///
+    /// ```
+    /// # use idem_core::{Idempotency, MemoryStore};
+    /// let consumer = idem_consumer::Consumer::new(Idempotency::new(MemoryStore::new()))
+    ///     .key_from_header("Idempotency-Key");
+    /// # let _ = consumer;
+    /// ```
+    pub fn key_from_header(mut self, name: impl Into<String>) -> Self {
+        self.key = KeySource::Header(Arc::from(name.into()));
         self
     }
 
@@ -284,8 +311,9 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     /// [`Cause::NoKey`] or [`Cause::BadKey`].
     pub fn key_of<M: Message + ?Sized>(&self, message: &M) -> Result<Key, Cause<()>> {
         let key = match &self.key {
-            Some(key) => key(message.payload()),
-            None => message.id().map(str::to_owned),
+            KeySource::Id => message.id().map(str::to_owned),
+            KeySource::Payload(key) => key(message.payload()),
+            KeySource::Header(name) => message.header(name).map(str::to_owned),
         }
         .ok_or(Cause::NoKey)?;
         let scope = self.scope.as_deref().unwrap_or(message.source());
@@ -298,6 +326,9 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     /// - `work` gets the driver's [`Context`] (steps, derived keys, the fencing token)
     ///   and the payload.
     /// - The delivery is settled exactly once, after the answer is stored.
+    /// - Everything runs in an `idem_consumer.handle` span (info level) with the
+    ///   message's source and delivery count, and the `trace_id` and `parent_span_id` of
+    ///   a valid W3C `traceparent` header the publisher set.
     /// - Dropping the returned future while `work` runs settles nothing, and the lease is
     ///   kept. A crash is the same. JetStream redelivers once its `ack_wait` ends, and that
     ///   delivery takes over when the lease ends. RabbitMQ has no acknowledgement timeout:
@@ -319,8 +350,13 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         F: FnOnce(Context, Bytes) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let decision = while_in_progress(message, self.decide(message, work)).await;
-        self.settle(message, decision).await
+        let span = crate::trace::delivery_span(message);
+        async {
+            let decision = while_in_progress(message, self.decide(message, work)).await;
+            self.settle(message, decision).await
+        }
+        .instrument(span)
+        .await
     }
 
     /// [`Consumer::handle`] for each message of a batch, at most
@@ -406,13 +442,17 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         F: Fn(Context, Bytes) -> Fut,
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
-        let run = async {
-            // Never closed: the semaphore lives as long as the batch.
-            let permit = permits.acquire().await.ok();
-            (permit, self.decide(message, work).await)
+        let span = crate::trace::delivery_span(message);
+        let handled = async {
+            let run = async {
+                // Never closed: the semaphore lives as long as the batch.
+                let permit = permits.acquire().await.ok();
+                (permit, self.decide(message, work).await)
+            };
+            let (_permit, decision) = while_in_progress(message, run).await;
+            self.settle(message, decision).await
         };
-        let (_permit, decision) = while_in_progress(message, run).await;
-        (index, self.settle(message, decision).await)
+        (index, handled.instrument(span).await)
     }
 
     /// What a delivery comes to, a panic anywhere in the user's code (the key and
@@ -603,6 +643,11 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                 _ => nak(lease, Cause::Idem(err)),
             },
         }
+    }
+
+    /// The wait after the `failures`th failure in a row of the consumer's own side.
+    pub(crate) fn retry_delay(&self, failures: u64) -> Duration {
+        self.backoff.delay(Some(failures))
     }
 
     /// A nak for the work's own failure on the last allowed delivery becomes a dead letter.

@@ -161,6 +161,14 @@ impl Message for LambdaRecord {
         &self.payload
     }
 
+    fn header(&self, name: &str) -> Option<&str> {
+        self.message
+            .message_attributes
+            .get(name)?
+            .string_value
+            .as_deref()
+    }
+
     fn delivery_count(&self) -> Option<u64> {
         self.received
     }

@@ -63,6 +63,8 @@
 //! - `consumer.rs`: [`Consumer`] and its settle table; `settled.rs`: [`Settled`],
 //!   [`Cause`]; `backoff.rs`: [`Backoff`].
 //! - `message.rs`: [`Message`], [`DeadLetterReason`], [`SettleError`].
+//! - `run.rs`: [`Consumer::run`], the loop with graceful shutdown, over a [`Source`].
+//! - `trace.rs`: the span a delivery is handled in, with its W3C trace context.
 //! - `schedule.rs`: [`ScheduledJob`].
 //! - `nats.rs`, `rabbitmq.rs`, `redis.rs`, `sqs.rs`: the adapters; `lambda.rs`: Lambda's
 //!   SQS events.
@@ -85,16 +87,20 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod run;
 mod schedule;
 mod settled;
 #[cfg(feature = "sqs")]
 pub mod sqs;
+mod trace;
 
 pub use backoff::{Backoff, BackoffError};
 pub use consumer::{Consumer, DEFAULT_CONCURRENCY, UNREADABLE_AFTER};
 pub use message::{DeadLetterReason, Message, SettleError, Settlement};
+pub use run::{RunReport, Source, StreamSource, StreamSourceError};
 pub use schedule::{MAX_CATCH_UP_SLOTS, ScheduleError, ScheduledJob, SlotRun};
 pub use settled::{Cause, Settled};
+pub use trace::TRACEPARENT;
 
 /// The crate README's example, compiled as a doc test.
 #[cfg(doctest)]

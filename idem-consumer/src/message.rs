@@ -58,6 +58,15 @@ pub trait Message: Send + Sync {
     /// The message body, fingerprinted and handed to the work.
     fn payload(&self) -> &Bytes;
 
+    /// A header of the message (NATS and AMQP headers, an SQS message attribute, a Redis
+    /// stream entry's field), matched as the broker matches names; `None` when absent or
+    /// not text. Read for [`Consumer::key_from_header`](crate::Consumer::key_from_header)
+    /// and for the W3C `traceparent` the work's span records. The default is `None`.
+    fn header(&self, name: &str) -> Option<&str> {
+        let _ = name;
+        None
+    }
+
     /// How many times the broker has delivered the message, this delivery included, when
     /// the broker says (JetStream always does; RabbitMQ's quorum queues do). Scales the
     /// backoff of a retryable failure. The default is `None`.

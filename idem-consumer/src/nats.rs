@@ -280,6 +280,14 @@ impl Message for JetStreamMessage {
         &self.message.payload
     }
 
+    fn header(&self, name: &str) -> Option<&str> {
+        self.message
+            .headers
+            .as_ref()?
+            .get(name)
+            .map(|value| value.as_str())
+    }
+
     fn delivery_count(&self) -> Option<u64> {
         self.delivered
     }

@@ -254,6 +254,21 @@ impl Message for RabbitMessage {
         &self.payload
     }
 
+    fn header(&self, name: &str) -> Option<&str> {
+        match self
+            .delivery
+            .properties
+            .headers()
+            .as_ref()?
+            .inner()
+            .get(name)?
+        {
+            AMQPValue::LongString(value) => std::str::from_utf8(value.as_bytes()).ok(),
+            AMQPValue::ShortString(value) => Some(value.as_str()),
+            _ => None,
+        }
+    }
+
     fn delivery_count(&self) -> Option<u64> {
         let header = self
             .delivery

@@ -365,6 +365,26 @@ where
     }
 }
 
+/// Batches of up to 16 entries, blocking up to 250 ms for a new one (under redis-rs's
+/// default response timeout); call [`RedisStream::next_batch`] for others.
+#[async_trait::async_trait]
+impl<C> crate::Source for RedisStream<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Message = RedisStreamMessage<C>;
+    type Error = StreamError;
+
+    async fn next_batch(&self) -> Result<Vec<Self::Message>, StreamError> {
+        RedisStream::next_batch(
+            self,
+            NonZeroUsize::new(16).unwrap(),
+            Duration::from_millis(250),
+        )
+        .await
+    }
+}
+
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -449,6 +469,10 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Message for RedisStreamM
 
     fn payload(&self) -> &Bytes {
         &self.payload
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        std::str::from_utf8(self.fields.get(name)?).ok()
     }
 
     fn delivery_count(&self) -> Option<u64> {

@@ -199,6 +199,17 @@ impl SqsQueue {
     }
 }
 
+/// Batches of up to 10 messages, long-polling up to 20 s for the first (SQS's limits).
+#[async_trait::async_trait]
+impl crate::Source for SqsQueue {
+    type Message = SqsMessage;
+    type Error = ReceiveError;
+
+    async fn next_batch(&self) -> Result<Vec<SqsMessage>, ReceiveError> {
+        SqsQueue::next_batch(self, 10, Duration::from_secs(20)).await
+    }
+}
+
 /// A duration in whole seconds, rounded up, within SQS's visibility range.
 fn seconds(duration: Duration) -> i32 {
     let duration = duration.min(MAX_VISIBILITY);
@@ -306,6 +317,10 @@ impl Message for SqsMessage {
 
     fn payload(&self) -> &Bytes {
         &self.payload
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.message.message_attributes()?.get(name)?.string_value()
     }
 
     fn delivery_count(&self) -> Option<u64> {

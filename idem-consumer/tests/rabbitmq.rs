@@ -619,3 +619,69 @@ async fn delivery(deliveries: &mut lapin::Consumer) -> lapin::message::Delivery 
         .expect("the consumer goes on")
         .expect("a delivery")
 }
+
+#[tokio::test]
+async fn run_over_a_lapin_stream_keys_by_a_header_and_stops_at_shutdown() {
+    let Some((connection, channel, _)) = setup("idem.run").await else {
+        return;
+    };
+    let (queue, dlq) = ("idem.run.orders", "idem.run.copies");
+    plain_queue(&channel, queue, FieldTable::default()).await;
+    plain_queue(&channel, dlq, FieldTable::default()).await;
+    // One order published twice (the publisher's retry) without a message id, keyed by a
+    // header of its own.
+    for _ in 0..2 {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            "Idempotency-Key".into(),
+            AMQPValue::LongString("order-7".into()),
+        );
+        channel
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                b"2 mugs",
+                BasicProperties::default().with_headers(headers),
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("published");
+    }
+    let (source, deliveries) = publishing_dead_letters(&connection, &channel, queue, dlq).await;
+    let deliveries = deliveries.map(move |delivery| delivery.map(|d| source.wrap(d)));
+    let source = idem_consumer::StreamSource::new(
+        deliveries,
+        std::num::NonZeroUsize::new(10).unwrap(),
+        Duration::from_millis(200),
+    );
+    // One at a time: the second copy finds the first's result, not its work in flight.
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()))
+        .key_from_header("Idempotency-Key")
+        .concurrency(std::num::NonZeroUsize::MIN);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (handled, mut both_handled) = tokio::sync::mpsc::unbounded_channel();
+    let work = |_ctx: Context, payload: Bytes| {
+        let run = runs.fetch_add(1, Ordering::SeqCst);
+        let _ = handled.send(());
+        async move { Ok::<_, WorkError<String>>(payload.len() + run) }
+    };
+    // Shut down once the first run is done and the queue is empty.
+    let shutdown = async {
+        both_handled.recv().await;
+        for _ in 0..100 {
+            if depth(&connection, queue).await == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let report = tokio::time::timeout(WAIT, consumer.run(&source, work, shutdown))
+        .await
+        .expect("run stops");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one key for both copies");
+    assert_eq!((report.acked, report.replayed), (1, 1), "{report:?}");
+    assert_eq!(depth(&connection, queue).await, 0);
+}

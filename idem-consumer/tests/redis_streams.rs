@@ -337,3 +337,91 @@ async fn an_entry_without_the_payload_field_is_handed_over_as_its_fields() {
         Some(&b"o-1"[..])
     );
 }
+
+#[tokio::test]
+async fn run_stops_fetching_at_shutdown_and_settles_the_batch_in_hand() {
+    let Some(connection) = setup("idem:streams:run").await else {
+        return;
+    };
+    let stream = "idem:streams:run";
+    let orders = reader(&connection, stream, "billing-1", Duration::from_secs(30)).await;
+    for i in 0..5 {
+        add(&connection, stream, &format!("order {i}")).await;
+    }
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (started, mut first_started) = tokio::sync::mpsc::unbounded_channel();
+    let slow = |_ctx: Context, payload: Bytes| {
+        runs.fetch_add(1, Ordering::SeqCst);
+        let _ = started.send(());
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            done(payload.len())
+        }
+    };
+    // Shut down as soon as the first work starts: the five entries fetched in that batch
+    // still run and settle; the entry added afterwards is left for the next run.
+    let shutdown = async {
+        first_started.recv().await;
+        add(&connection, stream, "after the shutdown").await;
+    };
+    let report = tokio::time::timeout(
+        Duration::from_secs(10),
+        consumer.run(&orders, slow, shutdown),
+    )
+    .await
+    .expect("run stops after its batch");
+    assert_eq!(
+        (
+            report.acked,
+            report.retried,
+            report.dead_lettered,
+            report.unsettled
+        ),
+        (5, 0, 0, 0),
+        "{report:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+    assert_eq!(pending(&connection, stream).await, 0);
+    let left = read(&orders, 1).await;
+    assert_eq!(&left[0].payload()[..], b"after the shutdown");
+}
+
+#[tokio::test]
+async fn a_key_from_an_entry_s_field_catches_a_producer_s_resend() {
+    let Some(connection) = setup("idem:streams:header").await else {
+        return;
+    };
+    let stream = "idem:streams:header";
+    let orders = reader(&connection, stream, "billing-1", Duration::from_millis(300)).await;
+    // Two entries for one order (a producer's resend): one key, from the field.
+    let mut raw = connection.clone();
+    for _ in 0..2 {
+        let _: String = redis::cmd("XADD")
+            .arg(stream)
+            .arg("*")
+            .arg("payload")
+            .arg("2 mugs")
+            .arg("idempotency-key")
+            .arg("order-7")
+            .arg(idem_consumer::TRACEPARENT)
+            .arg("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let consumer =
+        Consumer::new(Idempotency::new(MemoryStore::new())).key_from_header("idempotency-key");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let batch = read(&orders, 2).await;
+    let settled = consumer.handle_batch(&batch, counted(&runs)).await;
+    assert!(
+        settled.iter().all(|s| matches!(s, Ok(s) if s.is_acked())),
+        "{settled:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "one key for both entries");
+    assert_eq!(
+        consumer.key_of(&batch[0]).unwrap(),
+        idem_core::Key::new("idem:streams:header/billing", "order-7").unwrap()
+    );
+}

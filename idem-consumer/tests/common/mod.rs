@@ -53,6 +53,7 @@ pub(crate) struct TestMessage {
     pub(crate) delivered: Option<u64>,
     /// When set, every settlement fails with this broker error.
     pub(crate) refuse: bool,
+    pub(crate) headers: Vec<(String, String)>,
     pub(crate) settled: Mutex<Vec<Settle>>,
 }
 
@@ -65,6 +66,7 @@ impl TestMessage {
             payload: Bytes::from(payload.to_owned()),
             delivered: Some(1),
             refuse: false,
+            headers: Vec::new(),
             settled: Mutex::new(Vec::new()),
         }
     }
@@ -81,6 +83,11 @@ impl TestMessage {
 
     pub(crate) fn without_id(mut self) -> Self {
         self.id = None;
+        self
+    }
+
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
         self
     }
 
@@ -122,6 +129,13 @@ impl Message for TestMessage {
 
     fn delivery_count(&self) -> Option<u64> {
         self.delivered
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(header, _)| header == name)
+            .map(|(_, value)| value.as_str())
     }
 
     async fn ack(&self) -> Result<(), SettleError> {

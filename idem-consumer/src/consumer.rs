@@ -17,6 +17,7 @@ use idem_core::key::{KeyError, KeyPart};
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::{Backoff, Cause, DeadLetterReason, Message, SettleError, Settled};
@@ -370,6 +371,10 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     ///   while it waits.
     /// - Two deliveries of one message in a batch run it once: the second waits or is
     ///   retried as in flight, and a later delivery replays.
+    /// - Messages of one ordering group ([`Message::ordering_key`]: an SQS FIFO queue's
+    ///   message group) run one after another, in the batch's order; once one of them is
+    ///   not acked, the ones after it are nak'd at once without running
+    ///   ([`Cause::BehindUnacked`]), so that none overtakes it. Other groups go on.
     ///
     /// ```
     /// # use bytes::Bytes;
@@ -412,11 +417,22 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         // general enough"), and a consumer loop must be spawnable. Every message's future
         // starts at once, so each is marked in progress while it waits; the semaphore
         // bounds how many run.
+        // A message behind an earlier one of its ordering group waits for that one's
+        // settlement: a oneshot per message says whether it was acked.
         let permits = tokio::sync::Semaphore::new(self.concurrency.get());
+        let mut last_of_group: std::collections::HashMap<String, oneshot::Receiver<bool>> =
+            std::collections::HashMap::new();
         let mut running: futures_util::stream::FuturesUnordered<_> = messages
             .into_iter()
             .enumerate()
-            .map(|(index, message)| self.handle_queued(index, message, &work, &permits))
+            .map(|(index, message)| {
+                let (acked, turn) = oneshot::channel();
+                let after = match message.ordering_key() {
+                    Some(group) => last_of_group.insert(group.to_owned(), turn),
+                    None => None,
+                };
+                self.handle_queued(index, message, &work, &permits, after, acked)
+            })
             .collect();
         let mut settled = Vec::with_capacity(running.len());
         while let Some(answer) = running.next().await {
@@ -434,6 +450,8 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         message: &M,
         work: &F,
         permits: &tokio::sync::Semaphore,
+        after: Option<oneshot::Receiver<bool>>,
+        acked: oneshot::Sender<bool>,
     ) -> (usize, Result<Settled<T, E>, SettleError>)
     where
         M: Message + ?Sized,
@@ -445,12 +463,25 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         let span = crate::trace::delivery_span(message);
         let handled = async {
             let run = async {
+                // Behind an earlier message of its ordering group: its turn comes once
+                // that one is acked; if it was not, this one must not overtake it.
+                if let Some(after) = after
+                    && !after.await.unwrap_or(false)
+                {
+                    let behind = Decision::Nak {
+                        delay: Duration::ZERO,
+                        cause: Cause::BehindUnacked,
+                    };
+                    return (None, behind);
+                }
                 // Never closed: the semaphore lives as long as the batch.
                 let permit = permits.acquire().await.ok();
                 (permit, self.decide(message, work).await)
             };
             let (_permit, decision) = while_in_progress(message, run).await;
-            self.settle(message, decision).await
+            let settled = self.settle(message, decision).await;
+            let _ = acked.send(matches!(settled, Ok(Settled::Acked { .. })));
+            settled
         };
         (index, handled.instrument(span).await)
     }

@@ -15,11 +15,15 @@
 //! ```
 //!
 //! - Turn on `ReportBatchItemFailures` in the event source mapping
-//!   (`FunctionResponseTypes`): without it, Lambda retries the whole batch on any failure,
-//!   which is safe (the messages that succeeded replay) but slow.
-//! - Each record is handled by [`Consumer::handle`]: keyed by a FIFO queue's
-//!   `MessageDeduplicationId` or else the `messageId`, scoped by the queue's name (from
-//!   the event source ARN), with the delivery count from `ApproximateReceiveCount`.
+//!   (`FunctionResponseTypes`): without it, Lambda ignores the answer and deletes every
+//!   record of a batch whose invocation succeeded, the failed ones included. For a mapping
+//!   without it, use [`handle_sqs_event_or_fail`], which fails the invocation when any
+//!   record failed, so that Lambda returns the whole batch (the records that succeeded
+//!   replay).
+//! - The records are handled by [`Consumer::handle_batch`]: keyed by a FIFO queue's
+//!   `<MessageGroupId>/<MessageDeduplicationId>` or else the `messageId`, scoped by the
+//!   queue's name (from the event source ARN), with the delivery count from
+//!   `ApproximateReceiveCount`.
 //! - A record that was acked (completed now or before) is a success; every other record
 //!   (a retryable failure, work in flight elsewhere, a store outage, a dead letter) is a
 //!   batch item failure: Lambda returns it to the queue, which delivers it again once its
@@ -28,10 +32,13 @@
 //!   redrive policy moves them to its dead-letter queue after `maxReceiveCount` receives,
 //!   each receive answered from the stored failure without running the work again. Give
 //!   the queue a redrive policy: without one, a dead letter comes back until the queue's
-//!   retention ends. The reason is logged.
-//! - A FIFO queue's batch runs in order, one record at a time, and the records after the
-//!   first failure are failures without running, so that none overtakes it; a standard
-//!   queue's batch runs concurrently, within [`Consumer::concurrency`].
+//!   retention ends. The reason is logged. Every receive counts toward
+//!   `maxReceiveCount`, those answered "in flight" or failed by a store outage too: set it
+//!   above what an outage can take.
+//! - A FIFO queue's records run in order within each message group, and the records of a
+//!   group after its first failure are failures without running, so that none overtakes
+//!   it; other groups go on (Powertools' `skip_group_on_error`). A standard queue's batch
+//!   runs concurrently, within [`Consumer::concurrency`].
 //! - A record without a `messageId` that fails makes the whole batch fail (an empty
 //!   identifier), so nothing is lost.
 //! - Keep the function's timeout under the queue's visibility timeout, and the driver's
@@ -64,27 +71,11 @@ where
     Fut: Future<Output = Result<T, WorkError<E>>>,
 {
     let records: Vec<LambdaRecord> = event.records.into_iter().map(LambdaRecord::new).collect();
-    let fifo = records
-        .iter()
-        .any(|record| record.source.ends_with(".fifo"));
+    let settled = consumer.handle_batch(&records, &work).await;
     let mut response = SqsBatchResponse::default();
-    if fifo {
-        let mut failed = false;
-        for record in &records {
-            if !failed {
-                let settled = consumer.handle(record, &work).await;
-                failed = !(settled.is_ok_and(|settled| settled.is_acked()) && record.succeeded());
-            }
-            if failed {
-                response.add_failure(record.identifier());
-            }
-        }
-    } else {
-        let settled = consumer.handle_batch(&records, &work).await;
-        for (record, settled) in records.iter().zip(settled) {
-            if !(settled.is_ok_and(|settled| settled.is_acked()) && record.succeeded()) {
-                response.add_failure(record.identifier());
-            }
+    for (record, settled) in records.iter().zip(settled) {
+        if !(settled.is_ok_and(|settled| settled.is_acked()) && record.succeeded()) {
+            response.add_failure(record.identifier());
         }
     }
     response
@@ -93,6 +84,7 @@ where
 /// One record of an SQS event, as a [`Message`]: settling it only records how.
 struct LambdaRecord {
     message: SqsMessage,
+    group: Option<String>,
     key: Option<String>,
     source: String,
     payload: Bytes,
@@ -102,12 +94,12 @@ struct LambdaRecord {
 
 impl LambdaRecord {
     fn new(message: SqsMessage) -> Self {
-        let key = message
-            .attributes
-            .get("MessageDeduplicationId")
-            .filter(|id| !id.is_empty())
-            .or(message.message_id.as_ref())
-            .cloned();
+        let group = message.attributes.get("MessageGroupId").cloned();
+        let key = match (message.attributes.get("MessageDeduplicationId"), &group) {
+            (Some(id), Some(group)) if !id.is_empty() => Some(format!("{group}/{id}")),
+            (Some(id), None) if !id.is_empty() => Some(id.clone()),
+            _ => message.message_id.clone(),
+        };
         // `arn:aws:sqs:<region>:<account>:<queue>`.
         let source = message
             .event_source_arn
@@ -122,6 +114,7 @@ impl LambdaRecord {
         let payload = Bytes::from(message.body.clone().unwrap_or_default());
         Self {
             message,
+            group,
             key,
             source,
             payload,
@@ -173,6 +166,10 @@ impl Message for LambdaRecord {
         self.received
     }
 
+    fn ordering_key(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+
     async fn ack(&self) -> Result<(), SettleError> {
         self.settle(true);
         Ok(())
@@ -187,5 +184,40 @@ impl Message for LambdaRecord {
         tracing::warn!(queue = %self.source, %reason, "idem-consumer: reporting a dead letter as a batch item failure, for the queue's redrive policy");
         self.settle(false);
         Ok(())
+    }
+}
+
+/// Some records of a batch were not acked: the invocation fails, so that Lambda returns
+/// the whole batch to the queue.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{failed} of the batch's records failed; the whole batch comes back")]
+#[non_exhaustive]
+pub struct BatchFailed {
+    /// How many records failed.
+    pub failed: usize,
+}
+
+/// [`handle_sqs_event`] for an event source mapping without `ReportBatchItemFailures`:
+/// fails when any record failed, so that Lambda returns the whole batch, whose records
+/// that succeeded replay.
+///
+/// # Errors
+/// [`BatchFailed`] when a record was not acked.
+pub async fn handle_sqs_event_or_fail<S, T, E, F, Fut>(
+    consumer: &Consumer<S>,
+    event: SqsEvent,
+    work: F,
+) -> Result<(), BatchFailed>
+where
+    S: Store + ?Sized + 'static,
+    T: Serialize + DeserializeOwned + 'static,
+    E: Serialize + DeserializeOwned + 'static,
+    F: Fn(Context, Bytes) -> Fut,
+    Fut: Future<Output = Result<T, WorkError<E>>>,
+{
+    let response = handle_sqs_event(consumer, event, work).await;
+    match response.batch_item_failures.len() {
+        0 => Ok(()),
+        failed => Err(BatchFailed { failed }),
     }
 }

@@ -67,6 +67,14 @@ pub trait Message: Send + Sync {
         None
     }
 
+    /// The group whose messages must take effect in order (an SQS FIFO queue's message
+    /// group); `None` (the default) when order does not matter.
+    /// [`Consumer::handle_batch`](crate::Consumer::handle_batch) runs a group's messages
+    /// one after another and holds back the ones behind a message that was not acked.
+    fn ordering_key(&self) -> Option<&str> {
+        None
+    }
+
     /// How many times the broker has delivered the message, this delivery included, when
     /// the broker says (JetStream always does; RabbitMQ's quorum queues do). Scales the
     /// backoff of a retryable failure. The default is `None`.

@@ -36,7 +36,8 @@
 //! - The scope is `<stream>/<group>`: two groups of one stream each handle every entry once.
 //! - The payload is the entry's [`payload_field`](RedisStream::payload_field) (`payload` by
 //!   default); an entry without that field is handed over as a JSON object of all its
-//!   fields, in field order, values read as UTF-8 (lossily).
+//!   fields, sorted by name (a field repeated in one entry keeps one value), values read
+//!   as UTF-8 (lossily).
 //! - [`RedisStream::next_batch`] first claims (`XAUTOCLAIM`) entries that stayed pending,
 //!   unacknowledged, for the [`claim_idle`](RedisStream::claim_idle) time (30 s by
 //!   default): a consumer that crashed, or a nak whose delay ran out. Then it reads new
@@ -52,6 +53,12 @@
 //! - Dead letters go where [`DeadLetters`] says: added to a stream of their own with the
 //!   reason and the original's stream, group and id (then acked; a crash between the two
 //!   can add a copy twice), or only acked, the entry staying in the stream.
+//! - Marks and naks claim the entry for this consumer whoever holds it now (`XCLAIM`
+//!   cannot check the owner): a consumer paused past the claim idle time takes back an
+//!   entry another claimed meanwhile. The driver's lease still lets one of them run the
+//!   work; the other is answered "in flight".
+//! - Trim a stream (`XTRIM`, `MAXLEN`) only below the oldest pending entry: Redis drops a
+//!   trimmed entry from the group's pending list, unhandled (logged when claimed).
 //! - A blocking read holds the connection for `block`: keep it under the connection's
 //!   response timeout (500 ms by default in redis-rs), and the acks that share the
 //!   connection wait behind it.
@@ -120,6 +127,7 @@ pub enum StreamError {
     },
 }
 
+#[derive(Clone)]
 struct Setup {
     stream: String,
     group: String,
@@ -184,9 +192,13 @@ where
 
     /// How long an entry stays pending before another consumer claims it. Longer than a
     /// pause of the process (a GC, a deploy's stop), and longer than the driver's lease
-    /// makes a claim find the lease ended. At least a millisecond.
+    /// makes a claim find the lease ended. From 100 ms (marks in progress every third of
+    /// it) to a day.
     pub fn claim_idle(mut self, idle: Duration) -> Self {
-        self.setup_mut().claim_idle = idle.max(Duration::from_millis(1));
+        self.setup_mut().claim_idle = idle.clamp(
+            Duration::from_millis(100),
+            Duration::from_secs(24 * 60 * 60),
+        );
         self
     }
 
@@ -197,7 +209,7 @@ where
     }
 
     fn setup_mut(&mut self) -> &mut Setup {
-        Arc::get_mut(&mut self.setup).expect("set up before any message is read")
+        Arc::make_mut(&mut self.setup)
     }
 
     /// Creates the group at the start of the stream (and the stream if it does not exist):
@@ -249,7 +261,9 @@ where
             .arg("COUNT")
             .arg(room);
         if batch.is_empty() && !block.is_zero() {
-            read.arg("BLOCK").arg(millis(block));
+            // A block past an hour is an hour (Redis refuses what overflows its clock).
+            read.arg("BLOCK")
+                .arg(millis(block.min(Duration::from_secs(60 * 60))));
         }
         read.arg("STREAMS").arg(&self.setup.stream).arg(">");
         let reply: Option<StreamReadReply> =
@@ -261,7 +275,7 @@ where
                 })?;
         for key in reply.map(|reply| reply.keys).unwrap_or_default() {
             for entry in key.ids {
-                batch.push(self.message(entry, 1));
+                batch.push(self.message(entry, Some(1)));
             }
         }
         Ok(batch)
@@ -291,49 +305,63 @@ where
                 source,
             })?;
         *self.cursor.lock().unwrap_or_else(|e| e.into_inner()) = reply.next_stream_id;
+        if !reply.deleted_ids.is_empty() {
+            // Trimmed or deleted while pending: Redis dropped them from the group's
+            // pending list, and no one can handle them any more.
+            tracing::warn!(
+                stream = %self.setup.stream,
+                group = %self.setup.group,
+                entries = reply.deleted_ids.len(),
+                "idem-consumer: pending entries were trimmed from the stream before they were handled; trim only below the oldest pending entry"
+            );
+        }
         if reply.claimed.is_empty() {
             return Ok(Vec::new());
         }
-        let counts = self.delivery_counts(&reply.claimed).await?;
+        let counts = self.delivery_counts(&reply.claimed).await;
         Ok(reply
             .claimed
             .into_iter()
             .map(|entry| {
-                let delivered = counts.get(&entry.id).copied().unwrap_or(2);
+                let delivered = counts.get(&entry.id).copied();
                 self.message(entry, delivered)
             })
             .collect())
     }
 
-    /// The group's delivery count of each claimed entry (`XPENDING` over their range).
-    async fn delivery_counts(
-        &self,
-        claimed: &[StreamId],
-    ) -> Result<BTreeMap<String, u64>, StreamError> {
-        let (Some(first), Some(last)) = (claimed.first(), claimed.last()) else {
-            return Ok(BTreeMap::new());
-        };
+    /// The group's delivery count of each claimed entry: one `XPENDING <id> <id> 1` each,
+    /// in one pipeline (a range over them would also list this consumer's other pending
+    /// entries, and run out of its count before the claimed ones). `None` for all when it
+    /// fails: the entries are handled without a count rather than left for another claim.
+    async fn delivery_counts(&self, claimed: &[StreamId]) -> BTreeMap<String, u64> {
+        let mut pipeline = redis::pipe();
+        for entry in claimed {
+            pipeline
+                .cmd("XPENDING")
+                .arg(&self.setup.stream)
+                .arg(&self.setup.group)
+                .arg(&entry.id)
+                .arg(&entry.id)
+                .arg(1);
+        }
         let mut connection = self.connection.clone();
-        let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-            .arg(&self.setup.stream)
-            .arg(&self.setup.group)
-            .arg(&first.id)
-            .arg(&last.id)
-            .arg(claimed.len())
-            .arg(&self.setup.consumer)
-            .query_async(&mut connection)
-            .await
-            .map_err(|source| StreamError::Redis {
-                command: "XPENDING",
-                source,
-            })?;
-        Ok(pending
-            .into_iter()
-            .map(|(id, _consumer, _idle, delivered)| (id, delivered))
-            .collect())
+        // Each: the id, its consumer, its idle time, its delivery count.
+        type Pending = Vec<(String, String, u64, u64)>;
+        let answers: Result<Vec<Pending>, _> = pipeline.query_async(&mut connection).await;
+        match answers {
+            Ok(answers) => answers
+                .into_iter()
+                .flatten()
+                .map(|(id, _consumer, _idle, delivered)| (id, delivered))
+                .collect(),
+            Err(err) => {
+                tracing::warn!(error = %err, "idem-consumer: could not read the claimed entries' delivery counts");
+                BTreeMap::new()
+            }
+        }
     }
 
-    fn message(&self, entry: StreamId, delivered: u64) -> RedisStreamMessage<C> {
+    fn message(&self, entry: StreamId, delivered: Option<u64>) -> RedisStreamMessage<C> {
         let fields: BTreeMap<String, Vec<u8>> = entry
             .map
             .into_iter()
@@ -396,7 +424,7 @@ pub struct RedisStreamMessage<C> {
     id: String,
     payload: Bytes,
     fields: BTreeMap<String, Vec<u8>>,
-    delivered: u64,
+    delivered: Option<u64>,
 }
 
 impl<C> fmt::Debug for RedisStreamMessage<C> {
@@ -476,7 +504,7 @@ impl<C: ConnectionLike + Clone + Send + Sync + 'static> Message for RedisStreamM
     }
 
     fn delivery_count(&self) -> Option<u64> {
-        Some(self.delivered)
+        self.delivered
     }
 
     fn progress_interval(&self) -> Option<Duration> {

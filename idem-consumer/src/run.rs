@@ -87,7 +87,9 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     /// let orders = RedisStream::new(connection, "orders", "billing", "billing-1", DeadLetters::to_stream("orders:dead"));
     /// orders.create_group().await?;
     /// let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
-    /// let shutdown = async { tokio::signal::ctrl_c().await.ok(); };
+    /// // A SIGTERM handler (tokio's `signal` feature) sends on `stop`.
+    /// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    /// let shutdown = async { stopped.await.ok(); };
     /// let report = consumer.run(&orders, |_ctx, payload| async move { done(payload.len()) }, shutdown).await;
     /// println!("stopped: {report:?}");
     /// # Ok(())
@@ -157,7 +159,9 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
 /// let messages = pull.messages().await?.map(move |message| message.map(|m| checked.wrap(m)));
 /// let source = StreamSource::new(messages, NonZeroUsize::new(16).unwrap(), Duration::from_secs(1));
 /// let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
-/// let shutdown = async { tokio::signal::ctrl_c().await.ok(); };
+/// // A SIGTERM handler (tokio's `signal` feature) sends on `stop`.
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let shutdown = async { stopped.await.ok(); };
 /// consumer.run(&source, |_ctx, payload| async move { done(payload.len()) }, shutdown).await;
 /// # Ok(())
 /// # }

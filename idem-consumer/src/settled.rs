@@ -85,6 +85,10 @@ pub enum Cause<E> {
         /// The limit that was reached.
         limit: std::time::Duration,
     },
+    /// An earlier message of the batch in its ordering group was not acked: this one was
+    /// nak'd without running, so that it does not overtake that one.
+    #[error("an earlier message of its ordering group was not acked; it waits behind it")]
+    BehindUnacked,
     /// The work panicked; its lease is kept, so a redelivery takes over once it ends.
     #[error("the work panicked")]
     Panicked,

@@ -27,14 +27,20 @@
 //! # }
 //! ```
 //!
-//! - The key is a FIFO queue's `MessageDeduplicationId` (the producer's, or the content
-//!   hash under content-based deduplication): a producer's resend beyond SQS's own
-//!   five-minute window is still caught. On a standard queue it is the `MessageId`, the
+//! - The key is a FIFO queue's `<MessageGroupId>/<MessageDeduplicationId>` (the
+//!   producer's id, or the content hash under content-based deduplication): a producer's
+//!   resend beyond SQS's own five-minute window is still caught. Under content-based
+//!   deduplication, equal bodies are then one message for the whole retention: for
+//!   producers that send equal bodies as distinct messages, key by the message id
+//!   ([`SqsQueue::key_by_message_id`]). On a standard queue it is the `MessageId`, the
 //!   same on every receive of one sent message; a producer's own resend is a new message
 //!   and runs twice, so producers that resend put an id in the body and the consumer keys
 //!   by it ([`Consumer::key_from_payload`](crate::Consumer::key_from_payload)).
 //! - The scope is the queue's name (the URL's last segment).
 //! - The delivery count is `ApproximateReceiveCount`.
+//! - A FIFO queue's message group is the ordering key: a batch runs each group's
+//!   messages in order, and holds back (nak'd at once) the ones behind a message that was
+//!   not acked, so none overtakes it.
 //! - An ack deletes the message (`DeleteMessage`). A nak sets its visibility timeout to the
 //!   delay (`ChangeMessageVisibility`, in whole seconds, at most 12 hours), so it comes
 //!   back then.
@@ -108,6 +114,7 @@ pub enum ReceiveError {
     },
 }
 
+#[derive(Clone)]
 struct Setup {
     client: Client,
     queue_url: String,
@@ -115,6 +122,7 @@ struct Setup {
     queue: String,
     visibility: Duration,
     dead_letters: DeadLetters,
+    key_by_deduplication_id: bool,
 }
 
 /// An SQS queue's reader: the source of [`SqsMessage`]s. See the [module docs](self).
@@ -150,6 +158,7 @@ impl SqsQueue {
                 queue,
                 visibility: DEFAULT_VISIBILITY,
                 dead_letters,
+                key_by_deduplication_id: true,
             }),
         }
     }
@@ -159,9 +168,16 @@ impl SqsQueue {
     /// redelivery find the lease ended. Whole seconds, from 1 s to 12 hours.
     pub fn visibility(mut self, visibility: Duration) -> Self {
         let visibility = visibility.clamp(Duration::from_secs(1), MAX_VISIBILITY);
-        Arc::get_mut(&mut self.setup)
-            .expect("set up before any message is read")
-            .visibility = visibility;
+        Arc::make_mut(&mut self.setup).visibility = visibility;
+        self
+    }
+
+    /// Keys a FIFO queue's messages by their message id instead of their deduplication
+    /// id: for queues under content-based deduplication whose producers send equal bodies
+    /// that are distinct messages (SQS drops such a repeat within five minutes, and the
+    /// deduplication id would make it one message for the whole retention).
+    pub fn key_by_message_id(mut self) -> Self {
+        Arc::make_mut(&mut self.setup).key_by_deduplication_id = false;
         self
     }
 
@@ -181,7 +197,8 @@ impl SqsQueue {
             .receive_message()
             .queue_url(&setup.queue_url)
             .max_number_of_messages(max.clamp(1, 10) as i32)
-            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            // A wait under a second is a second: zero alone means a short poll.
+            .wait_time_seconds(seconds(wait.min(Duration::from_secs(20))))
             .visibility_timeout(seconds(setup.visibility))
             .message_system_attribute_names(MessageSystemAttributeName::All)
             .message_attribute_names("All")
@@ -221,6 +238,8 @@ fn seconds(duration: Duration) -> i32 {
 pub struct SqsMessage {
     setup: Arc<Setup>,
     message: aws_sdk_sqs::types::Message,
+    /// A FIFO queue's message group.
+    group: Option<String>,
     key: String,
     receipt: String,
     payload: Bytes,
@@ -245,9 +264,16 @@ impl SqsMessage {
         let attributes = message.attributes();
         let attribute =
             |name: MessageSystemAttributeName| attributes.and_then(|all| all.get(&name)).cloned();
-        let key = attribute(MessageSystemAttributeName::MessageDeduplicationId)
-            .filter(|id| !id.is_empty())
-            .or_else(|| message.message_id().map(str::to_owned))?;
+        let group = attribute(MessageSystemAttributeName::MessageGroupId);
+        let deduplication = attribute(MessageSystemAttributeName::MessageDeduplicationId)
+            .filter(|id| !id.is_empty() && setup.key_by_deduplication_id);
+        let key = match (deduplication, &group) {
+            // Deduplication may be scoped by group: the same id in two groups is two
+            // messages.
+            (Some(id), Some(group)) => format!("{group}/{id}"),
+            (Some(id), None) => id,
+            (None, _) => message.message_id()?.to_owned(),
+        };
         let receipt = message.receipt_handle()?.to_owned();
         let received = attribute(MessageSystemAttributeName::ApproximateReceiveCount)
             .and_then(|count| count.parse().ok());
@@ -255,6 +281,7 @@ impl SqsMessage {
         Some(Self {
             setup,
             message,
+            group,
             key,
             receipt,
             payload,
@@ -327,6 +354,10 @@ impl Message for SqsMessage {
         self.received
     }
 
+    fn ordering_key(&self) -> Option<&str> {
+        self.group.as_deref()
+    }
+
     fn progress_interval(&self) -> Option<Duration> {
         Some(self.setup.visibility / 3)
     }
@@ -358,16 +389,13 @@ impl Message for SqsMessage {
             .message_attributes(ORIGINAL_ID, string_attribute(&self.key));
         if queue_url.ends_with(".fifo") {
             let group = self
-                .message
-                .attributes()
-                .and_then(|all| all.get(&MessageSystemAttributeName::MessageGroupId))
-                .cloned()
+                .group
+                .clone()
                 .unwrap_or_else(|| self.setup.queue.clone());
-            // The original's key (a deduplication id or a message id, within SQS's 128
-            // characters): a repeated dead-lettering within the window is dropped.
-            send = send
-                .message_group_id(group)
-                .message_deduplication_id(self.key.clone());
+            // The original's message id (within SQS's 128 characters): a repeated
+            // dead-lettering within the window is dropped.
+            let id = self.message.message_id().unwrap_or(&self.key);
+            send = send.message_group_id(group).message_deduplication_id(id);
         }
         send.send()
             .await

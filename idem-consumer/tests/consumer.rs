@@ -1015,3 +1015,70 @@ async fn an_unreadable_result_on_a_broker_that_does_not_count_is_dead_lettered_o
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn an_ordering_group_runs_in_order_and_none_overtakes_a_message_not_acked() {
+    let consumer = consumer();
+    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let work = |_ctx: Context, payload: Bytes| {
+        ran.lock()
+            .unwrap()
+            .push(String::from_utf8(payload.to_vec()).unwrap());
+        async move {
+            match &payload[..] {
+                b"a1" => Err(WorkError::Retryable("busy".to_owned())),
+                b"b1" => {
+                    // Slow: b2 still waits its turn.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(1u8)
+                }
+                _ => Ok(1u8),
+            }
+        }
+    };
+    let batch = [
+        TestMessage::new("a1", "a1").in_group("A"),
+        TestMessage::new("b1", "b1").in_group("B"),
+        TestMessage::new("a2", "a2").in_group("A"),
+        TestMessage::new("b2", "b2").in_group("B"),
+        TestMessage::new("c1", "c1"),
+    ];
+    let settled = consumer.handle_batch(&batch, work).await;
+    assert!(
+        matches!(
+            settled[0],
+            Ok(Settled::Retried {
+                cause: Cause::Work(_),
+                ..
+            })
+        ),
+        "{settled:?}"
+    );
+    assert!(
+        settled[1].as_ref().is_ok_and(Settled::is_acked),
+        "{settled:?}"
+    );
+    assert!(
+        matches!(
+            settled[2],
+            Ok(Settled::Retried {
+                delay: Duration::ZERO,
+                cause: Cause::BehindUnacked
+            })
+        ),
+        "{settled:?}"
+    );
+    assert!(
+        settled[3].as_ref().is_ok_and(Settled::is_acked),
+        "{settled:?}"
+    );
+    assert!(
+        settled[4].as_ref().is_ok_and(Settled::is_acked),
+        "{settled:?}"
+    );
+    assert_eq!(batch[2].settlements(), [Settle::Nak(Duration::ZERO)]);
+    let ran = ran.lock().unwrap().clone();
+    assert!(!ran.contains(&"a2".to_owned()), "a2 overtook a1: {ran:?}");
+    let position = |name: &str| ran.iter().position(|r| r == name).unwrap();
+    assert!(position("b1") < position("b2"), "{ran:?}");
+}

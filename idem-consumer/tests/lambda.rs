@@ -131,3 +131,71 @@ async fn a_failed_record_without_a_message_id_fails_the_whole_batch() {
     // An empty identifier: Lambda retries the whole batch.
     assert_eq!(failures(&response), [""]);
 }
+
+#[tokio::test]
+async fn a_failure_holds_back_its_own_fifo_group_only() {
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut records: Vec<serde_json::Value> = Vec::new();
+    for (id, body, group) in [
+        ("a-1", "busy", "customer-1"),
+        ("b-1", "first", "customer-2"),
+        ("a-2", "second", "customer-1"),
+        ("b-2", "second", "customer-2"),
+    ] {
+        let mut one = serde_json::to_value(event("orders.fifo", &[(id, body, 1)], Some(group)))
+            .unwrap()["Records"][0]
+            .clone();
+        one["attributes"]["MessageDeduplicationId"] = format!("dedup-{id}").into();
+        records.push(one);
+    }
+    let event: SqsEvent =
+        serde_json::from_value(serde_json::json!({ "Records": records })).unwrap();
+    let response = handle_sqs_event(&consumer, event, work(&runs)).await;
+    assert_eq!(failures(&response), ["a-1", "a-2"]);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "a-2 must not run behind a-1"
+    );
+}
+
+#[tokio::test]
+async fn one_deduplication_id_in_two_groups_is_two_messages() {
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut records: Vec<serde_json::Value> = Vec::new();
+    for (id, body, group) in [
+        ("m-1", "2 mugs", "customer-1"),
+        ("m-2", "3 cups", "customer-2"),
+    ] {
+        let mut one = serde_json::to_value(event("orders.fifo", &[(id, body, 1)], Some(group)))
+            .unwrap()["Records"][0]
+            .clone();
+        // Deduplication scoped by message group: the same id in each.
+        one["attributes"]["MessageDeduplicationId"] = "order-7".into();
+        records.push(one);
+    }
+    let event: SqsEvent =
+        serde_json::from_value(serde_json::json!({ "Records": records })).unwrap();
+    let response = handle_sqs_event(&consumer, event, work(&runs)).await;
+    assert!(failures(&response).is_empty(), "{response:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn without_partial_batch_answers_a_failure_fails_the_invocation() {
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let fine = event("orders", &[("m-1", "2 mugs", 1)], None);
+    assert_eq!(
+        idem_consumer::lambda::handle_sqs_event_or_fail(&consumer, fine, work(&runs)).await,
+        Ok(())
+    );
+    let mixed = event("orders", &[("m-1", "2 mugs", 2), ("m-2", "busy", 1)], None);
+    let failed = idem_consumer::lambda::handle_sqs_event_or_fail(&consumer, mixed, work(&runs))
+        .await
+        .unwrap_err();
+    assert_eq!(failed.failed, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "m-1 replayed");
+}

@@ -340,7 +340,8 @@ async fn a_fifo_queue_keys_by_the_deduplication_id_and_dead_letters_to_a_fifo_qu
     let runs = Arc::new(AtomicUsize::new(0));
     let batch = read(&queue, 2).await;
     let ids: Vec<_> = batch.iter().map(|m| m.id().unwrap().to_owned()).collect();
-    assert_eq!(ids, ["order-1", "order-2"]);
+    // Scoped by group: deduplication may be per group.
+    assert_eq!(ids, ["customer-7/order-1", "customer-7/order-2"]);
     assert_eq!(batch[0].source(), "idem-fifo.fifo");
     let settled = consumer.handle_batch(&batch, refusing_empty(&runs)).await;
     assert!(
@@ -359,4 +360,60 @@ async fn a_fifo_queue_keys_by_the_deduplication_id_and_dead_letters_to_a_fifo_qu
     );
     assert_eq!(depth(&client, &url).await, (0, 0));
     assert_eq!(depth(&client, &dead).await.0, 1);
+}
+
+#[tokio::test]
+async fn a_fifo_group_s_message_never_overtakes_one_that_failed() {
+    let Some(client) = client() else {
+        return;
+    };
+    let (url, dead) = queues(&client, "idem-fifo-order", true).await;
+    for (dedup, body) in [("order-1", "busy"), ("order-2", "2 mugs")] {
+        client
+            .send_message()
+            .queue_url(&url)
+            .message_body(body)
+            .message_group_id("customer-7")
+            .message_deduplication_id(dedup)
+            .send()
+            .await
+            .expect("send");
+    }
+    let queue = SqsQueue::new(client.clone(), &url, DeadLetters::send_to(&dead));
+    let consumer = Consumer::new(Idempotency::new(MemoryStore::new()))
+        .backoff(Backoff::new(Duration::from_secs(1), Duration::from_secs(1)).unwrap());
+    let ran = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let work = |_ctx: Context, payload: Bytes| {
+        ran.lock().unwrap().push(payload.clone());
+        async move {
+            if &payload[..] == b"busy" {
+                Err(WorkError::Retryable("warehouse busy".to_owned()))
+            } else {
+                Ok(payload.len())
+            }
+        }
+    };
+    let batch = read(&queue, 2).await;
+    let settled = consumer.handle_batch(&batch, work).await;
+    assert!(
+        matches!(
+            settled[0],
+            Ok(Settled::Retried {
+                cause: Cause::Work(_),
+                ..
+            })
+        ),
+        "{settled:?}"
+    );
+    assert!(
+        matches!(
+            settled[1],
+            Ok(Settled::Retried {
+                cause: Cause::BehindUnacked,
+                ..
+            })
+        ),
+        "{settled:?}"
+    );
+    assert_eq!(ran.lock().unwrap().len(), 1, "order-2 overtook order-1");
 }

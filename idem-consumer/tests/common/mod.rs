@@ -54,6 +54,7 @@ pub(crate) struct TestMessage {
     /// When set, every settlement fails with this broker error.
     pub(crate) refuse: bool,
     pub(crate) headers: Vec<(String, String)>,
+    pub(crate) group: Option<String>,
     pub(crate) settled: Mutex<Vec<Settle>>,
 }
 
@@ -67,6 +68,7 @@ impl TestMessage {
             delivered: Some(1),
             refuse: false,
             headers: Vec::new(),
+            group: None,
             settled: Mutex::new(Vec::new()),
         }
     }
@@ -88,6 +90,11 @@ impl TestMessage {
 
     pub(crate) fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub(crate) fn in_group(mut self, group: &str) -> Self {
+        self.group = Some(group.to_owned());
         self
     }
 
@@ -129,6 +136,10 @@ impl Message for TestMessage {
 
     fn delivery_count(&self) -> Option<u64> {
         self.delivered
+    }
+
+    fn ordering_key(&self) -> Option<&str> {
+        self.group.as_deref()
     }
 
     fn header(&self, name: &str) -> Option<&str> {

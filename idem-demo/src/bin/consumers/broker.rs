@@ -12,6 +12,8 @@ use futures_util::stream::BoxStream;
 use idem_consumer::Message;
 use idem_consumer::nats::JetStreamMessage;
 use idem_consumer::rabbitmq::RabbitMessage;
+use idem_consumer::redis::RedisStream;
+use idem_consumer::sqs::SqsQueue;
 use idem_core::BoxError;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
@@ -20,6 +22,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde::{Deserialize, Serialize};
+use std::num::NonZeroUsize;
 
 use crate::Mode;
 
@@ -45,7 +48,15 @@ pub(crate) enum Broker {
     Nats,
     /// RabbitMQ: a classic queue.
     Rabbitmq,
+    /// Redis Streams: a stream and a consumer group.
+    Redis,
+    /// Amazon SQS (a local SQS-compatible server): a standard queue.
+    Sqs,
 }
+
+/// Every broker, in the order the demo runs them.
+pub(crate) const BROKERS: [Broker; 4] =
+    [Broker::Nats, Broker::Rabbitmq, Broker::Redis, Broker::Sqs];
 
 impl Broker {
     /// The name on the command line and in file names.
@@ -53,6 +64,8 @@ impl Broker {
         match self {
             Broker::Nats => "nats",
             Broker::Rabbitmq => "rabbitmq",
+            Broker::Redis => "redis",
+            Broker::Sqs => "sqs",
         }
     }
 
@@ -61,6 +74,8 @@ impl Broker {
         match self {
             Broker::Nats => format!("IDEM_DEMO_{pid}_{}", mode.code().to_uppercase()),
             Broker::Rabbitmq => format!("idem-demo.{pid}.{}", mode.code()),
+            Broker::Redis => format!("idem-demo:{pid}:{}", mode.code()),
+            Broker::Sqs => format!("idem-demo-{pid}-{}", mode.code()),
         }
     }
 }
@@ -70,6 +85,8 @@ impl fmt::Display for Broker {
         f.write_str(match self {
             Broker::Nats => "NATS JetStream",
             Broker::Rabbitmq => "RabbitMQ",
+            Broker::Redis => "Redis Streams",
+            Broker::Sqs => "SQS",
         })
     }
 }
@@ -95,18 +112,58 @@ async fn patiently<T, E: fmt::Display>(
     }
 }
 
-/// The parent's connections to both brokers.
+/// The parent's connections to every broker.
 pub(crate) struct Brokers {
     jetstream: jetstream::Context,
     amqp: Connection,
     channel: Channel,
+    redis: redis::aio::MultiplexedConnection,
+    sqs: aws_sdk_sqs::Client,
+    sqs_endpoint: String,
+}
+
+/// Where each broker is.
+pub(crate) struct Urls {
+    pub(crate) nats: String,
+    pub(crate) amqp: String,
+    pub(crate) redis: String,
+    pub(crate) sqs: String,
+}
+
+impl Urls {
+    /// The URL of `broker`.
+    pub(crate) fn of(&self, broker: Broker) -> &str {
+        match broker {
+            Broker::Nats => &self.nats,
+            Broker::Rabbitmq => &self.amqp,
+            Broker::Redis => &self.redis,
+            Broker::Sqs => &self.sqs,
+        }
+    }
+}
+
+/// An SQS client for the local server at `url` (static test credentials, one region).
+pub(crate) fn sqs_client(url: &str) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(url)
+        .credentials_provider(Credentials::new("demo", "demo", None, None, "idem-demo"))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
+}
+
+/// The URL of the SQS queue `name` on the local server at `url`.
+fn sqs_queue_url(url: &str, name: &str) -> String {
+    format!("{}/000000000000/{name}", url.trim_end_matches('/'))
 }
 
 impl Brokers {
-    /// Connects to both brokers.
-    pub(crate) async fn connect(nats_url: &str, amqp_url: &str) -> Result<Self, BoxError> {
-        let hint =
-            "is it running? `eval \"$(scripts/services.sh start nats rabbitmq)\"` starts both";
+    /// Connects to every broker.
+    pub(crate) async fn connect(urls: &Urls) -> Result<Self, BoxError> {
+        let (nats_url, amqp_url) = (&urls.nats, &urls.amqp);
+        let hint = "is it running? `eval \"$(scripts/services.sh start nats rabbitmq redis sqs)\"` starts them";
         let client = patiently(
             &format!("cannot reach NATS at {nats_url} ({hint})"),
             async_nats::connect(nats_url),
@@ -123,10 +180,28 @@ impl Brokers {
             channel.confirm_select(ConfirmSelectOptions::default()),
         )
         .await?;
+        let redis = patiently(
+            &format!("cannot reach Redis at {} ({hint})", urls.redis),
+            async {
+                redis::Client::open(urls.redis.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await
+            },
+        )
+        .await?;
+        let sqs = sqs_client(&urls.sqs);
+        patiently(
+            &format!("cannot reach SQS at {} ({hint})", urls.sqs),
+            sqs.list_queues().send(),
+        )
+        .await?;
         Ok(Self {
             jetstream: jetstream::new(client),
             amqp,
             channel,
+            redis,
+            sqs,
+            sqs_endpoint: urls.sqs.clone(),
         })
     }
 
@@ -165,6 +240,29 @@ impl Brokers {
                     ),
                 )
                 .await?;
+            }
+            Broker::Redis => {
+                let mut redis = self.redis.clone();
+                patiently(
+                    &format!("cannot create the Redis stream {source} and its group"),
+                    redis::cmd("XGROUP")
+                        .arg("CREATE")
+                        .arg(source)
+                        .arg(CONSUMER)
+                        .arg("0")
+                        .arg("MKSTREAM")
+                        .query_async::<()>(&mut redis),
+                )
+                .await?;
+            }
+            Broker::Sqs => {
+                for name in [source.to_owned(), format!("{source}-dead")] {
+                    patiently(
+                        &format!("cannot create the SQS queue {name}"),
+                        self.sqs.create_queue().queue_name(&name).send(),
+                    )
+                    .await?;
+                }
             }
         }
         Ok(())
@@ -220,8 +318,44 @@ impl Brokers {
                 }
                 patiently(&what, self.channel.wait_for_confirms()).await?;
             }
+            Broker::Redis => {
+                let mut pipeline = redis::pipe();
+                for order in orders {
+                    pipeline
+                        .cmd("XADD")
+                        .arg(source)
+                        .arg("*")
+                        .arg("payload")
+                        .arg(serde_json::to_vec(order)?)
+                        .ignore();
+                }
+                let mut redis = self.redis.clone();
+                patiently(&what, pipeline.query_async::<()>(&mut redis)).await?;
+            }
+            Broker::Sqs => {
+                let url = self.sqs_url(source);
+                for chunk in orders.chunks(10) {
+                    let mut batch = self.sqs.send_message_batch().queue_url(&url);
+                    for (i, order) in chunk.iter().enumerate() {
+                        batch = batch.entries(
+                            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                                .id(i.to_string())
+                                .message_body(serde_json::to_string(order)?)
+                                .build()?,
+                        );
+                    }
+                    let sent = patiently(&what, batch.send()).await?;
+                    if !sent.failed().is_empty() {
+                        return Err(format!("{what}: {:?}", sent.failed()).into());
+                    }
+                }
+            }
         }
         Ok(())
+    }
+
+    fn sqs_url(&self, source: &str) -> String {
+        sqs_queue_url(&self.sqs_endpoint, source)
     }
 
     /// Messages the broker still has to deliver or see acked: on JetStream, those not
@@ -252,6 +386,44 @@ impl Brokers {
                 let _ = channel.close(200, "done".into()).await;
                 Ok(u64::from(queue.message_count()))
             }
+            Broker::Redis => {
+                // The group's entries delivered and not acked, and those not delivered yet.
+                let mut redis = self.redis.clone();
+                let groups: Vec<std::collections::HashMap<String, redis::Value>> = patiently(
+                    &what,
+                    redis::cmd("XINFO")
+                        .arg("GROUPS")
+                        .arg(source)
+                        .query_async(&mut redis),
+                )
+                .await?;
+                let number = |group: &std::collections::HashMap<String, redis::Value>,
+                              field: &str| match group.get(field) {
+                    Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+                    _ => 0,
+                };
+                Ok(groups
+                    .iter()
+                    .map(|group| number(group, "pending") + number(group, "lag"))
+                    .sum())
+            }
+            Broker::Sqs => {
+                use aws_sdk_sqs::types::QueueAttributeName;
+                let attributes = patiently(
+                    &what,
+                    self.sqs
+                        .get_queue_attributes()
+                        .queue_url(self.sqs_url(source))
+                        .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+                        .attribute_names(QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+                        .send(),
+                )
+                .await?;
+                Ok(attributes
+                    .attributes()
+                    .map(|all| all.values().filter_map(|n| n.parse::<u64>().ok()).sum())
+                    .unwrap_or(0))
+            }
         }
     }
 
@@ -273,6 +445,29 @@ impl Brokers {
                     )
                     .await;
                     let _ = channel.close(200, "done".into()).await;
+                }
+            }
+            Broker::Redis => {
+                let mut redis = self.redis.clone();
+                let _ = tokio::time::timeout(
+                    PATIENCE,
+                    redis::cmd("DEL")
+                        .arg(source)
+                        .arg(format!("{source}:dead"))
+                        .query_async::<()>(&mut redis),
+                )
+                .await;
+            }
+            Broker::Sqs => {
+                for name in [source.to_owned(), format!("{source}-dead")] {
+                    let _ = tokio::time::timeout(
+                        PATIENCE,
+                        self.sqs
+                            .delete_queue()
+                            .queue_url(self.sqs_url(&name))
+                            .send(),
+                    )
+                    .await;
                 }
             }
         }
@@ -334,5 +529,68 @@ pub(crate) async fn deliveries(
                 })
                 .boxed())
         }
+        Broker::Redis => {
+            let connection = redis::Client::open(url)?
+                .get_multiplexed_async_connection()
+                .await?;
+            let reader = RedisStream::new(
+                connection,
+                source,
+                CONSUMER,
+                format!("worker-{}", std::process::id()),
+                idem_consumer::redis::DeadLetters::to_stream(format!("{source}:dead")),
+            )
+            // As JetStream's ack wait: a killed worker's entries are claimed after it.
+            .claim_idle(ACK_WAIT);
+            let batches = futures_util::stream::unfold(reader, |reader| async move {
+                let batch = reader
+                    .next_batch(
+                        NonZeroUsize::new(PREFETCH).unwrap(),
+                        Duration::from_millis(250),
+                    )
+                    .await;
+                Some((batch, reader))
+            });
+            Ok(one_by_one(batches))
+        }
+        Broker::Sqs => {
+            let queue = SqsQueue::new(
+                sqs_client(url),
+                sqs_queue_url(url, source),
+                idem_consumer::sqs::DeadLetters::send_to(sqs_queue_url(
+                    url,
+                    &format!("{source}-dead"),
+                )),
+            )
+            // SQS's shortest: a killed worker's messages come back after it.
+            .visibility(Duration::from_secs(1));
+            let batches = futures_util::stream::unfold(queue, |queue| async move {
+                let batch = queue.next_batch(PREFETCH, Duration::from_secs(1)).await;
+                Some((batch, queue))
+            });
+            Ok(one_by_one(batches))
+        }
     }
+}
+
+/// The deliveries of each batch, one after another.
+fn one_by_one<M, E>(
+    batches: impl futures_util::Stream<Item = Result<Vec<M>, E>> + Send + 'static,
+) -> Deliveries
+where
+    M: Message + 'static,
+    E: Into<BoxError>,
+{
+    batches
+        .flat_map(|batch| {
+            let items: Vec<Result<Box<dyn Message>, BoxError>> = match batch {
+                Ok(batch) => batch
+                    .into_iter()
+                    .map(|message| Ok(Box::new(message) as Box<dyn Message>))
+                    .collect(),
+                Err(err) => vec![Err(err.into())],
+            };
+            futures_util::stream::iter(items)
+        })
+        .boxed()
 }

@@ -1,13 +1,13 @@
 //! # idem-demo's consumer storm
 //!
-//! Queue consumers on NATS JetStream and RabbitMQ apply orders to a SQLite ledger, and a
+//! Queue consumers on NATS JetStream, RabbitMQ, Redis Streams and SQS apply orders to a SQLite ledger, and a
 //! scheduled job settles every 100 ms, while their processes are SIGKILLed and restarted.
 //! Brokers deliver at least once and two schedulers fire the same slot, so without idem
 //! some orders are applied twice and slots run twice; with idem-consumer each order and
 //! each slot has its effect once. Then the ledgers are audited.
 //!
 //! ```sh
-//! eval "$(scripts/services.sh start nats rabbitmq)"
+//! eval "$(scripts/services.sh start nats rabbitmq redis sqs)"
 //! cargo run --release -p idem-demo --bin consumers
 //! ```
 //!
@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use idem_core::BoxError;
 
-use crate::broker::{ACK_WAIT, Broker, Brokers, Order, PREFETCH};
+use crate::broker::{ACK_WAIT, BROKERS, Broker, Brokers, Order, PREFETCH, Urls};
 use crate::storm::Queue;
 
 /// The whole run's bound: past it the demo fails, saying how far it got.
@@ -67,6 +67,13 @@ struct Args {
     /// The RabbitMQ server; `scripts/services.sh start rabbitmq` sets the variable.
     #[arg(long, env = "IDEM_TEST_RABBITMQ_URL")]
     amqp_url: Option<String>,
+    /// The Redis server (for Redis Streams); `scripts/services.sh start redis` sets the
+    /// variable.
+    #[arg(long, env = "IDEM_TEST_REDIS_URL")]
+    redis_url: Option<String>,
+    /// The SQS-compatible server; `scripts/services.sh start sqs` sets the variable.
+    #[arg(long, env = "IDEM_TEST_SQS_URL")]
+    sqs_url: Option<String>,
     /// Keep the SQLite files in this directory to inspect them (default: a temporary
     /// directory, removed at the end).
     #[arg(long)]
@@ -191,8 +198,8 @@ fn required(url: Option<String>, flag: &str, variable: &str) -> Result<String, B
     url.filter(|url| !url.is_empty()).ok_or_else(|| {
         format!(
             "no broker URL: pass {flag} or set {variable}; \
-             `eval \"$(scripts/services.sh start nats rabbitmq)\"` starts NATS and RabbitMQ on \
-             127.0.0.1 and sets both variables"
+             `eval \"$(scripts/services.sh start nats rabbitmq redis sqs)\"` starts NATS, \
+             RabbitMQ, Redis and a local SQS server on 127.0.0.1 and sets the variables"
         )
         .into()
     })
@@ -200,13 +207,17 @@ fn required(url: Option<String>, flag: &str, variable: &str) -> Result<String, B
 
 /// The parent: brokers, storm, scheduled job, audit.
 async fn demo(args: Args) -> Result<(), BoxError> {
-    let nats_url = required(args.nats_url.clone(), "--nats-url", "IDEM_TEST_NATS_URL")?;
-    let amqp_url = required(
-        args.amqp_url.clone(),
-        "--amqp-url",
-        "IDEM_TEST_RABBITMQ_URL",
-    )?;
-    let brokers = Brokers::connect(&nats_url, &amqp_url).await?;
+    let urls = Urls {
+        nats: required(args.nats_url.clone(), "--nats-url", "IDEM_TEST_NATS_URL")?,
+        amqp: required(
+            args.amqp_url.clone(),
+            "--amqp-url",
+            "IDEM_TEST_RABBITMQ_URL",
+        )?,
+        redis: required(args.redis_url.clone(), "--redis-url", "IDEM_TEST_REDIS_URL")?,
+        sqs: required(args.sqs_url.clone(), "--sqs-url", "IDEM_TEST_SQS_URL")?,
+    };
+    let brokers = Brokers::connect(&urls).await?;
     let keep = args.dir.is_some();
     let dir = match &args.dir {
         Some(dir) => dir.clone(),
@@ -214,11 +225,11 @@ async fn demo(args: Args) -> Result<(), BoxError> {
     };
     std::fs::create_dir_all(&dir)
         .map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
-    let outcome = tokio::time::timeout(BOUND, run(&args, &brokers, &dir, &nats_url, &amqp_url))
+    let outcome = tokio::time::timeout(BOUND, run(&args, &brokers, &dir, &urls))
         .await
         .unwrap_or_else(|_| Err(format!("the demo did not finish within {BOUND:?}").into()));
     // The streams and queues go, whatever happened.
-    for broker in [Broker::Nats, Broker::Rabbitmq] {
+    for broker in BROKERS {
         for mode in [Mode::Protected, Mode::Unprotected] {
             brokers
                 .delete(broker, &broker.source(mode, std::process::id()))
@@ -248,8 +259,7 @@ async fn run(
     args: &Args,
     brokers: &Brokers,
     dir: &Path,
-    nats_url: &str,
-    amqp_url: &str,
+    urls: &Urls,
 ) -> Result<audit::Verdict, BoxError> {
     let started = Instant::now();
     let mut random = Random(args.seed);
@@ -260,13 +270,13 @@ async fn run(
         })
         .collect();
     println!(
-        "idem demo: queue consumers on NATS JetStream and RabbitMQ, {} orders per queue, {} workers per queue (seed {})",
+        "idem demo: queue consumers on NATS JetStream, RabbitMQ, Redis Streams and SQS, {} orders per queue, {} workers per queue (seed {})",
         args.orders, args.workers, args.seed
     );
     println!(
         "  each worker holds up to {PREFETCH} messages; per message it applies the order to a SQLite ledger, waits {} ms\n  \
          on a slow downstream, then acks. Every 100-200 ms a worker holding messages is SIGKILLed and replaced:\n  \
-         JetStream redelivers its messages after the {} s ack wait, RabbitMQ as soon as its connection drops.\n  \
+         JetStream, Redis Streams (claim idle) and SQS (visibility) redeliver its messages after {} s,\n  RabbitMQ as soon as its connection drops.\n  \
          Then two schedulers fire a job every {} ms for {} s; one of them is SIGKILLed mid-slot, twice.",
         worker::DOWNSTREAM.as_millis(),
         ACK_WAIT.as_secs(),
@@ -276,15 +286,19 @@ async fn run(
 
     let pid = std::process::id();
     let mut queues = Vec::new();
-    for broker in [Broker::Nats, Broker::Rabbitmq] {
-        let url = match broker {
-            Broker::Nats => nats_url,
-            Broker::Rabbitmq => amqp_url,
-        };
+    // Every queue is filled before any worker starts: the storm then hits all at once,
+    // however slow one broker is to publish to.
+    for broker in BROKERS {
         for mode in [Mode::Protected, Mode::Unprotected] {
             let source = broker.source(mode, pid);
             brokers.prepare(broker, &source).await?;
             brokers.publish(broker, &source, &orders).await?;
+        }
+    }
+    for broker in BROKERS {
+        let url = urls.of(broker);
+        for mode in [Mode::Protected, Mode::Unprotected] {
+            let source = broker.source(mode, pid);
             let db = dir.join(format!("{}-{}.db", broker.code(), mode.code()));
             queues.push(Queue::start(
                 broker,
@@ -362,7 +376,7 @@ async fn run(
             .map(|(broker, n)| format!("{n} on {broker}"))
             .collect();
         println!(
-            "  check: with idem, every order was applied exactly once on both brokers and every slot ran once;\n  \
+            "  check: with idem, every order was applied exactly once on every broker and every slot ran once;\n  \
              without it, orders applied twice or more: {}; slots run twice or more: {} of {}.",
             doubles.join(", "),
             verdict.slots_doubled_without,

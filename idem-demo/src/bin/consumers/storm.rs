@@ -86,7 +86,8 @@ impl Queue {
     async fn drained(&self, brokers: &Brokers) -> Result<bool, BoxError> {
         let pending = brokers.pending(self.broker, &self.source).await?;
         Ok(match self.broker {
-            Broker::Nats => pending == 0,
+            // These count what was delivered and not acked too.
+            Broker::Nats | Broker::Redis | Broker::Sqs => pending == 0,
             // RabbitMQ counts only the ready messages: the workers say whether they hold
             // any, and a nak in its delay still holds one.
             Broker::Rabbitmq => {
@@ -141,16 +142,19 @@ pub(crate) async fn run(
             return Err(stuck(queues, orders));
         }
         tokio::time::sleep(Duration::from_millis(100 + random.below(101))).await;
-        // A random worker holding unsettled messages, on the next queue not done yet in
-        // turn: every queue gets its share of the kills, however fast it drains.
-        let turn = (0..queues.len())
+        // A random worker holding unsettled messages, on each of the next two queues not
+        // done yet in turn: every queue gets its share of the kills, however fast it
+        // drains and however many queues there are.
+        let turns: Vec<(usize, Vec<_>)> = (0..queues.len())
             .map(|i| (next + i) % queues.len())
             .filter(|q| remaining.contains(q))
-            .find_map(|q| {
+            .filter_map(|q| {
                 let busy = queues[q].fleet.busy();
                 (!busy.is_empty()).then_some((q, busy))
-            });
-        if let Some((q, busy)) = turn {
+            })
+            .take(2)
+            .collect();
+        for (q, busy) in turns {
             queues[q]
                 .fleet
                 .kill(busy[random.below(busy.len() as u64) as usize])?;
@@ -216,6 +220,6 @@ fn stuck(queues: &[Queue], orders: u64) -> BoxError {
             message.push_str(&format!("\n    {error}"));
         }
     }
-    message.push_str("\n  Are both brokers still up? `scripts/services.sh status` says.");
+    message.push_str("\n  Are the brokers still up? `scripts/services.sh status` says.");
     message.into()
 }

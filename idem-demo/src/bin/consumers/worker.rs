@@ -57,7 +57,7 @@ impl Handler {
 
     /// Handles one delivery and reports it to the parent.
     async fn handle(&self, message: Box<dyn Message>) {
-        // A first delivery counts 1 on both brokers (RabbitMQ's classic queues count no
+        // A first delivery counts 1 on every broker (RabbitMQ's classic queues count no
         // further: a redelivery there is `None`).
         let redelivered = message.delivery_count() != Some(1);
         Report::Delivered { redelivered }.send();

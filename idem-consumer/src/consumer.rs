@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
+use crate::deadline::WorkDeadline;
 use crate::{Backoff, Cause, DeadLetterReason, Message, SettleError, Settled};
 
 type KeyFn = dyn Fn(&[u8]) -> Option<String> + Send + Sync;
@@ -556,32 +557,14 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         // The limit runs from the work's start to its end only: the store calls before
         // and after it (the claim, the result's write) always finish, so a slow store is
         // never taken for a hung work, and a result the work returned is always stored.
-        let started = tokio::sync::Notify::new();
-        let finished = AtomicBool::new(false);
-        let run = self.idem.execute(&key, fingerprint, |ctx| {
-            started.notify_one();
-            let work = work(ctx, payload);
-            async {
-                let answer = work.await;
-                finished.store(true, Ordering::SeqCst);
-                answer
-            }
-        });
-        let deadline = async {
-            let Some(limit) = self.work_timeout else {
-                return std::future::pending().await;
-            };
-            started.notified().await;
-            tokio::time::sleep(limit).await;
-            if finished.load(Ordering::SeqCst) {
-                std::future::pending::<()>().await;
-            }
-            limit
-        };
+        let deadline = WorkDeadline::default();
+        let run = self
+            .idem
+            .execute(&key, fingerprint, |ctx| deadline.wrap(work(ctx, payload)));
         let decision = tokio::select! {
             biased;
             answer = run => self.decision(answer, message.delivery_count()),
-            limit = deadline => {
+            limit = deadline.expired(self.work_timeout) => {
                 // `execute` dropped mid-work: the lease is kept, so a redelivery takes
                 // over once it ends.
                 let cause = Cause::TimedOut { limit };

@@ -78,6 +78,9 @@
 
 mod backoff;
 mod consumer;
+#[cfg(feature = "cron")]
+mod cron;
+mod deadline;
 #[cfg(feature = "lambda")]
 pub mod lambda;
 mod message;
@@ -96,9 +99,11 @@ mod trace;
 
 pub use backoff::{Backoff, BackoffError};
 pub use consumer::{Consumer, DEFAULT_CONCURRENCY, UNREADABLE_AFTER};
+#[cfg(feature = "cron")]
+pub use cron::CronSyntax;
 pub use message::{DeadLetterReason, Message, SettleError, Settlement};
 pub use run::{RunReport, Source, StreamSource, StreamSourceError};
-pub use schedule::{MAX_CATCH_UP_SLOTS, ScheduleError, ScheduledJob, SlotRun};
+pub use schedule::{Backlog, MAX_CATCH_UP_SLOTS, ScheduleError, ScheduledJob, SlotRun};
 pub use settled::{Cause, Settled};
 pub use trace::TRACEPARENT;
 

@@ -6,6 +6,9 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "cron")]
+use std::sync::Arc;
+
 use idem_core::codec::CodecError;
 use idem_core::{Context, Error, Fingerprint, Idempotency, Key, Outcome, Store, WorkError};
 use serde::Serialize;
@@ -56,9 +59,31 @@ pub struct ScheduledJob<S: ?Sized = dyn Store> {
     idem: Idempotency<S>,
     name: String,
     scope: String,
+    /// The fixed period, or the longest gap between two slots of a cron schedule.
     period: Duration,
     offset: Duration,
     catch_up: Duration,
+    #[cfg(feature = "cron")]
+    cron: Option<Arc<crate::cron::CronCadence>>,
+    not_before: Option<SystemTime>,
+    skew: Duration,
+    backlog: Backlog,
+    slot_timeout: Option<Duration>,
+}
+
+/// What a scheduler does with slots that came and went while it was busy or down (a job
+/// slower than its period, a process paused), beyond the catch-up window's takeovers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Backlog {
+    /// Runs every slot that came and went, oldest first (the default): each slot's work
+    /// happens, however late.
+    #[default]
+    RunAll,
+    /// Runs only the latest `n` of them, the current slot included; the older ones are
+    /// skipped (logged), and never run by this scheduler. `Latest(1)` runs only the
+    /// current slot: a job that only needs the newest state.
+    Latest(std::num::NonZeroUsize),
 }
 
 impl<S: ?Sized> Clone for ScheduledJob<S> {
@@ -70,6 +95,12 @@ impl<S: ?Sized> Clone for ScheduledJob<S> {
             period: self.period,
             offset: self.offset,
             catch_up: self.catch_up,
+            #[cfg(feature = "cron")]
+            cron: self.cron.clone(),
+            not_before: self.not_before,
+            skew: self.skew,
+            backlog: self.backlog,
+            slot_timeout: self.slot_timeout,
         }
     }
 }
@@ -81,6 +112,10 @@ impl<S: ?Sized> fmt::Debug for ScheduledJob<S> {
             .field("period", &self.period)
             .field("offset", &self.offset)
             .field("catch_up", &self.catch_up)
+            .field("not_before", &self.not_before)
+            .field("skew", &self.skew)
+            .field("backlog", &self.backlog)
+            .field("slot_timeout", &self.slot_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -125,6 +160,32 @@ pub enum ScheduleError {
         /// What it must exceed.
         needed: Duration,
     },
+    /// The cron expression is not valid.
+    #[cfg(feature = "cron")]
+    #[error("the cron expression `{expression}` is not valid: {source}")]
+    Cron {
+        /// The expression given.
+        expression: String,
+        /// What croner found.
+        #[source]
+        source: crate::cron::CronSyntax,
+    },
+    /// The time zone is not in the IANA database (`Europe/Paris`, `America/New_York`,
+    /// `UTC`).
+    #[cfg(feature = "cron")]
+    #[error("`{zone}` is not an IANA time zone name such as Europe/Paris or UTC")]
+    TimeZone {
+        /// The zone given.
+        zone: String,
+    },
+    /// The cron expression names no time from now on, or only one (`0 0 30 2 *`, the
+    /// 30th of February).
+    #[cfg(feature = "cron")]
+    #[error("the cron expression `{expression}` names no recurring time from now on")]
+    NeverDue {
+        /// The expression given.
+        expression: String,
+    },
 }
 
 /// One slot's run, as a tick answers it.
@@ -151,7 +212,15 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         name: impl Into<String>,
         period: Duration,
     ) -> Result<Self, ScheduleError> {
-        let name = name.into();
+        Self::new_unvalidated(idem, name.into(), period)?.validated()
+    }
+
+    /// [`ScheduledJob::new`] before the window is checked against the retention.
+    pub(crate) fn new_unvalidated(
+        idem: Idempotency<S>,
+        name: String,
+        period: Duration,
+    ) -> Result<Self, ScheduleError> {
         let scope = format!("schedule/{name}");
         // Validates the scope once, with a slot key of the longest form.
         Key::new(scope.as_str(), "1970-01-01T00:00:00.000Z").map_err(ScheduleError::Name)?;
@@ -167,8 +236,82 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
             period,
             offset: Duration::ZERO,
             catch_up,
+            #[cfg(feature = "cron")]
+            cron: None,
+            not_before: None,
+            skew: Duration::ZERO,
+            backlog: Backlog::RunAll,
+            slot_timeout: None,
         }
-        .validated()
+        .into_ok()
+    }
+
+    fn into_ok(self) -> Result<Self, ScheduleError> {
+        Ok(self)
+    }
+
+    /// Slots at the times of `cadence` instead of multiples of the period.
+    #[cfg(feature = "cron")]
+    pub(crate) fn with_cron(mut self, cadence: Arc<crate::cron::CronCadence>) -> Self {
+        self.period = cadence.longest().max(Duration::from_millis(1));
+        let most = cadence
+            .shortest()
+            .saturating_mul(u32::try_from(MAX_CATCH_UP_SLOTS).unwrap_or(u32::MAX));
+        self.catch_up = self.idem.lease().saturating_add(self.period).min(most);
+        self.cron = Some(cadence);
+        self
+    }
+
+    #[cfg(feature = "cron")]
+    pub(crate) fn revalidated(self) -> Result<Self, ScheduleError> {
+        self.validated()
+    }
+
+    /// Never runs a slot before `start`: the slots a legacy scheduler (a cron entry, a
+    /// job this one replaces) already ran are not run again when this one is deployed. A
+    /// slot at `start` itself runs.
+    ///
+    /// ```
+    /// # use idem_consumer::ScheduledJob;
+    /// # use idem_core::{Idempotency, MemoryStore};
+    /// # use std::time::{Duration, SystemTime};
+    /// let cutover = SystemTime::now();
+    /// let job = ScheduledJob::new(Idempotency::new(MemoryStore::new()), "hourly", Duration::from_secs(3600))?
+    ///     .not_before(cutover);
+    /// assert!(job.due_slots(cutover + Duration::from_secs(1)).iter().all(|slot| *slot >= cutover));
+    /// # Ok::<(), idem_consumer::ScheduleError>(())
+    /// ```
+    pub fn not_before(mut self, start: SystemTime) -> Self {
+        self.not_before = Some(start);
+        self
+    }
+
+    /// The most a scheduler's clock may run ahead of the true time: [`ScheduledJob::run`]
+    /// takes a slot as due only once its own clock is `skew` past it, so that a replica
+    /// whose clock runs up to `skew` fast never runs a slot early. Slots are named by
+    /// their time, never by the clock, so slow clocks only run a slot late (another
+    /// replica runs it first). The default is zero: keep clocks synchronised (NTP) and
+    /// set this to what their error can reach.
+    pub fn clock_skew(mut self, skew: Duration) -> Self {
+        self.skew = skew.min(self.idem.retention() / 4);
+        self
+    }
+
+    /// What [`ScheduledJob::run`] does with slots that came and went while it was busy
+    /// (a run slower than the period) or down. The default runs them all.
+    pub fn backlog(mut self, backlog: Backlog) -> Self {
+        self.backlog = backlog;
+        self
+    }
+
+    /// Stops a slot's work that runs longer than `limit` (the store calls around it
+    /// always finish): the slot's lease is kept, the slot answers
+    /// [`Error::InFlight`] for the rest of it, and [`ScheduledJob::run`] takes it over
+    /// when it ends, resuming at its steps. A hung slot then never stops a
+    /// single-replica schedule. Zero is no limit (the default).
+    pub fn slot_timeout(mut self, limit: Duration) -> Self {
+        self.slot_timeout = Some(limit).filter(|limit| !limit.is_zero());
+        self
     }
 
     /// Moves the slots `offset` past each multiple of the period: a daily job at 02:30
@@ -178,7 +321,10 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// [`ScheduleError::Offset`] unless `offset` is whole milliseconds shorter than the
     /// period.
     pub fn offset(mut self, offset: Duration) -> Result<Self, ScheduleError> {
-        if offset >= self.period || !offset.subsec_nanos().is_multiple_of(1_000_000) {
+        if offset >= self.period
+            || !offset.subsec_nanos().is_multiple_of(1_000_000)
+            || self.is_cron()
+        {
             return Err(ScheduleError::Offset {
                 offset,
                 period: self.period,
@@ -200,7 +346,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     }
 
     fn validated(self) -> Result<Self, ScheduleError> {
-        let period_ms = self.period.as_millis().max(1);
+        let period_ms = self.shortest_gap().as_millis().max(1);
         if self.catch_up.as_millis() / period_ms > u128::from(MAX_CATCH_UP_SLOTS) {
             return Err(ScheduleError::CatchUpTooLong {
                 catch_up: self.catch_up,
@@ -225,6 +371,10 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// The latest slot at or before `now` (the Unix epoch itself before the first slot;
     /// times past the year 9999 count as its last millisecond).
     pub fn slot_at(&self, now: SystemTime) -> SystemTime {
+        #[cfg(feature = "cron")]
+        if let Some(cron) = &self.cron {
+            return cron.slot_at(now.min(UNIX_EPOCH + LAST_MILLISECOND));
+        }
         let since = now
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -239,7 +389,38 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
 
     /// The first slot after `now`.
     pub fn next_slot_after(&self, now: SystemTime) -> SystemTime {
+        #[cfg(feature = "cron")]
+        if let Some(cron) = &self.cron {
+            return cron.next_after(now);
+        }
         self.slot_at(now) + self.period
+    }
+
+    /// The slot before `slot`, if any.
+    fn previous_slot(&self, slot: SystemTime) -> Option<SystemTime> {
+        #[cfg(feature = "cron")]
+        if let Some(cron) = &self.cron {
+            return cron.previous_before(slot);
+        }
+        slot.checked_sub(self.period)
+            .filter(|earlier| *earlier >= UNIX_EPOCH)
+    }
+
+    /// The shortest time between two slots.
+    fn shortest_gap(&self) -> Duration {
+        #[cfg(feature = "cron")]
+        if let Some(cron) = &self.cron {
+            return cron.shortest();
+        }
+        self.period
+    }
+
+    fn is_cron(&self) -> bool {
+        #[cfg(feature = "cron")]
+        if self.cron.is_some() {
+            return true;
+        }
+        false
     }
 
     /// The slots a tick at `now` runs, oldest first: those of the catch-up window, the
@@ -251,15 +432,18 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         let mut slot = current;
         while slot >= earliest && slots.len() as u64 <= MAX_CATCH_UP_SLOTS {
             slots.push(slot);
-            match slot.checked_sub(self.period) {
-                Some(earlier) if earlier >= UNIX_EPOCH => slot = earlier,
-                _ => break,
+            match self.previous_slot(slot) {
+                Some(earlier) => slot = earlier,
+                None => break,
             }
         }
         if slots.is_empty() {
             slots.push(current);
         }
         slots.reverse();
+        if let Some(start) = self.not_before {
+            slots.retain(|slot| *slot >= start);
+        }
         slots
     }
 
@@ -272,6 +456,14 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     }
 
     fn fingerprint(&self) -> Fingerprint {
+        #[cfg(feature = "cron")]
+        if let Some(cron) = &self.cron {
+            return Fingerprint::builder()
+                .field(self.name.as_bytes())
+                .field(cron.expression().as_bytes())
+                .field(cron.zone().as_bytes())
+                .finish();
+        }
         Fingerprint::builder()
             .field(self.name.as_bytes())
             .field(self.period.as_millis().to_be_bytes())
@@ -302,11 +494,23 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         Fut: Future<Output = Result<T, WorkError<E>>>,
     {
         let slot = self.slot_at(slot);
-        self.idem
-            .execute(&self.key_of(slot), self.fingerprint(), |ctx| {
-                work(ctx, slot)
-            })
-            .await
+        let deadline = crate::deadline::WorkDeadline::default();
+        let key = self.key_of(slot);
+        let run = self.idem.execute(&key, self.fingerprint(), |ctx| {
+            deadline.wrap(work(ctx, slot))
+        });
+        tokio::select! {
+            biased;
+            answer = run => answer,
+            limit = deadline.expired(self.slot_timeout) => {
+                // `execute` dropped mid-work: the slot's lease is kept, so it is in
+                // flight until the lease ends, then taken over.
+                tracing::warn!(job = %self.name, key = %self.key_of(slot).short_hash(), ?limit, "idem-consumer: stopped a slot's work past its timeout; it is taken over once its lease ends");
+                Err(Error::InFlight {
+                    retry_after: self.idem.lease(),
+                })
+            }
+        }
     }
 
     /// Runs every slot due at `now` ([`ScheduledJob::due_slots`]), oldest first.
@@ -354,18 +558,27 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         let mut unfinished: BTreeMap<SystemTime, SystemTime> = BTreeMap::new();
         let mut next_due: Option<SystemTime> = None;
         let forget_after = self.idem.retention() / 2;
+        let mut retries: BTreeMap<SystemTime, u32> = BTreeMap::new();
         loop {
-            let now = SystemTime::now();
+            // A clock up to `skew` fast takes a slot as due no earlier than its time.
+            let now = self.now();
             let current = self.slot_at(now);
             let mut slots: BTreeSet<SystemTime> = self.due_slots(now).into_iter().collect();
             // Slots that came and went while the last tick's work ran.
             let oldest_safe = now.checked_sub(forget_after).unwrap_or(UNIX_EPOCH);
-            let mut slot = next_due.unwrap_or(current).max(oldest_safe);
-            while slot <= current && (slots.len() as u64) < 2 * MAX_CATCH_UP_SLOTS {
-                slots.insert(self.slot_at(slot));
-                slot += self.period;
+            let mut slot = self.slot_at(next_due.unwrap_or(current).max(oldest_safe));
+            if slot < next_due.unwrap_or(current).max(oldest_safe) {
+                slot = self.next_slot_after(slot);
             }
-            next_due = Some(current + self.period);
+            while slot <= current && (slots.len() as u64) < 2 * MAX_CATCH_UP_SLOTS {
+                slots.insert(slot);
+                slot = self.next_slot_after(slot);
+            }
+            next_due = Some(self.next_slot_after(current));
+            if let Some(start) = self.not_before {
+                slots.retain(|slot| *slot >= start);
+            }
+            self.trim_backlog(&mut slots, &finished, &unfinished);
             slots.extend(unfinished.keys().copied());
             let mut wake = self.next_slot_after(now);
             for slot in slots {
@@ -377,7 +590,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
                 // then, so it is asked only while that retention (less a period, for
                 // rounding) cannot have run out, and a remembered one only within half the
                 // retention of the last answer that showed it unfinished.
-                let asked_at = SystemTime::now();
+                let asked_at = self.now();
                 let record_may_be_gone = asked_at + self.period >= slot + self.idem.retention();
                 let stale = unfinished.get(&slot).is_some_and(|seen| {
                     asked_at.duration_since(*seen).unwrap_or_default() >= forget_after
@@ -389,7 +602,16 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
                     continue;
                 }
                 let answer = self.run_slot(slot, &work).await;
-                match self.again_after(slot, &answer) {
+                let retried = matches!(answer, Ok(Outcome::Retryable(_)));
+                let tries = if retried {
+                    let tries = retries.entry(slot).or_default();
+                    *tries = tries.saturating_add(1);
+                    *tries
+                } else {
+                    retries.remove(&slot);
+                    0
+                };
+                match self.again_after(slot, &answer, tries) {
                     Some(after) => {
                         // Only an answer that shows the record unfinished restarts the
                         // clock; a store failure or an unreadable record shows nothing.
@@ -409,6 +631,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
             // What left the window is never asked again: forget it.
             let earliest = self.due_slots(now).first().copied().unwrap_or(now);
             finished.retain(|slot| *slot >= earliest);
+            retries.retain(|slot, _| unfinished.contains_key(slot));
             let checked = SystemTime::now();
             unfinished.retain(|slot, seen| {
                 let keep = checked.duration_since(*seen).unwrap_or_default() < forget_after;
@@ -421,9 +644,65 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
                 let (oldest, _) = unfinished.pop_first().expect("the map is not empty");
                 tracing::warn!(job = %self.name, key = %self.key_of(oldest).short_hash(), "idem-consumer: too many unfinished slots; no longer looking at the oldest");
             }
-            let pause = wake.duration_since(SystemTime::now()).unwrap_or_default();
+            let pause = wake.duration_since(self.now()).unwrap_or_default();
             tokio::time::sleep(pause.max(Duration::from_millis(1))).await;
         }
+    }
+
+    /// The scheduler's clock, less the tolerated skew.
+    fn now(&self) -> SystemTime {
+        let now = SystemTime::now();
+        now.checked_sub(self.skew).unwrap_or(now)
+    }
+
+    /// The wait before a slot's `tries`th retryable failure runs again: from the shorter
+    /// of the period and a second, doubling, at most the longer of the period and a
+    /// minute, jittered to between half and all of it so that replicas do not retry in
+    /// step.
+    fn retry_delay(&self, slot: SystemTime, tries: u32) -> Duration {
+        let first = self.shortest_gap().min(Duration::from_secs(1));
+        let most = self.period.max(Duration::from_secs(60));
+        let delay = first
+            .checked_mul(1 << tries.saturating_sub(1).min(20))
+            .unwrap_or(most)
+            .min(most);
+        // Jitter from the clock's low bits and the slot: no generator to seed or share.
+        let noise = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos()
+            ^ (slot
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis() as u32)
+                .rotate_left(tries);
+        let fraction = 0.5 + f64::from(noise % 1000) / 2000.0;
+        delay.mul_f64(fraction).max(Duration::from_millis(1))
+    }
+
+    /// Drops the oldest slots that came and went beyond what [`Backlog`] runs.
+    fn trim_backlog(
+        &self,
+        slots: &mut BTreeSet<SystemTime>,
+        finished: &BTreeSet<SystemTime>,
+        unfinished: &BTreeMap<SystemTime, SystemTime>,
+    ) {
+        let Backlog::Latest(keep) = self.backlog else {
+            return;
+        };
+        let fresh: Vec<SystemTime> = slots
+            .iter()
+            .copied()
+            .filter(|slot| !finished.contains(slot) && !unfinished.contains_key(slot))
+            .collect();
+        let skipped = fresh.len().saturating_sub(keep.get());
+        if skipped == 0 {
+            return;
+        }
+        for slot in &fresh[..skipped] {
+            slots.remove(slot);
+        }
+        tracing::warn!(job = %self.name, skipped, "idem-consumer: skipping slots that came and went, as the backlog setting says");
     }
 
     /// `None` when `answer` is final for `slot` (logged once here), else how soon to ask
@@ -432,6 +711,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         &self,
         slot: SystemTime,
         answer: &Result<Outcome<T, E>, Error>,
+        tries: u32,
     ) -> Option<Duration> {
         let key = self.key_of(slot).short_hash();
         match answer {
@@ -447,7 +727,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
                 }
                 None
             }
-            Ok(Outcome::Retryable(_)) => Some(self.period.min(Duration::from_secs(1))),
+            Ok(Outcome::Retryable(_)) => Some(self.retry_delay(slot, tries)),
             Ok(Outcome::Unknown(_)) => Some(self.idem.lease()),
             Ok(_) => Some(self.idem.lease()),
             Err(Error::InFlight { retry_after }) => Some(*retry_after),
@@ -520,6 +800,24 @@ fn rfc3339_millis(time: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_back_off_with_jitter_within_their_bounds() {
+        let idem = Idempotency::new(idem_core::MemoryStore::new());
+        let job = ScheduledJob::new(idem, "job", Duration::from_secs(10)).unwrap();
+        let slot = UNIX_EPOCH + Duration::from_secs(1_796_162_400);
+        for tries in 1..=40u32 {
+            let full = Duration::from_secs(1)
+                .checked_mul(1 << (tries - 1).min(20))
+                .unwrap()
+                .min(Duration::from_secs(60));
+            let delay = job.retry_delay(slot, tries);
+            assert!(
+                delay >= full / 2 && delay <= full,
+                "try {tries}: {delay:?} of {full:?}"
+            );
+        }
+    }
 
     #[test]
     fn rfc3339_names_every_millisecond_it_can() {

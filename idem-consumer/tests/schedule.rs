@@ -513,3 +513,161 @@ async fn a_slot_remembered_past_its_record_s_retention_is_never_run_again() {
     let ran = ran.lock().unwrap();
     assert_eq!(ran.get(&held), Some(&1), "{ran:?}");
 }
+
+/// A job of `period` on the memory store, with `lease`, and its runs' slots and times.
+fn timed_job(period: Duration, lease: Duration) -> ScheduledJob<MemoryStore> {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(lease)
+        .build()
+        .unwrap();
+    ScheduledJob::new(idem, "timed", period).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_before_the_cutover_from_a_legacy_scheduler_never_run() {
+    let period = Duration::from_millis(100);
+    // The legacy scheduler ran every slot up to now; this one adopts from 400 ms on. The
+    // catch-up window (a lease and a period) would otherwise run the last ones again.
+    let cutover = SystemTime::now() + Duration::from_millis(400);
+    let job = timed_job(period, Duration::from_secs(1)).not_before(cutover);
+    let ran = run_for(job, Duration::from_millis(1200), |_| Duration::ZERO).await;
+    assert!(!ran.is_empty());
+    assert!(
+        ran.keys().all(|slot| *slot >= cutover),
+        "{ran:?} before {cutover:?}"
+    );
+    assert!(ran.values().all(|&n| n == 1), "{ran:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_up_to_the_skew_fast_never_runs_a_slot_early() {
+    let period = Duration::from_millis(100);
+    let skew = Duration::from_millis(250);
+    let job = timed_job(period, Duration::from_secs(1))
+        .catch_up(Duration::ZERO)
+        .unwrap()
+        .clock_skew(skew);
+    let late: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let seen = Arc::clone(&late);
+    let task = tokio::spawn(async move {
+        job.run(move |_ctx, slot| {
+            let late = SystemTime::now().duration_since(slot).unwrap_or_default();
+            seen.lock().unwrap().push(late);
+            async { done(()) }
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    task.abort();
+    let late = late.lock().unwrap().clone();
+    assert!(late.len() >= 3, "{late:?}");
+    // Every slot ran at least the skew after its time, by this clock.
+    assert!(late.iter().all(|late| *late >= skew), "{late:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_the_latest_slot_only_skips_what_came_and_went() {
+    let period = Duration::from_millis(50);
+    // Each run takes 300 ms: six slots come and go during each.
+    let job = timed_job(period, Duration::from_millis(100))
+        .catch_up(Duration::ZERO)
+        .unwrap()
+        .backlog(idem_consumer::Backlog::Latest(std::num::NonZeroUsize::MIN));
+    let ran = run_for(job, Duration::from_millis(1300), |_| {
+        Duration::from_millis(300)
+    })
+    .await;
+    assert!(ran.values().all(|&n| n == 1), "{ran:?}");
+    // Back to back, about four runs, never the 26 slots that came.
+    assert!((2..=6).contains(&ran.len()), "{ran:?}");
+    let mut slots: Vec<_> = ran.keys().copied().collect();
+    slots.sort();
+    for pair in slots.windows(2) {
+        assert!(
+            pair[1].duration_since(pair[0]).unwrap() >= Duration::from_millis(250),
+            "a skipped slot ran: {slots:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_past_its_timeout_is_stopped_and_taken_over_when_its_lease_ends() {
+    let period = Duration::from_secs(60);
+    let job = timed_job(period, Duration::from_millis(300))
+        .catch_up(Duration::from_secs(1))
+        .unwrap()
+        .slot_timeout(Duration::from_millis(200));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let (counted, done_count) = (Arc::clone(&runs), Arc::clone(&finished));
+    let task = tokio::spawn(async move {
+        job.run(move |_ctx, _slot| {
+            let run = counted.fetch_add(1, Ordering::SeqCst);
+            let done_count = Arc::clone(&done_count);
+            async move {
+                if run == 0 {
+                    // Hung: only the timeout ends it.
+                    std::future::pending::<()>().await;
+                }
+                done_count.fetch_add(1, Ordering::SeqCst);
+                done(())
+            }
+        })
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    task.abort();
+    // Stopped at 200 ms, taken over after the 300 ms lease, finished once.
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(finished.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_cron_schedule_in_a_time_zone_follows_daylight_saving_time() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .retention(Duration::from_secs(7 * 86_400))
+        .build()
+        .unwrap();
+    let nightly = ScheduledJob::cron(idem, "nightly", "30 2 * * *", "Europe/Paris").unwrap();
+    // 2026-10-25, clocks go back at 03:00 CEST: 02:30 happens twice, the slot once.
+    let midnight_utc = at(1_792_886_400); // 2026-10-25T00:00:00Z (02:00 CEST)
+    let slot = nightly.next_slot_after(midnight_utc);
+    assert_eq!(slot, at(1_792_888_200)); // 00:30Z, 02:30 CEST
+    let next = nightly.next_slot_after(slot);
+    assert_eq!(next, at(1_792_888_200 + 86_400 + 3600)); // the 26th, 01:30Z, 02:30 CET
+    // The slot is its instant, keyed as a fixed period's would be.
+    assert_eq!(nightly.slot_at(slot + Duration::from_secs(3600)), slot);
+    assert_eq!(
+        nightly.key_of(slot),
+        idem_core::Key::new("schedule/nightly", "2026-10-25T00:30:00.000Z").unwrap()
+    );
+
+    let bad = |expression: &str, zone: &str| {
+        let idem = Idempotency::builder(MemoryStore::new())
+            .retention(Duration::from_secs(7 * 86_400))
+            .build()
+            .unwrap();
+        ScheduledJob::cron(idem, "nightly", expression, zone).unwrap_err()
+    };
+    assert!(matches!(
+        bad("61 2 * * *", "UTC"),
+        ScheduleError::Cron { .. }
+    ));
+    assert!(matches!(
+        bad("30 2 * * *", "Mars/Olympus"),
+        ScheduleError::TimeZone { .. }
+    ));
+    assert!(matches!(
+        bad("0 0 30 2 *", "UTC"),
+        ScheduleError::NeverDue { .. }
+    ));
+    // A daily schedule's window needs more than the default retention... or says so.
+    let short = Idempotency::builder(MemoryStore::new())
+        .retention(Duration::from_secs(3600))
+        .build()
+        .unwrap();
+    assert!(matches!(
+        ScheduledJob::cron(short, "nightly", "30 2 * * *", "UTC").unwrap_err(),
+        ScheduleError::RetentionTooShort { .. }
+    ));
+}

@@ -45,8 +45,17 @@ use idem_core::BoxError;
 use crate::broker::{ACK_WAIT, BROKERS, Broker, Brokers, Order, PREFETCH, Urls};
 use crate::storm::Queue;
 
-/// The whole run's bound: past it the demo fails, saying how far it got.
+/// The whole run's bound at the default size: past it the demo fails, saying how far it
+/// got. Larger runs get [`PER_ORDER`] more for each order (SQS on moto is the slow one).
 const BOUND: Duration = Duration::from_secs(120);
+
+/// What each order adds to the bound past the default size.
+const PER_ORDER: Duration = Duration::from_millis(80);
+
+/// The bound of a run of `orders` orders a queue.
+fn bound(orders: u64) -> Duration {
+    BOUND.max(PER_ORDER.saturating_mul(u32::try_from(orders).unwrap_or(u32::MAX)))
+}
 
 /// Queue consumers and a scheduled job on idem, their processes SIGKILLed mid-work.
 #[derive(Parser, Debug)]
@@ -225,9 +234,10 @@ async fn demo(args: Args) -> Result<(), BoxError> {
     };
     std::fs::create_dir_all(&dir)
         .map_err(|err| format!("cannot create {}: {err}", dir.display()))?;
-    let outcome = tokio::time::timeout(BOUND, run(&args, &brokers, &dir, &urls))
+    let bound = bound(args.orders);
+    let outcome = tokio::time::timeout(bound, run(&args, &brokers, &dir, &urls))
         .await
-        .unwrap_or_else(|_| Err(format!("the demo did not finish within {BOUND:?}").into()));
+        .unwrap_or_else(|_| Err(format!("the demo did not finish within {bound:?}").into()));
     // The streams and queues go, whatever happened.
     for broker in BROKERS {
         for mode in [Mode::Protected, Mode::Unprotected] {
@@ -310,7 +320,7 @@ async fn run(
             )?);
         }
     }
-    let deadline = Instant::now() + BOUND - Duration::from_secs(20);
+    let deadline = Instant::now() + bound(args.orders) - Duration::from_secs(20);
     let timing = storm::run(brokers, &mut queues, args.orders, &mut random, deadline).await?;
 
     let schedule_started = Instant::now();

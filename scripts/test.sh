@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SERVICES=(postgres redis redis-cluster dynamodb nats rabbitmq flask)
+SERVICES=(postgres redis redis-cluster dynamodb nats rabbitmq sqs flask)
 
 if services_env=$(scripts/services.sh start "${SERVICES[@]}"); then
   eval "$services_env"

@@ -54,10 +54,6 @@ pub(crate) enum Broker {
     Sqs,
 }
 
-/// Every broker, in the order the demo runs them.
-pub(crate) const BROKERS: [Broker; 4] =
-    [Broker::Nats, Broker::Rabbitmq, Broker::Redis, Broker::Sqs];
-
 impl Broker {
     /// The name on the command line and in file names.
     pub(crate) fn code(self) -> &'static str {
@@ -387,9 +383,20 @@ impl Brokers {
                 Ok(u64::from(queue.message_count()))
             }
             Broker::Redis => {
-                // The group's entries delivered and not acked, and those not delivered yet.
+                // The group's entries delivered and not acked, and those not delivered yet:
+                // the stream's entries added less the group's entries read (Redis 7); where
+                // a count is missing, whether the group has read up to the last entry.
                 let mut redis = self.redis.clone();
-                let groups: Vec<std::collections::HashMap<String, redis::Value>> = patiently(
+                type Fields = std::collections::HashMap<String, redis::Value>;
+                let stream: Fields = patiently(
+                    &what,
+                    redis::cmd("XINFO")
+                        .arg("STREAM")
+                        .arg(source)
+                        .query_async(&mut redis),
+                )
+                .await?;
+                let groups: Vec<Fields> = patiently(
                     &what,
                     redis::cmd("XINFO")
                         .arg("GROUPS")
@@ -397,15 +404,28 @@ impl Brokers {
                         .query_async(&mut redis),
                 )
                 .await?;
-                let number = |group: &std::collections::HashMap<String, redis::Value>,
-                              field: &str| match group.get(field) {
-                    Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-                    _ => 0,
+                let number = |fields: &Fields, field: &str| match fields.get(field) {
+                    Some(redis::Value::Int(n)) => u64::try_from(*n).ok(),
+                    _ => None,
                 };
-                Ok(groups
-                    .iter()
-                    .map(|group| number(group, "pending") + number(group, "lag"))
-                    .sum())
+                let text = |fields: &Fields, field: &str| match fields.get(field) {
+                    Some(redis::Value::BulkString(bytes)) => Some(bytes.clone()),
+                    Some(redis::Value::SimpleString(text)) => Some(text.clone().into_bytes()),
+                    _ => None,
+                };
+                let Some(group) = groups.first() else {
+                    return Err(format!("{what}: the stream has no group").into());
+                };
+                let unread = match (
+                    number(&stream, "entries-added"),
+                    number(group, "entries-read"),
+                ) {
+                    (Some(added), Some(read)) => added.saturating_sub(read),
+                    _ => u64::from(
+                        text(&stream, "last-generated-id") != text(group, "last-delivered-id"),
+                    ),
+                };
+                Ok(number(group, "pending").unwrap_or(0) + unread)
             }
             Broker::Sqs => {
                 use aws_sdk_sqs::types::QueueAttributeName;

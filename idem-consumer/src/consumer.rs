@@ -279,9 +279,8 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
         self
     }
 
-    /// Stops a delivery's execution (the work, and the store calls around it) that runs
-    /// longer than `limit`, so a hung handler cannot hold a sequential consumer. The
-    /// default is no limit.
+    /// Stops a delivery's work that runs longer than `limit`, so a hung handler cannot
+    /// hold a sequential consumer. The default is no limit.
     ///
     /// - The stopped work's lease is kept ([`Idempotency::execute`] dropped mid-work): the
     ///   message is nak'd until the lease ends ([`Cause::TimedOut`]), and the redelivery

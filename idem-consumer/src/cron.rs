@@ -14,6 +14,9 @@ use idem_core::{Idempotency, Store};
 use crate::ScheduledJob;
 use crate::schedule::{Backlog, ScheduleError};
 
+/// The last millisecond an RFC 3339 key names: 9999-12-31T23:59:59.999Z.
+const LAST: Duration = Duration::from_millis(253_402_300_799_999);
+
 /// How many of the next slots are looked at to learn a cron schedule's shortest and
 /// longest gap between slots.
 const SAMPLED_SLOTS: usize = 400;
@@ -67,6 +70,8 @@ impl CronCadence {
     }
 
     fn zoned(&self, time: SystemTime) -> DateTime<Tz> {
+        // Within what chrono and an RFC 3339 key can name.
+        let time = time.clamp(UNIX_EPOCH, UNIX_EPOCH + LAST);
         DateTime::<Utc>::from(time).with_timezone(&self.zone)
     }
 
@@ -92,8 +97,7 @@ impl CronCadence {
 
     /// The first slot after `time`; far in the future when there is none.
     pub(crate) fn next_after(&self, time: SystemTime) -> SystemTime {
-        self.next_after_checked(time)
-            .unwrap_or(UNIX_EPOCH + Duration::from_millis(253_402_300_799_999))
+        self.next_after_checked(time).unwrap_or(UNIX_EPOCH + LAST)
     }
 
     /// The slot before `slot`, if any.
@@ -153,8 +157,11 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// - Slots are the instants the expression names in the zone, daylight saving time
     ///   included: a wall-clock time skipped by a change runs at the change, a repeated
     ///   one once. The slot's key is that instant in UTC, as for a fixed period.
-    /// - The catch-up window is the driver's lease plus the longest gap between two slots
-    ///   (learned from the next slots).
+    /// - The catch-up window is the driver's lease plus the longest gap between two slots,
+    ///   learned from the next 400 slots: for an expression whose gaps change only at a
+    ///   DST change further away than that (every two hours, say), set the window with
+    ///   [`ScheduledJob::catch_up`].
+    /// - Before the expression's first time (a year field in the future), nothing is due.
     /// - The fingerprint holds the expression and the zone: schedulers that disagree on
     ///   them meet as [`idem_core::Error::Mismatch`] on the slots they share.
     ///

@@ -21,9 +21,11 @@
 //!   record failed, so that Lambda returns the whole batch (the records that succeeded
 //!   replay).
 //! - The records are handled by [`Consumer::handle_batch`]: keyed by a FIFO queue's
-//!   `<MessageGroupId>/<MessageDeduplicationId>` or else the `messageId`, scoped by the
-//!   queue's name (from the event source ARN), with the delivery count from
-//!   `ApproximateReceiveCount`.
+//!   `MessageDeduplicationId` or else the `messageId`, scoped by the queue's name (from
+//!   the event source ARN) and a FIFO queue's message group, with the delivery count
+//!   from `ApproximateReceiveCount`. Under content-based deduplication, equal bodies are
+//!   then one message for the whole retention: producers that send equal bodies as
+//!   distinct messages set deduplication ids of their own.
 //! - A record that was acked (completed now or before) is a success; every other record
 //!   (a retryable failure, work in flight elsewhere, a store outage, a dead letter) is a
 //!   batch item failure: Lambda returns it to the queue, which delivers it again once its
@@ -95,18 +97,23 @@ struct LambdaRecord {
 impl LambdaRecord {
     fn new(message: SqsMessage) -> Self {
         let group = message.attributes.get("MessageGroupId").cloned();
-        let key = match (message.attributes.get("MessageDeduplicationId"), &group) {
-            (Some(id), Some(group)) if !id.is_empty() => Some(format!("{group}/{id}")),
-            (Some(id), None) if !id.is_empty() => Some(id.clone()),
-            _ => message.message_id.clone(),
-        };
-        // `arn:aws:sqs:<region>:<account>:<queue>`.
-        let source = message
+        let key = message
+            .attributes
+            .get("MessageDeduplicationId")
+            .filter(|id| !id.is_empty())
+            .or(message.message_id.as_ref())
+            .cloned();
+        // `arn:aws:sqs:<region>:<account>:<queue>`, and the message group: deduplication
+        // may be per group.
+        let queue = message
             .event_source_arn
             .as_deref()
             .and_then(|arn| arn.rsplit(':').next())
-            .unwrap_or("sqs")
-            .to_owned();
+            .unwrap_or("sqs");
+        let source = match &group {
+            Some(group) => format!("{queue}/{group}"),
+            None => queue.to_owned(),
+        };
         let received = message
             .attributes
             .get("ApproximateReceiveCount")

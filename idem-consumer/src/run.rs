@@ -24,6 +24,14 @@ pub trait Source: Send + Sync {
     /// Why receiving failed.
     type Error: std::error::Error + Send + Sync + 'static;
 
+    /// True when `error` means no delivery will ever come from this source again (a
+    /// subscription the broker closed): [`Consumer::run`] stops instead of asking again.
+    /// The default is false.
+    fn is_end(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// The next deliveries: waits a while (a long poll) for the first, and answers an
     /// empty batch when none came.
     ///
@@ -71,9 +79,14 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
     /// until `shutdown` completes, then stops gracefully.
     ///
     /// - Shutdown stops fetching at once; a batch being handled runs to its end and every
-    ///   delivery of it is settled before `run` returns. Bound that with
-    ///   [`Consumer::work_timeout`] and keep it under the platform's grace period (a
-    ///   Kubernetes pod's 30 s by default).
+    ///   delivery of it is settled before `run` returns. A receive cut off by shutdown may
+    ///   have been handed messages: they come back after the broker's acknowledgement
+    ///   timeout (an SQS receive counts toward `maxReceiveCount`). A batch can take several
+    ///   [`Consumer::work_timeout`]s (an ordering group's messages run one after another)
+    ///   and its store calls are not limited: keep batches small enough for the platform's
+    ///   grace period (a Kubernetes pod's 30 s by default).
+    /// - A source that ended ([`Source::is_end`]: a subscription the broker closed) stops
+    ///   `run`, counted in [`RunReport::receive_errors`].
     /// - A receive that fails is logged and retried after the consumer's backoff, growing
     ///   with each failure in a row, until shutdown.
     /// - A settlement the broker refused is counted ([`RunReport::unsettled`]) and logged:
@@ -126,6 +139,11 @@ impl<S: Store + ?Sized + 'static> Consumer<S> {
                         }
                         report.count(&settled);
                     }
+                }
+                Err(err) if Src::is_end(&err) => {
+                    tracing::error!(error = %err, "idem-consumer: the source ended; run stops");
+                    report.receive_errors += 1;
+                    break;
                 }
                 Err(err) => {
                     failures_in_a_row += 1;
@@ -192,7 +210,8 @@ impl<St> StreamSource<St> {
         Self {
             stream: tokio::sync::Mutex::new(stream.fuse()),
             max,
-            wait,
+            // An empty batch at once would make the loop spin.
+            wait: wait.max(Duration::from_millis(1)),
         }
     }
 }
@@ -218,6 +237,10 @@ where
 {
     type Message = M;
     type Error = StreamSourceError<E>;
+
+    fn is_end(error: &StreamSourceError<E>) -> bool {
+        matches!(error, StreamSourceError::Ended)
+    }
 
     async fn next_batch(&self) -> Result<Vec<M>, StreamSourceError<E>> {
         let mut stream = self.stream.lock().await;

@@ -80,9 +80,11 @@ pub enum Backlog {
     /// happens, however late.
     #[default]
     RunAll,
-    /// Runs only the latest `n` of them, the current slot included; the older ones are
-    /// skipped (logged), and never run by this scheduler. `Latest(1)` runs only the
-    /// current slot: a job that only needs the newest state.
+    /// Runs at most the latest `n` slots not run yet, the catch-up window's included; the
+    /// older ones are skipped (logged), and never run by this scheduler. The window's own
+    /// slots always run, even past `n` (a crashed scheduler's slot is taken over), so with
+    /// `catch_up(Duration::ZERO)`, `Latest(1)` runs only the current slot: a job that only
+    /// needs the newest state.
     Latest(std::num::NonZeroUsize),
 }
 
@@ -267,9 +269,10 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         self.validated()
     }
 
-    /// Never runs a slot before `start`: the slots a legacy scheduler (a cron entry, a
-    /// job this one replaces) already ran are not run again when this one is deployed. A
-    /// slot at `start` itself runs.
+    /// [`ScheduledJob::run`] and [`ScheduledJob::due_slots`] never run or list a slot
+    /// before `start`: the slots a legacy scheduler (a cron entry, a job this one
+    /// replaces) already ran are not run again when this one is deployed. A slot at
+    /// `start` itself runs; [`ScheduledJob::run_slot`] runs the slot it is given.
     ///
     /// ```
     /// # use idem_consumer::ScheduledJob;
@@ -427,6 +430,10 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// current one last.
     pub fn due_slots(&self, now: SystemTime) -> Vec<SystemTime> {
         let current = self.slot_at(now);
+        if self.is_cron() && current == UNIX_EPOCH {
+            // Before a cron schedule's first time: nothing is due.
+            return Vec::new();
+        }
         let earliest = now.checked_sub(self.catch_up).unwrap_or(UNIX_EPOCH);
         let mut slots = Vec::new();
         let mut slot = current;
@@ -572,13 +579,17 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
             }
             while slot <= current && (slots.len() as u64) < 2 * MAX_CATCH_UP_SLOTS {
                 slots.insert(slot);
-                slot = self.next_slot_after(slot);
+                let next = self.next_slot_after(slot);
+                if next <= slot {
+                    break;
+                }
+                slot = next;
             }
             next_due = Some(self.next_slot_after(current));
             if let Some(start) = self.not_before {
                 slots.retain(|slot| *slot >= start);
             }
-            self.trim_backlog(&mut slots, &finished, &unfinished);
+            self.trim_backlog(now, &mut slots, &finished, &unfinished);
             slots.extend(unfinished.keys().copied());
             let mut wake = self.next_slot_after(now);
             for slot in slots {
@@ -590,7 +601,8 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
                 // then, so it is asked only while that retention (less a period, for
                 // rounding) cannot have run out, and a remembered one only within half the
                 // retention of the last answer that showed it unfinished.
-                let asked_at = self.now();
+                // The real clock: the skew only decides when a slot is due.
+                let asked_at = SystemTime::now() + self.skew;
                 let record_may_be_gone = asked_at + self.period >= slot + self.idem.retention();
                 let stale = unfinished.get(&slot).is_some_and(|seen| {
                     asked_at.duration_since(*seen).unwrap_or_default() >= forget_after
@@ -683,6 +695,7 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
     /// Drops the oldest slots that came and went beyond what [`Backlog`] runs.
     fn trim_backlog(
         &self,
+        now: SystemTime,
         slots: &mut BTreeSet<SystemTime>,
         finished: &BTreeSet<SystemTime>,
         unfinished: &BTreeMap<SystemTime, SystemTime>,
@@ -690,16 +703,28 @@ impl<S: Store + ?Sized + 'static> ScheduledJob<S> {
         let Backlog::Latest(keep) = self.backlog else {
             return;
         };
-        let fresh: Vec<SystemTime> = slots
+        // The catch-up window's slots stay: one of them may be a crashed scheduler's,
+        // waiting to be taken over.
+        let window = self.due_slots(now).first().copied().unwrap_or(now);
+        let fresh = |slot: &&SystemTime| !finished.contains(slot) && !unfinished.contains_key(slot);
+        // The window's slots count toward `keep`, and are never dropped.
+        let in_window = slots
             .iter()
+            .filter(fresh)
+            .filter(|slot| **slot >= window)
+            .count();
+        let older: Vec<SystemTime> = slots
+            .iter()
+            .filter(fresh)
+            .filter(|slot| **slot < window)
             .copied()
-            .filter(|slot| !finished.contains(slot) && !unfinished.contains_key(slot))
             .collect();
-        let skipped = fresh.len().saturating_sub(keep.get());
+        let keep = keep.get().saturating_sub(in_window);
+        let skipped = older.len().saturating_sub(keep);
         if skipped == 0 {
             return;
         }
-        for slot in &fresh[..skipped] {
+        for slot in &older[..skipped] {
             slots.remove(slot);
         }
         tracing::warn!(job = %self.name, skipped, "idem-consumer: skipping slots that came and went, as the backlog setting says");

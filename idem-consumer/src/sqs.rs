@@ -27,8 +27,9 @@
 //! # }
 //! ```
 //!
-//! - The key is a FIFO queue's `<MessageGroupId>/<MessageDeduplicationId>` (the
-//!   producer's id, or the content hash under content-based deduplication): a producer's
+//! - The key is a FIFO queue's `MessageDeduplicationId` (the producer's id, or the
+//!   content hash under content-based deduplication), in the scope `<queue>/<group>`
+//!   (deduplication may be per message group): a producer's
 //!   resend beyond SQS's own five-minute window is still caught. Under content-based
 //!   deduplication, equal bodies are then one message for the whole retention: for
 //!   producers that send equal bodies as distinct messages, key by the message id
@@ -36,7 +37,8 @@
 //!   same on every receive of one sent message; a producer's own resend is a new message
 //!   and runs twice, so producers that resend put an id in the body and the consumer keys
 //!   by it ([`Consumer::key_from_payload`](crate::Consumer::key_from_payload)).
-//! - The scope is the queue's name (the URL's last segment).
+//! - The scope is the queue's name (the URL's last segment), and a FIFO queue's message
+//!   group after a `/`.
 //! - The delivery count is `ApproximateReceiveCount`.
 //! - A FIFO queue's message group is the ordering key: a batch runs each group's
 //!   messages in order, and holds back (nak'd at once) the ones behind a message that was
@@ -240,6 +242,8 @@ pub struct SqsMessage {
     message: aws_sdk_sqs::types::Message,
     /// A FIFO queue's message group.
     group: Option<String>,
+    /// The scope: the queue, and a FIFO queue's message group.
+    source: String,
     key: String,
     receipt: String,
     payload: Bytes,
@@ -267,12 +271,16 @@ impl SqsMessage {
         let group = attribute(MessageSystemAttributeName::MessageGroupId);
         let deduplication = attribute(MessageSystemAttributeName::MessageDeduplicationId)
             .filter(|id| !id.is_empty() && setup.key_by_deduplication_id);
-        let key = match (deduplication, &group) {
-            // Deduplication may be scoped by group: the same id in two groups is two
-            // messages.
-            (Some(id), Some(group)) => format!("{group}/{id}"),
-            (Some(id), None) => id,
-            (None, _) => message.message_id()?.to_owned(),
+        let key = match deduplication {
+            Some(id) => id,
+            None => message.message_id()?.to_owned(),
+        };
+        // Deduplication may be scoped by group (`DeduplicationScope=messageGroup`): the
+        // same id in two groups is two messages, so the group is in the scope. Queue names
+        // hold no `/`, so `<queue>/<group>` names one group of one queue.
+        let source = match &group {
+            Some(group) => format!("{}/{group}", setup.queue),
+            None => setup.queue.clone(),
         };
         let receipt = message.receipt_handle()?.to_owned();
         let received = attribute(MessageSystemAttributeName::ApproximateReceiveCount)
@@ -282,6 +290,7 @@ impl SqsMessage {
             setup,
             message,
             group,
+            source,
             key,
             receipt,
             payload,
@@ -339,7 +348,7 @@ impl Message for SqsMessage {
     }
 
     fn source(&self) -> &str {
-        &self.setup.queue
+        &self.source
     }
 
     fn payload(&self) -> &Bytes {

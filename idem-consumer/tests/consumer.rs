@@ -1082,3 +1082,21 @@ async fn an_ordering_group_runs_in_order_and_none_overtakes_a_message_not_acked(
     let position = |name: &str| ran.iter().position(|r| r == name).unwrap();
     assert!(position("b1") < position("b2"), "{ran:?}");
 }
+
+#[tokio::test]
+async fn run_stops_when_its_stream_of_deliveries_ends() {
+    let consumer = consumer();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let deliveries = futures_util::stream::iter(
+        (0..3).map(|i| Ok::<_, std::io::Error>(TestMessage::new(&format!("m-{i}"), "x"))),
+    );
+    let source = idem_consumer::StreamSource::new(deliveries, NonZeroUsize::MIN, Duration::ZERO);
+    let report = tokio::time::timeout(
+        Duration::from_secs(5),
+        consumer.run(&source, counted(&runs), std::future::pending()),
+    )
+    .await
+    .expect("run stops at the stream's end");
+    assert_eq!((report.acked, report.receive_errors), (3, 1), "{report:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}

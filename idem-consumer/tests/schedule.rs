@@ -671,3 +671,28 @@ fn a_cron_schedule_in_a_time_zone_follows_daylight_saving_time() {
         ScheduleError::RetentionTooShort { .. }
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_policy_never_skips_a_crashed_scheduler_s_slot_in_the_window() {
+    // A window of the lease and a period (500 ms): two or three slots.
+    let period = Duration::from_millis(200);
+    let job = timed_job(period, Duration::from_millis(300))
+        .backlog(idem_consumer::Backlog::Latest(std::num::NonZeroUsize::MIN));
+    // The previous slot's scheduler crashed mid-work: its lease holds it for 300 ms.
+    let previous = job.slot_at(SystemTime::now()) - period;
+    let crashed = tokio::time::timeout(
+        Duration::from_millis(20),
+        job.run_slot(previous, |_ctx, _slot| async {
+            std::future::pending::<()>().await;
+            done(())
+        }),
+    )
+    .await;
+    assert!(crashed.is_err(), "the crashed run was cut off");
+    let ran = run_for(job, Duration::from_millis(1500), |_| Duration::ZERO).await;
+    assert_eq!(
+        ran.get(&previous),
+        Some(&1),
+        "the crashed slot was skipped: {ran:?}"
+    );
+}

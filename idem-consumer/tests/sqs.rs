@@ -340,9 +340,9 @@ async fn a_fifo_queue_keys_by_the_deduplication_id_and_dead_letters_to_a_fifo_qu
     let runs = Arc::new(AtomicUsize::new(0));
     let batch = read(&queue, 2).await;
     let ids: Vec<_> = batch.iter().map(|m| m.id().unwrap().to_owned()).collect();
+    assert_eq!(ids, ["order-1", "order-2"]);
     // Scoped by group: deduplication may be per group.
-    assert_eq!(ids, ["customer-7/order-1", "customer-7/order-2"]);
-    assert_eq!(batch[0].source(), "idem-fifo.fifo");
+    assert_eq!(batch[0].source(), "idem-fifo.fifo/customer-7");
     let settled = consumer.handle_batch(&batch, refusing_empty(&runs)).await;
     assert!(
         matches!(settled[0], Ok(Settled::Acked { .. })),

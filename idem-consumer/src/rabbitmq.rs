@@ -41,8 +41,11 @@
 //!   stays unacknowledged past its `consumer_timeout` (30 minutes by default): keep the
 //!   driver's lease and the backoff's largest delay well under it.
 //! - A quorum queue's `x-delivery-limit` drops or dead-letters a message after that many
-//!   deliveries, naks included: set it above what a store outage can take, or leave it
-//!   unset on classic queues.
+//!   deliveries, naks included (RabbitMQ 4 sets 20 by default): set it above what a store
+//!   outage, or a dead-letter exchange that routes nowhere, can take (a dead letter that
+//!   could not be published requeues its original every 5 s), or leave it unset on
+//!   classic queues. Bound the work's own attempts with
+//!   [`Consumer::max_attempts`](crate::Consumer::max_attempts) instead.
 //! - A `handle` future dropped mid-work leaves its delivery unacknowledged until the
 //!   channel closes (AMQP has no acknowledgement timeout).
 //! - Dead letters go where [`DeadLetters`] says, a choice made once:

@@ -34,10 +34,13 @@
 //!   with the delivery (AMQP does not repeat it on each one).
 //! - The delivery count is a quorum queue's `x-delivery-count` plus one, else 1 for a
 //!   first delivery, unknown for a redelivery.
-//! - AMQP has no delayed redelivery: a nak waits its delay in a task of its own, then
-//!   requeues (`basic.nack`, requeue). The delivery stays unacknowledged meanwhile, so a
-//!   crash requeues it anyway, and it holds one prefetch slot (`basic.qos`): give the
-//!   channel room for the naks in waiting. RabbitMQ closes a channel whose delivery
+//! - AMQP has no delayed redelivery. With a delay queue ([`RabbitQueue::delays`],
+//!   [`Delays`]), a nak moves the message there under publisher confirms and acks it: it
+//!   comes back after its delay and holds nothing meanwhile. Without one, a nak waits its
+//!   delay in a task of its own, then requeues (`basic.nack`, requeue): the delivery
+//!   stays unacknowledged, so a crash requeues it anyway, but it holds one prefetch slot
+//!   (`basic.qos`), and after a connection loss the messages in flight under the lost
+//!   consumer's leases can fill another's prefetch for about a lease. RabbitMQ closes a channel whose delivery
 //!   stays unacknowledged past its `consumer_timeout` (30 minutes by default): keep the
 //!   driver's lease and the backoff's largest delay well under it.
 //! - A quorum queue's `x-delivery-limit` drops or dead-letters a message after that many
@@ -86,6 +89,9 @@ use crate::{DeadLetterReason, Message, SettleError, Settlement};
 pub const DEAD_LETTER_REASON: &str = "idem-dead-letter-reason";
 /// The header that carries the original's queue on a dead-lettered copy.
 pub const ORIGINAL_QUEUE: &str = "idem-original-queue";
+/// The header that carries, on a copy back from the delay queue, how many times the
+/// message was delivered before.
+pub const DELIVERIES: &str = "idem-deliveries";
 
 /// How long a delivery whose dead letter could not be published waits before it is
 /// requeued, so a dead-letter exchange that routes nowhere is not retried in a loop.
@@ -100,6 +106,7 @@ pub struct RabbitMessage {
     payload: Bytes,
     queue: String,
     dead_letters: Option<Arc<DeadLetters>>,
+    delays: Option<Delays>,
 }
 
 impl fmt::Debug for RabbitMessage {
@@ -123,6 +130,7 @@ impl RabbitMessage {
             payload,
             queue: queue.into(),
             dead_letters: None,
+            delays: None,
         }
     }
 
@@ -132,14 +140,7 @@ impl RabbitMessage {
         publisher: &Publisher,
         reason: DeadLetterReason,
     ) -> Result<(), SettleError> {
-        let (exchange, routing_key) = (publisher.exchange.as_str(), publisher.routing_key.as_str());
-        let action = Settlement::DeadLetter;
-        let mut headers = self
-            .delivery
-            .properties
-            .headers()
-            .clone()
-            .unwrap_or_default();
+        let mut headers = self.copied_headers();
         headers.insert(
             DEAD_LETTER_REASON.into(),
             AMQPValue::LongString(reason.as_str().into()),
@@ -148,12 +149,44 @@ impl RabbitMessage {
             ORIGINAL_QUEUE.into(),
             AMQPValue::LongString(self.queue.as_str().into()),
         );
-        let properties = dead_letter_properties(&self.delivery.properties, headers);
+        let properties = copy_properties(&self.delivery.properties, headers);
+        self.publish_confirmed(Settlement::DeadLetter, publisher, properties)
+            .await
+    }
+
+    /// The original's headers for a copy, less what the broker sets on each delivery.
+    fn copied_headers(&self) -> FieldTable {
+        let mut headers = self
+            .delivery
+            .properties
+            .headers()
+            .clone()
+            .unwrap_or_default();
+        let inner = headers.inner().clone();
+        let mut copy = FieldTable::default();
+        for (name, value) in inner {
+            if !matches!(name.as_str(), "x-delivery-count" | "x-death") {
+                copy.insert(name, value);
+            }
+        }
+        headers = copy;
+        headers
+    }
+
+    /// Publishes a copy of the message `mandatory` with `properties` and waits for the
+    /// broker's confirm that a queue took it.
+    async fn publish_confirmed(
+        &self,
+        action: Settlement,
+        publisher: &Publisher,
+        properties: lapin::BasicProperties,
+    ) -> Result<(), SettleError> {
+        let (exchange, routing_key) = (publisher.exchange.as_str(), publisher.routing_key.as_str());
         let channel = &publisher.channel;
         if !channel.status().connected() {
             return Err(SettleError::Misconfigured {
                 action,
-                problem: "the dead-letter channel is closed (the broker closes it on an error, such as an exchange that does not exist): build DeadLetters again on a new channel",
+                problem: "the copies' channel is closed (the broker closes it on an error, such as an exchange that does not exist): build it again on a new channel",
             });
         }
         // One copy at a time on the channel: lapin hands a returned copy to whichever
@@ -184,7 +217,7 @@ impl RabbitMessage {
                 action,
                 std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    "the broker did not confirm the dead letter in time",
+                    "the broker did not confirm the copy in time",
                 ),
             )
         })??;
@@ -192,17 +225,39 @@ impl RabbitMessage {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(SettleError::Misconfigured {
                 action,
-                problem: "no queue took the dead letter: bind a queue to the dead-letter exchange under its routing key",
+                problem: "no queue took the copy: bind a queue to the exchange under its routing key",
             }),
             Confirmation::Nack(_) => Err(SettleError::broker(
                 action,
-                std::io::Error::other("the broker refused the dead letter (basic.nack)"),
+                std::io::Error::other("the broker refused the copy (basic.nack)"),
             )),
             Confirmation::NotRequested => Err(SettleError::Misconfigured {
                 action,
-                problem: "the dead-letter channel left confirm mode: build DeadLetters again on a new channel",
+                problem: "the copies' channel left confirm mode: build it again on a new channel",
             }),
         }
+    }
+
+    /// Moves the message to the delay queue (a copy that comes back after `delay`), then
+    /// acks the original, so that no prefetch slot is held while it waits.
+    async fn delay(&self, delays: &Delays, delay: Duration) -> Result<(), SettleError> {
+        let mut headers = self.copied_headers();
+        let delivered = self.delivery_count().unwrap_or(1);
+        headers.insert(
+            DELIVERIES.into(),
+            AMQPValue::LongLongInt(i64::try_from(delivered).unwrap_or(i64::MAX)),
+        );
+        let expiration = delay.as_millis().max(1).to_string();
+        let properties = copy_properties(&self.delivery.properties, headers)
+            .with_expiration(ShortString::from(expiration));
+        self.publish_confirmed(Settlement::Nak, &delays.publisher, properties)
+            .await?;
+        let acker = &self.delivery.acker;
+        settled(
+            Settlement::Nak,
+            acker,
+            acker.ack(BasicAckOptions::default()).await,
+        )
     }
 
     /// The delivery (its `data` moved to [`Message::payload`]).
@@ -273,16 +328,18 @@ impl Message for RabbitMessage {
     }
 
     fn delivery_count(&self) -> Option<u64> {
-        let header = self
-            .delivery
-            .properties
-            .headers()
-            .as_ref()
+        let headers = self.delivery.properties.headers().as_ref();
+        let header = headers
             .and_then(|headers| headers.inner().get("x-delivery-count"))
             .and_then(count);
+        // A copy back from the delay queue counts the deliveries before it.
+        let before = headers
+            .and_then(|headers| headers.inner().get(DELIVERIES))
+            .and_then(count)
+            .unwrap_or(0);
         match header {
-            Some(failed) => Some(failed.saturating_add(1)),
-            None if !self.delivery.redelivered => Some(1),
+            Some(failed) => Some(before.saturating_add(failed).saturating_add(1)),
+            None if !self.delivery.redelivered => Some(before.saturating_add(1)),
             None => None,
         }
     }
@@ -304,6 +361,15 @@ impl Message for RabbitMessage {
         let acker = self.delivery.acker.clone();
         if delay.is_zero() {
             return settled(Settlement::Nak, &acker, acker.nack(requeue).await);
+        }
+        if let Some(delays) = &self.delays {
+            match self.delay(delays, delay).await {
+                Ok(()) => return Ok(()),
+                // Not moved: the wait below holds the delivery instead, and loses nothing.
+                Err(err) => {
+                    tracing::warn!(error = %err, "idem-consumer: could not move a message to the delay queue; holding it instead");
+                }
+            }
         }
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
@@ -416,10 +482,10 @@ impl DeadLetters {
     }
 }
 
-/// The copy's properties: the original's, made persistent, without an expiry (the copy
+/// A copy's properties: the original's, made persistent, without an expiry (the copy
 /// must outlive the original's time to live) or a user id (the broker checks it against
 /// the publishing connection's user).
-fn dead_letter_properties(
+fn copy_properties(
     original: &lapin::BasicProperties,
     headers: FieldTable,
 ) -> lapin::BasicProperties {
@@ -473,6 +539,7 @@ pub enum SetupError {
 pub struct RabbitQueue {
     queue: String,
     dead_letters: Arc<DeadLetters>,
+    delays: Option<Delays>,
 }
 
 impl RabbitQueue {
@@ -481,7 +548,15 @@ impl RabbitQueue {
         Self {
             queue: queue.into(),
             dead_letters: Arc::new(dead_letters),
+            delays: None,
         }
+    }
+
+    /// Naks with a delay move the message to `delays`' queue instead of holding its
+    /// delivery (and a prefetch slot) in this process for the delay. See [`Delays`].
+    pub fn delays(mut self, delays: Delays) -> Self {
+        self.delays = Some(delays);
+        self
     }
 
     /// The queue's name.
@@ -519,6 +594,77 @@ impl RabbitQueue {
     pub fn wrap(&self, delivery: Delivery) -> RabbitMessage {
         let mut message = RabbitMessage::new(delivery, self.queue.clone());
         message.dead_letters = Some(Arc::clone(&self.dead_letters));
+        message.delays = self.delays.clone();
         message
+    }
+}
+
+/// A delay queue: where a nak with a delay moves its message, so that the consumer holds
+/// no delivery while it waits. After a connection loss, the messages that come back to
+/// another consumer are often still in flight under the lost one's leases, and each is
+/// nak'd for about a lease: held in the consumer, they would fill its prefetch and stall
+/// it for that long.
+///
+/// - The copy (the original's properties and headers, persistent, with the deliveries so
+///   far in [`DELIVERIES`]) is published under publisher confirms with the delay as its
+///   per-message time to live; the delay queue dead-letters it back to the original
+///   queue when it expires. The original is acked only after the confirm; if the copy
+///   cannot be published, the delivery is held for the delay as without a delay queue.
+/// - RabbitMQ expires per-message times to live at the queue's head: a copy waits at
+///   least its delay, and at most until the copies ahead of it expired.
+/// - A crash between the confirm and the ack delivers the message twice, which idem
+///   answers once.
+#[derive(Debug, Clone)]
+pub struct Delays {
+    publisher: Arc<Publisher>,
+}
+
+impl Delays {
+    /// Declares `delay_queue` (durable, dead-lettering to `queue` through the default
+    /// exchange) and publishes delayed copies to it on `channel` (a channel of its own is
+    /// best), put in confirm mode.
+    ///
+    /// # Errors
+    /// [`SetupError::Broker`] when the broker refuses: a `delay_queue` declared before
+    /// with other arguments, or a channel that does not take confirm mode.
+    pub async fn through(
+        channel: &lapin::Channel,
+        delay_queue: &str,
+        queue: &str,
+    ) -> Result<Self, SetupError> {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(queue.into()),
+        );
+        channel
+            .queue_declare(
+                ShortString::from(delay_queue),
+                lapin::options::QueueDeclareOptions {
+                    durable: true,
+                    ..Default::default()
+                },
+                arguments,
+            )
+            .await
+            .map_err(SetupError::Broker)?;
+        if !channel.status().confirm() {
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .map_err(SetupError::Broker)?;
+        }
+        Ok(Self {
+            publisher: Arc::new(Publisher {
+                channel: channel.clone(),
+                exchange: String::new(),
+                routing_key: delay_queue.to_owned(),
+                one_at_a_time: tokio::sync::Mutex::new(()),
+            }),
+        })
     }
 }

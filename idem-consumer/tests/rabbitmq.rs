@@ -685,3 +685,104 @@ async fn run_over_a_lapin_stream_keys_by_a_header_and_stops_at_shutdown() {
     assert_eq!((report.acked, report.replayed), (1, 1), "{report:?}");
     assert_eq!(depth(&connection, queue).await, 0);
 }
+
+/// The stall after a connection loss: the messages the lost consumer held come back to
+/// another, still in flight under the lost one's leases, and are nak'd for the rest of
+/// them. With a delay queue they wait there, and the consumer goes on with new messages;
+/// without one, they would fill its prefetch until the leases end.
+#[tokio::test]
+async fn naks_wait_in_the_delay_queue_not_in_the_consumer_s_prefetch() {
+    let Some((connection, channel, _)) = setup("idem.delays").await else {
+        return;
+    };
+    let (queue, delay_queue, dlq) = ("idem.delays.orders", "idem.delays.wait", "idem.delays.dead");
+    plain_queue(&channel, queue, FieldTable::default()).await;
+    plain_queue(&channel, dlq, FieldTable::default()).await;
+    let _ = channel
+        .queue_delete(delay_queue.into(), QueueDeleteOptions::default())
+        .await;
+    let lease = Duration::from_secs(2);
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(lease)
+        .build()
+        .unwrap();
+    // The lost consumer: it took m-0 and m-1 and died mid-work, its leases still held.
+    for id in ["m-0", "m-1"] {
+        let key = idem_core::Key::new(queue, id).unwrap();
+        let cut_off = tokio::time::timeout(
+            Duration::from_millis(50),
+            idem.execute(&key, idem_core::Fingerprint::of_bytes(b"x"), |_ctx| async {
+                std::future::pending::<()>().await;
+                Ok::<u8, WorkError<String>>(0)
+            }),
+        )
+        .await;
+        assert!(cut_off.is_err());
+    }
+    let started = tokio::time::Instant::now();
+    for id in ["m-0", "m-1", "m-2"] {
+        publish(&channel, queue, Some(id), "x").await;
+    }
+    let delays = idem_consumer::rabbitmq::Delays::through(
+        &connection.create_channel().await.unwrap(),
+        delay_queue,
+        queue,
+    )
+    .await
+    .expect("declare the delay queue");
+    let dead_letters =
+        DeadLetters::publish_to(&connection.create_channel().await.unwrap(), "", dlq)
+            .await
+            .unwrap();
+    let source = RabbitQueue::new(queue, dead_letters).delays(delays);
+    // Two messages at a time: without the delay queue, m-0 and m-1 would fill them.
+    channel
+        .basic_qos(2, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut deliveries = source
+        .consume(
+            &channel,
+            "billing",
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let consumer = Consumer::new(idem);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut seen = Vec::new();
+    while seen.len() < 5 {
+        let message = source.wrap(delivery(&mut deliveries).await);
+        let id = message.id().unwrap().to_owned();
+        let delivered = message.delivery_count();
+        let settled = consumer.handle(&message, counted(&runs)).await.unwrap();
+        let elapsed = started.elapsed();
+        match settled {
+            Settled::Retried {
+                cause: Cause::Idem(idem_core::Error::InFlight { .. }),
+                ..
+            } => seen.push((id, delivered, "in flight", elapsed)),
+            Settled::Acked {
+                replayed: false, ..
+            } => seen.push((id, delivered, "ran", elapsed)),
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+    let find = |id: &str, what: &str| {
+        seen.iter()
+            .find(|(i, _, w, _)| i == id && *w == what)
+            .unwrap_or_else(|| panic!("{id} {what}: {seen:?}"))
+    };
+    // The new message ran at once, not after the leases.
+    assert!(find("m-2", "ran").3 < Duration::from_secs(1), "{seen:?}");
+    // The held ones came back from the delay queue once the leases ended, counted, and ran.
+    for id in ["m-0", "m-1"] {
+        let (_, delivered, _, at) = find(id, "ran");
+        assert!(*at >= lease - Duration::from_millis(200), "{seen:?}");
+        assert_eq!(*delivered, Some(2), "{seen:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(depth(&connection, queue).await, 0);
+    assert_eq!(depth(&connection, delay_queue).await, 0);
+}

@@ -141,6 +141,17 @@ impl RabbitMessage {
         reason: DeadLetterReason,
     ) -> Result<(), SettleError> {
         let mut headers = self.copied_headers();
+        // A dead letter moved back into the queue starts its count again.
+        let kept: Vec<_> = headers
+            .inner()
+            .iter()
+            .filter(|(name, _)| name.as_str() != DELIVERIES)
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        headers = FieldTable::default();
+        for (name, value) in kept {
+            headers.insert(name, value);
+        }
         headers.insert(
             DEAD_LETTER_REASON.into(),
             AMQPValue::LongString(reason.as_str().into()),
@@ -165,7 +176,8 @@ impl RabbitMessage {
         let inner = headers.inner().clone();
         let mut copy = FieldTable::default();
         for (name, value) in inner {
-            if !matches!(name.as_str(), "x-delivery-count" | "x-death") {
+            // What the broker sets (`x-delivery-count`, `x-death`, `x-first-death-*`...).
+            if !name.as_str().starts_with("x-") {
                 copy.insert(name, value);
             }
         }
@@ -189,9 +201,31 @@ impl RabbitMessage {
                 problem: "the copies' channel is closed (the broker closes it on an error, such as an exchange that does not exist): build it again on a new channel",
             });
         }
+        let broken = || SettleError::Misconfigured {
+            action,
+            problem: "a confirm on the copies' channel came too late, so its answers cannot be told apart any more: build it again on a new channel",
+        };
+        if publisher.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(broken());
+        }
         // One copy at a time on the channel: lapin hands a returned copy to whichever
-        // confirm resolves next, so two copies in flight could swap their answers.
-        let _one_at_a_time = publisher.one_at_a_time.lock().await;
+        // confirm resolves next, so two copies in flight could swap their answers. The
+        // wait for the lock counts toward the confirm's time.
+        let started = tokio::time::Instant::now();
+        let Ok(_one_at_a_time) =
+            tokio::time::timeout(CONFIRM_TIMEOUT, publisher.one_at_a_time.lock()).await
+        else {
+            return Err(SettleError::broker(
+                action,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the copies' channel stayed busy",
+                ),
+            ));
+        };
+        if publisher.broken.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(broken());
+        }
         let publish = channel.basic_publish(
             ShortString::from(exchange),
             ShortString::from(routing_key),
@@ -204,7 +238,8 @@ impl RabbitMessage {
             properties,
         );
         // A broker under a memory or disk alarm holds publishes: never wait forever.
-        let confirm = tokio::time::timeout(CONFIRM_TIMEOUT, async {
+        let left = CONFIRM_TIMEOUT.saturating_sub(started.elapsed());
+        let confirm = tokio::time::timeout(left, async {
             publish
                 .await
                 .map_err(|err| SettleError::broker(action, err))?
@@ -213,6 +248,9 @@ impl RabbitMessage {
         })
         .await
         .map_err(|_| {
+            publisher
+                .broken
+                .store(true, std::sync::atomic::Ordering::SeqCst);
             SettleError::broker(
                 action,
                 std::io::Error::new(
@@ -247,7 +285,8 @@ impl RabbitMessage {
             DELIVERIES.into(),
             AMQPValue::LongLongInt(i64::try_from(delivered).unwrap_or(i64::MAX)),
         );
-        let expiration = delay.as_millis().max(1).to_string();
+        // RabbitMQ refuses an expiration past 2^32 - 1 ms (about 49 days).
+        let expiration = delay.as_millis().clamp(1, u128::from(u32::MAX)).to_string();
         let properties = copy_properties(&self.delivery.properties, headers)
             .with_expiration(ShortString::from(expiration));
         self.publish_confirmed(Settlement::Nak, &delays.publisher, properties)
@@ -340,6 +379,8 @@ impl Message for RabbitMessage {
         match header {
             Some(failed) => Some(before.saturating_add(failed).saturating_add(1)),
             None if !self.delivery.redelivered => Some(before.saturating_add(1)),
+            // A copy delivered again on a classic queue: at least one more.
+            None if before > 0 => Some(before.saturating_add(2)),
             None => None,
         }
     }
@@ -425,6 +466,9 @@ struct Publisher {
     exchange: String,
     routing_key: String,
     one_at_a_time: tokio::sync::Mutex<()>,
+    /// Set when a confirm did not come in time: its answer may still arrive and be taken
+    /// for the next copy's, so the channel publishes nothing more.
+    broken: std::sync::atomic::AtomicBool,
 }
 
 impl DeadLetters {
@@ -456,18 +500,22 @@ impl DeadLetters {
                 .await
                 .map_err(SetupError::Broker)?;
         }
-        if !channel.status().confirm() {
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(SetupError::Broker)?;
+        // A channel of its own: lapin hands a returned copy to whichever confirm of the
+        // channel resolves next, so another publisher on it could take this one's answer.
+        if channel.status().confirm() {
+            return Err(SetupError::SharedChannel);
         }
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(SetupError::Broker)?;
         Ok(Self {
             target: Target::Publish(Arc::new(Publisher {
                 channel: channel.clone(),
                 exchange,
                 routing_key: routing_key.into(),
                 one_at_a_time: tokio::sync::Mutex::new(()),
+                broken: std::sync::atomic::AtomicBool::new(false),
             })),
         })
     }
@@ -516,6 +564,9 @@ fn copy_properties(
     if let Some(value) = original.app_id() {
         copy = copy.with_app_id(value.clone());
     }
+    if let Some(value) = original.reply_to() {
+        copy = copy.with_reply_to(value.clone());
+    }
     copy
 }
 
@@ -532,6 +583,19 @@ pub enum SetupError {
     /// The broker refused.
     #[error("the broker refused the consumer's setup: {0}")]
     Broker(#[source] lapin::Error),
+    /// The channel is in confirm mode already: another publisher uses it.
+    #[error(
+        "the channel is in confirm mode already, used by another publisher; give dead letters and delays a channel each"
+    )]
+    SharedChannel,
+    /// The delay queue sends its copies back to another queue than this one's.
+    #[error("the delay queue returns its copies to `{returns_to}`, not to `{queue}`")]
+    DelaysElsewhere {
+        /// The queue the delays return to.
+        returns_to: String,
+        /// This queue.
+        queue: String,
+    },
 }
 
 /// One queue's consumer setup: how its deliveries are consumed, wrapped and dead-lettered.
@@ -554,9 +618,19 @@ impl RabbitQueue {
 
     /// Naks with a delay move the message to `delays`' queue instead of holding its
     /// delivery (and a prefetch slot) in this process for the delay. See [`Delays`].
-    pub fn delays(mut self, delays: Delays) -> Self {
+    ///
+    /// # Errors
+    /// [`SetupError::DelaysElsewhere`] when the delay queue returns its copies to another
+    /// queue: they would never come back here.
+    pub fn delays(mut self, delays: Delays) -> Result<Self, SetupError> {
+        if delays.returns_to != self.queue {
+            return Err(SetupError::DelaysElsewhere {
+                returns_to: delays.returns_to,
+                queue: self.queue,
+            });
+        }
         self.delays = Some(delays);
-        self
+        Ok(self)
     }
 
     /// The queue's name.
@@ -610,13 +684,21 @@ impl RabbitQueue {
 ///   per-message time to live; the delay queue dead-letters it back to the original
 ///   queue when it expires. The original is acked only after the confirm; if the copy
 ///   cannot be published, the delivery is held for the delay as without a delay queue.
+/// - The delay queue is a quorum queue that dead-letters at least once
+///   (`x-dead-letter-strategy: at-least-once`, `x-overflow: reject-publish`), so a copy
+///   is never dropped on its way back; a copy the full delay queue refuses leaves the
+///   delivery held for its delay instead.
 /// - RabbitMQ expires per-message times to live at the queue's head: a copy waits at
-///   least its delay, and at most until the copies ahead of it expired.
+///   least its delay, and as long as the longest delay ahead of it (a short backoff
+///   behind a lease's wait waits for the lease). Delays past 2^32 - 1 ms are cut to it.
+/// - The copy is a new message to RabbitMQ: it starts a quorum queue's
+///   `x-delivery-count` (and `x-delivery-limit`) again; [`DELIVERIES`] keeps idem's count.
 /// - A crash between the confirm and the ack delivers the message twice, which idem
 ///   answers once.
 #[derive(Debug, Clone)]
 pub struct Delays {
     publisher: Arc<Publisher>,
+    returns_to: String,
 }
 
 impl Delays {
@@ -632,6 +714,11 @@ impl Delays {
         delay_queue: &str,
         queue: &str,
     ) -> Result<Self, SetupError> {
+        // A channel of its own: lapin hands a returned copy to whichever confirm of the
+        // channel resolves next, so another publisher on it could take this one's answer.
+        if channel.status().confirm() {
+            return Err(SetupError::SharedChannel);
+        }
         let mut arguments = FieldTable::default();
         arguments.insert(
             "x-dead-letter-exchange".into(),
@@ -640,6 +727,20 @@ impl Delays {
         arguments.insert(
             "x-dead-letter-routing-key".into(),
             AMQPValue::LongString(queue.into()),
+        );
+        // A quorum queue moves an expired copy back at least once (a classic queue's
+        // dead-lettering is at most once), which needs publishers refused when it is full.
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert(
+            "x-dead-letter-strategy".into(),
+            AMQPValue::LongString("at-least-once".into()),
+        );
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
         );
         channel
             .queue_declare(
@@ -652,19 +753,19 @@ impl Delays {
             )
             .await
             .map_err(SetupError::Broker)?;
-        if !channel.status().confirm() {
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .map_err(SetupError::Broker)?;
-        }
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(SetupError::Broker)?;
         Ok(Self {
             publisher: Arc::new(Publisher {
                 channel: channel.clone(),
                 exchange: String::new(),
                 routing_key: delay_queue.to_owned(),
                 one_at_a_time: tokio::sync::Mutex::new(()),
+                broken: std::sync::atomic::AtomicBool::new(false),
             }),
+            returns_to: queue.to_owned(),
         })
     }
 }

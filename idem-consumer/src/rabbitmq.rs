@@ -97,7 +97,21 @@ pub const DELIVERIES: &str = "idem-deliveries";
 /// requeued, so a dead-letter exchange that routes nowhere is not retried in a loop.
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(5);
 
-/// How long a dead letter's publish waits for the broker's confirm.
+/// The headers RabbitMQ sets on a delivery, never copied onto a copy of it.
+const BROKER_HEADERS: [&str; 9] = [
+    "x-delivery-count",
+    "x-death",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-first-death-exchange",
+    "x-last-death-queue",
+    "x-last-death-reason",
+    "x-last-death-exchange",
+    "x-received-from",
+];
+
+/// How long a copy's publish (a dead letter, a delayed nak) waits for the broker's
+/// confirm, the wait for the channel included.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A RabbitMQ delivery, as a [`Message`].
@@ -176,8 +190,8 @@ impl RabbitMessage {
         let inner = headers.inner().clone();
         let mut copy = FieldTable::default();
         for (name, value) in inner {
-            // What the broker sets (`x-delivery-count`, `x-death`, `x-first-death-*`...).
-            if !name.as_str().starts_with("x-") {
+            // What the broker sets on a delivery; a publisher's own `x-` headers stay.
+            if !BROKER_HEADERS.contains(&name.as_str()) {
                 copy.insert(name, value);
             }
         }
@@ -225,6 +239,17 @@ impl RabbitMessage {
         };
         if publisher.broken.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(broken());
+        }
+        // Too little time left for a confirm: not published, rather than taken for a
+        // broker too slow to answer.
+        if CONFIRM_TIMEOUT.saturating_sub(started.elapsed()) < Duration::from_secs(1) {
+            return Err(SettleError::broker(
+                action,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the copies' channel stayed busy",
+                ),
+            ));
         }
         let publish = channel.basic_publish(
             ShortString::from(exchange),
@@ -473,11 +498,12 @@ struct Publisher {
 
 impl DeadLetters {
     /// Each dead letter is published, with its reason, to `exchange` under `routing_key`
-    /// on `channel` (a channel of its own is best), under publisher confirms and
-    /// `mandatory`; the original is acked only once the broker confirmed the copy was
-    /// routed. The channel is put in confirm mode.
+    /// on `channel`, under publisher confirms and `mandatory`; the original is acked only
+    /// once the broker confirmed the copy was routed. The channel is put in confirm mode,
+    /// and must be this publisher's alone (nothing else may publish on it).
     ///
     /// # Errors
+    /// [`SetupError::SharedChannel`] for a channel in confirm mode already;
     /// [`SetupError::Broker`] when the channel does not take confirm mode, or the
     /// exchange does not exist (checked with a passive declare, which closes the channel).
     pub async fn publish_to(
@@ -687,7 +713,14 @@ impl RabbitQueue {
 /// - The delay queue is a quorum queue that dead-letters at least once
 ///   (`x-dead-letter-strategy: at-least-once`, `x-overflow: reject-publish`), so a copy
 ///   is never dropped on its way back; a copy the full delay queue refuses leaves the
-///   delivery held for its delay instead.
+///   delivery held for its delay instead. This needs RabbitMQ 3.10 or later (quorum
+///   queues' per-message time to live and at-least-once dead-lettering) with its
+///   `stream_queue` feature flag on (a fresh node has it): without it, RabbitMQ
+///   dead-letters at most once. A delay queue declared before with other arguments (a
+///   classic one) is refused: delete it first.
+/// - A confirm that comes after [`CONFIRM_TIMEOUT`]'s 30 s retires the channel (its
+///   answers can no longer be told apart): naks then hold their deliveries, and dead
+///   letters are requeued, until the process builds `Delays` and `DeadLetters` again.
 /// - RabbitMQ expires per-message times to live at the queue's head: a copy waits at
 ///   least its delay, and as long as the longest delay ahead of it (a short backoff
 ///   behind a lease's wait waits for the lease). Delays past 2^32 - 1 ms are cut to it.
@@ -702,11 +735,13 @@ pub struct Delays {
 }
 
 impl Delays {
-    /// Declares `delay_queue` (durable, dead-lettering to `queue` through the default
-    /// exchange) and publishes delayed copies to it on `channel` (a channel of its own is
-    /// best), put in confirm mode.
+    /// Declares `delay_queue` (a durable quorum queue, dead-lettering to `queue` through
+    /// the default exchange) and publishes delayed copies to it on `channel`, put in
+    /// confirm mode, which must be this publisher's alone (nothing else may publish on
+    /// it).
     ///
     /// # Errors
+    /// [`SetupError::SharedChannel`] for a channel in confirm mode already;
     /// [`SetupError::Broker`] when the broker refuses: a `delay_queue` declared before
     /// with other arguments, or a channel that does not take confirm mode.
     pub async fn through(

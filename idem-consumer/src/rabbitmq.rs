@@ -718,7 +718,7 @@ impl RabbitQueue {
 ///   `stream_queue` feature flag on (a fresh node has it): without it, RabbitMQ
 ///   dead-letters at most once. A delay queue declared before with other arguments (a
 ///   classic one) is refused: delete it first.
-/// - A confirm that comes after [`CONFIRM_TIMEOUT`]'s 30 s retires the channel (its
+/// - A confirm that comes after 30 s retires the channel (its
 ///   answers can no longer be told apart): naks then hold their deliveries, and dead
 ///   letters are requeued, until the process builds `Delays` and `DeadLetters` again.
 /// - RabbitMQ expires per-message times to live at the queue's head: a copy waits at

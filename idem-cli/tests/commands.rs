@@ -12,6 +12,7 @@ use idem_core::{
 };
 use idem_dynamodb::DynamoDbStore;
 use idem_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use idem_dynamodb::aws_sdk_dynamodb::types::TimeToLiveSpecification;
 use idem_postgres::PostgresStore;
 use idem_postgres::sqlx::postgres::PgPoolOptions;
 use idem_postgres::sqlx::{self, AssertSqlSafe};
@@ -237,6 +238,23 @@ fn dynamodb() -> Option<Backend> {
     runtime
         .block_on(idem_dynamodb::create_table(&client, &table))
         .expect("create the test table");
+    // DynamoDB Local runs TTL deletions within a second or so of an item's TTL: with TTL
+    // on, the records these tests expire vanish before `idem purge` can find them.
+    runtime
+        .block_on(
+            client
+                .update_time_to_live()
+                .table_name(&table)
+                .time_to_live_specification(
+                    TimeToLiveSpecification::builder()
+                        .attribute_name("ttl")
+                        .enabled(false)
+                        .build()
+                        .expect("a TTL specification"),
+                )
+                .send(),
+        )
+        .expect("turn TTL off on the test table");
     let store = DynamoDbStore::builder(client, &table)
         .unwrap()
         .prefix(&prefix)

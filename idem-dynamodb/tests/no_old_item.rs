@@ -51,9 +51,7 @@ async fn store_without_old_items(endpoint: &str, prefix: &str) -> DynamoDbStore 
         .interceptor(NoOldItem)
         .build();
     let client = Client::from_conf(config);
-    idem_dynamodb::create_table(&client, &common::table())
-        .await
-        .expect("create the test table");
+    common::create_table(&client).await;
     DynamoDbStore::builder(client, &common::table())
         .unwrap()
         .prefix(prefix)

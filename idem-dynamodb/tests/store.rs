@@ -17,9 +17,7 @@ use idem_dynamodb::{DynamoDbStore, MAX_RECORD_BYTES, TableNameError};
 async fn store_with_a_margin() -> Option<(DynamoDbStore, ManualClock)> {
     let endpoint = idem_testkit::service_url(common::ENDPOINT)?;
     let client = common::client(&endpoint);
-    idem_dynamodb::create_table(&client, &common::table())
-        .await
-        .unwrap();
+    common::create_table(&client).await;
     let clock = ManualClock::starting_at(Timestamp::now());
     let store = DynamoDbStore::builder(client, &common::table())
         .unwrap()
@@ -374,9 +372,7 @@ async fn a_result_stored_late_moves_the_expiry_and_the_ttl_in_the_same_write() {
         return;
     };
     let client = common::client(&endpoint);
-    idem_dynamodb::create_table(&client, &common::table())
-        .await
-        .unwrap();
+    common::create_table(&client).await;
     let prefix = common::unique_prefix();
     let clock = ManualClock::starting_at(Timestamp::now());
     let store = DynamoDbStore::builder(client.clone(), &common::table())

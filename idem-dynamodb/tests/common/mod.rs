@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use idem_dynamodb::DynamoDbStore;
 use idem_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
+use idem_dynamodb::aws_sdk_dynamodb::types::{TimeToLiveSpecification, TimeToLiveStatus};
 use idem_dynamodb::aws_sdk_dynamodb::{Client, Config};
 
 pub(crate) const ENDPOINT: &str = "IDEM_TEST_DYNAMODB_ENDPOINT";
@@ -32,6 +33,40 @@ pub(crate) fn unique_prefix() -> String {
     format!("t{}#", NEXT.fetch_add(1, Ordering::SeqCst))
 }
 
+/// Creates this process's table, with TTL deletion off: DynamoDB Local deletes an item
+/// within a second or so of its TTL, which would race the tests that expire records and
+/// then purge or read them.
+pub(crate) async fn create_table(client: &Client) {
+    idem_dynamodb::create_table(client, &table())
+        .await
+        .expect("create the test table");
+    let ttl = client
+        .describe_time_to_live()
+        .table_name(table())
+        .send()
+        .await
+        .expect("describe the test table's TTL");
+    let on = ttl
+        .time_to_live_description()
+        .and_then(|d| d.time_to_live_status())
+        .is_some_and(|status| *status == TimeToLiveStatus::Enabled);
+    if on {
+        client
+            .update_time_to_live()
+            .table_name(table())
+            .time_to_live_specification(
+                TimeToLiveSpecification::builder()
+                    .attribute_name("ttl")
+                    .enabled(false)
+                    .build()
+                    .expect("a TTL specification"),
+            )
+            .send()
+            .await
+            .expect("turn TTL deletion off on the test table");
+    }
+}
+
 /// A store under `prefix` in this process's table, with no skew margin so lease expiry is
 /// exact.
 pub(crate) async fn store_in(endpoint: &str, prefix: &str) -> DynamoDbStore {
@@ -42,9 +77,7 @@ pub(crate) async fn store_in(endpoint: &str, prefix: &str) -> DynamoDbStore {
 /// lease's end.
 async fn store_with(endpoint: &str, prefix: &str, margin: Duration) -> DynamoDbStore {
     let client = client(endpoint);
-    idem_dynamodb::create_table(&client, &table())
-        .await
-        .expect("create the test table");
+    create_table(&client).await;
     DynamoDbStore::builder(client, &table())
         .expect("a valid table name")
         .prefix(prefix)

@@ -71,6 +71,7 @@ mod cases;
 pub mod explore;
 mod foreign;
 mod fuzz;
+pub mod linearizability;
 mod model;
 mod namespace;
 mod quiet;

@@ -1,0 +1,29 @@
+//! Concurrent histories through two clients are explained by the state machine. The
+//! stores read the test process's clock, with no skew margin: a takeover waits for the
+//! lease's end and no longer, as the machine says.
+
+mod common;
+
+use std::sync::Arc;
+
+use idem_core::Store;
+use idem_testkit::linearizability::{self, Workload};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn histories_are_linearizable() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let stores: [Arc<dyn Store>; 2] = [
+        Arc::new(common::store_in(&endpoint, &prefix).await),
+        Arc::new(common::store_in(&endpoint, &prefix).await),
+    ];
+    let workload = Workload::default().operations(3_000);
+    let checked = linearizability::run_on(&stores, &workload)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    println!("{checked:?}");
+    assert_eq!(checked.operations, 3_000);
+    assert_eq!(checked.lost, 0);
+}

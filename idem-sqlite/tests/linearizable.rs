@@ -1,0 +1,25 @@
+//! Concurrent histories on one database file, through several stores (each with its own
+//! connections, as separate processes would have), are explained by the state machine.
+
+mod common;
+
+use std::sync::Arc;
+
+use idem_core::Store;
+use idem_sqlite::SqliteStore;
+use idem_testkit::linearizability::{self, Workload};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn histories_over_one_file_are_linearizable() {
+    let path = common::fresh_db_path();
+    let stores: Vec<Arc<dyn Store>> = (0..3)
+        .map(|_| Arc::new(SqliteStore::open(&path).expect("a database file")) as Arc<dyn Store>)
+        .collect();
+    let workload = Workload::default().operations(3_000);
+    let checked = linearizability::run_on(&stores, &workload)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    println!("{checked:?}");
+    assert_eq!(checked.operations, 3_000);
+    assert_eq!(checked.lost, 0);
+}

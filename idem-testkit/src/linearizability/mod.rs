@@ -1,0 +1,332 @@
+//! The linearizability checker: many clients call one store at once, and every answer
+//! must be explained by the state machine ([`idem_core::machine`]) applied one call at a
+//! time, in an order that respects real time.
+//!
+//! The conformance suite races one winner at a time and the model-based run is
+//! sequential; this checks whole concurrent histories, as Jepsen's Knossos and Porcupine
+//! do. It finds what a store does wrong only when calls overlap: a claim read and
+//! written in two steps, a completion that checks the fence and then writes whatever is
+//! there, a renewal that lands after a takeover.
+//!
+//! - [`Workload`] says how many clients call how often on how many keys; [`record`]
+//!   runs it and returns the [`History`]: every call with its invocation and return
+//!   times, and its answer, or that the answer was lost (an error, a timeout, a cut
+//!   connection), in which case the call may have taken effect or not.
+//! - [`check`] searches each key's history for such an order (a Wing–Gong search with
+//!   memoisation, the machine as its model, see the checker's notes on time below) and
+//!   returns what it looked at, or the smallest part of a history it cannot explain.
+//! - [`run`] does both; [`run_on`] spreads the clients over several stores on one
+//!   database.
+//!
+//! # Time
+//!
+//! The machine's answers depend on the store's clock when a call takes effect. The
+//! checker lets that be any millisecond between the call's invocation and its return,
+//! widened by [`TOLERANCE`] on each side: the store's clock must be the one the test
+//! process reads (a server on the same machine, or the process clock). A store that waits
+//! a margin past a lease's end before a takeover (DynamoDB's `skew_margin`) must run with
+//! the margin at zero here.
+//!
+//! A store may delete absent records whenever it likes (a purge, a TTL): the checker
+//! allows it.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use idem_core::MemoryStore;
+//! use idem_testkit::linearizability::{self, Workload};
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let store = Arc::new(MemoryStore::new());
+//! let checked = linearizability::run(store, &Workload::default().operations(300))
+//!     .await
+//!     .expect("every answer is explained");
+//! assert_eq!(checked.operations, 300);
+//! # });
+//! ```
+
+mod checker;
+mod history;
+mod workload;
+
+use std::fmt;
+use std::sync::Arc;
+
+use idem_core::{Key, Record, Store, Timestamp};
+
+pub use checker::TOLERANCE;
+pub use history::{Answer, Call, History, Operation};
+pub use workload::{Workload, record, record_on};
+
+use checker::{Search, end_states, search};
+use history::Names;
+
+/// The most states one key's search visits before it gives up (and fails: a check that
+/// cannot decide has not passed).
+pub const DEFAULT_BUDGET: u64 = 2_000_000;
+
+/// The most starting points tried for a counterexample, and the states each search for
+/// it may visit.
+const SHRINK_SEARCHES: usize = 50;
+const SHRINK_BUDGET: u64 = 200_000;
+
+/// What a check looked at, when every answer was explained.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Checked {
+    /// Keys checked.
+    pub keys: usize,
+    /// Operations checked.
+    pub operations: usize,
+    /// Of those, the ones whose answer was lost.
+    pub lost: usize,
+    /// States the searches visited, in all.
+    pub states: u64,
+    /// The most states one key's search visited.
+    pub longest_search: u64,
+}
+
+/// A part of a history no order explains: the operations on one key, made as small as
+/// the checker could while it stays unexplained.
+#[derive(Clone, Debug)]
+pub struct Counterexample {
+    /// The key.
+    pub key: Key,
+    /// How many of the key's operations come before these (all returned before the first
+    /// of these was invoked).
+    pub after: usize,
+    /// The records those earlier operations can leave (`None`: no record), from any of
+    /// which these operations are unexplained.
+    pub starting_states: Vec<Option<Record>>,
+    /// The operations, in invocation order; an answer that came back after the cut counts
+    /// as lost.
+    pub operations: Vec<Operation>,
+    /// How many operations the key had in the history.
+    pub of: usize,
+    /// The workload's seed, when the history came from [`run`].
+    pub seed: Option<u64>,
+    /// Names for the key's attempts and fingerprints, from its whole history.
+    names: Names,
+}
+
+impl fmt::Display for Counterexample {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = &self.names;
+        writeln!(
+            f,
+            "no order of these {} operation(s) on key {}/{} (of {} on it), consistent with real time, is explained by the state machine",
+            self.operations.len(),
+            self.key.scope(),
+            self.key.key(),
+            self.of
+        )?;
+        if self.after > 0 {
+            let first = match self.starting_states.first() {
+                Some(Some(record)) => names.record(record),
+                _ => "no record".to_owned(),
+            };
+            writeln!(
+                f,
+                "after the {} before them, which leave one of {} records (the first: {first}):",
+                self.after,
+                self.starting_states.len()
+            )?;
+        }
+        for operation in &self.operations {
+            writeln!(f, "  {}", names.operation(operation))?;
+        }
+        if let Some(seed) = self.seed {
+            write!(f, "(workload seed {seed})")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a check did not pass.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// Some answers are explained by no order of the calls: the store is not
+    /// linearizable against the state machine.
+    #[error("{0}")]
+    Unexplained(Box<Counterexample>),
+    /// A key's search visited its whole budget without deciding: check fewer operations
+    /// per key (more keys, fewer calls) or raise the budget.
+    #[error(
+        "the search on key {scope}/{key} visited {states} states without deciding; check fewer operations per key or raise the budget"
+    )]
+    TooLong {
+        /// The key's scope.
+        scope: String,
+        /// The key.
+        key: String,
+        /// States visited.
+        states: u64,
+    },
+}
+
+/// Checks `history` with the default budget ([`DEFAULT_BUDGET`] states per key).
+///
+/// # Errors
+/// [`CheckError::Unexplained`] with the smallest unexplained part the checker found, or
+/// [`CheckError::TooLong`].
+///
+/// ```
+/// use idem_testkit::linearizability::{History, check};
+///
+/// let nothing = check(&History::default()).unwrap();
+/// assert_eq!(nothing.operations, 0);
+/// ```
+pub fn check(history: &History) -> Result<Checked, CheckError> {
+    check_with_budget(history, DEFAULT_BUDGET)
+}
+
+/// Checks `history`, visiting at most `budget` states per key.
+///
+/// # Errors
+/// As [`check`].
+pub fn check_with_budget(history: &History, budget: u64) -> Result<Checked, CheckError> {
+    let mut checked = Checked {
+        lost: history.lost(),
+        ..Checked::default()
+    };
+    for (key, operations) in history.by_key() {
+        checked.keys += 1;
+        checked.operations += operations.len();
+        match search(&operations, &[None], budget) {
+            Search::Explained { states } => {
+                checked.states += states;
+                checked.longest_search = checked.longest_search.max(states);
+            }
+            Search::TooLong { states } => {
+                return Err(CheckError::TooLong {
+                    scope: key.scope().to_owned(),
+                    key: key.key().to_owned(),
+                    states,
+                });
+            }
+            Search::Unexplained => {
+                let (after, starting_states, smallest) = witness(&operations, budget);
+                let start = smallest.first().map_or_else(Timestamp::now, |o| o.invoked);
+                return Err(CheckError::Unexplained(Box::new(Counterexample {
+                    names: Names::of(&operations).from(start),
+                    key,
+                    after,
+                    starting_states,
+                    operations: smallest,
+                    of: operations.len(),
+                    seed: None,
+                })));
+            }
+        }
+    }
+    Ok(checked)
+}
+
+/// Records `workload` against `store` (see [`record`]) and checks the history.
+///
+/// # Errors
+/// As [`check`]; a counterexample carries the workload's seed.
+pub async fn run(store: Arc<dyn Store>, workload: &Workload) -> Result<Checked, CheckError> {
+    run_on(&[store], workload).await
+}
+
+/// Records `workload` against several stores over one database (see [`record_on`]) and
+/// checks the history.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::{MemoryStore, Store};
+/// use idem_testkit::linearizability::{self, Workload};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// // Two handles on one in-memory map: the clients alternate between them.
+/// let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+/// let stores = [Arc::clone(&store), store];
+/// let checked = linearizability::run_on(&stores, &Workload::default().operations(200))
+///     .await
+///     .unwrap();
+/// assert_eq!(checked.keys, 4);
+/// # });
+/// ```
+///
+/// # Errors
+/// As [`check`]; a counterexample carries the workload's seed.
+pub async fn run_on(stores: &[Arc<dyn Store>], workload: &Workload) -> Result<Checked, CheckError> {
+    let history = record_on(stores, workload).await;
+    check(&history).map_err(|err| match err {
+        CheckError::Unexplained(mut counterexample) => {
+            counterexample.seed = Some(workload.seed_value());
+            CheckError::Unexplained(counterexample)
+        }
+        other => other,
+    })
+}
+
+/// The smallest witness the checker finds in `operations` (one key's, unexplained).
+///
+/// The history is first cut at the earliest invocation that leaves it unexplained: the
+/// operations invoked before it, with the answers that came back after it counted as
+/// lost (a cut of a linearizable history is linearizable, so the cut is a witness too).
+/// The witness then starts at the latest quiet moment before the cut (every earlier
+/// operation had returned) from which the rest is unexplained whatever state the
+/// earlier operations left.
+fn witness(operations: &[Operation], budget: u64) -> (usize, Vec<Option<Record>>, Vec<Operation>) {
+    let budget = budget.min(SHRINK_BUDGET);
+    let unexplained = |operations: &[Operation], starts: &[Option<Record>]| {
+        matches!(search(operations, starts, budget), Search::Unexplained)
+    };
+    let (mut explained, mut failing) = (0, operations.len());
+    while explained + 1 < failing {
+        let middle = (explained + failing) / 2;
+        if unexplained(&cut(operations, middle), &[None]) {
+            failing = middle;
+        } else {
+            explained = middle;
+        }
+    }
+    let cut = cut(operations, failing);
+    let mut tries = 0;
+    for start in (1..cut.len()).rev() {
+        let quiet = cut[..start].iter().all(|o| {
+            o.returned
+                .is_some_and(|returned| returned < cut[start].invoked)
+        });
+        if !quiet {
+            continue;
+        }
+        tries += 1;
+        if tries > SHRINK_SEARCHES {
+            break;
+        }
+        if let Some(states) = end_states(&cut[..start], budget)
+            && unexplained(&cut[start..], &states)
+        {
+            return (start, states, cut[start..].to_vec());
+        }
+    }
+    (0, vec![None], cut)
+}
+
+/// The operations invoked before the `at`-th, with the answers that came back after it
+/// counted as lost.
+fn cut(operations: &[Operation], at: usize) -> Vec<Operation> {
+    let Some(boundary) = operations.get(at).map(|o| o.invoked) else {
+        return operations.to_vec();
+    };
+    operations[..at]
+        .iter()
+        .map(|operation| {
+            let mut operation = operation.clone();
+            if operation
+                .returned
+                .is_some_and(|returned| returned >= boundary)
+            {
+                operation.returned = None;
+                operation.answer = Answer::Lost("its answer came after the cut".into());
+            }
+            operation
+        })
+        .collect()
+}

@@ -11,6 +11,13 @@ use idem_testkit::linearizability::{self, CheckError, Workload};
 
 use common::{Flaw, Setup, factory};
 
+// Not here: `LeaseLiveAtItsEnd` and `PresentAtItsExpiry`, a millisecond off at a boundary,
+// are below the checker's resolution by design (PostgreSQL compares microseconds, so its
+// correct answers sit a millisecond either side of the machine's); the conformance suite's
+// manual-clock cases catch both. `NonAtomicComplete` leaves a window of one task yield,
+// which overlapping calls on the wall clock meet only now and then; the suite's race case
+// catches it, and `CompleteOverTwoRoundTrips` is the same flaw with a network's window.
+
 /// Seeds a flaw gets before the checker is said to miss it. Each flaw below is caught in
 /// the first few (the slowest took 18 in the runs that tuned the workload).
 const SEEDS: u64 = 40;
@@ -74,8 +81,6 @@ caught! {
     an_expiry_that_ignores_a_live_lease: ExpiredIsAbsentDespiteLease,
     a_takeover_that_forgets_the_steps: TakeoverForgetsSteps,
     a_retried_result_stored_again: RewritesOnRetry,
-    a_lease_live_at_its_end: LeaseLiveAtItsEnd,
-    a_record_present_at_its_expiry: PresentAtItsExpiry,
     a_result_that_keeps_the_old_expiry: KeepsExpiryOnFinish,
     a_release_that_keeps_an_empty_record: ReleaseKeepsAnEmptyRecord,
     a_release_that_forgets_the_steps: ReleaseForgetsSteps,

@@ -20,12 +20,13 @@
 //! A record that is absent at a moment may also be gone: a store may delete absent
 //! records at any time (a purge, a TTL), and a claim then starts its tokens at 1.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
 use idem_core::{
-    Record, Timestamp, machine, raw::clamp_duration, store::ClaimOutcome, store::RenewOutcome,
+    Record, Timestamp, machine, raw::clamp_duration, record::Lease, store::ClaimOutcome,
+    store::RenewOutcome,
 };
 
 use super::history::{Answer, Call, Operation};
@@ -34,6 +35,19 @@ use super::history::{Answer, Call, Operation};
 /// clocks read in whole milliseconds on either side, and PostgreSQL compares
 /// microseconds.
 pub const TOLERANCE: u64 = 2;
+
+/// How long after its client gave up a call whose answer was lost may still take effect,
+/// by default: a request held in a buffer or a slow network still reaches the server.
+pub const LOST_GRACE: Duration = Duration::from_secs(1);
+
+/// What bounds a search.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Limits {
+    /// The most states one search visits.
+    pub(crate) budget: u64,
+    /// How long after its client gave up a lost call may take effect.
+    pub(crate) lost_grace: Duration,
+}
 
 /// The state the search is in: which operations are placed, and the record after them.
 type State = Option<Record>;
@@ -53,14 +67,82 @@ struct Step<'a> {
     operation: &'a Operation,
     /// The earliest millisecond it may take effect at.
     from: u64,
-    /// The latest (the end of the history when the answer was lost).
+    /// The latest (for a lost answer, the grace after the client gave up).
     to: u64,
+    /// Calls invoked after this millisecond come after it in every order: its return, or
+    /// for a lost answer the last moment it may take effect at.
+    blocks_after: u64,
+    /// Moments in the window that later answers point at (see [`derived_moments`]).
+    derived: Vec<u64>,
+}
+
+/// Every time an answer of the key's history shows (a lease's end, a record's creation or
+/// expiry), with the invocation of the operation that showed it, sorted by time.
+fn revealed_times(operations: &[Operation]) -> Vec<(u64, u64)> {
+    let mut times = Vec::new();
+    for operation in operations {
+        let by = operation.invoked.as_unix_millis();
+        match &operation.answer {
+            Answer::Claim(ClaimOutcome::Claimed { lease, .. })
+            | Answer::Renew(RenewOutcome::Renewed(lease)) => {
+                times.extend(
+                    [lease.lease_until, lease.created_at].map(|t| (t.as_unix_millis(), by)),
+                );
+            }
+            Answer::Get(Some(record)) => times.extend(
+                [record.lease_until, record.created_at, record.expires_at]
+                    .map(|t| (t.as_unix_millis(), by)),
+            ),
+            _ => {}
+        }
+    }
+    times.sort_unstable();
+    times.dedup();
+    times
+}
+
+/// The moments in `from..=to` at which `operation` would write a time that some answer
+/// shows: a write's `now` is seen later only through the times it set (`now + lease`,
+/// `now + retention`, `now` itself), so each shown time, less each duration the
+/// operation adds, is a moment it may have taken effect at; and the millisecond before,
+/// for stores that keep finer times.
+fn derived_moments(operation: &Operation, from: u64, to: u64, revealed: &[(u64, u64)]) -> Vec<u64> {
+    let millis = |d: Duration| u64::try_from(clamp_duration(d).as_millis()).unwrap_or(u64::MAX);
+    // The durations the operation adds to its `now` in what it writes.
+    let offsets: Vec<u64> = match &operation.call {
+        Call::Claim(request) => vec![0, millis(request.lease), millis(request.retention)],
+        Call::Complete(lease, _) | Call::Fail(lease, _) => vec![millis(lease.retention)],
+        Call::Release(_) => vec![0],
+        Call::Renew(lease, extend) => vec![
+            millis(*extend),
+            millis(*extend).saturating_add(millis(lease.retention)),
+        ],
+        Call::Checkpoint(..) | Call::Get(_) => Vec::new(),
+    };
+    let invoked = operation.invoked.as_unix_millis();
+    let mut moments = Vec::new();
+    for offset in offsets {
+        let low = from.saturating_add(offset);
+        let high = to.saturating_add(offset).saturating_add(1);
+        let start = revealed.partition_point(|&(t, _)| t < low);
+        for &(t, by) in revealed[start..].iter().take_while(|&&(t, _)| t <= high) {
+            // Only an answer to a later call can show what this one wrote.
+            if by >= invoked {
+                let at = t - offset;
+                moments.extend([at.saturating_sub(1), at]);
+            }
+        }
+    }
+    moments.retain(|at| (from..=to).contains(at));
+    moments.sort_unstable();
+    moments.dedup();
+    moments
 }
 
 /// Searches for an order of `operations` (one key's, in invocation order) that the state
-/// machine explains from one of the states `starts`, visiting at most `budget` states.
-pub(crate) fn search(operations: &[Operation], starts: &[State], budget: u64) -> Search {
-    let found = explore(operations, starts, budget, false);
+/// machine explains from one of the states `starts`, within `limits`.
+pub(crate) fn search(operations: &[Operation], starts: &[State], limits: Limits) -> Search {
+    let found = explore(operations, starts, limits, false);
     if found.too_long {
         Search::TooLong {
             states: found.states,
@@ -75,9 +157,9 @@ pub(crate) fn search(operations: &[Operation], starts: &[State], budget: u64) ->
 }
 
 /// Every state an explained order of `operations` (from no record) can end in; `None`
-/// when that takes more than `budget` states to find.
-pub(crate) fn end_states(operations: &[Operation], budget: u64) -> Option<Vec<State>> {
-    let found = explore(operations, &[None], budget, true);
+/// when that takes more than the budget to find.
+pub(crate) fn end_states(operations: &[Operation], limits: Limits) -> Option<Vec<State>> {
+    let found = explore(operations, &[None], limits, true);
     (!found.too_long).then_some(found.ends)
 }
 
@@ -96,27 +178,37 @@ struct Exploration {
 fn explore(
     operations: &[Operation],
     starts: &[State],
-    budget: u64,
+    limits: Limits,
     every_end: bool,
 ) -> Exploration {
-    let end = operations
-        .iter()
-        .filter_map(|o| o.returned)
-        .chain(operations.iter().map(|o| o.invoked))
-        .max()
-        .map_or(0, |t| t.as_unix_millis());
+    let revealed = revealed_times(operations);
+    let grace = u64::try_from(limits.lost_grace.as_millis()).unwrap_or(u64::MAX / 4);
     let steps: Vec<Step<'_>> = operations
         .iter()
-        .map(|operation| Step {
-            operation,
-            from: operation.invoked.as_unix_millis().saturating_sub(TOLERANCE),
-            to: operation.returned.map_or(end + TOLERANCE, |returned| {
-                returned.as_unix_millis() + TOLERANCE
-            }),
+        .map(|operation| {
+            let from = operation.invoked.as_unix_millis().saturating_sub(TOLERANCE);
+            let returned = operation.returned.as_unix_millis() + TOLERANCE;
+            let to = if operation.is_lost() {
+                returned + grace
+            } else {
+                returned
+            };
+            Step {
+                operation,
+                from,
+                to,
+                blocks_after: if operation.is_lost() {
+                    to
+                } else {
+                    operation.returned.as_unix_millis()
+                },
+                derived: derived_moments(operation, from, to, &revealed),
+            }
         })
         .collect();
     let words = steps.len().div_ceil(64);
-    let mut visited: HashSet<(Vec<u64>, u64)> = HashSet::new();
+    // Hashes of (placed set, state): 16 bytes a node, however long the history.
+    let mut visited: HashSet<(u64, u64)> = HashSet::new();
     let mut found = Exploration {
         ends: Vec::new(),
         states: 0,
@@ -124,16 +216,17 @@ fn explore(
     };
     let mut stack: Vec<Node> = Vec::new();
     // A node is looked at once, when it is first reached.
-    let reach = |placed: Vec<u64>, state: State, found: &mut Exploration| {
+    let mut cache = OutcomeCache::default();
+    let mut reach = |placed: Vec<u64>, state: State, found: &mut Exploration| {
         if all_answered_placed(&steps, &placed) && !found.ends.contains(&state) {
             found.ends.push(state.clone());
         }
-        let moves = next_moves(&steps, &placed, &state);
+        let moves = next_moves(&steps, &placed, &state, &mut cache);
         (placed, state, moves)
     };
     for start in starts {
         let placed = vec![0; words];
-        if visited.insert((placed.clone(), state_hash(start))) {
+        if visited.insert((placed_hash(&placed), state_hash(start))) {
             stack.push(reach(placed, start.clone(), &mut found));
         }
     }
@@ -147,11 +240,11 @@ fn explore(
         };
         let mut now_placed = placed.clone();
         now_placed[index / 64] |= 1 << (index % 64);
-        if !visited.insert((now_placed.clone(), state_hash(&next))) {
+        if !visited.insert((placed_hash(&now_placed), state_hash(&next))) {
             continue;
         }
         found.states += 1;
-        if found.states > budget {
+        if found.states > limits.budget {
             found.too_long = true;
             return found;
         }
@@ -173,29 +266,73 @@ fn all_answered_placed(steps: &[Step<'_>], placed: &[u64]) -> bool {
 
 /// Every (operation, state after it) the search may place next: an operation may go next
 /// when no unplaced operation returned before it was invoked.
-fn next_moves(steps: &[Step<'_>], placed: &[u64], state: &State) -> Vec<(usize, State)> {
+fn next_moves(
+    steps: &[Step<'_>],
+    placed: &[u64],
+    state: &State,
+    cache: &mut OutcomeCache,
+) -> Vec<(usize, State)> {
+    // A lost call blocks the calls invoked after its last moment, until it is placed or
+    // left out.
     let first_return = steps
         .iter()
         .enumerate()
         .filter(|(i, _)| !is_placed(placed, *i))
-        .filter_map(|(_, step)| step.operation.returned)
+        .map(|(_, step)| step.blocks_after)
         .min();
     let mut moves = Vec::new();
+    let mut skips = Vec::new();
+    let mut lost = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         if is_placed(placed, i) {
             continue;
         }
-        if first_return.is_some_and(|first| first < step.operation.invoked) {
+        if first_return.is_some_and(|first| first < step.operation.invoked.as_unix_millis()) {
             // Invocation order: every later operation is blocked too.
             break;
         }
-        for next in outcomes(step, state) {
-            moves.push((i, next));
+        if step.operation.is_lost() {
+            // Left out (it never took effect) before placed.
+            skips.push((i, state.clone()));
+            lost.extend(
+                cache
+                    .outcomes(i, step, state)
+                    .into_iter()
+                    .map(|next| (i, next)),
+            );
+        } else {
+            moves.extend(
+                cache
+                    .outcomes(i, step, state)
+                    .into_iter()
+                    .map(|next| (i, next)),
+            );
         }
     }
-    // Popped from the end: the earliest-invoked operation is tried first.
+    // Popped from the end: the earliest-invoked operation with an answer is tried first,
+    // then leaving a lost one out, then placing it.
+    moves.extend(skips);
+    moves.extend(lost);
     moves.reverse();
     moves
+}
+
+/// The outcomes of each operation on each state met: a state recurs at many nodes of the
+/// search (every order of calls that change nothing).
+#[derive(Default)]
+struct OutcomeCache(HashMap<(usize, u64), Vec<State>>);
+
+impl OutcomeCache {
+    fn outcomes(&mut self, index: usize, step: &Step<'_>, state: &State) -> Vec<State> {
+        // Bounded: a long search meets more states than are worth keeping.
+        if self.0.len() > 200_000 {
+            self.0.clear();
+        }
+        self.0
+            .entry((index, state_hash(state)))
+            .or_insert_with(|| outcomes(step, state))
+            .clone()
+    }
 }
 
 /// The states `step` may leave after `state`, one per way the machine explains its answer.
@@ -213,6 +350,9 @@ fn outcomes(step: &Step<'_>, state: &State) -> Vec<State> {
         for base in bases {
             if let Some(after) = apply(step.operation, &base, at)
                 && !results.contains(&after)
+                // A lost call that changed nothing need never be placed: it blocks no
+                // one, and leaving it out explains as much.
+                && !(step.operation.is_lost() && after == *state)
             {
                 results.push(after);
             }
@@ -225,6 +365,7 @@ fn outcomes(step: &Step<'_>, state: &State) -> Vec<State> {
 /// the window's ends, and the moment the answer reveals.
 fn moments(step: &Step<'_>, record: Option<&Record>) -> Vec<u64> {
     let mut moments = vec![step.from, step.to];
+    moments.extend_from_slice(&step.derived);
     if let Some(record) = record {
         for edge in [record.lease_until, record.expires_at] {
             let edge = edge.as_unix_millis();
@@ -282,6 +423,53 @@ fn apply(operation: &Operation, record: &State, now: Timestamp) -> Option<State>
         }};
     }
     match (&operation.call, &operation.answer) {
+        (Call::Claim(request), Answer::Claim(actual)) => {
+            let transition = machine::claim(existing, request, now);
+            if !same_claim(actual, &transition.outcome) {
+                return None;
+            }
+            let mut write = transition.write;
+            if let (
+                Some(record),
+                ClaimOutcome::Claimed { lease, .. },
+                ClaimOutcome::Claimed { resumed, .. },
+            ) = (&mut write, actual, &transition.outcome)
+            {
+                // The store's times, which may be a millisecond off the machine's at the
+                // moment tried (see `same_lease`).
+                record.lease_until = lease.lease_until;
+                if *resumed {
+                    let before = existing.map_or(record.expires_at, |r| r.expires_at);
+                    record.expires_at =
+                        machine::kept_past(before, lease.lease_until, request.retention);
+                } else {
+                    record.created_at = lease.created_at;
+                    record.expires_at = lease
+                        .created_at
+                        .saturating_add(clamp_duration(request.retention));
+                }
+            }
+            Some(write.or_else(unchanged))
+        }
+        (Call::Renew(lease, extend), Answer::Renew(actual)) => {
+            let transition = machine::renew(existing, lease, *extend, now);
+            let same = match (actual, &transition.outcome) {
+                (RenewOutcome::Renewed(a), RenewOutcome::Renewed(m)) => same_lease(a, m),
+                (a, m) => a == m,
+            };
+            if !same {
+                return None;
+            }
+            let mut write = transition.write;
+            if let (Some(record), RenewOutcome::Renewed(renewed), Some(before)) =
+                (&mut write, actual, existing)
+            {
+                record.lease_until = renewed.lease_until;
+                record.expires_at =
+                    machine::kept_past(before.expires_at, renewed.lease_until, lease.retention);
+            }
+            Some(write.or_else(unchanged))
+        }
         (Call::Claim(request), answer) => write!(
             machine::claim(existing, request, now),
             |model: &ClaimOutcome| matches!(answer, Answer::Claim(actual) if same_claim(actual, model))
@@ -316,6 +504,20 @@ fn apply(operation: &Operation, record: &State, now: Timestamp) -> Option<State>
 fn same_claim(actual: &ClaimOutcome, model: &ClaimOutcome) -> bool {
     match (actual, model) {
         (
+            ClaimOutcome::Claimed {
+                lease: a,
+                resumed: a_resumed,
+                steps: a_steps,
+                ..
+            },
+            ClaimOutcome::Claimed {
+                lease: m,
+                resumed: m_resumed,
+                steps: m_steps,
+                ..
+            },
+        ) => same_lease(a, m) && a_resumed == m_resumed && a_steps == m_steps,
+        (
             ClaimOutcome::InFlight {
                 retry_after: actual,
                 ..
@@ -326,6 +528,21 @@ fn same_claim(actual: &ClaimOutcome, model: &ClaimOutcome) -> bool {
         ) => actual.abs_diff(*model) <= Duration::from_millis(TOLERANCE),
         _ => actual == model,
     }
+}
+
+/// A lease the store answered against the machine's: the same but for its times, which
+/// may be a millisecond apart. A store that keeps finer times (PostgreSQL keeps
+/// microseconds) finds a lease live at `lease_until.123` that the machine, on whole
+/// milliseconds, finds ended at `lease_until`: its answer then matches the machine's a
+/// millisecond earlier, with times a millisecond later.
+fn same_lease(actual: &Lease, model: &Lease) -> bool {
+    let near = |a: Timestamp, m: Timestamp| a.as_unix_millis().abs_diff(m.as_unix_millis()) <= 1;
+    actual.key == model.key
+        && actual.token == model.token
+        && actual.attempt == model.attempt
+        && actual.retention == model.retention
+        && near(actual.lease_until, model.lease_until)
+        && near(actual.created_at, model.created_at)
 }
 
 /// A record `get` returned against the machine's: everything but the times a write set
@@ -346,6 +563,12 @@ fn same_get(actual: Option<&Record>, model: Option<&Record>) -> bool {
         }
         _ => false,
     }
+}
+
+fn placed_hash(placed: &[u64]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    placed.hash(&mut hasher);
+    hasher.finish()
 }
 
 fn state_hash(state: &State) -> u64 {

@@ -58,7 +58,8 @@ pub enum Answer {
     /// What `get` found.
     Get(Option<Record>),
     /// No answer came back: an error, a timeout, a cut connection. The call may have
-    /// taken effect, once, at any time after it was invoked, or not at all.
+    /// taken effect, once, between its invocation and [`LOST_GRACE`](super::LOST_GRACE)
+    /// after the client gave up on it, or not at all.
     Lost(String),
 }
 
@@ -71,8 +72,9 @@ pub struct Operation {
     pub call: Call,
     /// The wall-clock time just before the call was made.
     pub invoked: Timestamp,
-    /// The wall-clock time just after its answer came back; `None` when it was lost.
-    pub returned: Option<Timestamp>,
+    /// The wall-clock time just after its answer came back, or the client gave up on it
+    /// (its answer lost).
+    pub returned: Timestamp,
     /// The answer.
     pub answer: Answer,
 }
@@ -281,9 +283,7 @@ impl Names {
     }
 
     pub(crate) fn operation(&self, operation: &Operation) -> String {
-        let returned = operation
-            .returned
-            .map_or_else(|| "never".to_owned(), |at| self.at(at));
+        let returned = self.at(operation.returned);
         format!(
             "client {} [{} .. {}] {} -> {}",
             operation.client,

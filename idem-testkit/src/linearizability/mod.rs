@@ -52,14 +52,15 @@ mod workload;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::{Key, Record, Store, Timestamp};
 
-pub use checker::TOLERANCE;
+pub use checker::{LOST_GRACE, TOLERANCE};
 pub use history::{Answer, Call, History, Operation};
 pub use workload::{Workload, record, record_on};
 
-use checker::{Search, end_states, search};
+use checker::{Limits, Search, end_states, search};
 use history::Names;
 
 /// The most states one key's search visits before it gives up (and fails: a check that
@@ -166,7 +167,7 @@ pub enum CheckError {
     },
 }
 
-/// Checks `history` with the default budget ([`DEFAULT_BUDGET`] states per key).
+/// Checks `history` with the default [`Checker`].
 ///
 /// # Errors
 /// [`CheckError::Unexplained`] with the smallest unexplained part the checker found, or
@@ -179,14 +180,64 @@ pub enum CheckError {
 /// assert_eq!(nothing.operations, 0);
 /// ```
 pub fn check(history: &History) -> Result<Checked, CheckError> {
-    check_with_budget(history, DEFAULT_BUDGET)
+    Checker::default().check(history)
 }
 
-/// Checks `history`, visiting at most `budget` states per key.
+/// A checker with its bounds: how many states a key's search may visit, and how long a
+/// call whose answer was lost may still take effect after its client gave up.
 ///
-/// # Errors
-/// As [`check`].
-pub fn check_with_budget(history: &History, budget: u64) -> Result<Checked, CheckError> {
+/// ```
+/// use std::time::Duration;
+/// use idem_testkit::linearizability::{Checker, History};
+///
+/// // Through a proxy that holds a request at most 250 ms, a lost call lands within
+/// // 300 ms of its client giving up, or never.
+/// let checker = Checker::default()
+///     .budget(5_000_000)
+///     .lost_grace(Duration::from_millis(300));
+/// assert!(checker.check(&History::default()).is_ok());
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Checker {
+    limits: Limits,
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Self {
+            limits: Limits {
+                budget: DEFAULT_BUDGET,
+                lost_grace: LOST_GRACE,
+            },
+        }
+    }
+}
+
+impl Checker {
+    /// The most states one key's search visits ([`DEFAULT_BUDGET`] by default).
+    pub fn budget(mut self, states: u64) -> Self {
+        self.limits.budget = states;
+        self
+    }
+
+    /// How long after its client gave up a lost call may still take effect
+    /// ([`LOST_GRACE`] by default). Shorter is a faster search; it must cover how long
+    /// the network between client and server can hold a request.
+    pub fn lost_grace(mut self, grace: Duration) -> Self {
+        self.limits.lost_grace = grace;
+        self
+    }
+
+    /// Checks `history`.
+    ///
+    /// # Errors
+    /// As [`check`].
+    pub fn check(&self, history: &History) -> Result<Checked, CheckError> {
+        check_within(history, self.limits)
+    }
+}
+
+fn check_within(history: &History, limits: Limits) -> Result<Checked, CheckError> {
     let mut checked = Checked {
         lost: history.lost(),
         ..Checked::default()
@@ -194,7 +245,7 @@ pub fn check_with_budget(history: &History, budget: u64) -> Result<Checked, Chec
     for (key, operations) in history.by_key() {
         checked.keys += 1;
         checked.operations += operations.len();
-        match search(&operations, &[None], budget) {
+        match search(&operations, &[None], limits) {
             Search::Explained { states } => {
                 checked.states += states;
                 checked.longest_search = checked.longest_search.max(states);
@@ -207,7 +258,7 @@ pub fn check_with_budget(history: &History, budget: u64) -> Result<Checked, Chec
                 });
             }
             Search::Unexplained => {
-                let (after, starting_states, smallest) = witness(&operations, budget);
+                let (after, starting_states, smallest) = witness(&operations, limits);
                 let start = smallest.first().map_or_else(Timestamp::now, |o| o.invoked);
                 return Err(CheckError::Unexplained(Box::new(Counterexample {
                     names: Names::of(&operations).from(start),
@@ -272,10 +323,16 @@ pub async fn run_on(stores: &[Arc<dyn Store>], workload: &Workload) -> Result<Ch
 /// The witness then starts at the latest quiet moment before the cut (every earlier
 /// operation had returned) from which the rest is unexplained whatever state the
 /// earlier operations left.
-fn witness(operations: &[Operation], budget: u64) -> (usize, Vec<Option<Record>>, Vec<Operation>) {
-    let budget = budget.min(SHRINK_BUDGET);
+fn witness(
+    operations: &[Operation],
+    limits: Limits,
+) -> (usize, Vec<Option<Record>>, Vec<Operation>) {
+    let limits = Limits {
+        budget: limits.budget.min(SHRINK_BUDGET),
+        ..limits
+    };
     let unexplained = |operations: &[Operation], starts: &[Option<Record>]| {
-        matches!(search(operations, starts, budget), Search::Unexplained)
+        matches!(search(operations, starts, limits), Search::Unexplained)
     };
     let (mut explained, mut failing) = (0, operations.len());
     while explained + 1 < failing {
@@ -289,10 +346,9 @@ fn witness(operations: &[Operation], budget: u64) -> (usize, Vec<Option<Record>>
     let cut = cut(operations, failing);
     let mut tries = 0;
     for start in (1..cut.len()).rev() {
-        let quiet = cut[..start].iter().all(|o| {
-            o.returned
-                .is_some_and(|returned| returned < cut[start].invoked)
-        });
+        let quiet = cut[..start]
+            .iter()
+            .all(|o| !o.is_lost() && o.returned < cut[start].invoked);
         if !quiet {
             continue;
         }
@@ -300,7 +356,7 @@ fn witness(operations: &[Operation], budget: u64) -> (usize, Vec<Option<Record>>
         if tries > SHRINK_SEARCHES {
             break;
         }
-        if let Some(states) = end_states(&cut[..start], budget)
+        if let Some(states) = end_states(&cut[..start], limits)
             && unexplained(&cut[start..], &states)
         {
             return (start, states, cut[start..].to_vec());
@@ -319,11 +375,7 @@ fn cut(operations: &[Operation], at: usize) -> Vec<Operation> {
         .iter()
         .map(|operation| {
             let mut operation = operation.clone();
-            if operation
-                .returned
-                .is_some_and(|returned| returned >= boundary)
-            {
-                operation.returned = None;
+            if operation.returned >= boundary {
                 operation.answer = Answer::Lost("its answer came after the cut".into());
             }
             operation

@@ -227,10 +227,16 @@ impl Client {
             {
                 self.retry = Some((k, *retry_after));
             }
+            let operation_lost = operation.is_lost();
             operations.push(operation);
             // A little time between calls, so that short leases and retentions end
-            // while the run goes on.
-            let pause = self.rng.u64(0..=3);
+            // while the run goes on; longer after a lost answer, as a client backs off
+            // while its server is down.
+            let pause = if operation_lost {
+                self.rng.u64(20..=60)
+            } else {
+                self.rng.u64(0..=3)
+            };
             if pause > 0 {
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
@@ -256,9 +262,10 @@ impl Client {
                 Call::Complete(lease, self.value("ok")),
                 left.saturating_sub(millis(self.rng.u64(0..=3))),
             ),
+            // Either side of the end: a heartbeat just in time, or one just too late.
             3..5 => (
                 Call::Renew(lease, LEASES[self.rng.usize(0..LEASES.len())]),
-                left.saturating_sub(millis(self.rng.u64(0..=3))),
+                (left + millis(self.rng.u64(0..=6))).saturating_sub(millis(3)),
             ),
             5..8 => (Call::Claim(request), left + millis(self.rng.u64(1..=6))),
             _ => {
@@ -344,14 +351,12 @@ impl Client {
     async fn make(&self, store: &dyn Store, call: Call) -> Operation {
         let invoked = Timestamp::now();
         let answer = tokio::time::timeout(self.timeout, answer(store, &call)).await;
-        let (answer, returned) = match answer {
-            Ok(Ok(answer)) => (answer, Some(Timestamp::now())),
-            Ok(Err(err)) => (Answer::Lost(err.to_string()), None),
-            Err(_) => (
-                Answer::Lost(format!("no answer within {:?}", self.timeout)),
-                None,
-            ),
+        let answer = match answer {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(err)) => Answer::Lost(err.to_string()),
+            Err(_) => Answer::Lost(format!("no answer within {:?}", self.timeout)),
         };
+        let returned = Timestamp::now();
         Operation {
             client: self.id,
             call,

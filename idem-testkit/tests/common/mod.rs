@@ -292,8 +292,8 @@ impl FlawedStore {
             .get(&name)
             .cloned();
         let Transition { outcome, write } = step(read.as_ref(), self.clock.now());
-        // A round trip on a local network.
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        // A round trip to a server in another zone.
+        tokio::time::sleep(Duration::from_millis(5)).await;
         if let Some(record) = write {
             self.backend
                 .lock()

@@ -9,6 +9,10 @@
 //! # faults on the test servers (IDEM_TEST_* from `scripts/services.sh start`)
 //! cargo run --release -p idem-chaos -- explore --backend memory,sqlite
 //! cargo run --release -p idem-chaos -- explore --long --backend postgres --seed 7
+//!
+//! # idem-testkit's linearizability checker through the fault proxy, with crashes
+//! cargo run --release -p idem-chaos -- linearizable --quick
+//! cargo run --release -p idem-chaos -- linearizable --long --seed 7
 //! ```
 
 use std::path::PathBuf;
@@ -17,8 +21,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use idem_chaos::backends::Backend;
-use idem_chaos::explore;
 use idem_chaos::run::{self, Report, Settings};
+use idem_chaos::{explore, linearizable};
 
 /// Executes keys through idem while a proxy cuts, delays and blackholes connections and
 /// the servers crash; checks every key ends with one result that never changed.
@@ -63,6 +67,121 @@ enum Command {
     /// await point of each scenario (memory and SQLite: every single fault, then sampled
     /// pairs; servers: a seeded sample), then checks every promise.
     Explore(ExploreArgs),
+    /// Runs idem-testkit's linearizability checker on the durable servers: concurrent
+    /// clients through the fault proxy while the server crashes and revives; every answer
+    /// that came back must be explained by the state machine.
+    Linearizable(LinearizableArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct LinearizableArgs {
+    /// Backends, comma separated (their durable servers, as for a chaos run).
+    #[arg(long, value_delimiter = ',', default_value = "postgres,redis,dynamodb")]
+    backends: Vec<String>,
+    /// The seed of the workload and the faults (default: from the clock, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// A short run (3 000 calls per backend, one crash): what CI does.
+    #[arg(long, conflicts_with = "long")]
+    quick: bool,
+    /// A long run (40 000 calls per backend, six crashes).
+    #[arg(long)]
+    long: bool,
+    /// Calls per backend, overriding the mode's (default 10 000).
+    #[arg(long)]
+    operations: Option<usize>,
+    /// Random faults per million requests (default 20 000: one request in 50).
+    #[arg(long, default_value_t = 20_000)]
+    fault_ppm: u64,
+    /// Also write the reports as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+async fn run_linearizable(args: LinearizableArgs) -> ExitCode {
+    let seed = args.seed.unwrap_or_else(seed_from_clock);
+    let (operations, restarts, crash_every) = if args.quick {
+        (3_000, 1, Duration::from_millis(1_500))
+    } else if args.long {
+        (40_000, 6, Duration::from_secs(4))
+    } else {
+        (10_000, 2, Duration::from_secs(2))
+    };
+    let mut reports = Vec::new();
+    for name in &args.backends {
+        let Some(backend) = Backend::parse(name) else {
+            eprintln!("idem-chaos: unknown backend {name} (postgres, redis, dynamodb)");
+            return ExitCode::from(2);
+        };
+        let url = match backend.url() {
+            Ok(url) => url,
+            Err(err) => {
+                eprintln!("idem-chaos: {err}");
+                return ExitCode::from(2);
+            }
+        };
+        let settings = linearizable::Settings {
+            seed,
+            operations: args.operations.unwrap_or(operations),
+            clients: 8,
+            keys: 4,
+            fault_ppm: args.fault_ppm,
+            restarts,
+            crash_every,
+        };
+        eprintln!("idem-chaos linearizable: {name}, {settings:?}");
+        match linearizable::run(backend, &url, settings).await {
+            Ok(report) => {
+                println!(
+                    "{}: {} calls ({} answers lost) in {:.1} s, {} faults {:?}, {} restarts; checked in {:.1} s, {} states, the longest search {}",
+                    report.backend,
+                    report.operations,
+                    report.lost,
+                    report.record_s,
+                    report.faults.total(),
+                    report.faults,
+                    report.restarts,
+                    report.check_s,
+                    report.states,
+                    report.longest_search,
+                );
+                if let Some(unexplained) = &report.unexplained {
+                    println!("  UNEXPLAINED: {unexplained}");
+                }
+                reports.push(report);
+            }
+            Err(err) => {
+                eprintln!("idem-chaos linearizable: the {name} run could not be set up: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    write_json(args.json.as_deref(), &reports);
+    if reports.iter().all(linearizable::Report::passed) {
+        println!("idem-chaos linearizable: every answer explained (seed {seed})");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("idem-chaos linearizable: unexplained histories (seed {seed}, see above)");
+        ExitCode::FAILURE
+    }
+}
+
+fn seed_from_clock() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
+fn write_json(path: Option<&std::path::Path>, reports: &impl serde::Serialize) {
+    let Some(path) = path else { return };
+    match serde_json::to_vec_pretty(reports) {
+        Ok(json) => {
+            if let Err(err) = std::fs::write(path, json) {
+                eprintln!("idem-chaos: could not write {}: {err}", path.display());
+            }
+        }
+        Err(err) => eprintln!("idem-chaos: {err}"),
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -118,15 +237,17 @@ fn run_explore(args: ExploreArgs) -> ExitCode {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    if let Some(Command::Explore(explore)) = args.command {
+    match args.command {
         // The explorer makes runtimes of its own, on a thread of its own.
-        return tokio::task::block_in_place(|| run_explore(explore));
+        Some(Command::Explore(explore)) => {
+            return tokio::task::block_in_place(|| run_explore(explore));
+        }
+        Some(Command::Linearizable(linearizable)) => {
+            return run_linearizable(linearizable).await;
+        }
+        None => {}
     }
-    let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-    });
+    let seed = args.seed.unwrap_or_else(seed_from_clock);
     let (duration, restarts, workers, keys) = if args.quick {
         (Duration::from_secs(8), 1, 8, 400)
     } else if args.long {
@@ -168,16 +289,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    if let Some(path) = &args.json {
-        match serde_json::to_vec_pretty(&reports) {
-            Ok(json) => {
-                if let Err(err) = std::fs::write(path, json) {
-                    eprintln!("idem-chaos: could not write {}: {err}", path.display());
-                }
-            }
-            Err(err) => eprintln!("idem-chaos: {err}"),
-        }
-    }
+    write_json(args.json.as_deref(), &reports);
     let failed: Vec<_> = reports.iter().filter(|r| !r.passed()).collect();
     if failed.is_empty() {
         println!("idem-chaos: every check passed (seed {seed})");

@@ -11,6 +11,7 @@ use idem_dynamodb::aws_sdk_dynamodb::config::timeout::TimeoutConfig;
 use idem_dynamodb::aws_sdk_dynamodb::config::{BehaviorVersion, Credentials, Region};
 use idem_dynamodb::aws_sdk_dynamodb::{Client, Config};
 
+use crate::proxy::FaultProxy;
 use crate::run::BoxError;
 
 /// A server backend a chaos run targets.
@@ -218,12 +219,32 @@ fn services_script() -> PathBuf {
 ///
 /// # Errors
 /// When the script fails.
+/// The longest `scripts/services.sh` may take to crash or revive a server.
+const SERVICES_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Crashes `backend`'s durable server, cuts every connection through `proxy`, and revives
+/// the server on the data it had after a short outage.
+///
+/// # Errors
+/// When `scripts/services.sh` fails or takes over three minutes.
+pub async fn crash_and_revive_once(backend: Backend, proxy: &FaultProxy) -> Result<(), BoxError> {
+    services("crash", backend.service()).await?;
+    proxy.cut_all();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    services("revive", backend.service()).await
+}
+
+/// Runs `scripts/services.sh COMMAND SERVICE`.
 pub async fn services(command: &str, service: &str) -> Result<(), BoxError> {
     let output = tokio::process::Command::new("bash")
         .arg(services_script())
         .args([command, service])
-        .output()
-        .await?;
+        .kill_on_drop(true)
+        .output();
+    // A revival waits for the server to answer; one that never does must not hang the run.
+    let output = tokio::time::timeout(SERVICES_TIMEOUT, output)
+        .await
+        .map_err(|_| format!("services.sh {command} {service} took over {SERVICES_TIMEOUT:?}"))??;
     if !output.status.success() {
         return Err(format!(
             "services.sh {command} {service} failed: {}",

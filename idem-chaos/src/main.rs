@@ -103,9 +103,10 @@ async fn run_linearizable(args: LinearizableArgs) -> ExitCode {
     let (operations, restarts, crash_every) = if args.quick {
         (3_000, 1, Duration::from_millis(1_500))
     } else if args.long {
-        (40_000, 6, Duration::from_secs(4))
+        // Spread over the run: 40 000 calls take two to four minutes per backend here.
+        (40_000, 6, Duration::from_secs(10))
     } else {
-        (10_000, 2, Duration::from_secs(2))
+        (10_000, 2, Duration::from_secs(6))
     };
     let mut reports = Vec::new();
     for name in &args.backends {
@@ -129,17 +130,30 @@ async fn run_linearizable(args: LinearizableArgs) -> ExitCode {
             restarts,
             crash_every,
         };
-        eprintln!("idem-chaos linearizable: {name}, {settings:?}");
+        eprintln!(
+            "idem-chaos linearizable: {name}, seed {}, {} calls from {} clients on {} keys, {} faults per million requests, {} crash(es) {:?} apart",
+            settings.seed,
+            settings.operations,
+            settings.clients,
+            settings.keys,
+            settings.fault_ppm,
+            settings.restarts,
+            settings.crash_every,
+        );
         match linearizable::run(backend, &url, settings).await {
             Ok(report) => {
                 println!(
-                    "{}: {} calls ({} answers lost) in {:.1} s, {} faults {:?}, {} restarts; checked in {:.1} s, {} states, the longest search {}",
+                    "{}: {} calls ({} answers lost) in {:.1} s, {} faults (delay {}, refuse {}, blackhole {}, cut after the request {}, cut mid-answer {}), {} restarts; checked in {:.1} s, {} states, the longest search {}",
                     report.backend,
                     report.operations,
                     report.lost,
                     report.record_s,
                     report.faults.total(),
-                    report.faults,
+                    report.faults.delay,
+                    report.faults.refuse,
+                    report.faults.blackhole,
+                    report.faults.cut_after_request,
+                    report.faults.cut_mid_answer,
                     report.restarts,
                     report.check_s,
                     report.states,
@@ -147,6 +161,11 @@ async fn run_linearizable(args: LinearizableArgs) -> ExitCode {
                 );
                 if let Some(unexplained) = &report.unexplained {
                     println!("  UNEXPLAINED: {unexplained}");
+                }
+                if report.restarts == 0 && report.settings.restarts > 0 {
+                    println!(
+                        "  NO CRASH: the calls ended before the first crash; run more of them"
+                    );
                 }
                 reports.push(report);
             }

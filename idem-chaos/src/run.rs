@@ -372,10 +372,7 @@ async fn crash_and_revive(
                 .duration
                 .mul_f64(n as f64 / (settings.restarts + 1) as f64);
         tokio::time::sleep_until(at).await;
-        backends::services("crash", backend.service()).await?;
-        proxy.cut_all();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        backends::services("revive", backend.service()).await?;
+        backends::crash_and_revive_once(backend, &proxy).await?;
         done.fetch_add(1, Ordering::SeqCst);
     }
     Ok(())

@@ -47,6 +47,10 @@
 //! case and reports which failed and why, whole, without panic noise. [`execute_races`] races many `execute` calls per key for
 //! a store's own tests, with a side effect the store's database can count.
 //!
+//! [`linearizability`] checks whole concurrent histories: many clients call one store (or
+//! several on one database) at once, and every answer must be explained by the state
+//! machine applied one call at a time in an order that respects real time.
+//!
 //! Server-backed suites read their address from the environment with [`service_url`], which
 //! skips loudly when it is unset and fails instead when `IDEM_REQUIRE_SERVICES=1`.
 //!
@@ -60,6 +64,8 @@
 //! - `capabilities.rs`: [`Capabilities`], what differs between stores.
 //! - `model.rs`: the model-based run against `idem_core::machine`.
 //! - [`explore`]: the fault-point explorer.
+//! - [`linearizability`]: the workload that records concurrent histories and the checker
+//!   that explains them (`workload.rs`, `history.rs`, `checker.rs`).
 //! - `races.rs`: [`execute_races`]; `services.rs`: [`service_url`]; `foreign.rs`: records
 //!   idem did not write; `fuzz.rs`, `namespace.rs`, `quiet.rs`, `support.rs`: helpers.
 

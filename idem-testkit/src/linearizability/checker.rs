@@ -17,6 +17,11 @@
 //! operation whose answer was lost may take effect at any moment after its invocation,
 //! with any answer, or never.
 //!
+//! The moments follow the order: an operation placed after another takes effect at the
+//! same millisecond or later (less [`TOLERANCE`], for clocks read on either side of a
+//! millisecond's edge), as on a store whose clock only moves forward. Real-time order
+//! between calls is kept to the nanosecond ([`Operation::invoked_ns`]).
+//!
 //! A record that is absent at a moment may also be gone: a store may delete absent
 //! records at any time (a purge, a TTL), and a claim then starts its tokens at 1.
 
@@ -47,9 +52,13 @@ pub(crate) struct Limits {
     pub(crate) budget: u64,
     /// How long after its client gave up a lost call may take effect.
     pub(crate) lost_grace: Duration,
+    /// Whether the moments follow the order (the store reads its clock where its writes
+    /// take effect); see [`Checker::moments_in_any_order`](super::Checker::moments_in_any_order).
+    pub(crate) ordered_moments: bool,
 }
 
-/// The state the search is in: which operations are placed, and the record after them.
+/// The record after the placed operations (the search's state is that, the placed set,
+/// and the moment the last of them took effect at).
 type State = Option<Record>;
 
 /// What searching one key found.
@@ -69,19 +78,19 @@ struct Step<'a> {
     from: u64,
     /// The latest (for a lost answer, the grace after the client gave up).
     to: u64,
-    /// Calls invoked after this millisecond come after it in every order: its return, or
-    /// for a lost answer the last moment it may take effect at.
-    blocks_after: u64,
+    /// Calls invoked after this nanosecond come after it in every order: its return, or
+    /// for a lost answer the end of the last millisecond it may take effect at.
+    blocks_after_ns: u64,
     /// Moments in the window that later answers point at (see [`derived_moments`]).
     derived: Vec<u64>,
 }
 
 /// Every time an answer of the key's history shows (a lease's end, a record's creation or
-/// expiry), with the invocation of the operation that showed it, sorted by time.
+/// expiry), with the return of the operation that showed it, sorted by time.
 fn revealed_times(operations: &[Operation]) -> Vec<(u64, u64)> {
     let mut times = Vec::new();
     for operation in operations {
-        let by = operation.invoked.as_unix_millis();
+        let by = operation.returned.as_unix_millis();
         match &operation.answer {
             Answer::Claim(ClaimOutcome::Claimed { lease, .. })
             | Answer::Renew(RenewOutcome::Renewed(lease)) => {
@@ -126,7 +135,8 @@ fn derived_moments(operation: &Operation, from: u64, to: u64, revealed: &[(u64, 
         let high = to.saturating_add(offset).saturating_add(1);
         let start = revealed.partition_point(|&(t, _)| t < low);
         for &(t, by) in revealed[start..].iter().take_while(|&&(t, _)| t <= high) {
-            // Only an answer to a later call can show what this one wrote.
+            // Only an answer to a call that may be placed after this one (it returned
+            // after this one was invoked) can show what this one wrote.
             if by >= invoked {
                 let at = t - offset;
                 moments.extend([at.saturating_sub(1), at]);
@@ -163,8 +173,13 @@ pub(crate) fn end_states(operations: &[Operation], limits: Limits) -> Option<Vec
     (!found.too_long).then_some(found.ends)
 }
 
-/// A node of the search: the placed set, the state, and the moves left to try from it.
-type Node = (Vec<u64>, State, Vec<(usize, State)>);
+/// A node of the search: the placed set, the state, the moment the last placed operation
+/// took effect at (see [`floor_of`]), and the moves left to try from it.
+type Node = (Vec<u64>, State, u64, Vec<Move>);
+
+/// An operation to place next: its index, the state after it, and the moment the search
+/// is at after it.
+type Move = (usize, State, u64);
 
 struct Exploration {
     ends: Vec<State>,
@@ -172,9 +187,10 @@ struct Exploration {
     too_long: bool,
 }
 
-/// The search: depth first, with an explicit stack of (placed set, state, the moves left
-/// to try) and the (placed set, state) pairs already explored. `every_end`: go on past the
-/// first explanation and gather the states every explanation ends in.
+/// The search: depth first, with an explicit stack of (placed set, state, moment, the
+/// moves left to try) and the (placed set, state, moment) triples already explored.
+/// `every_end`: go on past the first explanation and gather the states every explanation
+/// ends in.
 fn explore(
     operations: &[Operation],
     starts: &[State],
@@ -182,14 +198,17 @@ fn explore(
     every_end: bool,
 ) -> Exploration {
     let revealed = revealed_times(operations);
-    let grace = u64::try_from(limits.lost_grace.as_millis()).unwrap_or(u64::MAX / 4);
+    let grace = u64::try_from(limits.lost_grace.as_millis()).unwrap_or(u64::MAX);
     let steps: Vec<Step<'_>> = operations
         .iter()
         .map(|operation| {
             let from = operation.invoked.as_unix_millis().saturating_sub(TOLERANCE);
-            let returned = operation.returned.as_unix_millis() + TOLERANCE;
+            let returned = operation
+                .returned
+                .as_unix_millis()
+                .saturating_add(TOLERANCE);
             let to = if operation.is_lost() {
-                returned + grace
+                returned.saturating_add(grace)
             } else {
                 returned
             };
@@ -197,18 +216,18 @@ fn explore(
                 operation,
                 from,
                 to,
-                blocks_after: if operation.is_lost() {
-                    to
+                blocks_after_ns: if operation.is_lost() {
+                    to.saturating_add(1).saturating_mul(1_000_000) - 1
                 } else {
-                    operation.returned.as_unix_millis()
+                    operation.returned_ns
                 },
                 derived: derived_moments(operation, from, to, &revealed),
             }
         })
         .collect();
     let words = steps.len().div_ceil(64);
-    // Hashes of (placed set, state): 16 bytes a node, however long the history.
-    let mut visited: HashSet<(u64, u64)> = HashSet::new();
+    // Hashes of (placed set, state, moment): 24 bytes a node, however long the history.
+    let mut visited: HashSet<(u64, u64, u64)> = HashSet::new();
     let mut found = Exploration {
         ends: Vec::new(),
         states: 0,
@@ -217,30 +236,34 @@ fn explore(
     let mut stack: Vec<Node> = Vec::new();
     // A node is looked at once, when it is first reached.
     let mut cache = OutcomeCache::default();
-    let mut reach = |placed: Vec<u64>, state: State, found: &mut Exploration| {
+    let mut reach = |placed: Vec<u64>, state: State, floor: u64, found: &mut Exploration| {
         if all_answered_placed(&steps, &placed) && !found.ends.contains(&state) {
             found.ends.push(state.clone());
         }
-        let moves = next_moves(&steps, &placed, &state, &mut cache);
-        (placed, state, moves)
+        let moves = next_moves(&steps, &placed, &state, floor, &mut cache)
+            .into_iter()
+            .map(|(i, next, at)| (i, next, if limits.ordered_moments { at } else { 0 }))
+            .collect();
+        (placed, state, floor, moves)
     };
     for start in starts {
         let placed = vec![0; words];
-        if visited.insert((placed_hash(&placed), state_hash(start))) {
-            stack.push(reach(placed, start.clone(), &mut found));
+        if visited.insert((placed_hash(&placed), state_hash(start), 0)) {
+            stack.push(reach(placed, start.clone(), 0, &mut found));
         }
     }
-    while let Some((placed, _, moves)) = stack.last_mut() {
+    while let Some((placed, _, _, moves)) = stack.last_mut() {
         if !every_end && !found.ends.is_empty() {
             return found;
         }
-        let Some((index, next)) = moves.pop() else {
+        let Some((index, next, floor)) = moves.pop() else {
             stack.pop();
             continue;
         };
         let mut now_placed = placed.clone();
         now_placed[index / 64] |= 1 << (index % 64);
-        if !visited.insert((placed_hash(&now_placed), state_hash(&next))) {
+        let floor = floor_of(&steps, &now_placed, floor);
+        if !visited.insert((placed_hash(&now_placed), state_hash(&next), floor)) {
             continue;
         }
         found.states += 1;
@@ -248,9 +271,25 @@ fn explore(
             found.too_long = true;
             return found;
         }
-        stack.push(reach(now_placed, next, &mut found));
+        stack.push(reach(now_placed, next, floor, &mut found));
     }
     found
+}
+
+/// The moment the search is at, as far as it still matters: 0 when every unplaced
+/// operation may take effect at or after it anyway, so that orders which differ only in
+/// moments nothing left can see meet in one node.
+fn floor_of(steps: &[Step<'_>], placed: &[u64], floor: u64) -> u64 {
+    let earliest = steps
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !is_placed(placed, *i))
+        .map(|(_, step)| step.from)
+        .min();
+    match earliest {
+        Some(from) if floor.saturating_sub(TOLERANCE) > from => floor,
+        _ => 0,
+    }
 }
 
 fn is_placed(placed: &[u64], index: usize) -> bool {
@@ -264,21 +303,22 @@ fn all_answered_placed(steps: &[Step<'_>], placed: &[u64]) -> bool {
         .all(|(i, step)| step.operation.is_lost() || is_placed(placed, i))
 }
 
-/// Every (operation, state after it) the search may place next: an operation may go next
-/// when no unplaced operation returned before it was invoked.
+/// Every move the search may make next from a node at moment `floor`: an operation may go
+/// next when no unplaced operation returned before it was invoked.
 fn next_moves(
     steps: &[Step<'_>],
     placed: &[u64],
     state: &State,
+    floor: u64,
     cache: &mut OutcomeCache,
-) -> Vec<(usize, State)> {
+) -> Vec<Move> {
     // A lost call blocks the calls invoked after its last moment, until it is placed or
     // left out.
     let first_return = steps
         .iter()
         .enumerate()
         .filter(|(i, _)| !is_placed(placed, *i))
-        .map(|(_, step)| step.blocks_after)
+        .map(|(_, step)| step.blocks_after_ns)
         .min();
     let mut moves = Vec::new();
     let mut skips = Vec::new();
@@ -287,26 +327,20 @@ fn next_moves(
         if is_placed(placed, i) {
             continue;
         }
-        if first_return.is_some_and(|first| first < step.operation.invoked.as_unix_millis()) {
+        if first_return.is_some_and(|first| first < step.operation.invoked_ns) {
             // Invocation order: every later operation is blocked too.
             break;
         }
+        let placements = cache
+            .outcomes(i, step, state, floor)
+            .into_iter()
+            .map(|(next, at)| (i, next, at.max(floor)));
         if step.operation.is_lost() {
             // Left out (it never took effect) before placed.
-            skips.push((i, state.clone()));
-            lost.extend(
-                cache
-                    .outcomes(i, step, state)
-                    .into_iter()
-                    .map(|next| (i, next)),
-            );
+            skips.push((i, state.clone(), floor));
+            lost.extend(placements);
         } else {
-            moves.extend(
-                cache
-                    .outcomes(i, step, state)
-                    .into_iter()
-                    .map(|next| (i, next)),
-            );
+            moves.extend(placements);
         }
     }
     // Popped from the end: the earliest-invoked operation with an answer is tried first,
@@ -317,28 +351,36 @@ fn next_moves(
     moves
 }
 
-/// The outcomes of each operation on each state met: a state recurs at many nodes of the
-/// search (every order of calls that change nothing).
+/// The outcomes of each operation on each (state, moment) met: a state recurs at many
+/// nodes of the search (every order of calls that change nothing).
 #[derive(Default)]
-struct OutcomeCache(HashMap<(usize, u64), Vec<State>>);
+struct OutcomeCache(HashMap<(usize, u64, u64), Vec<(State, u64)>>);
 
 impl OutcomeCache {
-    fn outcomes(&mut self, index: usize, step: &Step<'_>, state: &State) -> Vec<State> {
+    fn outcomes(
+        &mut self,
+        index: usize,
+        step: &Step<'_>,
+        state: &State,
+        floor: u64,
+    ) -> Vec<(State, u64)> {
         // Bounded: a long search meets more states than are worth keeping.
         if self.0.len() > 200_000 {
             self.0.clear();
         }
         self.0
-            .entry((index, state_hash(state)))
-            .or_insert_with(|| outcomes(step, state))
+            .entry((index, state_hash(state), floor))
+            .or_insert_with(|| outcomes(step, state, floor))
             .clone()
     }
 }
 
-/// The states `step` may leave after `state`, one per way the machine explains its answer.
-fn outcomes(step: &Step<'_>, state: &State) -> Vec<State> {
-    let mut results: Vec<State> = Vec::new();
-    for now in moments(step, state.as_ref()) {
+/// The states `step` may leave after `state` when it takes effect at `floor` or later
+/// (less [`TOLERANCE`]), one per way the machine explains its answer, each with the
+/// earliest moment that explains it (a later one only narrows what may follow).
+fn outcomes(step: &Step<'_>, state: &State, floor: u64) -> Vec<(State, u64)> {
+    let mut results: Vec<(State, u64)> = Vec::new();
+    for now in moments(step, state.as_ref(), floor) {
         let at = Timestamp::from_unix_millis(now);
         // An absent record may still be there, or deleted already.
         let gone = state.as_ref().is_some_and(|r| r.is_absent(at));
@@ -349,22 +391,23 @@ fn outcomes(step: &Step<'_>, state: &State) -> Vec<State> {
         };
         for base in bases {
             if let Some(after) = apply(step.operation, &base, at)
-                && !results.contains(&after)
+                && !results.iter().any(|(known, _)| *known == after)
                 // A lost call that changed nothing need never be placed: it blocks no
                 // one, and leaving it out explains as much.
                 && !(step.operation.is_lost() && after == *state)
             {
-                results.push(after);
+                results.push((after, now));
             }
         }
     }
     results
 }
 
-/// The moments worth trying for `step` on `record`: where the machine's answer can change,
-/// the window's ends, and the moment the answer reveals.
-fn moments(step: &Step<'_>, record: Option<&Record>) -> Vec<u64> {
-    let mut moments = vec![step.from, step.to];
+/// The moments worth trying for `step` on `record`, from `floor` on (less
+/// [`TOLERANCE`]): where the machine's answer can change, the window's ends, the floor
+/// itself, and the moment the answer reveals; in order.
+fn moments(step: &Step<'_>, record: Option<&Record>, floor: u64) -> Vec<u64> {
+    let mut moments = vec![step.from, step.to, floor];
     moments.extend_from_slice(&step.derived);
     if let Some(record) = record {
         for edge in [record.lease_until, record.expires_at] {
@@ -394,7 +437,8 @@ fn moments(step: &Step<'_>, record: Option<&Record>) -> Vec<u64> {
         }
         _ => {}
     }
-    moments.retain(|at| (step.from..=step.to).contains(at));
+    let earliest = step.from.max(floor.saturating_sub(TOLERANCE));
+    moments.retain(|at| (earliest..=step.to).contains(at));
     moments.sort_unstable();
     moments.dedup();
     moments

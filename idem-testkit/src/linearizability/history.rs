@@ -65,6 +65,7 @@ pub enum Answer {
 
 /// One call and its answer, as a client saw them.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Operation {
     /// Which client made it (each client waits for one call before the next).
     pub client: usize,
@@ -75,11 +76,48 @@ pub struct Operation {
     /// The wall-clock time just after its answer came back, or the client gave up on it
     /// (its answer lost).
     pub returned: Timestamp,
+    /// [`invoked`](Self::invoked) in nanoseconds since the Unix epoch: calls that fall in
+    /// one millisecond keep their real-time order.
+    pub invoked_ns: u64,
+    /// [`returned`](Self::returned) in nanoseconds since the Unix epoch.
+    pub returned_ns: u64,
     /// The answer.
     pub answer: Answer,
 }
 
 impl Operation {
+    /// An operation invoked and returned at these times, in nanoseconds since the Unix
+    /// epoch (for a history recorded by other means than [`record`](super::record)).
+    ///
+    /// ```
+    /// use idem_core::Key;
+    /// use idem_testkit::linearizability::{Answer, Call, History, Operation, check};
+    ///
+    /// let key = Key::new("orders", "k1").unwrap();
+    /// let at = 1_700_000_000_000_000_000;
+    /// let get = Operation::new(0, Call::Get(key), Answer::Get(None), at, at + 1_000);
+    /// let history = History { operations: vec![get] };
+    /// assert_eq!(check(&history).unwrap().operations, 1);
+    /// ```
+    pub fn new(
+        client: usize,
+        call: Call,
+        answer: Answer,
+        invoked_ns: u64,
+        returned_ns: u64,
+    ) -> Self {
+        let millis = |ns: u64| Timestamp::from_unix_millis(ns / 1_000_000);
+        Self {
+            client,
+            call,
+            invoked: millis(invoked_ns),
+            returned: millis(returned_ns),
+            invoked_ns,
+            returned_ns,
+            answer,
+        }
+    }
+
     /// Whether the answer was lost (the call may or may not have taken effect).
     pub fn is_lost(&self) -> bool {
         matches!(self.answer, Answer::Lost(_))
@@ -109,7 +147,7 @@ impl History {
             .into_iter()
             .map(|key| {
                 let mut operations = keys.remove(&key).unwrap_or_default();
-                operations.sort_by_key(|operation| operation.invoked);
+                operations.sort_by_key(|operation| operation.invoked_ns);
                 (key, operations)
             })
             .collect()

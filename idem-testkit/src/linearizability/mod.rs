@@ -64,8 +64,11 @@ use checker::{Limits, Search, end_states, search};
 use history::Names;
 
 /// The most states one key's search visits before it gives up (and fails: a check that
-/// cannot decide has not passed).
+/// cannot decide has not passed). A budget of 0 fails every key with an operation.
 pub const DEFAULT_BUDGET: u64 = 2_000_000;
+
+/// The most answers a check allows to be lost, in percent of the operations, by default.
+pub const DEFAULT_MAX_LOST_PERCENT: u8 = 25;
 
 /// The most starting points tried for a counterexample, and the states each search for
 /// it may visit.
@@ -165,13 +168,28 @@ pub enum CheckError {
         /// States visited.
         states: u64,
     },
+    /// More answers were lost than the checker's limit allows (see
+    /// [`Checker::max_lost`]): a call whose answer was lost may have landed or not, so a
+    /// history made mostly of them explains almost anything, and passing it would say
+    /// nothing. The errors are in the history's [`Answer::Lost`] answers.
+    #[error(
+        "{lost} of {operations} answers were lost (errors, timeouts, cut connections), more than the {limit_percent}% a check allows: find why the store failed those calls, or raise the limit"
+    )]
+    TooManyLost {
+        /// Answers lost.
+        lost: usize,
+        /// Operations in the history.
+        operations: usize,
+        /// The limit, in percent of the operations.
+        limit_percent: u8,
+    },
 }
 
 /// Checks `history` with the default [`Checker`].
 ///
 /// # Errors
-/// [`CheckError::Unexplained`] with the smallest unexplained part the checker found, or
-/// [`CheckError::TooLong`].
+/// [`CheckError::Unexplained`] with the smallest unexplained part the checker found,
+/// [`CheckError::TooLong`], or [`CheckError::TooManyLost`].
 ///
 /// ```
 /// use idem_testkit::linearizability::{History, check};
@@ -200,6 +218,7 @@ pub fn check(history: &History) -> Result<Checked, CheckError> {
 #[derive(Clone, Copy, Debug)]
 pub struct Checker {
     limits: Limits,
+    max_lost_percent: u8,
 }
 
 impl Default for Checker {
@@ -208,7 +227,9 @@ impl Default for Checker {
             limits: Limits {
                 budget: DEFAULT_BUDGET,
                 lost_grace: LOST_GRACE,
+                ordered_moments: true,
             },
+            max_lost_percent: DEFAULT_MAX_LOST_PERCENT,
         }
     }
 }
@@ -228,11 +249,52 @@ impl Checker {
         self
     }
 
+    /// For a store that reads its clock in the client, before the request reaches the
+    /// server (DynamoDB, whose conditions compare with a `now` the client sends): two
+    /// calls may then take effect in one order with clocks read in the other, so the
+    /// moments the checker tries need not follow the order it places the calls in.
+    /// Such a store's fences rest on tokens, and its skew margin covers the rest.
+    ///
+    /// ```
+    /// use idem_testkit::linearizability::{Checker, History};
+    ///
+    /// let checker = Checker::default().moments_in_any_order();
+    /// assert!(checker.check(&History::default()).is_ok());
+    /// ```
+    pub fn moments_in_any_order(mut self) -> Self {
+        self.limits.ordered_moments = false;
+        self
+    }
+
+    /// The most answers that may be lost, in percent of the history's operations
+    /// ([`DEFAULT_MAX_LOST_PERCENT`] by default; at most 100). Above it the check fails
+    /// with [`CheckError::TooManyLost`].
+    ///
+    /// ```
+    /// use idem_testkit::linearizability::Checker;
+    ///
+    /// // Through heavy faults, up to half the answers may be lost.
+    /// let checker = Checker::default().max_lost(50);
+    /// # let _ = checker;
+    /// ```
+    pub fn max_lost(mut self, percent: u8) -> Self {
+        self.max_lost_percent = percent.min(100);
+        self
+    }
+
     /// Checks `history`.
     ///
     /// # Errors
     /// As [`check`].
     pub fn check(&self, history: &History) -> Result<Checked, CheckError> {
+        let (lost, operations) = (history.lost(), history.operations.len());
+        if lost * 100 > operations * usize::from(self.max_lost_percent) {
+            return Err(CheckError::TooManyLost {
+                lost,
+                operations,
+                limit_percent: self.max_lost_percent,
+            });
+        }
         check_within(history, self.limits)
     }
 }
@@ -348,7 +410,7 @@ fn witness(
     for start in (1..cut.len()).rev() {
         let quiet = cut[..start]
             .iter()
-            .all(|o| !o.is_lost() && o.returned < cut[start].invoked);
+            .all(|o| !o.is_lost() && o.returned_ns < cut[start].invoked_ns);
         if !quiet {
             continue;
         }
@@ -368,14 +430,14 @@ fn witness(
 /// The operations invoked before the `at`-th, with the answers that came back after it
 /// counted as lost.
 fn cut(operations: &[Operation], at: usize) -> Vec<Operation> {
-    let Some(boundary) = operations.get(at).map(|o| o.invoked) else {
+    let Some(boundary) = operations.get(at).map(|o| o.invoked_ns) else {
         return operations.to_vec();
     };
     operations[..at]
         .iter()
         .map(|operation| {
             let mut operation = operation.clone();
-            if operation.returned >= boundary {
+            if operation.returned_ns >= boundary {
                 operation.answer = Answer::Lost("its answer came after the cut".into());
             }
             operation

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    Fingerprint, Key, Store, StoreError, Timestamp, key::StepName, record::AttemptId,
-    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::RenewOutcome,
-    store::WriteOutcome,
+    Fingerprint, Key, Store, StoreError, Timestamp, key::KeyError, key::StepName,
+    record::AttemptId, record::Lease, store::ClaimOutcome, store::ClaimRequest,
+    store::RenewOutcome, store::WriteOutcome,
 };
 
 use super::history::{Answer, Call, History, Operation};
@@ -106,9 +106,21 @@ impl Workload {
     }
 
     /// The scope of the keys (default `linearizable`); keys are `k0`, `k1`, ...
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.scope = scope.into();
-        self
+    ///
+    /// # Errors
+    /// When `scope` is not a valid key scope (see [`Key::new`]).
+    ///
+    /// ```
+    /// use idem_testkit::linearizability::Workload;
+    ///
+    /// assert!(Workload::default().scope("payments").is_ok());
+    /// assert!(Workload::default().scope("").is_err());
+    /// ```
+    pub fn scope(mut self, scope: impl Into<String>) -> Result<Self, KeyError> {
+        let scope = scope.into();
+        Key::new(scope.clone(), "k0")?;
+        self.scope = scope;
+        Ok(self)
     }
 
     /// The calls the run makes in all.
@@ -122,6 +134,7 @@ impl Workload {
     }
 
     fn key(&self, n: usize) -> Key {
+        // `scope` checked it, and `k` with digits is a valid key.
         Key::new(self.scope.clone(), format!("k{n}")).expect("a valid scope and key")
     }
 }
@@ -140,20 +153,51 @@ pub async fn record(store: Arc<dyn Store>, workload: &Workload) -> History {
 /// When `stores` is empty.
 pub async fn record_on(stores: &[Arc<dyn Store>], workload: &Workload) -> History {
     assert!(!stores.is_empty(), "record_on needs at least one store");
+    let clock = RunClock::start();
     let mut clients = tokio::task::JoinSet::new();
     for client in 0..workload.clients {
         let share = workload.operations / workload.clients
             + usize::from(client < workload.operations % workload.clients);
         let store = Arc::clone(&stores[client % stores.len()]);
         let workload = workload.clone();
-        clients.spawn(async move { Client::new(client, &workload).run(store, share).await });
+        clients.spawn(async move {
+            Client::new(client, &workload, clock)
+                .run(store, share)
+                .await
+        });
     }
     let mut operations = Vec::with_capacity(workload.operations);
     while let Some(done) = clients.join_next().await {
         operations.extend(done.expect("a linearizability client panicked"));
     }
-    operations.sort_by_key(|o: &Operation| o.invoked);
+    operations.sort_by_key(|o: &Operation| o.invoked_ns);
     History { operations }
+}
+
+/// The clock calls are timed by: the wall clock at the run's start plus a monotonic
+/// clock's count since, so real-time order holds below the millisecond and a step of
+/// the wall clock during the run changes nothing.
+#[derive(Clone, Copy)]
+struct RunClock {
+    unix_ns_at_start: u64,
+    start: std::time::Instant,
+}
+
+impl RunClock {
+    fn start() -> Self {
+        let unix_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        Self {
+            unix_ns_at_start: unix_ns,
+            start: std::time::Instant::now(),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        let elapsed = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.unix_ns_at_start.saturating_add(elapsed)
+    }
 }
 
 /// What one client knows about one key.
@@ -172,13 +216,14 @@ struct Client {
     known: Vec<Known>,
     fingerprints: [Fingerprint; 2],
     timeout: Duration,
+    clock: RunClock,
     written: u64,
     /// A claim to make again after a wait, on the key that answered `InFlight`.
     retry: Option<(usize, Duration)>,
 }
 
 impl Client {
-    fn new(id: usize, workload: &Workload) -> Self {
+    fn new(id: usize, workload: &Workload, clock: RunClock) -> Self {
         let keys: Vec<Key> = (0..workload.keys).map(|n| workload.key(n)).collect();
         Self {
             id,
@@ -192,6 +237,7 @@ impl Client {
             keys,
             fingerprints: [Fingerprint::of_bytes("A"), Fingerprint::of_bytes("B")],
             timeout: workload.call_timeout,
+            clock,
             written: 0,
             retry: None,
         }
@@ -349,21 +395,15 @@ impl Client {
     }
 
     async fn make(&self, store: &dyn Store, call: Call) -> Operation {
-        let invoked = Timestamp::now();
+        let invoked = self.clock.now_ns();
         let answer = tokio::time::timeout(self.timeout, answer(store, &call)).await;
         let answer = match answer {
             Ok(Ok(answer)) => answer,
             Ok(Err(err)) => Answer::Lost(err.to_string()),
             Err(_) => Answer::Lost(format!("no answer within {:?}", self.timeout)),
         };
-        let returned = Timestamp::now();
-        Operation {
-            client: self.id,
-            call,
-            invoked,
-            returned,
-            answer,
-        }
+        let returned = self.clock.now_ns();
+        Operation::new(self.id, call, answer, invoked, returned)
     }
 
     /// What the answer taught the client about the key.

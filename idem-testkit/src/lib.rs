@@ -142,6 +142,8 @@ macro_rules! __with_cases {
                 "A record whose retention ended but whose lease lives is in flight, not claimed afresh; its owner still writes.";
             a_release_after_the_retention_keeps_its_steps => AReleaseAfterTheRetentionKeepsItsSteps:
                 "A release of a record with steps after its retention ended (a live lease held it) keeps the record at least one retention past the lease's end; repeated, it moves nothing; the next claim takes over with the steps.";
+            a_release_after_its_lease_ended_keeps_its_end => AReleaseAfterItsLeaseEndedKeepsItsEnd:
+                "A release after the lease ran out (nobody took over) keeps the lease's end: lease_until = min(lease_until, now).";
             no_lease_ends_at_the_retention_cliff => NoLeaseEndsAtTheRetentionCliff:
                 "Checkpoints, takeovers and renewals keep the record one retention past the lease's end (the lease carries the claim's retention): with lease and retention equal, a retry after the lease ran out takes over with the steps.";
             an_ended_lease_is_not_renewed => AnEndedLeaseIsNotRenewed:

@@ -198,6 +198,9 @@ impl Suite {
             Case::AReleaseAfterTheRetentionKeepsItsSteps => {
                 retention::a_release_after_the_retention_keeps_its_steps(s, caps).await
             }
+            Case::AReleaseAfterItsLeaseEndedKeepsItsEnd => {
+                retention::a_release_after_its_lease_ended_keeps_its_end(s, caps).await
+            }
             Case::NoLeaseEndsAtTheRetentionCliff => {
                 long_work::no_lease_ends_at_the_retention_cliff(s, caps).await
             }

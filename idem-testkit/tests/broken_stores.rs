@@ -239,7 +239,8 @@ async fn a_release_that_forgets_steps_is_reported() {
         &[
             Case::MatchesTheStateMachine,
             Case::StepsRunOnceAcrossTakeovers,
-            // Both release a record with a step first.
+            // Each releases a record with a step first.
+            Case::AReleaseAfterItsLeaseEndedKeepsItsEnd,
             Case::AnEndedLeaseIsNotRenewed,
             Case::ALateClaimOfTheSameAttemptTakesNothingOver,
             Case::ACheckpointKeepsTheRecordPastItsOwnLeaseEnd,

@@ -271,6 +271,29 @@ pub(crate) async fn a_release_after_the_retention_keeps_its_steps(
     );
 }
 
+pub(crate) async fn a_release_after_its_lease_ended_keeps_its_end(
+    store: &dyn Store,
+    caps: &Capabilities,
+) {
+    // A step keeps the record through the release; the lease ran out before the release
+    // came, and nobody took over.
+    let k = key("late-release", "ended-lease");
+    let (lease, _, _) = claimed(store, &request(&k, "a", SHORT_LEASE, HOUR)).await;
+    let debit = StepName::new("debit").expect("valid step name");
+    let _ = ok(store.checkpoint(&lease, &debit, b"1").await, "checkpoint");
+    let_time_pass(caps, SHORT_LEASE + Duration::from_millis(100)).await;
+    assert_eq!(
+        ok(store.release(&lease).await, "release"),
+        WriteOutcome::Applied
+    );
+    let record = get_some(store, &k).await;
+    assert_eq!(
+        record.lease_until, lease.lease_until,
+        "a release after the lease ran out must keep the lease's end (lease_until = \
+         min(lease_until, now)), not move it to the release"
+    );
+}
+
 pub(crate) async fn late_results_stay_replayable(store: &dyn Store, caps: &Capabilities) {
     // Leases of an hour hold both records past a retention of a second: the work goes on
     // (as heartbeats would keep it going) and stores its result after the retention ended.

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Mutation testing: cargo-mutants changes the code one small way at a time (a comparison
+# flipped, a condition forced, a function's body replaced by a default) and runs the
+# tests that guard it; a mutant the tests do not catch is a behaviour nothing checks.
+# Figures and every survivor's account are in RELIABILITY.md.
+#
+#   scripts/mutants.sh --quick        one shard of the state machine's mutants (CI; the
+#                                     shard turns with the day, IDEM_MUTANTS_SHARD=k/n)
+#   scripts/mutants.sh [TARGET...]    the named targets, whole (default: machine)
+#   scripts/mutants.sh --long         every target, whole (hours on two cores)
+#
+# Targets: machine (idem-core's state machine, against its unit tests and the conformance
+# suite and model-based run on the memory store, which is the machine over a map),
+# driver (idem-core's driver, against idem-core's tests and the explorer), sqlite,
+# postgres, redis, dynamodb (each backend's Rust, against its own tests; the server ones
+# need the services: scripts/services.sh start) and http (idem-http).
+#
+# Each target's report is in target/mutants/TARGET/mutants.out (caught.txt, missed.txt,
+# unviable.txt, timeout.txt). The script fails when a mutant is missed or times out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! cargo mutants --version >/dev/null 2>&1; then
+  cargo install --locked cargo-mutants --version 27.1.0
+fi
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest --version 0.9.143
+fi
+
+# name | what to mutate | the packages whose tests run | a nextest filter ('' for all)
+target_args() {
+  case $1 in
+    machine)
+      echo "-p idem-core -f idem-core/src/machine.rs|idem-core idem-testkit|binary(memory_store) | (package(idem-core) & kind(lib))" ;;
+    driver)
+      echo "-p idem-core -f idem-core/src/driver/**|idem-core idem-testkit|package(idem-core) | binary(memory_store) | binary(explore_memory)" ;;
+    sqlite | postgres | redis | dynamodb | http)
+      echo "-p idem-$1|idem-$1|" ;;
+    *)
+      echo "mutants: unknown target $1 (machine, driver, sqlite, postgres, redis, dynamodb, http)" >&2
+      return 1 ;;
+  esac
+}
+
+shard=()
+targets=()
+case ${1:-} in
+  --quick)
+    # A different sixth of the machine's mutants each day: every one within a week.
+    shard=(--shard "${IDEM_MUTANTS_SHARD:-$(( $(date +%j | sed 's/^0*//') % 6 ))/6}")
+    targets=(machine) ;;
+  --long) targets=(machine driver sqlite postgres redis dynamodb http) ;;
+  '') targets=(machine) ;;
+  *) targets=("$@") ;;
+esac
+
+status=0
+for target in "${targets[@]}"; do
+  IFS='|' read -r mutate tests filter <<<"$(target_args "$target")"
+  test_packages=()
+  for package in $tests; do test_packages+=(--test-package "$package"); done
+  nextest_args=()
+  [[ -n $filter ]] && nextest_args=(-E "$filter")
+  echo "mutants: $target (${shard[*]:-whole})"
+  mkdir -p "target/mutants/$target"
+  # The baseline runs the mutated package's tests alone, so the test timeout is set
+  # here rather than derived from it. --no-shuffle: a shard is the same list each time.
+  # $mutate is a list of arguments, split here with globbing off (a file pattern is
+  # cargo-mutants' to match).
+  set -f
+  # shellcheck disable=SC2086
+  if ! cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout 300 \
+      --no-shuffle "${shard[@]}" -o "target/mutants/$target" -- "${nextest_args[@]}"; then
+    status=1
+    for outcome in missed timeout; do
+      file="target/mutants/$target/mutants.out/$outcome.txt"
+      if [[ -s $file ]]; then
+        echo "mutants: $target, $outcome:" >&2
+        cat "$file" >&2
+      fi
+    done
+  fi
+  set +f
+done
+exit $status

@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use idem_core::Store;
-use idem_testkit::linearizability::{self, Checker, Workload};
+use idem_testkit::linearizability::{Checker, Workload, assert_linearizable};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn histories_are_linearizable() {
@@ -22,12 +22,7 @@ async fn histories_are_linearizable() {
         Arc::new(common::store_in(&endpoint, &prefix).await),
     ];
     let workload = Workload::default().operations(3_000);
-    let history = linearizability::record_on(&stores, &workload).await;
-    let checked = Checker::default()
-        .moments_in_any_order()
-        .check(&history)
-        .unwrap_or_else(|err| panic!("{err}"));
+    let checker = Checker::default().moments_in_any_order();
+    let checked = assert_linearizable(&stores, &workload, checker).await;
     println!("{checked:?}");
-    assert_eq!(checked.operations, 3_000);
-    assert_eq!(checked.lost, 0);
 }

@@ -6,16 +6,12 @@ mod common;
 use std::sync::Arc;
 
 use idem_core::Store;
-use idem_testkit::linearizability::{self, Workload};
+use idem_testkit::linearizability::{Checker, Workload, assert_linearizable};
 
 async fn check(stores: [Arc<dyn Store>; 2]) {
     let workload = Workload::default().operations(3_000);
-    let checked = linearizability::run_on(&stores, &workload)
-        .await
-        .unwrap_or_else(|err| panic!("{err}"));
+    let checked = assert_linearizable(&stores, &workload, Checker::default()).await;
     println!("{checked:?}");
-    assert_eq!(checked.operations, 3_000);
-    assert_eq!(checked.lost, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

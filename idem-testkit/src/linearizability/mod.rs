@@ -16,7 +16,7 @@
 //!   memoisation, the machine as its model, see the checker's notes on time below) and
 //!   returns what it looked at, or the smallest part of a history it cannot explain.
 //! - [`run`] does both; [`run_on`] spreads the clients over several stores on one
-//!   database.
+//!   database; [`assert_linearizable`] is a store's test in one call.
 //!
 //! # Time
 //!
@@ -367,14 +367,59 @@ pub async fn run(store: Arc<dyn Store>, workload: &Workload) -> Result<Checked, 
 /// # Errors
 /// As [`check`]; a counterexample carries the workload's seed.
 pub async fn run_on(stores: &[Arc<dyn Store>], workload: &Workload) -> Result<Checked, CheckError> {
+    run_with(stores, workload, Checker::default()).await
+}
+
+async fn run_with(
+    stores: &[Arc<dyn Store>],
+    workload: &Workload,
+    checker: Checker,
+) -> Result<Checked, CheckError> {
     let history = record_on(stores, workload).await;
-    check(&history).map_err(|err| match err {
+    checker.check(&history).map_err(|err| match err {
         CheckError::Unexplained(mut counterexample) => {
             counterexample.seed = Some(workload.seed_value());
             CheckError::Unexplained(counterexample)
         }
         other => other,
     })
+}
+
+/// A store's own test in one call: records `workload` against `stores` (see
+/// [`record_on`]), checks the history with `checker`, and returns what was checked.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem_core::{MemoryStore, Store};
+/// use idem_testkit::linearizability::{Checker, Workload, assert_linearizable};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let stores: [Arc<dyn Store>; 1] = [Arc::new(MemoryStore::new())];
+/// let workload = Workload::default().operations(300);
+/// let checked = assert_linearizable(&stores, &workload, Checker::default()).await;
+/// assert_eq!(checked.operations, 300);
+/// # });
+/// ```
+///
+/// # Panics
+/// With the counterexample (and the workload's seed) when an answer is unexplained, or
+/// the reason the check could not pass; and when an answer was lost: a store's test runs
+/// without faults, so every call must answer.
+pub async fn assert_linearizable(
+    stores: &[Arc<dyn Store>],
+    workload: &Workload,
+    checker: Checker,
+) -> Checked {
+    let checked = run_with(stores, workload, checker)
+        .await
+        .unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(
+        checked.lost, 0,
+        "{} of {} calls answered with an error or not at all",
+        checked.lost, checked.operations
+    );
+    assert_eq!(checked.operations, workload.total_operations());
+    checked
 }
 
 /// The smallest witness the checker finds in `operations` (one key's, unexplained).

@@ -227,6 +227,16 @@ async fn a_release_that_keeps_an_empty_record_is_reported() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_that_moves_an_ended_lease_is_reported() {
+    let report = suite(Some(Flaw::ReleaseMovesTheLeaseEnd)).run_all().await;
+    assert_reported(
+        &report,
+        &[Case::AReleaseAfterItsLeaseEndedKeepsItsEnd],
+        &[Case::MatchesTheStateMachine],
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_release_that_forgets_steps_is_reported() {
     let report = suite(Some(Flaw::ReleaseForgetsSteps)).run_all().await;
     assert_reported(

@@ -280,7 +280,10 @@ pub(crate) async fn a_release_after_its_lease_ended_keeps_its_end(
     let k = key("late-release", "ended-lease");
     let (lease, _, _) = claimed(store, &request(&k, "a", SHORT_LEASE, HOUR)).await;
     let debit = StepName::new("debit").expect("valid step name");
-    let _ = ok(store.checkpoint(&lease, &debit, b"1").await, "checkpoint");
+    assert_eq!(
+        ok(store.checkpoint(&lease, &debit, b"1").await, "checkpoint"),
+        WriteOutcome::Applied
+    );
     let_time_pass(caps, SHORT_LEASE + Duration::from_millis(100)).await;
     assert_eq!(
         ok(store.release(&lease).await, "release"),

@@ -58,7 +58,7 @@ pub(crate) struct Limits {
 }
 
 /// The record after the placed operations (the search's state is that, the placed set,
-/// and the moment the last of them took effect at).
+/// and the latest moment they took effect at).
 type State = Option<Record>;
 
 /// What searching one key found.
@@ -173,7 +173,7 @@ pub(crate) fn end_states(operations: &[Operation], limits: Limits) -> Option<Vec
     (!found.too_long).then_some(found.ends)
 }
 
-/// A node of the search: the placed set, the state, the moment the last placed operation
+/// A node of the search: the placed set, the state, the latest moment a placed operation
 /// took effect at (see [`floor_of`]), and the moves left to try from it.
 type Node = (Vec<u64>, State, u64, Vec<Move>);
 

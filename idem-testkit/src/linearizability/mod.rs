@@ -23,7 +23,11 @@
 //! The machine's answers depend on the store's clock when a call takes effect. The
 //! checker lets that be any millisecond between the call's invocation and its return,
 //! widened by [`TOLERANCE`] on each side: the store's clock must be the one the test
-//! process reads (a server on the same machine, or the process clock). A store that waits
+//! process reads (a server on the same machine, or the process clock). The moments
+//! follow the order the checker places the calls in (less [`TOLERANCE`]), as on a clock
+//! that only moves forward: a store that reads its clock before the write takes effect
+//! (in the client, or before waiting for a lock) may be seen to go back in time, and
+//! its check takes [`Checker::moments_in_any_order`]. A store that waits
 //! a margin past a lease's end before a takeover (DynamoDB's `skew_margin`) must run with
 //! the margin at zero here.
 //!

@@ -175,8 +175,9 @@ pub async fn record_on(stores: &[Arc<dyn Store>], workload: &Workload) -> Histor
 }
 
 /// The clock calls are timed by: the wall clock at the run's start plus a monotonic
-/// clock's count since, so real-time order holds below the millisecond and a step of
-/// the wall clock during the run changes nothing.
+/// clock's count since, so real-time order holds below the millisecond and calls keep
+/// their order through a step of the wall clock (the store's clock, which steps with
+/// it, then no longer matches the windows: run on a machine whose clock is not stepped).
 #[derive(Clone, Copy)]
 struct RunClock {
     unix_ns_at_start: u64,

@@ -73,6 +73,9 @@ pub(crate) enum Flaw {
     /// A release ends the record's lifetime even when it holds steps: the next claim
     /// starts afresh and runs those steps again.
     ReleaseForgetsSteps,
+    /// A release sets `lease_until = now` even after the lease ran out: the end moves to
+    /// the release, past the one the record was kept for.
+    ReleaseMovesTheLeaseEnd,
     /// Takeovers, renewals and checkpoints keep `expires_at` as it was (an earlier
     /// contract): a record whose owner stops at the end of its retention is absent the
     /// moment the lease lapses, and its steps run again.
@@ -466,9 +469,13 @@ impl Store for FlawedStore {
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
         let kept = self.has(Flaw::ReleaseKeepsAnEmptyRecord);
         let forgets = self.has(Flaw::ReleaseForgetsSteps);
+        let moves = self.has(Flaw::ReleaseMovesTheLeaseEnd);
         Ok(self.apply(&lease.key, |r, now| {
             let mut step = machine::release(r, lease, now);
             if let (Some(written), Some(before)) = (step.write.as_mut(), r) {
+                if moves {
+                    written.lease_until = now;
+                }
                 let stepless = before.steps.is_empty();
                 if kept && stepless {
                     written.expires_at = before.expires_at;

@@ -215,12 +215,8 @@ fn services_script() -> PathBuf {
     )
 }
 
-/// Runs `scripts/services.sh COMMAND SERVICE`, bounded by the script's own patience.
-///
-/// # Errors
-/// When the script fails.
 /// The longest `scripts/services.sh` may take to crash or revive a server.
-const SERVICES_TIMEOUT: Duration = Duration::from_secs(180);
+pub const SERVICES_TIMEOUT: Duration = Duration::from_secs(180);
 
 /// Crashes `backend`'s durable server, cuts every connection through `proxy`, and revives
 /// the server on the data it had after a short outage.
@@ -234,7 +230,10 @@ pub async fn crash_and_revive_once(backend: Backend, proxy: &FaultProxy) -> Resu
     services("revive", backend.service()).await
 }
 
-/// Runs `scripts/services.sh COMMAND SERVICE`.
+/// Runs `scripts/services.sh COMMAND SERVICE`, bounded by [`SERVICES_TIMEOUT`].
+///
+/// # Errors
+/// When the script fails or takes longer.
 pub async fn services(command: &str, service: &str) -> Result<(), BoxError> {
     let output = tokio::process::Command::new("bash")
         .arg(services_script())

@@ -25,7 +25,7 @@
 //! A record that is absent at a moment may also be gone: a store may delete absent
 //! records at any time (a purge, a TTL), and a claim then starts its tokens at 1.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
@@ -78,15 +78,18 @@ struct Step<'a> {
     from: u64,
     /// The latest (for a lost answer, the grace after the client gave up).
     to: u64,
-    /// Calls invoked after this nanosecond come after it in every order: its return, or
-    /// for a lost answer the end of the last millisecond it may take effect at.
-    blocks_after_ns: u64,
+    /// The last nanosecond it may take effect at: its return, or for a lost answer the
+    /// end of the last millisecond of its window. A call invoked later comes after it in
+    /// every order (a lost one, if it is placed at all).
+    last_ns: u64,
     /// Moments in the window that later answers point at (see [`derived_moments`]).
     derived: Vec<u64>,
 }
 
 /// Every time an answer of the key's history shows (a lease's end, a record's creation or
-/// expiry), with the return of the operation that showed it, sorted by time.
+/// expiry, a lease's end about `retry_after` after an in-flight answer), with the return
+/// of the operation that showed it, sorted by time. Any field may show another's time: a
+/// record created the moment the one before it expired shows that expiry.
 fn revealed_times(operations: &[Operation]) -> Vec<(u64, u64)> {
     let mut times = Vec::new();
     for operation in operations {
@@ -102,6 +105,16 @@ fn revealed_times(operations: &[Operation]) -> Vec<(u64, u64)> {
                 [record.lease_until, record.created_at, record.expires_at]
                     .map(|t| (t.as_unix_millis(), by)),
             ),
+            // `retry_after` counts down to the lease's end from the claim's moment,
+            // somewhere in its window: the lease ends about `retry_after` after the
+            // claim's invocation or its return.
+            Answer::Claim(ClaimOutcome::InFlight { retry_after, .. }) => {
+                let left = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX);
+                times.extend(
+                    [operation.invoked.as_unix_millis(), by]
+                        .map(|at| (at.saturating_add(left), by)),
+                );
+            }
             _ => {}
         }
     }
@@ -173,9 +186,14 @@ pub(crate) fn end_states(operations: &[Operation], limits: Limits) -> Option<Vec
     (!found.too_long).then_some(found.ends)
 }
 
-/// A node of the search: the placed set, the state, the latest moment a placed operation
-/// took effect at (see [`floor_of`]), and the moves left to try from it.
-type Node = (Vec<u64>, State, u64, Vec<Move>);
+/// A node of the search: the placed set (with the lost calls that can no longer be
+/// placed, see [`retire_lost`]), the latest invocation among them, and the moves left to
+/// try from it.
+struct Node {
+    placed: Vec<u64>,
+    latest_invoked_ns: u64,
+    moves: Vec<Move>,
+}
 
 /// An operation to place next: its index, the state after it, and the moment the search
 /// is at after it.
@@ -187,10 +205,11 @@ struct Exploration {
     too_long: bool,
 }
 
-/// The search: depth first, with an explicit stack of (placed set, state, moment, the
-/// moves left to try) and the (placed set, state, moment) triples already explored.
-/// `every_end`: go on past the first explanation and gather the states every explanation
-/// ends in.
+/// The search: depth first, with an explicit stack of nodes, and for each (placed set,
+/// state) met the lowest moment it was explored from: a node at a later moment admits
+/// fewer orders than one met already (every moment it may try, the earlier one may too),
+/// so it is not explored again. `every_end`: go on past the first explanation and gather
+/// the states every explanation ends in.
 fn explore(
     operations: &[Operation],
     starts: &[State],
@@ -216,7 +235,7 @@ fn explore(
                 operation,
                 from,
                 to,
-                blocks_after_ns: if operation.is_lost() {
+                last_ns: if operation.is_lost() {
                     to.saturating_add(1).saturating_mul(1_000_000) - 1
                 } else {
                     operation.returned_ns
@@ -226,8 +245,20 @@ fn explore(
         })
         .collect();
     let words = steps.len().div_ceil(64);
-    // Hashes of (placed set, state, moment): 24 bytes a node, however long the history.
-    let mut visited: HashSet<(u64, u64, u64)> = HashSet::new();
+    let lost: Vec<usize> = (0..steps.len())
+        .filter(|&i| steps[i].operation.is_lost())
+        .collect();
+    // Hashes of (placed set, state) to the lowest moment explored: 24 bytes a node,
+    // however long the history.
+    let mut visited: HashMap<(u64, u64), u64> = HashMap::new();
+    let mut first_visit = |placed: &[u64], state: &State, floor: u64| {
+        let lowest = visited
+            .entry((placed_hash(placed), state_hash(state)))
+            .or_insert(u64::MAX);
+        let first = floor < *lowest;
+        *lowest = (*lowest).min(floor);
+        first
+    };
     let mut found = Exploration {
         ends: Vec::new(),
         states: 0,
@@ -236,7 +267,11 @@ fn explore(
     let mut stack: Vec<Node> = Vec::new();
     // A node is looked at once, when it is first reached.
     let mut cache = OutcomeCache::default();
-    let mut reach = |placed: Vec<u64>, state: State, floor: u64, found: &mut Exploration| {
+    let mut reach = |placed: Vec<u64>,
+                     latest_invoked_ns: u64,
+                     state: State,
+                     floor: u64,
+                     found: &mut Exploration| {
         if all_answered_placed(&steps, &placed) && !found.ends.contains(&state) {
             found.ends.push(state.clone());
         }
@@ -244,26 +279,34 @@ fn explore(
             .into_iter()
             .map(|(i, next, at)| (i, next, if limits.ordered_moments { at } else { 0 }))
             .collect();
-        (placed, state, floor, moves)
+        Node {
+            placed,
+            latest_invoked_ns,
+            moves,
+        }
     };
     for start in starts {
         let placed = vec![0; words];
-        if visited.insert((placed_hash(&placed), state_hash(start), 0)) {
-            stack.push(reach(placed, start.clone(), 0, &mut found));
+        if first_visit(&placed, start, 0) {
+            stack.push(reach(placed, 0, start.clone(), 0, &mut found));
         }
     }
-    while let Some((placed, _, _, moves)) = stack.last_mut() {
+    while let Some(node) = stack.last_mut() {
         if !every_end && !found.ends.is_empty() {
             return found;
         }
-        let Some((index, next, floor)) = moves.pop() else {
+        let Some((index, next, floor)) = node.moves.pop() else {
             stack.pop();
             continue;
         };
-        let mut now_placed = placed.clone();
-        now_placed[index / 64] |= 1 << (index % 64);
-        let floor = floor_of(&steps, &now_placed, floor);
-        if !visited.insert((placed_hash(&now_placed), state_hash(&next), floor)) {
+        let mut placed = node.placed.clone();
+        placed[index / 64] |= 1 << (index % 64);
+        let latest = node
+            .latest_invoked_ns
+            .max(steps[index].operation.invoked_ns);
+        retire_lost(&steps, &lost, &mut placed, latest);
+        let floor = floor_of(&steps, &placed, floor);
+        if !first_visit(&placed, &next, floor) {
             continue;
         }
         found.states += 1;
@@ -271,9 +314,22 @@ fn explore(
             found.too_long = true;
             return found;
         }
-        stack.push(reach(now_placed, next, floor, &mut found));
+        stack.push(reach(placed, latest, next, floor, &mut found));
     }
     found
+}
+
+/// Marks as placed every lost call that can no longer take effect: a call invoked after
+/// its window (at `latest_invoked_ns`) is placed. Whether such a call took effect never
+/// or was left out at one point or another is one and the same, so orders that differ
+/// only in that meet in one node; and a lost call is never a move of its own to leave
+/// out.
+fn retire_lost(steps: &[Step<'_>], lost: &[usize], placed: &mut [u64], latest_invoked_ns: u64) {
+    for &i in lost {
+        if steps[i].last_ns < latest_invoked_ns {
+            placed[i / 64] |= 1 << (i % 64);
+        }
+    }
 }
 
 /// The moment the search is at, as far as it still matters: 0 when every unplaced
@@ -304,7 +360,9 @@ fn all_answered_placed(steps: &[Step<'_>], placed: &[u64]) -> bool {
 }
 
 /// Every move the search may make next from a node at moment `floor`: an operation may go
-/// next when no unplaced operation returned before it was invoked.
+/// next when no unplaced operation with an answer returned before it was invoked (a lost
+/// call blocks no one: it may never have taken effect, and it is retired once a call
+/// invoked after its window is placed).
 fn next_moves(
     steps: &[Step<'_>],
     placed: &[u64],
@@ -312,16 +370,13 @@ fn next_moves(
     floor: u64,
     cache: &mut OutcomeCache,
 ) -> Vec<Move> {
-    // A lost call blocks the calls invoked after its last moment, until it is placed or
-    // left out.
     let first_return = steps
         .iter()
         .enumerate()
-        .filter(|(i, _)| !is_placed(placed, *i))
-        .map(|(_, step)| step.blocks_after_ns)
+        .filter(|(i, step)| !is_placed(placed, *i) && !step.operation.is_lost())
+        .map(|(_, step)| step.last_ns)
         .min();
     let mut moves = Vec::new();
-    let mut skips = Vec::new();
     let mut lost = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         if is_placed(placed, i) {
@@ -336,16 +391,13 @@ fn next_moves(
             .into_iter()
             .map(|(next, at)| (i, next, at.max(floor)));
         if step.operation.is_lost() {
-            // Left out (it never took effect) before placed.
-            skips.push((i, state.clone(), floor));
             lost.extend(placements);
         } else {
             moves.extend(placements);
         }
     }
     // Popped from the end: the earliest-invoked operation with an answer is tried first,
-    // then leaving a lost one out, then placing it.
-    moves.extend(skips);
+    // then placing a lost one.
     moves.extend(lost);
     moves.reverse();
     moves

@@ -8,7 +8,8 @@
 #                                     shard turns with the day, IDEM_MUTANTS_SHARD=k/n;
 #                                     no unmutated baseline: CI's tests ran just before)
 #   scripts/mutants.sh [TARGET...]    the named targets, whole (default: machine)
-#   scripts/mutants.sh --long         every target, whole (hours on two cores)
+#   scripts/mutants.sh --long         every target, whole, then the SQL and Lua
+#                                     (scripts/query_mutants.py; hours on two cores)
 #
 # Targets: machine (idem-core's state machine, against its unit tests and the conformance
 # suite and model-based run on the memory store, which is the machine over a map),
@@ -87,4 +88,8 @@ for target in "${targets[@]}"; do
   fi
   set +f
 done
+# The SQL and Lua, which cargo-mutants does not touch, with a mutator of our own.
+if [[ ${1:-} == --long ]] && ! python3 scripts/query_mutants.py sqlite postgres redis; then
+  status=1
+fi
 exit $status

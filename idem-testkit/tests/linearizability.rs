@@ -50,6 +50,7 @@ async fn correct_stores_are_explained() {
 mod by_hand {
     use std::time::Duration;
 
+    use idem_core::record::AttemptId;
     use idem_core::store::{ClaimOutcome, ClaimRequest, WriteOutcome};
     use idem_core::{Fingerprint, Key, ManualClock, MemoryStore, Store, Timestamp};
     use idem_testkit::linearizability::{Answer, Call, CheckError, History, Operation, check};
@@ -154,6 +155,81 @@ mod by_hand {
         assert!(matches!(err, CheckError::Unexplained(_)), "{err}");
     }
 
+    /// A claim whose answer was lost and which took effect after its client gave up,
+    /// with an hour's lease, and the claims of other attempts after it, each told
+    /// `InFlight` with the time left: as the store answered them on its clock.
+    async fn late_claim_seen_in_flight(landed_after: u64) -> History {
+        let start = Timestamp::from_unix_millis(1_800_000_000_000);
+        let t0 = start.as_unix_millis() * MS;
+        let clock = ManualClock::starting_at(start);
+        let store = MemoryStore::with_clock(clock.clone());
+        let key = Key::new("by-hand", "k").unwrap();
+        let request = |attempt: u8| {
+            ClaimRequest::new(
+                key.clone(),
+                Fingerprint::of_bytes("A"),
+                Duration::from_secs(3600),
+                Duration::from_secs(3600),
+            )
+            .with_attempt(AttemptId::from_bytes([attempt; 16]))
+        };
+        let lost = request(1);
+        let mut operations = vec![Operation::new(
+            0,
+            Call::Claim(lost.clone()),
+            Answer::Lost("the connection was cut".into()),
+            t0,
+            t0 + MS,
+        )];
+        clock.advance(Duration::from_millis(landed_after));
+        let landed = store.claim(&lost).await.unwrap();
+        assert!(matches!(landed, ClaimOutcome::Claimed { .. }), "{landed:?}");
+        for (n, at) in [100, 200, 300].into_iter().enumerate() {
+            let at = landed_after + at;
+            clock.set(Timestamp::from_unix_millis(start.as_unix_millis() + at));
+            let request = request(2 + n as u8);
+            let outcome = store.claim(&request).await.unwrap();
+            assert!(
+                matches!(outcome, ClaimOutcome::InFlight { .. }),
+                "{outcome:?}"
+            );
+            operations.push(Operation::new(
+                1 + n,
+                Call::Claim(request),
+                Answer::Claim(outcome),
+                t0 + at * MS,
+                t0 + at * MS + MS / 2,
+            ));
+        }
+        History { operations }
+    }
+
+    /// The lost claim took effect 40 ms after its client gave up, and only the
+    /// `retry_after` of the claims after it shows when: the checker finds that moment.
+    #[tokio::test]
+    async fn a_late_claim_seen_only_through_retry_after_is_explained() {
+        let history = late_claim_seen_in_flight(40).await;
+        check(&history).unwrap_or_else(|err| panic!("{err}"));
+    }
+
+    /// The same claim taking effect after its client gave up, by just under and just
+    /// over the grace a lost call has (a second, plus the tolerance): explained, then
+    /// not. (One lost answer in four is within the share of lost answers a history may
+    /// have, so the second fails as unexplained, not as mostly lost.)
+    #[tokio::test]
+    async fn a_lost_call_lands_within_its_grace_and_not_after() {
+        let history = late_claim_seen_in_flight(990).await;
+        check(&history).unwrap_or_else(|err| panic!("{err}"));
+        for late in [1_010, 1_500] {
+            let history = late_claim_seen_in_flight(late).await;
+            let err = check(&history).unwrap_err();
+            assert!(
+                matches!(err, CheckError::Unexplained(_)),
+                "{late} ms: {err}"
+            );
+        }
+    }
+
     /// A history whose answers were mostly lost says nothing, and does not pass.
     #[tokio::test]
     async fn mostly_lost_answers_fail_the_check() {
@@ -239,174 +315,4 @@ caught! {
     an_undo_end_mark_dropped: DropsUndoEndMarks,
     a_complete_over_two_round_trips: CompleteOverTwoRoundTrips,
     a_renewal_over_two_round_trips: RenewOverTwoRoundTrips,
-}
-
-/// Histories where answers go missing as they do through a faulty network: a call lands
-/// and its answer is lost, or it never lands.
-mod lost_answers {
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
-
-    use async_trait::async_trait;
-    use idem_core::key::StepName;
-    use idem_core::record::Lease;
-    use idem_core::store::{
-        ClaimOutcome, ClaimRequest, Operation, RenewOutcome, StoreError, WriteOutcome,
-    };
-    use idem_core::{Key, MemoryStore, Record, Store};
-    use idem_testkit::linearizability::{self, Checker, Workload};
-
-    /// What becomes of one call.
-    enum Fate {
-        Answered,
-        /// Takes effect; its answer is lost.
-        LandsUnanswered,
-        /// Never reaches the store.
-        NeverLands,
-    }
-
-    /// A memory store behind a network that loses about one answer in twenty.
-    struct LossyStore {
-        inner: Arc<MemoryStore>,
-        rng: Mutex<fastrand::Rng>,
-    }
-
-    impl LossyStore {
-        fn new(seed: u64) -> Self {
-            Self {
-                inner: Arc::new(MemoryStore::new()),
-                rng: Mutex::new(fastrand::Rng::with_seed(seed)),
-            }
-        }
-
-        fn fate(&self) -> Fate {
-            let mut rng = self.rng.lock().unwrap();
-            match rng.u32(0..100) {
-                0..3 => Fate::LandsUnanswered,
-                3..5 => Fate::NeverLands,
-                _ => Fate::Answered,
-            }
-        }
-
-        /// Runs `call` on the inner store as `fate` says.
-        async fn call<T, F>(
-            &self,
-            operation: Operation,
-            call: impl FnOnce(Arc<MemoryStore>) -> F + Send + 'static,
-        ) -> Result<T, StoreError>
-        where
-            F: Future<Output = Result<T, StoreError>> + Send + 'static,
-            T: Send + 'static,
-        {
-            let lost = || StoreError::Unavailable {
-                operation,
-                source: "the connection was cut".into(),
-            };
-            let inner = Arc::clone(&self.inner);
-            match self.fate() {
-                Fate::Answered => call(inner).await,
-                Fate::LandsUnanswered => {
-                    call(inner).await?;
-                    Err(lost())
-                }
-                Fate::NeverLands => Err(lost()),
-            }
-        }
-    }
-
-    #[async_trait]
-    impl Store for LossyStore {
-        async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-            let request = request.clone();
-            self.call(
-                Operation::Claim,
-                move |s| async move { s.claim(&request).await },
-            )
-            .await
-        }
-
-        async fn complete(
-            &self,
-            lease: &Lease,
-            response: &[u8],
-        ) -> Result<WriteOutcome, StoreError> {
-            let (lease, response) = (lease.clone(), response.to_vec());
-            self.call(Operation::Complete, move |s| async move {
-                s.complete(&lease, &response).await
-            })
-            .await
-        }
-
-        async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-            let (lease, response) = (lease.clone(), response.to_vec());
-            self.call(Operation::Fail, move |s| async move {
-                s.fail(&lease, &response).await
-            })
-            .await
-        }
-
-        async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
-            let lease = lease.clone();
-            self.call(Operation::Release, move |s| async move {
-                s.release(&lease).await
-            })
-            .await
-        }
-
-        async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
-            let lease = lease.clone();
-            self.call(Operation::Renew, move |s| async move {
-                s.renew(&lease, extend).await
-            })
-            .await
-        }
-
-        async fn checkpoint(
-            &self,
-            lease: &Lease,
-            step: &StepName,
-            value: &[u8],
-        ) -> Result<WriteOutcome, StoreError> {
-            let (lease, step, value) = (lease.clone(), step.clone(), value.to_vec());
-            self.call(Operation::Checkpoint, move |s| async move {
-                s.checkpoint(&lease, &step, &value).await
-            })
-            .await
-        }
-
-        async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-            let key = key.clone();
-            self.call(Operation::Get, move |s| async move { s.get(&key).await })
-                .await
-        }
-
-        async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-            self.inner.purge_expired(limit).await
-        }
-    }
-
-    /// With an answer in twenty lost, every history is still explained, and by a search
-    /// that stays near one state per call: lost calls, whose windows stretch a grace past
-    /// their return and overlap, must not multiply the orders tried.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn lost_answers_are_explained_in_a_short_search() {
-        for seed in 1..=6 {
-            let workload = Workload::default().seed(seed);
-            let store = Arc::new(LossyStore::new(seed)) as Arc<dyn Store>;
-            let history = linearizability::record_on(&[store], &workload).await;
-            let lost = history.lost();
-            assert!(
-                lost > workload.total_operations() / 40,
-                "seed {seed}: the network lost {lost} answers, too few to test anything"
-            );
-            // A hundred states per call: a search that grows past that is blowing up (the
-            // runs that set it took about one per call).
-            let budget = 100 * workload.total_operations() as u64;
-            let checked = Checker::default()
-                .budget(budget)
-                .check(&history)
-                .unwrap_or_else(|err| panic!("seed {seed}, {lost} lost: {err}"));
-            assert_eq!(checked.lost, lost);
-        }
-    }
 }

@@ -4,9 +4,10 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// This test process's directory. Directories of earlier runs are removed when it is made,
-/// once they are an hour old: test processes run side by side (cargo-nextest runs each test
-/// in a process of its own), so a younger directory may be another process's, in use.
+/// This test process's directory, emptied when it is made. Directories of earlier runs are
+/// removed then too, once they are an hour old: test processes run side by side
+/// (cargo-nextest runs each test in a process of its own), so a younger directory may be
+/// another process's, in use.
 static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-sqlite-tests");
     let mine = root.join(std::process::id().to_string());
@@ -25,6 +26,9 @@ static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
             }
         }
     }
+    // A directory already under this process's id is a dead process's (ids are reused,
+    // and a busy run reuses them within the hour): its files would be read as fresh.
+    let _ = std::fs::remove_dir_all(&mine);
     std::fs::create_dir_all(&mine).expect("a temporary directory for test databases");
     mine
 });

@@ -14,8 +14,9 @@
 //! the moments where an answer can change (a lease's end, a record's expiry, either side
 //! of them), the ends of the window, and the moment an answer reveals (a claim's lease
 //! ends `lease` after the claim; `retry_after` counts down to a lease's end). An
-//! operation whose answer was lost may take effect at any moment after its invocation,
-//! with any answer, or never.
+//! operation whose answer was lost may take effect once, with any answer, from its
+//! invocation until the lost grace ([`LOST_GRACE`] by default) after its client gave up
+//! (tried at the moments above), or never.
 //!
 //! The moments follow the order: an operation placed after another takes effect at the
 //! same millisecond or later (less [`TOLERANCE`], for clocks read on either side of a
@@ -25,7 +26,7 @@
 //! A record that is absent at a moment may also be gone: a store may delete absent
 //! records at any time (a purge, a TTL), and a claim then starts its tokens at 1.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::time::Duration;
 
@@ -205,11 +206,11 @@ struct Exploration {
     too_long: bool,
 }
 
-/// The search: depth first, with an explicit stack of nodes, and for each (placed set,
-/// state) met the lowest moment it was explored from: a node at a later moment admits
-/// fewer orders than one met already (every moment it may try, the earlier one may too),
-/// so it is not explored again. `every_end`: go on past the first explanation and gather
-/// the states every explanation ends in.
+/// The search: depth first, with an explicit stack of nodes and the (placed set, state,
+/// moment) triples already explored. (A node at a later moment is not subsumed by one
+/// at an earlier moment: the moment itself is one of the moments the next operation
+/// tries.) `every_end`: go on past the first explanation and gather the states every
+/// explanation ends in.
 fn explore(
     operations: &[Operation],
     starts: &[State],
@@ -248,16 +249,10 @@ fn explore(
     let lost: Vec<usize> = (0..steps.len())
         .filter(|&i| steps[i].operation.is_lost())
         .collect();
-    // Hashes of (placed set, state) to the lowest moment explored: 24 bytes a node,
-    // however long the history.
-    let mut visited: HashMap<(u64, u64), u64> = HashMap::new();
+    // Hashes of (placed set, state, moment): 24 bytes a node, however long the history.
+    let mut visited: HashSet<(u64, u64, u64)> = HashSet::new();
     let mut first_visit = |placed: &[u64], state: &State, floor: u64| {
-        let lowest = visited
-            .entry((placed_hash(placed), state_hash(state)))
-            .or_insert(u64::MAX);
-        let first = floor < *lowest;
-        *lowest = (*lowest).min(floor);
-        first
+        visited.insert((placed_hash(placed), state_hash(state), floor))
     };
     let mut found = Exploration {
         ends: Vec::new(),

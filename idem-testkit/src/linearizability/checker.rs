@@ -251,9 +251,6 @@ fn explore(
         .collect();
     // Hashes of (placed set, state, moment): 24 bytes a node, however long the history.
     let mut visited: HashSet<(u64, u64, u64)> = HashSet::new();
-    let mut first_visit = |placed: &[u64], state: &State, floor: u64| {
-        visited.insert((placed_hash(placed), state_hash(state), floor))
-    };
     let mut found = Exploration {
         ends: Vec::new(),
         states: 0,
@@ -282,7 +279,7 @@ fn explore(
     };
     for start in starts {
         let placed = vec![0; words];
-        if first_visit(&placed, start, 0) {
+        if visited.insert((placed_hash(&placed), state_hash(start), 0)) {
             stack.push(reach(placed, 0, start.clone(), 0, &mut found));
         }
     }
@@ -295,13 +292,13 @@ fn explore(
             continue;
         };
         let mut placed = node.placed.clone();
-        placed[index / 64] |= 1 << (index % 64);
+        place(&mut placed, index);
         let latest = node
             .latest_invoked_ns
             .max(steps[index].operation.invoked_ns);
         retire_lost(&steps, &lost, &mut placed, latest);
         let floor = floor_of(&steps, &placed, floor);
-        if !first_visit(&placed, &next, floor) {
+        if !visited.insert((placed_hash(&placed), state_hash(&next), floor)) {
             continue;
         }
         found.states += 1;
@@ -322,7 +319,7 @@ fn explore(
 fn retire_lost(steps: &[Step<'_>], lost: &[usize], placed: &mut [u64], latest_invoked_ns: u64) {
     for &i in lost {
         if steps[i].last_ns < latest_invoked_ns {
-            placed[i / 64] |= 1 << (i % 64);
+            place(placed, i);
         }
     }
 }
@@ -341,6 +338,10 @@ fn floor_of(steps: &[Step<'_>], placed: &[u64], floor: u64) -> u64 {
         Some(from) if floor.saturating_sub(TOLERANCE) > from => floor,
         _ => 0,
     }
+}
+
+fn place(placed: &mut [u64], index: usize) {
+    placed[index / 64] |= 1 << (index % 64);
 }
 
 fn is_placed(placed: &[u64], index: usize) -> bool {

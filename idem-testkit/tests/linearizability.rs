@@ -53,7 +53,9 @@ mod by_hand {
     use idem_core::record::AttemptId;
     use idem_core::store::{ClaimOutcome, ClaimRequest, WriteOutcome};
     use idem_core::{Fingerprint, Key, ManualClock, MemoryStore, Store, Timestamp};
-    use idem_testkit::linearizability::{Answer, Call, CheckError, History, Operation, check};
+    use idem_testkit::linearizability::{
+        Answer, Call, CheckError, Checker, History, Operation, check,
+    };
 
     const MS: u64 = 1_000_000;
 
@@ -227,6 +229,56 @@ mod by_hand {
                 matches!(err, CheckError::Unexplained(_)),
                 "{late} ms: {err}"
             );
+        }
+    }
+
+    /// A lost call may not take effect after a call invoked once its window ended, even
+    /// where moments may come in any order: a read after the window that found no
+    /// record, then a read that found the lost claim's, is unexplained.
+    #[tokio::test]
+    async fn a_lost_call_comes_before_the_calls_invoked_after_its_window() {
+        let start = Timestamp::from_unix_millis(1_800_000_000_000);
+        let t0 = start.as_unix_millis() * MS;
+        let clock = ManualClock::starting_at(start);
+        let store = MemoryStore::with_clock(clock.clone());
+        let key = Key::new("by-hand", "k").unwrap();
+        let request = ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes("A"),
+            Duration::from_secs(3600),
+            Duration::from_secs(3600),
+        );
+        let read = |at: u64, answer| {
+            Operation::new(
+                1,
+                Call::Get(key.clone()),
+                Answer::Get(answer),
+                t0 + at * MS,
+                t0 + at * MS + MS / 2,
+            )
+        };
+        let before = read(0, None);
+        let lost = Operation::new(
+            0,
+            Call::Claim(request.clone()),
+            Answer::Lost("the connection was cut".into()),
+            t0 + 10 * MS,
+            t0 + 11 * MS,
+        );
+        clock.advance(Duration::from_millis(500));
+        store.claim(&request).await.unwrap();
+        clock.set(Timestamp::from_unix_millis(start.as_unix_millis() + 3_000));
+        let found = store.get(&key).await.unwrap();
+        assert!(found.is_some());
+        let history = History {
+            operations: vec![before, lost, read(2_000, None), read(3_000, found)],
+        };
+        for checker in [
+            Checker::default(),
+            Checker::default().moments_in_any_order(),
+        ] {
+            let err = checker.check(&history).unwrap_err();
+            assert!(matches!(err, CheckError::Unexplained(_)), "{err}");
         }
     }
 

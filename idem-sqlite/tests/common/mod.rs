@@ -4,13 +4,18 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// This test process's directory, emptied when it is made. Directories of earlier runs are
-/// removed then too, once they are an hour old: test processes run side by side
+/// This test process's directory. Directories of earlier runs are removed when it is made,
+/// once they are an hour old: test processes run side by side
 /// (cargo-nextest runs each test in a process of its own), so a younger directory may be
 /// another process's, in use.
 static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
     let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("idem-sqlite-tests");
-    let mine = root.join(std::process::id().to_string());
+    // The process id alone is reused within the hour by a busy run, whose new process
+    // would read a dead one's files as fresh: the start time tells them apart.
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mine = root.join(format!("{}-{started}", std::process::id()));
     let stale = |entry: &std::fs::DirEntry| {
         entry
             .metadata()
@@ -26,9 +31,6 @@ static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
             }
         }
     }
-    // A directory already under this process's id is a dead process's (ids are reused,
-    // and a busy run reuses them within the hour): its files would be read as fresh.
-    let _ = std::fs::remove_dir_all(&mine);
     std::fs::create_dir_all(&mine).expect("a temporary directory for test databases");
     mine
 });

@@ -156,6 +156,10 @@ impl fmt::Debug for SqliteStoreBuilder {
 impl SqliteStore {
     /// Opens (creating when missing) a database file with the default settings.
     ///
+    /// A path that starts with `file:` is read as an SQLite URI (`file:data/idem.db`),
+    /// so that SQLite's URI parameters can be given here; a `sqlite://` URL
+    /// ([`SqliteLocation`](crate::SqliteLocation)) takes none.
+    ///
     /// # Errors
     /// See [`SqliteStoreBuilder::build`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {

@@ -216,6 +216,13 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_names_itself_and_its_schemes() {
+        // As the doc examples say; cargo-mutants' test runs leave doc tests out.
+        assert_eq!(BACKEND.name(), "SQLite");
+        assert_eq!(BACKEND.schemes(), URL_SCHEMES);
+    }
+
+    #[test]
     fn every_scheme_parses() {
         assert_eq!(
             parse("sqlite:///var/lib/idem.db").unwrap().path(),

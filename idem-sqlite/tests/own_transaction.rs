@@ -270,3 +270,41 @@ async fn an_encrypted_completion_in_the_callers_transaction_is_ciphertext_and_re
     );
     assert_eq!(debits(&ledger(&path)), 1);
 }
+
+/// The driver answers with the result the work's transaction committed, without a
+/// completion of its own: here the work goes on past the result's retention, so the record
+/// has expired by the time it returns, and a completion sent then would find no lease to
+/// fence it by.
+#[tokio::test]
+async fn the_committed_result_is_the_answer_after_its_record_expired() {
+    let path = common::fresh_db_path();
+    let store = SqliteStore::open(&path).unwrap();
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_millis(50))
+        .retention(Duration::from_millis(50))
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let key = Key::new("shop/checkout", "order-6").unwrap();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, path) = (store.clone(), path.clone());
+            async move {
+                let receipt =
+                    debit_in_one_transaction(&store, &path, &ctx, "order-6", true, || async {})
+                        .await?;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Ok(receipt)
+            }
+        })
+        .await
+        .expect("the committed result is the answer");
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: receipt("order-6"),
+            replayed: false
+        }
+    );
+    assert_eq!(debits(&ledger(&path)), 1);
+}

@@ -51,6 +51,8 @@ pub trait Admin: Store {
     /// - Oldest first (creation time, then scope, then key); `query.after` resumes after
     ///   a page's `next` cursor, and every matching record appears on exactly one page of
     ///   a walk through the cursors, even when records are added meanwhile.
+    /// - At most `query.page_size()` records; `next` is `Some` exactly when more matching
+    ///   records follow the page (a page that ends the listing at its limit has none).
     /// - Filters by state, by stuck work (in progress, lease ended at least
     ///   `stuck_for` ago), and by scope prefix.
     /// - Absent records still stored are listed (`Page::now` tells which).

@@ -186,6 +186,38 @@ pub(crate) async fn list_pages_through_every_record_once(store: &dyn Admin) {
         expected.is_subset(&seen),
         "every record that existed when the walk began was listed"
     );
+    // The last page says it is the last, also when it is exactly full: a cursor there
+    // would send a walker for an empty page, and one missing a page early ends the walk.
+    let all = listed(store, ListQuery::new().scope_prefix("pages").limit(100)).await;
+    let full = ok(
+        store
+            .list(&ListQuery::new().scope_prefix("pages").limit(all.len()))
+            .await,
+        "list",
+    );
+    assert_eq!(
+        full.records.len(),
+        all.len(),
+        "a page holds up to its limit"
+    );
+    assert!(
+        full.next.is_none(),
+        "a page holding the last of {} records at its limit of {} has a next cursor; it must have none",
+        all.len(),
+        all.len()
+    );
+    let short = ok(
+        store
+            .list(&ListQuery::new().scope_prefix("pages").limit(all.len() - 1))
+            .await,
+        "list",
+    );
+    assert!(
+        short.next.is_some(),
+        "a page of {} leaving one of {} records out has no next cursor",
+        all.len() - 1,
+        all.len()
+    );
     // A cursor the store did not print is bad input: a typed error, not a guess.
     for foreign in ["not a cursor", "zz", "3a"] {
         let answer = store

@@ -38,11 +38,15 @@ pub(crate) const FINISH_UPDATE: &str = "SET #st = :terminal, #rs = :response";
 pub(crate) const FINISH_AND_EXPIRY_UPDATE: &str =
     "SET #st = :terminal, #rs = :response, #ea = :ea, #ttl = :ttl";
 /// A release, beside the fence, when the record holds no step: nothing took effect, so
-/// the record's lifetime ends too and the next claim is fresh under any fingerprint. The
-/// lease ends at the cutoff, not now: its owner let go, so no claim waits out the skew
-/// margin for it, and the record is absent at once.
+/// the record's lifetime ends too and the next claim is fresh under any fingerprint. A
+/// live lease (beside `LEASE_LIVE`) ends at the cutoff, not now: its owner let go, so no
+/// claim waits out the skew margin for it, and the record is absent at once. A lease that
+/// ran out (beside `LEASE_ENDED`) keeps its end, `min(lease_until, cutoff)`: moved to the
+/// release, it would be live again to a client whose clock is behind the releaser's.
 pub(crate) const RELEASE_WITHOUT_STEPS: &str = "(attribute_not_exists(#stp) OR size(#stp) = :zero)";
 pub(crate) const RELEASE_FORGET_UPDATE: &str = "SET #lu = :cutoff, #ea = :now";
+pub(crate) const RELEASE_FORGET_ENDED_UPDATE: &str = "SET #ea = :now";
+pub(crate) const LEASE_ENDED: &str = "#lu <= :cutoff";
 /// A release of a record with steps, beside the fence and `LEASE_NOT_ENDED`: kept for a
 /// takeover, its expiry as it was (its checkpoints kept it one retention past the lease).
 /// A lease that ran out already keeps its end, and the release writes nothing.

@@ -56,7 +56,7 @@ pub(crate) fn refused_finish(
 /// The conditional-check failure's old item, if this error is one; `Err` otherwise.
 pub(crate) type ConditionFailure = Option<HashMap<String, AttributeValue>>;
 
-type UpdateError = aws_sdk_dynamodb::error::SdkError<
+pub(crate) type UpdateError = aws_sdk_dynamodb::error::SdkError<
     UpdateItemError,
     aws_sdk_dynamodb::config::http::HttpResponse,
 >;

@@ -20,7 +20,7 @@ use crate::builder::DynamoDbStoreBuilder;
 use crate::errors::{is_item_too_large, map};
 use crate::expressions::{self as x, names};
 use crate::item::{self, b, n, s};
-use crate::refused::{ConditionFailure, Refused, condition_failed, refused_finish};
+use crate::refused::{ConditionFailure, Refused, UpdateError, condition_failed, refused_finish};
 use crate::table::{TableName, TableNameError};
 
 /// The most a record's response and checkpoints (names and values together) may hold:
@@ -270,6 +270,31 @@ impl DynamoDbStore {
             .expression_attribute_values(":now", n(now.as_unix_millis()))
             .expression_attribute_values(":cutoff", n(self.cutoff(now)))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+    }
+
+    /// The release of a record without steps: its lifetime ends now, and its lease at the
+    /// cutoff when `live`, or where it ended already (`min(lease_until, cutoff)`, each
+    /// under the condition that makes it the right write).
+    async fn forget(
+        &self,
+        lease: &Lease,
+        live: bool,
+        now: Timestamp,
+    ) -> Result<aws_sdk_dynamodb::operation::update_item::UpdateItemOutput, UpdateError> {
+        let (update, lease_state) = if live {
+            (x::RELEASE_FORGET_UPDATE, x::LEASE_LIVE)
+        } else {
+            (x::RELEASE_FORGET_ENDED_UPDATE, x::LEASE_ENDED)
+        };
+        let condition = format!(
+            "{} AND {} AND {lease_state}",
+            x::FENCE,
+            x::RELEASE_WITHOUT_STEPS
+        );
+        self.fenced(lease, update, &condition, now)
+            .expression_attribute_values(":zero", n(0))
+            .send()
+            .await
     }
 
     pub(crate) async fn read(
@@ -594,12 +619,8 @@ impl Store for DynamoDbStore {
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
         let operation = Operation::Release;
-        // Most releases find no step: one write.
-        let condition = format!("{} AND {}", x::FENCE, x::RELEASE_WITHOUT_STEPS);
-        let forget = self
-            .fenced(lease, x::RELEASE_FORGET_UPDATE, &condition, self.now())
-            .expression_attribute_values(":zero", n(0));
-        let mut old = match forget.send().await {
+        // Most releases find no step and a live lease: one write.
+        let mut old = match self.forget(lease, true, self.now()).await {
             Ok(_) => return Ok(WriteOutcome::Applied),
             Err(err) => condition_failed(err, operation)?,
         };
@@ -621,10 +642,15 @@ impl Store for DynamoDbStore {
             if machine::release(Some(&counted), lease, now).write.is_none() {
                 return Ok(WriteOutcome::Fenced);
             }
-            // No step: a forget that landed before (its retry fails the first condition),
-            // on a clock that went back since. Forgotten already.
+            // No step, and the fence holds: the lease ran out before the release (it
+            // keeps its end), or the item changed since the first write was refused.
             if seen.steps.is_empty() {
-                return Ok(WriteOutcome::Fenced);
+                let live = seen.lease_until.as_unix_millis() > self.cutoff(now);
+                match self.forget(lease, live, now).await {
+                    Ok(_) => return Ok(WriteOutcome::Applied),
+                    Err(err) => old = condition_failed(err, operation)?,
+                }
+                continue;
             }
             // A lease that ran out already keeps its end, and the expiry stays: the fence
             // held in the item just read, and there is nothing to write.

@@ -467,3 +467,61 @@ async fn a_result_stored_late_moves_the_expiry_and_the_ttl_in_the_same_write() {
     assert_eq!(created, lease.created_at.as_unix_millis());
     assert_eq!(expires, created + 150_000 + retention.as_millis() as u64);
 }
+
+/// A release of a record without steps, after its lease ran out, keeps the lease's end
+/// (`min(lease_until, now)`, as the state machine says) while it ends the record's
+/// lifetime. This store reads its clock in the client: a client whose clock is behind the
+/// releaser's still finds the record present, and must take the ended lease over instead
+/// of finding it live again until the release's time.
+#[tokio::test]
+async fn a_late_release_without_steps_keeps_the_leases_end() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let client = common::client(&endpoint);
+    common::create_table(&client).await;
+    let start = Timestamp::now();
+    let clock = ManualClock::starting_at(start);
+    let store = DynamoDbStore::builder(client, &common::table())
+        .unwrap()
+        .prefix(&common::unique_prefix())
+        .unwrap()
+        .skew_margin(Duration::ZERO)
+        .clock(clock.clone())
+        .build();
+    let key = Key::new("late-release", "no-steps").unwrap();
+    let request = || {
+        ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes("x"),
+            Duration::from_secs(10),
+            Duration::from_secs(3600),
+        )
+    };
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request()).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    clock.advance(Duration::from_secs(20));
+    assert_eq!(store.release(&lease).await.unwrap(), WriteOutcome::Applied);
+    assert_eq!(
+        store.get(&key).await.unwrap(),
+        None,
+        "a release without steps ends the record's lifetime"
+    );
+
+    // A client whose clock is 5 s behind the releaser's: the lease ended at +10 s there.
+    clock.set(start.saturating_add(Duration::from_secs(15)));
+    match store.claim(&request()).await.unwrap() {
+        ClaimOutcome::Claimed {
+            resumed,
+            lease: taken,
+            ..
+        } => {
+            assert!(resumed, "the present record is taken over");
+            assert_eq!(taken.token, lease.token + 1);
+        }
+        other => panic!(
+            "a release after the lease ran out moved the lease's end to the release: {other:?}"
+        ),
+    }
+}

@@ -280,8 +280,10 @@ async fn the_committed_result_is_the_answer_after_its_record_expired() {
     let path = common::fresh_db_path();
     let store = SqliteStore::open(&path).unwrap();
     let idem = Idempotency::builder(store.clone())
-        .lease(Duration::from_millis(50))
-        .retention(Duration::from_millis(50))
+        // Long enough for the work's set-up on a busy machine (the record must still be
+        // this owner's when the work completes it), and no heartbeat to move it.
+        .lease(Duration::from_secs(1))
+        .retention(Duration::from_secs(1))
         .heartbeat(Heartbeat::Off)
         .build()
         .unwrap();
@@ -293,7 +295,7 @@ async fn the_committed_result_is_the_answer_after_its_record_expired() {
                 let receipt =
                     debit_in_one_transaction(&store, &path, &ctx, "order-6", true, || async {})
                         .await?;
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                tokio::time::sleep(Duration::from_millis(1_300)).await;
                 Ok(receipt)
             }
         })

@@ -62,6 +62,24 @@ pub(crate) async fn list_filters_and_orders(store: &dyn Admin, caps: &Capabiliti
             .await
             .is_empty()
     );
+    // Stuck work is in progress: with a state filter it is that state's stuck records.
+    assert_eq!(
+        listed(
+            store,
+            ListQuery::new().state(State::InProgress).stuck_for(ZERO)
+        )
+        .await,
+        keys(&[&ended]),
+        "stuck and in progress"
+    );
+    for state in [State::Completed, State::Failed] {
+        assert!(
+            listed(store, ListQuery::new().state(state).stuck_for(ZERO))
+                .await
+                .is_empty(),
+            "no {state:?} record is stuck work"
+        );
+    }
     let mut acct_1 = listed(store, ListQuery::new().scope_prefix("acct_1/")).await;
     acct_1.sort();
     assert_eq!(acct_1, keys(&[&live, &done, &ended]));
@@ -284,18 +302,34 @@ pub(crate) async fn stats_count_what_the_store_holds(store: &dyn Admin, caps: &C
     }
     let (lease, _, _) = claimed(store, &request(&key("s3", "failed"), "f", HOUR, HOUR)).await;
     let _ = ok(store.fail(&lease, b"e").await, "fail");
+    // Results stored after their leases ended: a finished record whose lease is over is
+    // not abandoned work (two of them, against the one abandoned record).
+    for i in 0..2 {
+        let k = key("s4", &format!("done-late{i}"));
+        let (lease, _, _) = claimed(store, &request(&k, "f", ZERO, HOUR)).await;
+        let _ = ok(store.complete(&lease, b"r").await, "complete");
+    }
+    // A result with no retention, under a lease still running: absent at once, however
+    // long the lease was.
+    let (lease, _, _) = claimed(store, &request(&key("s4", "done-gone"), "f", HOUR, ZERO)).await;
+    let _ = ok(store.complete(&lease, b"r").await, "complete");
     let stats = ok(store.stats(2).await, "stats");
     let absent = if vanishes { 0 } else { 2 };
-    assert_eq!(stats.total, 7 + absent);
+    let gone = if vanishes { 0 } else { 1 };
+    assert_eq!(stats.total, 9 + absent + gone);
     assert_eq!(stats.in_progress, 3 + absent);
-    assert_eq!(stats.completed, 3);
+    assert_eq!(stats.completed, 5 + gone);
     assert_eq!(stats.failed, 1);
     assert_eq!(stats.in_progress_live, 2);
     assert_eq!(
         stats.in_progress_lease_ended, 1,
         "abandoned: the ended lease within its retention, not the absent records"
     );
-    assert_eq!(stats.absent, absent, "absent records not yet purged");
+    assert_eq!(
+        stats.absent,
+        absent + gone,
+        "absent records not yet purged, the finished one past its retention among them"
+    );
     assert_eq!(
         stats.top_scopes.first(),
         Some(&("s1".to_string(), 5)),
@@ -454,8 +488,22 @@ pub(crate) async fn raw_shows_what_is_stored(store: &dyn Admin) {
     let step = idem_core::key::StepName::new("charge").expect("a valid step name");
     let _ = ok(store.checkpoint(&lease, &step, b"ch_1").await, "checkpoint");
     let _ = ok(store.complete(&lease, b"secret receipt").await, "complete");
+    // Records beside it, in its scope and under its key in another scope, with steps of
+    // their own: the raw view shows this record's steps only (by name, or as a count).
+    for (k, name) in [
+        (key("raw", "other"), "refund"),
+        (key("raw2", "done"), "notify"),
+    ] {
+        let (lease, _, _) = claimed(store, &request(&k, "f", HOUR, HOUR)).await;
+        let step = idem_core::key::StepName::new(name).expect("a valid step name");
+        let _ = ok(store.checkpoint(&lease, &step, b"x").await, "checkpoint");
+    }
     let fields = ok(store.raw(&done).await, "raw").expect("a stored record shows");
     let text = format!("{fields:?}");
+    assert!(
+        !text.contains("refund") && !text.contains("notify"),
+        "another record's steps do not: {text}"
+    );
     assert!(text.contains("completed"), "the state shows: {text}");
     assert!(text.contains("14"), "the response's length shows: {text}");
     assert!(

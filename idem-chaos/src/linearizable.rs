@@ -123,10 +123,13 @@ pub async fn run(backend: Backend, url: &str, settings: Settings) -> Result<Repo
     proxy.set_rate(0);
     crasher.await??;
     let started = Instant::now();
+    let recorded = history.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let checker = Checker::default().lost_grace(LOST_GRACE);
-        // DynamoDB's conditions compare with a clock the client read before sending.
-        let checker = if backend == Backend::DynamoDb {
+        // DynamoDB's conditions compare with a clock the client read before sending;
+        // PostgreSQL's `now()` is read when a statement starts, before it waits for a
+        // row lock, and a takeover compares it again after the wait.
+        let checker = if matches!(backend, Backend::DynamoDb | Backend::Postgres) {
             checker.moments_in_any_order()
         } else {
             checker
@@ -157,11 +160,86 @@ pub async fn run(backend: Backend, url: &str, settings: Settings) -> Result<Repo
         }
         Err(CheckError::Unexplained(mut counterexample)) => {
             counterexample.seed = Some(report.settings.seed);
-            report.unexplained = Some(counterexample.to_string());
+            let shown_from = counterexample.operations.first().map(|o| o.invoked);
+            let said = counterexample.to_string();
+            let key = counterexample.key.clone();
+            report.unexplained = Some(with_whole_history(
+                said,
+                &recorded,
+                &key,
+                shown_from,
+                backend,
+                report.settings.seed,
+            ));
+        }
+        Err(err @ CheckError::TooLong { .. }) => {
+            let CheckError::TooLong { scope, key, .. } = &err else {
+                unreachable!("matched above")
+            };
+            let key = idem_core::Key::new(scope.clone(), key.clone());
+            let said = err.to_string();
+            report.unexplained = Some(match key {
+                Ok(key) => {
+                    with_whole_history(said, &recorded, &key, None, backend, report.settings.seed)
+                }
+                Err(_) => said,
+            });
         }
         Err(other) => report.unexplained = Some(other.to_string()),
     }
     Ok(report)
+}
+
+/// `said` followed by where the key's whole history was written (or why it could not
+/// be): every call on it under `target/linearizable-unexplained/`, named as a
+/// counterexample names them, so that the calls around what the checker could not
+/// explain or decide can be read (the lost ones above all). `shown_from`: when the
+/// counterexample's times start, to line the two up.
+fn with_whole_history(
+    said: String,
+    history: &linearizability::History,
+    key: &idem_core::Key,
+    shown_from: Option<idem_core::Timestamp>,
+    backend: Backend,
+    seed: u64,
+) -> String {
+    match write_whole_history(&said, history, key, shown_from, backend, seed) {
+        Ok(path) => format!("{said}\n  the key's whole history: {}", path.display()),
+        Err(err) => format!("{said}\n  the key's whole history could not be written: {err}"),
+    }
+}
+
+fn write_whole_history(
+    said: &str,
+    history: &linearizability::History,
+    key: &idem_core::Key,
+    shown_from: Option<idem_core::Timestamp>,
+    backend: Backend,
+    seed: u64,
+) -> std::io::Result<std::path::PathBuf> {
+    let operations = history
+        .by_key()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, operations)| operations)
+        .unwrap_or_default();
+    let offset = match (operations.first(), shown_from) {
+        (Some(first), Some(shown)) => format!(
+            " (the counterexample's +0ms is {:+}ms here)",
+            i128::from(shown.as_unix_millis()) - i128::from(first.invoked.as_unix_millis())
+        ),
+        _ => String::new(),
+    };
+    let dir = std::path::Path::new("target").join("linearizable-unexplained");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(format!("{}-seed{seed}-{}.txt", backend.name(), key.key()));
+    let whole = linearizability::History { operations };
+    let text = format!(
+        "{said}\n\nEvery call on the key ({} lost), times from its first call{offset}:\n{whole}",
+        whole.lost()
+    );
+    std::fs::write(&path, text)?;
+    Ok(path)
 }
 
 /// Crashes the server `restarts` times, `every` apart, reviving it after a short outage,

@@ -165,25 +165,83 @@ fn derived_moments(operation: &Operation, from: u64, to: u64, revealed: &[(u64, 
 
 /// Searches for an order of `operations` (one key's, in invocation order) that the state
 /// machine explains from one of the states `starts`, within `limits`.
+///
+/// Where answers were lost, the search restarts, alternating the order it tries moves in
+/// and growing its budget fourfold each round, and the last search takes what is left of
+/// the budget (at the default, 1 700 000 of 2 000 000 states). A backtracking search's
+/// length is heavy-tailed: most histories are explained at about one state per call, and
+/// the rare long one has gone wrong near its start (a lost call whose effect shows only
+/// much later), which another order of moves meets at once. Each search is complete, so
+/// an unexplained history is still one that no order explains.
 pub(crate) fn search(operations: &[Operation], starts: &[State], limits: Limits) -> Search {
-    let found = explore(operations, starts, limits, false);
-    if found.too_long {
-        Search::TooLong {
-            states: found.states,
-        }
-    } else if found.ends.is_empty() {
-        Search::Unexplained
+    // Without a lost call every order tries the same moves: one search with it all.
+    let orders: &[MoveOrder] = if operations.iter().any(Operation::is_lost) {
+        &[
+            MoveOrder::Answered,
+            MoveOrder::LatestLost,
+            MoveOrder::Lost,
+        ]
     } else {
-        Search::Explained {
-            states: found.states,
+        &[MoveOrder::Answered]
+    };
+    let mut spent: u64 = 0;
+    let mut round = FIRST_ROUND;
+    loop {
+        let left = limits.budget.saturating_sub(spent);
+        // The last round: what is left goes to one search, whole, so that a history
+        // that needs most of the budget is still decided.
+        let last = orders.len() == 1 || round.saturating_mul(orders.len() as u64 * 4) > left;
+        let runs: &[MoveOrder] = if last { &orders[..1] } else { orders };
+        for &order in runs {
+            let budget = if last { left } else { round };
+            let found = explore(
+                operations,
+                starts,
+                Limits { budget, ..limits },
+                false,
+                order,
+            );
+            spent = spent.saturating_add(found.states);
+            if !found.too_long {
+                return if found.ends.is_empty() {
+                    Search::Unexplained
+                } else {
+                    Search::Explained { states: spent }
+                };
+            }
         }
+        if last {
+            return Search::TooLong { states: spent };
+        }
+        round = round.saturating_mul(4);
     }
+}
+
+/// The first round's budget per order (then four times as many each round): the usual
+/// search takes about one state per call, so a few thousand calls fit in it.
+const FIRST_ROUND: u64 = 20_000;
+
+/// Which moves a search tries first at each node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MoveOrder {
+    /// The calls with an answer, the earliest invoked first, then the lost calls,
+    /// earliest first: right for most histories, where a lost call changed nothing
+    /// anyone saw.
+    Answered,
+    /// The calls with an answer first, then the lost calls, the latest invoked first:
+    /// right where an answer shows the effect of the last of several lost calls (a
+    /// result stored just before the server went down, after claims lost in the outage
+    /// that each could have taken the record over).
+    LatestLost,
+    /// The lost calls first, earliest first: right where a lost call's effect shows only
+    /// later, after calls that could have come either side of it.
+    Lost,
 }
 
 /// Every state an explained order of `operations` (from no record) can end in; `None`
 /// when that takes more than the budget to find.
 pub(crate) fn end_states(operations: &[Operation], limits: Limits) -> Option<Vec<State>> {
-    let found = explore(operations, &[None], limits, true);
+    let found = explore(operations, &[None], limits, true, MoveOrder::Answered);
     (!found.too_long).then_some(found.ends)
 }
 
@@ -216,6 +274,7 @@ fn explore(
     starts: &[State],
     limits: Limits,
     every_end: bool,
+    order: MoveOrder,
 ) -> Exploration {
     let revealed = revealed_times(operations);
     let grace = u64::try_from(limits.lost_grace.as_millis()).unwrap_or(u64::MAX);
@@ -249,8 +308,7 @@ fn explore(
     let lost: Vec<usize> = (0..steps.len())
         .filter(|&i| steps[i].operation.is_lost())
         .collect();
-    // Hashes of (placed set, state, moment): 24 bytes a node, however long the history.
-    let mut visited: HashSet<(u64, u64, u64)> = HashSet::new();
+    let mut visited = Visited::new(&lost, words, !limits.ordered_moments);
     let mut found = Exploration {
         ends: Vec::new(),
         states: 0,
@@ -267,7 +325,7 @@ fn explore(
         if all_answered_placed(&steps, &placed) && !found.ends.contains(&state) {
             found.ends.push(state.clone());
         }
-        let moves = next_moves(&steps, &placed, &state, floor, &mut cache)
+        let moves = next_moves(&steps, &placed, &state, floor, &mut cache, order)
             .into_iter()
             .map(|(i, next, at)| (i, next, if limits.ordered_moments { at } else { 0 }))
             .collect();
@@ -279,7 +337,7 @@ fn explore(
     };
     for start in starts {
         let placed = vec![0; words];
-        if visited.insert((placed_hash(&placed), state_hash(start), 0)) {
+        if visited.insert(&placed, state_hash(start), 0) {
             stack.push(reach(placed, 0, start.clone(), 0, &mut found));
         }
     }
@@ -298,7 +356,7 @@ fn explore(
             .max(steps[index].operation.invoked_ns);
         retire_lost(&steps, &lost, &mut placed, latest);
         let floor = floor_of(&steps, &placed, floor);
-        if !visited.insert((placed_hash(&placed), state_hash(&next), floor)) {
+        if !visited.insert(&placed, state_hash(&next), floor) {
             continue;
         }
         found.states += 1;
@@ -309,6 +367,88 @@ fn explore(
         stack.push(reach(placed, latest, next, floor, &mut found));
     }
     found
+}
+
+/// The nodes already reached, with subsumption over lost calls where the moments may come
+/// in any order: a node whose answered calls and state match one reached before, and
+/// whose placed lost calls include that one's, can reach nothing the earlier one cannot
+/// (a lost call blocks no one and need never be placed, so the earlier node may leave
+/// the extra ones out and make the same moves). Orders in which a lost call took effect
+/// and was then overwritten meet the orders in which it never took effect.
+///
+/// Where the moments follow the order, the earlier node's unplaced lost calls can keep
+/// its descendants' moment from resetting ([`floor_of`]) where the later node's reset,
+/// and the moment itself is a moment the next call tries: the earlier node may then miss
+/// a millisecond the later one tries, so there only nodes met exactly are skipped.
+struct Visited {
+    /// Whether a node may be skipped as subsumed, not only when met again exactly.
+    subsume: bool,
+    /// Per word of the placed set, the bits of lost calls.
+    lost_mask: Vec<u64>,
+    /// The lost calls' indices, to pack a node's placed lost calls densely.
+    lost: Vec<usize>,
+    /// (answered calls placed, state, moment) → the placed lost calls of each node
+    /// reached with them, none a subset of another.
+    seen: HashMap<(u64, u64, u64), Vec<Vec<u64>>>,
+    /// Every node reached, as hashes of (placed set, state, moment): 24 bytes a node, so
+    /// that a node is never explored twice even where `seen` keeps no more.
+    exact: HashSet<(u64, u64, u64)>,
+}
+
+/// The most sets of placed lost calls kept per (answered calls, state, moment): past it a
+/// node is only compared with the ones kept (and with itself): the search may then
+/// explore a subsumed node, never skip one it should not.
+const SUBSUMPTION_WIDTH: usize = 64;
+
+impl Visited {
+    fn new(lost: &[usize], words: usize, subsume: bool) -> Self {
+        let mut lost_mask = vec![0; words];
+        for &i in lost {
+            place(&mut lost_mask, i);
+        }
+        Self {
+            subsume,
+            lost_mask,
+            lost: lost.to_vec(),
+            seen: HashMap::new(),
+            exact: HashSet::new(),
+        }
+    }
+
+    /// Records a node; false when it was reached before or is subsumed by a node that was.
+    fn insert(&mut self, placed: &[u64], state: u64, floor: u64) -> bool {
+        if !self.exact.insert((placed_hash(placed), state, floor)) {
+            return false;
+        }
+        if !self.subsume {
+            return true;
+        }
+        let answered: Vec<u64> = placed
+            .iter()
+            .zip(&self.lost_mask)
+            .map(|(p, l)| p & !l)
+            .collect();
+        let mut lost = vec![0; self.lost.len().div_ceil(64)];
+        for (n, &i) in self.lost.iter().enumerate() {
+            if is_placed(placed, i) {
+                place(&mut lost, n);
+            }
+        }
+        let kept = self
+            .seen
+            .entry((placed_hash(&answered), state, floor))
+            .or_default();
+        let subset =
+            |small: &[u64], large: &[u64]| small.iter().zip(large).all(|(s, l)| s & !l == 0);
+        if kept.iter().any(|earlier| subset(earlier, &lost)) {
+            return false;
+        }
+        kept.retain(|earlier| !subset(&lost, earlier));
+        if kept.len() < SUBSUMPTION_WIDTH {
+            kept.push(lost);
+        }
+        true
+    }
 }
 
 /// Marks as placed every lost call that can no longer take effect: a call invoked after
@@ -365,6 +505,7 @@ fn next_moves(
     state: &State,
     floor: u64,
     cache: &mut OutcomeCache,
+    order: MoveOrder,
 ) -> Vec<Move> {
     let first_return = steps
         .iter()
@@ -392,9 +533,20 @@ fn next_moves(
             moves.extend(placements);
         }
     }
-    // Popped from the end: the earliest-invoked operation with an answer is tried first,
-    // then placing a lost one.
-    moves.extend(lost);
+    // Popped from the end: the earliest-invoked operation of the kind `order` puts first
+    // is tried first.
+    let mut moves = match order {
+        MoveOrder::Answered => [moves, lost].concat(),
+        MoveOrder::LatestLost => {
+            // Reversed by operation, each operation's outcomes kept in their order.
+            let mut latest_first: Vec<Move> = Vec::with_capacity(lost.len());
+            for group in lost.chunk_by(|a, b| a.0 == b.0).rev() {
+                latest_first.extend_from_slice(group);
+            }
+            [moves, latest_first].concat()
+        }
+        MoveOrder::Lost => [lost, moves].concat(),
+    };
     moves.reverse();
     moves
 }
@@ -628,7 +780,6 @@ fn same_claim(actual: &ClaimOutcome, model: &ClaimOutcome) -> bool {
 /// milliseconds, finds ended at `lease_until`: its answer then matches the machine's a
 /// millisecond earlier, with times a millisecond later.
 fn same_lease(actual: &Lease, model: &Lease) -> bool {
-    let near = |a: Timestamp, m: Timestamp| a.as_unix_millis().abs_diff(m.as_unix_millis()) <= 1;
     actual.key == model.key
         && actual.token == model.token
         && actual.attempt == model.attempt
@@ -640,16 +791,28 @@ fn same_lease(actual: &Lease, model: &Lease) -> bool {
 /// A record `get` returned against the machine's: everything but the times a write set
 /// from a moment the checker only bounds (the lease's end after a release, the expiry
 /// after a result) must agree.
+/// Two times a millisecond apart at most: a store that keeps finer times than the
+/// machine's whole milliseconds rounds the other way.
+fn near(a: Timestamp, m: Timestamp) -> bool {
+    a.as_unix_millis().abs_diff(m.as_unix_millis()) <= 1
+}
+
 fn same_get(actual: Option<&Record>, model: Option<&Record>) -> bool {
     match (actual, model) {
         (None, None) => true,
         (Some(a), Some(m)) => {
+            // The lease's end and the expiry too, within the millisecond a lease may be
+            // off by (see `same_lease`): a read pins the moment of the write that set
+            // them, at once, where a later answer at the expiry's edge would show a
+            // wrong moment only after every order of the calls between.
             a.key == m.key
                 && a.fingerprint == m.fingerprint
                 && a.state == m.state
                 && a.token == m.token
                 && a.attempt == m.attempt
                 && a.created_at == m.created_at
+                && near(a.lease_until, m.lease_until)
+                && near(a.expires_at, m.expires_at)
                 && a.response == m.response
                 && a.steps == m.steps
         }

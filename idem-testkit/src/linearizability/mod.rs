@@ -253,11 +253,14 @@ impl Checker {
         self
     }
 
-    /// For a store that reads its clock in the client, before the request reaches the
-    /// server (DynamoDB, whose conditions compare with a `now` the client sends): two
-    /// calls may then take effect in one order with clocks read in the other, so the
-    /// moments the checker tries need not follow the order it places the calls in.
-    /// Such a store's fences rest on tokens, and its skew margin covers the rest.
+    /// For a store that reads its clock before its write takes effect: in the client,
+    /// before the request reaches the server (DynamoDB, whose conditions compare with a
+    /// `now` the client sends), or when a statement starts, before it waits for a row
+    /// lock (PostgreSQL's `now()`, which an `ON CONFLICT` update compares again after the
+    /// wait). Two calls may then take effect in one order with clocks read in the other,
+    /// so the moments the checker tries need not follow the order it places the calls
+    /// in; each still lies in its own call's window. Such a store's fences rest on
+    /// tokens, and its skew margin covers the rest.
     ///
     /// ```
     /// use idem_testkit::linearizability::{Checker, History};

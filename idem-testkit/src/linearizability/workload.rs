@@ -246,6 +246,7 @@ impl Client {
 
     async fn run(mut self, store: Arc<dyn Store>, calls: usize) -> Vec<Operation> {
         let mut operations = Vec::with_capacity(calls);
+        let mut lost_in_a_row: u32 = 0;
         for _ in 0..calls {
             let (k, call) = match self.retry.take() {
                 // Back after `retry_after`, as the driver comes back: right at the end of
@@ -274,13 +275,20 @@ impl Client {
             {
                 self.retry = Some((k, *retry_after));
             }
-            let operation_lost = operation.is_lost();
+            lost_in_a_row = if operation.is_lost() {
+                lost_in_a_row + 1
+            } else {
+                0
+            };
             operations.push(operation);
             // A little time between calls, so that short leases and retentions end
-            // while the run goes on; longer after a lost answer, as a client backs off
-            // while its server is down.
-            let pause = if operation_lost {
-                self.rng.u64(20..=60)
+            // while the run goes on; longer after a lost answer, doubling with each
+            // one in a row up to about a second, as a client backs off while its
+            // server is down. (Every lost call may still land until the grace after it,
+            // so a client hammering a server that is down would only make a history
+            // whose every order has to be tried.)
+            let pause = if lost_in_a_row > 0 {
+                self.rng.u64(20..=60) << (lost_in_a_row - 1).min(4)
             } else {
                 self.rng.u64(0..=3)
             };

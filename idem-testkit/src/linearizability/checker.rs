@@ -176,11 +176,7 @@ fn derived_moments(operation: &Operation, from: u64, to: u64, revealed: &[(u64, 
 pub(crate) fn search(operations: &[Operation], starts: &[State], limits: Limits) -> Search {
     // Without a lost call every order tries the same moves: one search with it all.
     let orders: &[MoveOrder] = if operations.iter().any(Operation::is_lost) {
-        &[
-            MoveOrder::Answered,
-            MoveOrder::LatestLost,
-            MoveOrder::Lost,
-        ]
+        &[MoveOrder::Answered, MoveOrder::LatestLost, MoveOrder::Lost]
     } else {
         &[MoveOrder::Answered]
     };

@@ -16,6 +16,14 @@ async fn histories_over_one_file_are_linearizable() {
         .map(|_| Arc::new(SqliteStore::open(&path).expect("a database file")) as Arc<dyn Store>)
         .collect();
     let workload = Workload::default().operations(3_000);
-    let checked = assert_linearizable(&stores, &workload, Checker::default()).await;
+    // The clock is read once the write lock is held, but the write is seen only after
+    // the commit's fsync: a read from another connection meanwhile comes before it in
+    // the order with a later time. Moments in any order, each within its call's window.
+    let checked = assert_linearizable(
+        &stores,
+        &workload,
+        Checker::default().moments_in_any_order(),
+    )
+    .await;
     println!("{checked:?}");
 }

@@ -126,14 +126,21 @@ fn revealed_times(operations: &[Operation]) -> Vec<(u64, u64)> {
 
 /// The moments in `from..=to` at which `operation` would write a time that some answer
 /// shows: a write's `now` is seen later only through the times it set (`now + lease`,
-/// `now + retention`, `now` itself), so each shown time, less each duration the
+/// `now + retention`, `now + lease + retention` after a takeover, `now` itself), so each
+/// shown time, less each duration the
 /// operation adds, is a moment it may have taken effect at; and the millisecond before,
 /// for stores that keep finer times.
 fn derived_moments(operation: &Operation, from: u64, to: u64, revealed: &[(u64, u64)]) -> Vec<u64> {
     let millis = |d: Duration| u64::try_from(clamp_duration(d).as_millis()).unwrap_or(u64::MAX);
     // The durations the operation adds to its `now` in what it writes.
     let offsets: Vec<u64> = match &operation.call {
-        Call::Claim(request) => vec![0, millis(request.lease), millis(request.retention)],
+        // A takeover keeps the record one retention past its lease.
+        Call::Claim(request) => vec![
+            0,
+            millis(request.lease),
+            millis(request.retention),
+            millis(request.lease).saturating_add(millis(request.retention)),
+        ],
         Call::Complete(lease, _) | Call::Fail(lease, _) => vec![millis(lease.retention)],
         Call::Release(_) => vec![0],
         Call::Renew(lease, extend) => vec![
@@ -784,15 +791,14 @@ fn same_lease(actual: &Lease, model: &Lease) -> bool {
         && near(actual.created_at, model.created_at)
 }
 
-/// A record `get` returned against the machine's: everything but the times a write set
-/// from a moment the checker only bounds (the lease's end after a release, the expiry
-/// after a result) must agree.
 /// Two times a millisecond apart at most: a store that keeps finer times than the
 /// machine's whole milliseconds rounds the other way.
 fn near(a: Timestamp, m: Timestamp) -> bool {
     a.as_unix_millis().abs_diff(m.as_unix_millis()) <= 1
 }
 
+/// A record `get` returned against the machine's: the same, with the lease's end and the
+/// expiry within a millisecond ([`near`]).
 fn same_get(actual: Option<&Record>, model: Option<&Record>) -> bool {
     match (actual, model) {
         (None, None) => true,

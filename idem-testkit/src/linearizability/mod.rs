@@ -68,7 +68,7 @@ use checker::{Limits, Search, end_states, search};
 use history::Names;
 
 /// The most states one key's search visits before it gives up (and fails: a check that
-/// cannot decide has not passed). A budget of 0 fails every key with an operation.
+/// cannot decide has not passed). A budget of 0 fails every key with an answered operation.
 pub const DEFAULT_BUDGET: u64 = 2_000_000;
 
 /// The most answers a check allows to be lost, in percent of the operations, by default.

@@ -45,7 +45,7 @@ TARGETS = {
 # match (a Lua runtime error is a real catch). A syntax error a test swallows (an error
 # counted as a lost answer, say) still counts as caught: see RELIABILITY.md.
 SYNTAX_ERRORS = {
-    "postgres": re.compile(r"syntax error at or near|syntax error at end of input|42601"),
+    "postgres": re.compile(r"syntax error at or near|syntax error at end of input|\b42601\b"),
     "sqlite": re.compile(r": syntax error|incomplete input"),
     "redis": re.compile(r"Error compiling script"),
 }

@@ -282,6 +282,300 @@ mod by_hand {
         }
     }
 
+    /// The set-up of the histories below: a memory store on a manual clock, one key, and
+    /// claims of chosen attempts, each with one lease and retention.
+    struct Scene {
+        start: Timestamp,
+        clock: ManualClock,
+        store: MemoryStore,
+        key: Key,
+        lease: Duration,
+        retention: Duration,
+    }
+
+    impl Scene {
+        fn new(lease: Duration, retention: Duration) -> Self {
+            let start = Timestamp::from_unix_millis(1_800_000_000_000);
+            let clock = ManualClock::starting_at(start);
+            Self {
+                start,
+                store: MemoryStore::with_clock(clock.clone()),
+                clock,
+                key: Key::new("by-hand", "k").unwrap(),
+                lease,
+                retention,
+            }
+        }
+
+        /// A claim under the fingerprint "A" by the attempt `attempt`.
+        fn request(&self, attempt: u8) -> ClaimRequest {
+            ClaimRequest::new(
+                self.key.clone(),
+                Fingerprint::of_bytes("A"),
+                self.lease,
+                self.retention,
+            )
+            .with_attempt(AttemptId::from_bytes([attempt; 16]))
+        }
+
+        /// `ms` milliseconds after the start, in the nanoseconds a history records.
+        fn at(&self, ms: u64) -> u64 {
+            (self.start.as_unix_millis() + ms) * MS
+        }
+
+        /// Sets the store's clock `ms` milliseconds after the start.
+        fn move_to(&self, ms: u64) {
+            self.clock.set(Timestamp::from_unix_millis(
+                self.start.as_unix_millis() + ms,
+            ));
+        }
+    }
+
+    /// Claims whose answers were lost may take effect until a second after their
+    /// clients gave up, long after the record they raced has expired, each as a fresh
+    /// claim. A search that first places the complete at the wrong millisecond (its
+    /// earliest) learns so only from the read after the replays; it must back up past
+    /// those few calls without trying the lost claims' late landings in every order
+    /// there, since none of them can come before the read, which returned long before
+    /// they could land.
+    #[tokio::test]
+    async fn late_landings_of_lost_calls_are_not_tried_before_an_earlier_answer() {
+        const LOST: u8 = 6;
+        let scene = Scene::new(Duration::from_millis(20), Duration::from_millis(30));
+        let mut operations = Vec::new();
+        let claimed = scene.store.claim(&scene.request(0)).await.unwrap();
+        let ClaimOutcome::Claimed { lease, .. } = &claimed else {
+            panic!("a fresh key is claimed: {claimed:?}")
+        };
+        let lease = lease.clone();
+        operations.push(Operation::new(
+            0,
+            Call::Claim(scene.request(0)),
+            Answer::Claim(claimed),
+            scene.at(0),
+            scene.at(0) + MS / 2,
+        ));
+        for n in 1..=LOST {
+            operations.push(Operation::new(
+                usize::from(n),
+                Call::Claim(scene.request(n)),
+                Answer::Lost("the connection was cut".into()),
+                scene.at(1),
+                scene.at(2),
+            ));
+        }
+        // The complete takes effect at 4 ms; its window starts at 2.
+        scene.move_to(4);
+        let completed = scene.store.complete(&lease, b"ok").await.unwrap();
+        operations.push(Operation::new(
+            0,
+            Call::Complete(lease.clone(), b"ok".to_vec()),
+            Answer::Write(completed),
+            scene.at(2),
+            scene.at(6),
+        ));
+        for (n, ms) in [7, 8, 9].into_iter().enumerate() {
+            scene.move_to(ms);
+            let replay = scene
+                .store
+                .claim(&scene.request(100 + n as u8))
+                .await
+                .unwrap();
+            assert!(matches!(replay, ClaimOutcome::Replay { .. }), "{replay:?}");
+            operations.push(Operation::new(
+                100 + n,
+                Call::Claim(scene.request(100 + n as u8)),
+                Answer::Claim(replay),
+                scene.at(ms),
+                scene.at(ms) + MS / 2,
+            ));
+        }
+        scene.move_to(10);
+        let found = scene.store.get(&scene.key).await.unwrap();
+        operations.push(Operation::new(
+            200,
+            Call::Get(scene.key.clone()),
+            Answer::Get(found),
+            scene.at(10),
+            scene.at(10) + MS / 2,
+        ));
+        let history = History { operations };
+        for checker in [
+            Checker::default(),
+            Checker::default().moments_in_any_order(),
+        ] {
+            let checked = checker
+                .max_lost(100)
+                .check(&history)
+                .unwrap_or_else(|err| panic!("{err}"));
+            // About one state per call, and a few more for the complete's millisecond.
+            assert!(
+                checked.longest_search < 100,
+                "{} states for {} calls",
+                checked.longest_search,
+                history.operations.len()
+            );
+        }
+    }
+
+    /// A complete whose answer was lost lands late, just before a claim that replays its
+    /// result; a fresh claim long after shows the result expired by then. The complete's
+    /// moment is bounded on both sides by what came after, and its window runs a second
+    /// past its client's giving up: it is placed at the latest moment the replay leaves
+    /// it, which no answer shows.
+    #[tokio::test]
+    async fn a_lost_result_lands_as_late_as_the_next_answer_allows() {
+        let scene = Scene::new(Duration::from_secs(3600), Duration::from_millis(100));
+        let claimed = scene.store.claim(&scene.request(0)).await.unwrap();
+        let ClaimOutcome::Claimed { lease, .. } = &claimed else {
+            panic!("a fresh key is claimed: {claimed:?}")
+        };
+        let lease = lease.clone();
+        let mut operations = vec![
+            Operation::new(
+                0,
+                Call::Claim(scene.request(0)),
+                Answer::Claim(claimed),
+                scene.at(0),
+                scene.at(0) + MS / 2,
+            ),
+            Operation::new(
+                0,
+                Call::Complete(lease.clone(), b"ok".to_vec()),
+                Answer::Lost("the connection was cut".into()),
+                scene.at(10),
+                scene.at(11),
+            ),
+        ];
+        scene.move_to(300);
+        assert_eq!(
+            scene.store.complete(&lease, b"ok").await.unwrap(),
+            WriteOutcome::Applied
+        );
+        for (client, ms) in [(1, 340), (2, 395), (3, 700)] {
+            scene.move_to(ms);
+            let outcome = scene.store.claim(&scene.request(client)).await.unwrap();
+            operations.push(Operation::new(
+                usize::from(client),
+                Call::Claim(scene.request(client)),
+                Answer::Claim(outcome),
+                scene.at(ms),
+                scene.at(ms) + MS / 2,
+            ));
+        }
+        assert!(
+            matches!(&operations[4].answer, Answer::Claim(ClaimOutcome::Claimed { lease, .. }) if lease.token == 2),
+            "the last claim finds the result expired and starts over"
+        );
+        let history = History { operations };
+        for checker in [
+            Checker::default(),
+            Checker::default().moments_in_any_order(),
+        ] {
+            checker
+                .max_lost(100)
+                .check(&history)
+                .unwrap_or_else(|err| panic!("{err}"));
+        }
+    }
+
+    /// A complete whose clock read 9 ms and a replay of its result that returned at 5 ms:
+    /// within the 2 ms either side a store's clock may be read at, where moments follow
+    /// the order (the replay takes effect at 7 ms, the end of its window). Cutting the
+    /// complete's window at the replay's end without the tolerance would leave it no
+    /// moment the later read's expiry allows.
+    #[tokio::test]
+    async fn the_cut_keeps_the_orders_tolerance() {
+        let scene = Scene::new(Duration::from_secs(3600), Duration::from_millis(100));
+        let claimed = scene.store.claim(&scene.request(0)).await.unwrap();
+        let ClaimOutcome::Claimed { lease, .. } = &claimed else {
+            panic!("a fresh key is claimed: {claimed:?}")
+        };
+        let lease = lease.clone();
+        scene.move_to(9);
+        let completed = scene.store.complete(&lease, b"ok").await.unwrap();
+        let replay = scene.store.claim(&scene.request(1)).await.unwrap();
+        assert!(matches!(replay, ClaimOutcome::Replay { .. }), "{replay:?}");
+        scene.move_to(20);
+        let found = scene.store.get(&scene.key).await.unwrap();
+        let history = History {
+            operations: vec![
+                Operation::new(
+                    0,
+                    Call::Claim(scene.request(0)),
+                    Answer::Claim(claimed),
+                    scene.at(0),
+                    scene.at(0) + MS / 2,
+                ),
+                Operation::new(
+                    0,
+                    Call::Complete(lease, b"ok".to_vec()),
+                    Answer::Write(completed),
+                    scene.at(1),
+                    scene.at(8),
+                ),
+                Operation::new(
+                    1,
+                    Call::Claim(scene.request(1)),
+                    Answer::Claim(replay),
+                    scene.at(1) + MS / 2,
+                    scene.at(5),
+                ),
+                Operation::new(
+                    2,
+                    Call::Get(scene.key.clone()),
+                    Answer::Get(found),
+                    scene.at(20),
+                    scene.at(20) + MS / 2,
+                ),
+            ],
+        };
+        for checker in [
+            Checker::default(),
+            Checker::default().moments_in_any_order(),
+        ] {
+            checker
+                .check(&history)
+                .unwrap_or_else(|err| panic!("{err}"));
+        }
+    }
+
+    /// A read that found no record, answered from a clock read after the record (as
+    /// DynamoDB's `get` does): where moments come in any order it took effect before a
+    /// complete that returned long before its clock was read. Where they follow the order,
+    /// no such order exists.
+    #[tokio::test]
+    async fn an_answered_read_may_read_its_clock_after_a_later_call_returned() {
+        let start = Timestamp::from_unix_millis(1_800_000_000_000);
+        let (claim, lease) = claimed(start).await;
+        let t0 = start.as_unix_millis() * MS;
+        // The lease ended at 20 ms and the record expired at 30: absent from 30 on, until
+        // a result keeps it 30 ms past the complete.
+        let read = Operation::new(
+            1,
+            Call::Get(lease.key.clone()),
+            Answer::Get(None),
+            t0 + 5 * MS,
+            t0 + 35 * MS,
+        );
+        let complete = Operation::new(
+            0,
+            Call::Complete(lease.clone(), b"ok".to_vec()),
+            Answer::Write(WriteOutcome::Applied),
+            t0 + 10 * MS,
+            t0 + 12 * MS,
+        );
+        let history = History {
+            operations: vec![claim, read, complete],
+        };
+        Checker::default()
+            .moments_in_any_order()
+            .check(&history)
+            .unwrap_or_else(|err| panic!("{err}"));
+        let err = check(&history).unwrap_err();
+        assert!(matches!(err, CheckError::Unexplained(_)), "{err}");
+    }
+
     /// A history whose answers were mostly lost says nothing, and does not pass.
     #[tokio::test]
     async fn mostly_lost_answers_fail_the_check() {
@@ -367,4 +661,191 @@ caught! {
     an_undo_end_mark_dropped: DropsUndoEndMarks,
     a_complete_over_two_round_trips: CompleteOverTwoRoundTrips,
     a_renewal_over_two_round_trips: RenewOverTwoRoundTrips,
+}
+
+/// Histories where answers go missing as they do through a faulty network: a call lands
+/// and its answer is lost, or it never lands.
+mod lost_answers {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use idem_core::key::StepName;
+    use idem_core::record::Lease;
+    use idem_core::store::{
+        ClaimOutcome, ClaimRequest, Operation, RenewOutcome, StoreError, WriteOutcome,
+    };
+    use idem_core::{Key, MemoryStore, Record, Store};
+    use idem_testkit::linearizability::{self, CheckError, Checker, Workload};
+
+    /// What becomes of one call.
+    enum Fate {
+        Answered,
+        /// Takes effect; its answer is lost.
+        LandsUnanswered,
+        /// Never reaches the store.
+        NeverLands,
+    }
+
+    /// A memory store behind a network that loses about one answer in twenty (three in
+    /// five of those calls land, the others never do).
+    struct LossyStore {
+        inner: Arc<MemoryStore>,
+        rng: Mutex<fastrand::Rng>,
+    }
+
+    impl LossyStore {
+        fn new(seed: u64) -> Self {
+            Self {
+                inner: Arc::new(MemoryStore::new()),
+                rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            }
+        }
+
+        fn fate(&self) -> Fate {
+            let mut rng = self.rng.lock().unwrap();
+            match rng.u32(0..100) {
+                0..3 => Fate::LandsUnanswered,
+                3..5 => Fate::NeverLands,
+                _ => Fate::Answered,
+            }
+        }
+
+        /// Runs `call` on the inner store as `fate` says.
+        async fn call<T, F>(
+            &self,
+            operation: Operation,
+            call: impl FnOnce(Arc<MemoryStore>) -> F + Send + 'static,
+        ) -> Result<T, StoreError>
+        where
+            F: Future<Output = Result<T, StoreError>> + Send + 'static,
+            T: Send + 'static,
+        {
+            let lost = || StoreError::Unavailable {
+                operation,
+                source: "the connection was cut".into(),
+            };
+            let inner = Arc::clone(&self.inner);
+            match self.fate() {
+                Fate::Answered => call(inner).await,
+                Fate::LandsUnanswered => {
+                    call(inner).await?;
+                    Err(lost())
+                }
+                Fate::NeverLands => Err(lost()),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Store for LossyStore {
+        async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+            let request = request.clone();
+            self.call(
+                Operation::Claim,
+                move |s| async move { s.claim(&request).await },
+            )
+            .await
+        }
+
+        async fn complete(
+            &self,
+            lease: &Lease,
+            response: &[u8],
+        ) -> Result<WriteOutcome, StoreError> {
+            let (lease, response) = (lease.clone(), response.to_vec());
+            self.call(Operation::Complete, move |s| async move {
+                s.complete(&lease, &response).await
+            })
+            .await
+        }
+
+        async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+            let (lease, response) = (lease.clone(), response.to_vec());
+            self.call(Operation::Fail, move |s| async move {
+                s.fail(&lease, &response).await
+            })
+            .await
+        }
+
+        async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+            let lease = lease.clone();
+            self.call(Operation::Release, move |s| async move {
+                s.release(&lease).await
+            })
+            .await
+        }
+
+        async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+            let lease = lease.clone();
+            self.call(Operation::Renew, move |s| async move {
+                s.renew(&lease, extend).await
+            })
+            .await
+        }
+
+        async fn checkpoint(
+            &self,
+            lease: &Lease,
+            step: &StepName,
+            value: &[u8],
+        ) -> Result<WriteOutcome, StoreError> {
+            let (lease, step, value) = (lease.clone(), step.clone(), value.to_vec());
+            self.call(Operation::Checkpoint, move |s| async move {
+                s.checkpoint(&lease, &step, &value).await
+            })
+            .await
+        }
+
+        async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+            let key = key.clone();
+            self.call(Operation::Get, move |s| async move { s.get(&key).await })
+                .await
+        }
+
+        async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+            self.inner.purge_expired(limit).await
+        }
+    }
+
+    /// With an answer in twenty lost, no history is unexplained, in either mode of moments.
+    /// The histories are recorded on the wall clock, so their searches vary with the
+    /// machine's load: one search of the twelve may run out of its budget (a hundred
+    /// states a call, where the runs that set it took about one) and is printed; the
+    /// length of a search is pinned by the hand-written histories above.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn lost_answers_are_explained() {
+        let mut too_long = Vec::new();
+        for seed in 1..=6 {
+            let workload = Workload::default().seed(seed);
+            let store = Arc::new(LossyStore::new(seed)) as Arc<dyn Store>;
+            let history = linearizability::record_on(&[store], &workload).await;
+            let lost = history.lost();
+            assert!(
+                lost > workload.total_operations() / 40,
+                "seed {seed}: the network lost {lost} answers, too few to test anything"
+            );
+            let budget = 100 * workload.total_operations() as u64;
+            for checker in [
+                Checker::default(),
+                Checker::default().moments_in_any_order(),
+            ] {
+                match checker.budget(budget).check(&history) {
+                    Ok(checked) => {
+                        assert_eq!(checked.lost, lost);
+                        println!(
+                            "seed {seed}: {lost} lost, the longest search {} states",
+                            checked.longest_search
+                        );
+                    }
+                    Err(err @ CheckError::TooLong { .. }) => {
+                        println!("seed {seed}: {err}");
+                        too_long.push(seed);
+                    }
+                    Err(err) => panic!("seed {seed}, {lost} lost: {err}"),
+                }
+            }
+        }
+        assert!(too_long.len() <= 1, "out of budget: seeds {too_long:?}");
+    }
 }

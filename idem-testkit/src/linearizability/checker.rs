@@ -12,15 +12,19 @@
 //! millisecond from the operation's invocation to its return, widened by [`TOLERANCE`]
 //! (the store reads its clock in whole milliseconds, or finer on PostgreSQL). It tries
 //! the moments where an answer can change (a lease's end, a record's expiry, either side
-//! of them), the ends of the window, and the moment an answer reveals (a claim's lease
+//! of them), the ends of the window (its end cut at the answered calls still to come,
+//! see [`next_moves`]), and the moment an answer reveals (a claim's lease
 //! ends `lease` after the claim; `retry_after` counts down to a lease's end). An
 //! operation whose answer was lost may take effect once, with any answer, from its
 //! invocation until the lost grace ([`LOST_GRACE`] by default) after its client gave up
-//! (tried at the moments above), or never.
+//! (tried at the moments above), or never; and no later than the return (plus
+//! [`TOLERANCE`]) of each answered call placed after it, since a store reads the time it
+//! writes before the write takes effect (see [`next_moves`]).
 //!
 //! The moments follow the order: an operation placed after another takes effect at the
 //! same millisecond or later (less [`TOLERANCE`], for clocks read on either side of a
-//! millisecond's edge), as on a store whose clock only moves forward. Real-time order
+//! millisecond's edge), as on a store whose clock only moves forward; or, for a store
+//! checked with moments in any order, at any millisecond of its window. Real-time order
 //! between calls is kept to the nanosecond ([`Operation::invoked_ns`]).
 //!
 //! A record that is absent at a moment may also be gone: a store may delete absent
@@ -56,6 +60,9 @@ pub(crate) struct Limits {
     /// Whether the moments follow the order (the store reads its clock where its writes
     /// take effect); see [`Checker::moments_in_any_order`](super::Checker::moments_in_any_order).
     pub(crate) ordered_moments: bool,
+    /// The first round's budget per order of moves, where answers were lost (see
+    /// [`search`]).
+    pub(crate) first_round: u64,
 }
 
 /// The record after the placed operations (the search's state is that, the placed set,
@@ -188,7 +195,7 @@ pub(crate) fn search(operations: &[Operation], starts: &[State], limits: Limits)
         &[MoveOrder::Answered]
     };
     let mut spent: u64 = 0;
-    let mut round = FIRST_ROUND;
+    let mut round = limits.first_round.max(1);
     loop {
         let left = limits.budget.saturating_sub(spent);
         // The last round: what is left goes to one search, whole, so that a history
@@ -220,9 +227,9 @@ pub(crate) fn search(operations: &[Operation], starts: &[State], limits: Limits)
     }
 }
 
-/// The first round's budget per order (then four times as many each round): the usual
-/// search takes about one state per call, so a few thousand calls fit in it.
-const FIRST_ROUND: u64 = 20_000;
+/// The first round's budget per order (then four times as many each round), by default:
+/// the usual search takes about one state per call, so a few thousand calls fit in it.
+pub(crate) const FIRST_ROUND: u64 = 20_000;
 
 /// Which moves a search tries first at each node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -328,10 +335,18 @@ fn explore(
         if all_answered_placed(&steps, &placed) && !found.ends.contains(&state) {
             found.ends.push(state.clone());
         }
-        let moves = next_moves(&steps, &placed, &state, floor, &mut cache, order)
-            .into_iter()
-            .map(|(i, next, at)| (i, next, if limits.ordered_moments { at } else { 0 }))
-            .collect();
+        let moves = next_moves(
+            &steps,
+            &placed,
+            &state,
+            floor,
+            &mut cache,
+            order,
+            limits.ordered_moments,
+        )
+        .into_iter()
+        .map(|(i, next, at)| (i, next, if limits.ordered_moments { at } else { 0 }))
+        .collect();
         Node {
             placed,
             latest_invoked_ns,
@@ -502,6 +517,26 @@ fn all_answered_placed(steps: &[Step<'_>], placed: &[u64]) -> bool {
 /// next when no unplaced operation with an answer returned before it was invoked (a lost
 /// call blocks no one: it may never have taken effect, and it is retired once a call
 /// invoked after its window is placed).
+///
+/// A call placed next takes effect no later than the end of every other unplaced answered
+/// call's window (plus [`TOLERANCE`]): its window is cut there, and that end is one of
+/// the moments it tries (where moments come in any order, only when the cut took away a
+/// moment it would have tried: the end depends on the node, and a moment tried at every
+/// node defeats the memoisation).
+/// - Where the moments follow the order (`ordered`), for every call: a later moment
+///   would leave the answered call no moment to take effect at.
+/// - Where they come in any order, for a lost call: it is placed only where it writes,
+///   a store reads the time it writes before the write takes effect, and a call placed
+///   before an answered one took effect before that one returned. An answered call is
+///   not held to this: its answer may be worked out from a read and a clock read after
+///   it (DynamoDB's `get`, and its claim's answer from a read).
+///
+/// Without the cut, a lost call that may take effect long after (its window runs a grace
+/// past its client's giving up) is tried at each of its moments, in each order with the
+/// other lost calls, before the search backs up past a mistake made a few answered calls
+/// earlier. The cut's end stands in for the latest moment, as the window's end did: a
+/// lost result that lands just before a replay of it (which shows no time) is placed
+/// there.
 fn next_moves(
     steps: &[Step<'_>],
     placed: &[u64],
@@ -509,13 +544,29 @@ fn next_moves(
     floor: u64,
     cache: &mut OutcomeCache,
     order: MoveOrder,
+    ordered: bool,
 ) -> Vec<Move> {
-    let first_return = steps
-        .iter()
-        .enumerate()
-        .filter(|(i, step)| !is_placed(placed, *i) && !step.operation.is_lost())
-        .map(|(_, step)| step.last_ns)
-        .min();
+    let answered = || {
+        steps
+            .iter()
+            .enumerate()
+            .filter(|(i, step)| !is_placed(placed, *i) && !step.operation.is_lost())
+    };
+    let first_return = answered().map(|(_, step)| step.last_ns).min();
+    // The earliest window end among the unplaced answered calls. (An answered call's own
+    // end is below it plus the tolerance, so it needs no leaving out.)
+    let end = answered().map(|(_, step)| step.to).min();
+    // The latest moment a call may take effect at from this node, and whether that is a
+    // moment to try.
+    let latest = |step: &Step<'_>| {
+        let cut = match end {
+            Some(end) if ordered || step.operation.is_lost() => {
+                step.to.min(end.saturating_add(TOLERANCE))
+            }
+            _ => step.to,
+        };
+        (cut, ordered || cut == step.to)
+    };
     let mut moves = Vec::new();
     let mut lost = Vec::new();
     for (i, step) in steps.iter().enumerate() {
@@ -527,7 +578,7 @@ fn next_moves(
             break;
         }
         let placements = cache
-            .outcomes(i, step, state, floor)
+            .outcomes(i, step, state, floor, latest(step))
             .into_iter()
             .map(|(next, at)| (i, next, at.max(floor)));
         if step.operation.is_lost() {
@@ -557,7 +608,10 @@ fn next_moves(
 /// The outcomes of each operation on each (state, moment) met: a state recurs at many
 /// nodes of the search (every order of calls that change nothing).
 #[derive(Default)]
-struct OutcomeCache(HashMap<(usize, u64, u64), Vec<(State, u64)>>);
+struct OutcomeCache(HashMap<OutcomeKey, Vec<(State, u64)>>);
+
+/// An operation's index, the state's hash, the floor, and the latest moment it may take.
+type OutcomeKey = (usize, u64, u64, u64);
 
 impl OutcomeCache {
     fn outcomes(
@@ -566,24 +620,26 @@ impl OutcomeCache {
         step: &Step<'_>,
         state: &State,
         floor: u64,
+        (latest, tried): (u64, bool),
     ) -> Vec<(State, u64)> {
         // Bounded: a long search meets more states than are worth keeping.
         if self.0.len() > 200_000 {
             self.0.clear();
         }
         self.0
-            .entry((index, state_hash(state), floor))
-            .or_insert_with(|| outcomes(step, state, floor))
+            .entry((index, state_hash(state), floor, latest))
+            .or_insert_with(|| outcomes(step, state, floor, (latest, tried)))
             .clone()
     }
 }
 
-/// The states `step` may leave after `state` when it takes effect at `floor` or later
-/// (less [`TOLERANCE`]), one per way the machine explains its answer, each with the
-/// earliest moment that explains it (a later one only narrows what may follow).
-fn outcomes(step: &Step<'_>, state: &State, floor: u64) -> Vec<(State, u64)> {
+/// The states `step` may leave after `state` when it takes effect from `floor` (less
+/// [`TOLERANCE`]) to `latest` (tried itself when `tried`), one per way the machine
+/// explains its answer, each with the earliest moment that explains it (a later one only
+/// narrows what may follow).
+fn outcomes(step: &Step<'_>, state: &State, floor: u64, latest: (u64, bool)) -> Vec<(State, u64)> {
     let mut results: Vec<(State, u64)> = Vec::new();
-    for now in moments(step, state.as_ref(), floor) {
+    for now in moments(step, state.as_ref(), floor, latest) {
         let at = Timestamp::from_unix_millis(now);
         // An absent record may still be there, or deleted already.
         let gone = state.as_ref().is_some_and(|r| r.is_absent(at));
@@ -606,11 +662,21 @@ fn outcomes(step: &Step<'_>, state: &State, floor: u64) -> Vec<(State, u64)> {
     results
 }
 
-/// The moments worth trying for `step` on `record`, from `floor` on (less
-/// [`TOLERANCE`]): where the machine's answer can change, the window's ends, the floor
-/// itself, and the moment the answer reveals; in order.
-fn moments(step: &Step<'_>, record: Option<&Record>, floor: u64) -> Vec<u64> {
-    let mut moments = vec![step.from, step.to, floor];
+/// The moments worth trying for `step` on `record`, from `floor` (less [`TOLERANCE`]) to
+/// `latest` (the window's end, or earlier: see [`next_moves`]): where the machine's
+/// answer can change, the window's start, the floor, `latest` (when `tried`), and the
+/// moments the answers show; in order. The start or the floor and `latest` stand in for
+/// the moments between that no other candidate marks.
+fn moments(
+    step: &Step<'_>,
+    record: Option<&Record>,
+    floor: u64,
+    (latest, tried): (u64, bool),
+) -> Vec<u64> {
+    let mut moments = vec![step.from, floor];
+    if tried {
+        moments.push(latest);
+    }
     moments.extend_from_slice(&step.derived);
     if let Some(record) = record {
         for edge in [record.lease_until, record.expires_at] {
@@ -640,8 +706,13 @@ fn moments(step: &Step<'_>, record: Option<&Record>, floor: u64) -> Vec<u64> {
         }
         _ => {}
     }
+    // Where the cut's end is not always tried (a lost call, moments in any order), it
+    // stands in for the moments the cut took away: tried only where one was.
+    if !tried && moments.iter().any(|&at| at > latest && at < step.to) {
+        moments.push(latest);
+    }
     let earliest = step.from.max(floor.saturating_sub(TOLERANCE));
-    moments.retain(|at| (earliest..=step.to).contains(at));
+    moments.retain(|at| (earliest..=latest).contains(at));
     moments.sort_unstable();
     moments.dedup();
     moments
@@ -846,3 +917,6 @@ fn state_hash(state: &State) -> u64 {
     }
     hasher.finish()
 }
+
+#[cfg(test)]
+mod tests;

@@ -27,7 +27,10 @@
 //! follow the order the checker places the calls in (less [`TOLERANCE`]), as on a clock
 //! that only moves forward: a store that reads its clock before the write takes effect
 //! (in the client, or before waiting for a lock) may be seen to go back in time, and
-//! its check takes [`Checker::moments_in_any_order`]. A store that waits
+//! its check takes [`Checker::moments_in_any_order`]. Either way, the time a store
+//! writes must be read before the write takes effect: a call whose answer was lost
+//! takes effect no later than the return (plus [`TOLERANCE`]) of each answered call
+//! placed after it. A store that waits
 //! a margin past a lease's end before a takeover (DynamoDB's `skew_margin`) must run with
 //! the margin at zero here.
 //!
@@ -232,6 +235,7 @@ impl Default for Checker {
                 budget: DEFAULT_BUDGET,
                 lost_grace: LOST_GRACE,
                 ordered_moments: true,
+                first_round: checker::FIRST_ROUND,
             },
             max_lost_percent: DEFAULT_MAX_LOST_PERCENT,
         }
@@ -260,7 +264,11 @@ impl Checker {
     /// wait). Two calls may then take effect in one order with clocks read in the other,
     /// so the moments the checker tries need not follow the order it places the calls
     /// in; each still lies in its own call's window. Such a store's fences rest on
-    /// tokens, and its skew margin covers the rest.
+    /// tokens, and its skew margin covers the rest. An answered call may be answered from
+    /// a read and a clock read after it (DynamoDB's `get`); a write's time is still read
+    /// before the write, so a call whose answer was lost takes effect no later than the
+    /// return (plus [`TOLERANCE`]) of each answered call placed after it, as in the
+    /// default mode.
     ///
     /// ```
     /// use idem_testkit::linearizability::{Checker, History};

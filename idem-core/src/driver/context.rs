@@ -233,7 +233,8 @@ impl Context {
     /// - A checkpoint for `name` exists (written by this run or an earlier owner): returns
     ///   its stored value; `run` does not run.
     /// - Otherwise runs `run`, checkpoints its value (fenced by the lease, retried like
-    ///   every store write, in a task that survives the caller dropping `execute`) and
+    ///   every store write, and finished in a task of its own if the caller drops
+    ///   `execute` meanwhile) and
     ///   returns the value as stored, decoded: exactly what a takeover will read.
     /// - At least once, not exactly once, where nothing can know: if the process crashes
     ///   (or `execute` is dropped) while `run` runs, or after it and before its
@@ -524,8 +525,8 @@ impl Context {
         *lock(&self.inner.lease_deadline)
     }
 
-    /// Runs a fenced write under this lease, retried while the lease lasts, in a task
-    /// that survives the caller dropping `execute`.
+    /// Runs a fenced write under this lease, retried while the lease lasts, finished in a
+    /// task of its own if the caller drops `execute` first.
     pub(crate) async fn durable(&self, write: Write) -> Result<WriteOutcome, StoreError> {
         if self.inner.detached {
             return Ok(WriteOutcome::Applied);

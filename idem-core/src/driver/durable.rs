@@ -2,14 +2,15 @@
 //!
 //! Once the work returned, its effect happened: the result (or failure, or checkpoint)
 //! must reach the store even if the caller drops `execute` (a client timeout, an axum
-//! handler whose client disconnected). Each such write is polled in place first, and the
-//! first time it would wait it moves to a task of its own, which the caller awaits;
-//! dropping the caller leaves the task running to its end. A store that answers at once
-//! (the memory store) costs no task and no wake-up.
+//! handler whose client disconnected). Each such write is polled in place, by the caller,
+//! and moves to a task of its own only if the caller drops it before it finished, which
+//! then runs it to its end. A write that finishes while its caller waits costs no task and
+//! no wake-up on another thread.
 
-use std::future::{Future, poll_fn};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -45,8 +46,8 @@ impl Write {
 }
 
 /// Runs `write` under `lease` with the driver's store retries (until `deadline`, the
-/// lease's end on this process's clock, when given) in a task of its own, and answers
-/// what it answered. Dropping the returned future does not stop the write.
+/// lease's end on this process's clock, when given), and answers what it answered.
+/// Dropping the returned future does not stop the write: it goes on in a task of its own.
 pub(crate) async fn write(
     store: Arc<dyn Store>,
     lease: Lease,
@@ -56,7 +57,7 @@ pub(crate) async fn write(
     jitter: Jitter,
 ) -> Result<WriteOutcome, StoreError> {
     let operation = write.operation();
-    let task = survive(tracing::Instrument::in_current_span(async move {
+    Survive::new(tracing::Instrument::in_current_span(async move {
         retry_store(operation, timeout, deadline, &jitter, || async {
             match &write {
                 Write::Complete(bytes) => store.complete(&lease, bytes).await,
@@ -66,36 +67,55 @@ pub(crate) async fn write(
             }
         })
         .await
-    }));
-    match task.await {
-        Ok(result) => result,
-        // The store panicked: the caller sees that panic, as if the call ran inline.
-        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-        // Only a runtime shutting down cancels the task: the write may or may not land.
-        Err(err) => Err(StoreError::Unavailable {
-            operation,
-            source: Box::new(err),
-        }),
+    }))
+    .await
+}
+
+/// Runs its work to the end whatever becomes of the caller: polled in place while the
+/// caller awaits it, and, if the caller drops it first, handed as it stands to a task of
+/// its own that finishes it. A future may be polled from one task and then another, so
+/// nothing the work started (a request on the wire, a retry's wait) is lost in the move.
+///
+/// The work is boxed, so the futures awaiting it hold a pointer, not a copy of every
+/// write's state nested in theirs, and moving it to a task moves only the pointer.
+pub(crate) struct Survive<T: Send + 'static> {
+    /// `None` once it has finished.
+    work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+}
+
+impl<T: Send + 'static> Survive<T> {
+    pub(crate) fn new(work: impl Future<Output = T> + Send + 'static) -> Self {
+        Self {
+            work: Some(Box::pin(work)),
+        }
     }
 }
 
-/// Runs `work` to its end whatever becomes of the caller: polled here once, and moved to
-/// a task of its own if it is not done by then. Both happen within one poll of the
-/// caller, so no drop can come between them.
-///
-/// `work` is boxed before this future exists, so that the futures awaiting it hold a
-/// pointer, not a copy of every write's state nested in theirs.
-fn survive<T, F>(work: F) -> impl Future<Output = Result<T, tokio::task::JoinError>> + Send
-where
-    T: Send + 'static,
-    F: Future<Output = T> + Send + 'static,
-{
-    let mut work = Box::pin(work);
-    async move {
-        if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await {
-            return Ok(done);
+impl<T: Send + 'static> Future for Survive<T> {
+    type Output = T;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<T> {
+        // Never polled again once finished: whatever awaits it stops at its answer.
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Pending;
+        };
+        let done = work.as_mut().poll(cx);
+        if done.is_ready() {
+            self.work = None;
         }
-        tokio::spawn(work).await
+        done
+    }
+}
+
+impl<T: Send + 'static> Drop for Survive<T> {
+    fn drop(&mut self) {
+        if let Some(work) = self.work.take() {
+            // Outside a runtime (one that is gone) there is nothing left to run it on, as
+            // a task of a runtime shutting down would be cancelled too.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                drop(runtime.spawn(work));
+            }
+        }
     }
 }
 
@@ -116,9 +136,8 @@ pub(crate) async fn finish(
     write: Write,
     marker: fn(&Marker, Option<&Compensation>) -> Vec<u8>,
 ) -> Result<Finished, Error> {
-    let operation = write.operation();
     let owner = context.clone();
-    let task = survive(tracing::Instrument::in_current_span(async move {
+    Survive::new(tracing::Instrument::in_current_span(async move {
         // Whether the write is the work's failure, for the marker that may replace it.
         let failure = matches!(write, Write::Fail(_));
         let mut write = write;
@@ -148,13 +167,6 @@ pub(crate) async fn finish(
                 Err(err) => return Err(Error::Store(err)),
             }
         }
-    }));
-    match task.await {
-        Ok(result) => result,
-        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-        Err(err) => Err(Error::Store(StoreError::Unavailable {
-            operation,
-            source: Box::new(err),
-        })),
-    }
+    }))
+    .await
 }

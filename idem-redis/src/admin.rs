@@ -413,11 +413,11 @@ impl Admin for RedisStore {
 
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
-        let mut invocation = self.scripts().admin_release.key(self.record_key(key));
-        invocation.arg(&attempt.as_bytes()[..]);
-        let reply: Value = self
-            .connection()
-            .invoke(&invocation)
+        let scripts = self.scripts();
+        let mut call = scripts.call(&scripts.admin_release, &self.record_key(key));
+        call.arg(&attempt.as_bytes()[..]);
+        let reply: Value = scripts
+            .run(self.connection(), &scripts.admin_release, &call)
             .await
             .map_err(|err| map(Operation::ReleaseKey, err))?;
         let Value::Array(parts) = reply else {

@@ -2,8 +2,10 @@
 //!
 //! The Redis store for [idem](idem_core): standalone Redis through a
 //! [`ConnectionManager`](redis::aio::ConnectionManager), or Redis Cluster, behind one
-//! type, [`RedisStore`]. Every transition is one Lua script that runs atomically on the
-//! server, reads the server's clock, and touches one key.
+//! type, [`RedisStore`]. Every transition is one Lua function that runs atomically on the
+//! server, reads the server's clock, and touches one key: a function of idem's Redis
+//! Functions library (`FCALL`, Redis 7 and later), or the same code as a script
+//! (`EVALSHA`) on a server without Functions.
 //!
 //! ```no_run
 //! use idem_core::{Fingerprint, Idempotency, Key, done};
@@ -47,6 +49,14 @@
 //!   synchronous durability (PostgreSQL).
 //! - **Memory.** Each record costs its response plus about 200 bytes; retention bounds how
 //!   many records live at once.
+//! - **Functions.** The store loads its library (`FUNCTION LOAD REPLACE`, a few kilobytes)
+//!   the first time a server answers that it lacks it (a new server, a restart without
+//!   persistence, a node added to a cluster) and calls again; Redis persists and
+//!   replicates libraries like data, so a promoted replica has it. The library is named
+//!   `idem_<hash of its code>`, so versions of idem that differ run side by side during a
+//!   deploy; each version leaves one library behind, which `FUNCTION DELETE` removes. A
+//!   server without `FCALL` (before 7.0), or whose ACL refuses `FCALL` or `FUNCTION LOAD`
+//!   to this client, gets the same code as scripts from then on, loaded after `NOSCRIPT`.
 //!
 //! ## Layout
 //!
@@ -88,8 +98,8 @@
 //!
 //! ## Where things live
 //!
-//! Every transition is one Lua script in `lua/` (with the helpers of `lua/common.lua`),
-//! loaded by `src/scripts.rs`:
+//! Every transition is one Lua file in `lua/` (with the helpers of `lua/common.lua`),
+//! made into the library's functions and into scripts by `src/scripts.rs`:
 //!
 //! | operation | files |
 //! |---|---|

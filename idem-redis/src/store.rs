@@ -12,11 +12,11 @@ use idem_core::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{FromRedisValue, RedisResult, ScriptInvocation, Value};
+use redis::{FromRedisValue, RedisResult, Value};
 
 use crate::errors::{map, unexpected};
 use crate::layout::{self, DEFAULT_PREFIX, PrefixError};
-use crate::scripts::Scripts;
+use crate::scripts::{Scripts, Transition};
 
 /// The two kinds of connection, behind one store type.
 #[derive(Clone)]
@@ -106,26 +106,15 @@ impl Connection {
             Connection::Cluster(cluster) => pipeline.query_async(&mut cluster.clone()).await,
         }
     }
-
-    pub(crate) async fn invoke<T: FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> RedisResult<T> {
-        // Both handles are cheap clones over one multiplexed connection (per node).
-        match self {
-            Connection::Standalone(one) => {
-                let result = invocation.invoke_async(&mut one.manager()).await;
-                one.after(result)
-            }
-            Connection::Cluster(cluster) => invocation.invoke_async(&mut cluster.clone()).await,
-        }
-    }
 }
 
 /// An idem [`Store`] in Redis or Redis Cluster.
 ///
-/// - Each transition is one Lua script (`lua/*.lua`), atomic on the server, sent with
-///   `EVALSHA` and loaded again transparently after `NOSCRIPT`.
+/// - Each transition is one Lua function (`lua/*.lua`), atomic on the server: a function of
+///   idem's Redis Functions library, called with `FCALL` and the library loaded again
+///   transparently where a server lacks it (a new node, a restart without persistence); on
+///   a server without Functions (before Redis 7.0, or an ACL that allows scripts only), the
+///   same code as a script, sent with `EVALSHA` and loaded again after `NOSCRIPT`.
 /// - Each record is one hash whose key carries a `{...}` hash tag, so every script touches
 ///   one key in one cluster slot.
 /// - Time is the server's (`TIME` inside the script), never the client's.
@@ -330,19 +319,17 @@ impl RedisStore {
     async fn fenced(
         &self,
         operation: Operation,
-        script: &redis::Script,
+        transition: &Transition,
         lease: &Lease,
         extra: &[&[u8]],
     ) -> Result<i64, StoreError> {
-        let mut invocation = script.key(self.key(&lease.key));
-        invocation
-            .arg(lease.token)
-            .arg(&lease.attempt.as_bytes()[..]);
+        let mut call = self.scripts.call(transition, &self.key(&lease.key));
+        call.arg(lease.token).arg(&lease.attempt.as_bytes()[..]);
         for arg in extra {
-            invocation.arg(*arg);
+            call.arg(*arg);
         }
-        self.connection
-            .invoke::<i64>(&invocation)
+        self.scripts
+            .run::<i64>(&self.connection, transition, &call)
             .await
             .map_err(|err| map(operation, err).for_key(&lease.key))
     }
@@ -350,14 +337,16 @@ impl RedisStore {
     async fn write(
         &self,
         operation: Operation,
-        script: &redis::Script,
+        transition: &Transition,
         lease: &Lease,
         extra: &[&[u8]],
     ) -> Result<WriteOutcome, StoreError> {
-        Ok(match self.fenced(operation, script, lease, extra).await? {
-            1 => WriteOutcome::Applied,
-            _ => WriteOutcome::Fenced,
-        })
+        Ok(
+            match self.fenced(operation, transition, lease, extra).await? {
+                1 => WriteOutcome::Applied,
+                _ => WriteOutcome::Fenced,
+            },
+        )
     }
 }
 
@@ -377,15 +366,16 @@ impl fmt::Debug for RedisStore {
 #[async_trait]
 impl Store for RedisStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let mut invocation = self.scripts.claim.key(self.key(&request.key));
-        invocation
-            .arg(&request.fingerprint.as_bytes()[..])
+        let mut call = self
+            .scripts
+            .call(&self.scripts.claim, &self.key(&request.key));
+        call.arg(&request.fingerprint.as_bytes()[..])
             .arg(&request.attempt.as_bytes()[..])
             .arg(millis(request.lease))
             .arg(millis(request.retention));
         let reply: Value = self
-            .connection
-            .invoke(&invocation)
+            .scripts
+            .run(&self.connection, &self.scripts.claim, &call)
             .await
             .map_err(|err| map(Operation::Claim, err).for_key(&request.key))?;
         let mut items = array(reply)?.into_iter();
@@ -491,10 +481,10 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let invocation = self.scripts.get.key(self.key(key));
+        let call = self.scripts.call(&self.scripts.get, &self.key(key));
         let reply: Value = self
-            .connection
-            .invoke(&invocation)
+            .scripts
+            .run(&self.connection, &self.scripts.get, &call)
             .await
             .map_err(|err| map(Operation::Get, err).for_key(key))?;
         let items = array(reply)?;

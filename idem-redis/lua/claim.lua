@@ -18,22 +18,14 @@ else
   refuse_fingerprintless(key)
 end
 
-local function claimed(token, lease_until, resumed, created, steps)
-  local reply = { 'claimed', token, lease_until, resumed, created }
-  for _, item in ipairs(steps) do
-    table.insert(reply, item)
-  end
-  return reply
-end
-
 if r == nil then
   -- No record, or an absent one (load deleted it): a fresh record, a new lifetime at token
   -- 1. A record that is merely expired while a live lease holds it is not absent.
-  local fresh = { s = 'in_progress', l = now + lease, e = now + retention }
+  local l, e = now + lease, now + retention
   redis.call('HSET', key, 'f', fingerprint, 's', 'in_progress', 't', '1', 'a', attempt,
-    'l', num(fresh.l), 'c', num(now), 'e', num(fresh.e), 'z', '0')
-  keep(key, fresh, now)
-  return claimed(1, fresh.l, 0, now, {})
+    'l', num(l), 'c', num(now), 'e', num(e), 'z', '0')
+  keep_until(key, math.max(l, e), now)
+  return { 'claimed', 1, l, 0, now }
 end
 if r.f ~= fingerprint then
   return { 'mismatch' }

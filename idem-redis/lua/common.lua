@@ -17,8 +17,12 @@ end
 -- A record is absent once it is expired and no live lease holds it (what purge_expired
 -- removes elsewhere); Redis deletes it then on its own, through PEXPIREAT. An expired record
 -- that a live lease holds is present: in flight for everyone but its owner.
+local function absent_at(s, l, e, now)
+  return now >= e and not (s == 'in_progress' and now < l)
+end
+
 local function absent(r, now)
-  return now >= r.e and not (r.s == 'in_progress' and now < r.l)
+  return absent_at(r.s, r.l, r.e, now)
 end
 
 -- A record this library did not write (a hand edit, another program) stops the script with
@@ -41,14 +45,21 @@ local function integer(value, what)
 end
 
 -- The fields every transition's fence and expiry read (state, token, attempt, lease end,
--- expiry), validated; v holds them in that order.
-local function fenced_fields(v)
+-- expiry), validated; v holds them in that order. As values: the completion, on every
+-- fresh execution's path, builds no table.
+local function fenced_values(v)
   if not STATES[v[1]] then corrupt('state') end
   if not v[3] or string.len(v[3]) ~= 16 then corrupt('attempt') end
-  local r = { s = v[1], t = integer(v[2], 'token'), a = v[3], l = integer(v[4], 'lease_until'),
-    e = integer(v[5], 'expires_at') }
-  if r.t < 1 then corrupt('token') end
-  return r
+  local t, l, e = integer(v[2], 'token'), integer(v[4], 'lease_until'),
+    integer(v[5], 'expires_at')
+  if t < 1 then corrupt('token') end
+  return v[1], t, v[3], l, e
+end
+
+-- The same as a record table.
+local function fenced_fields(v)
+  local s, t, a, l, e = fenced_values(v)
+  return { s = s, t = t, a = a, l = l, e = e }
 end
 
 -- Every hash idem writes has its fingerprint, from the first claim on. A hash without one
@@ -94,6 +105,15 @@ local function steps_of(key)
   return steps
 end
 
+-- The key lives until until_ms: deleted now if that has come.
+local function keep_until(key, until_ms, now)
+  if until_ms <= now then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIREAT', key, num(until_ms))
+  end
+end
+
 -- Keep the key exactly as long as it may be needed: until it expires, or until its lease
 -- ends if that is later.
 local function keep(key, r, now)
@@ -101,11 +121,7 @@ local function keep(key, r, now)
   if r.s == 'in_progress' and r.l > until_ms then
     until_ms = r.l
   end
-  if until_ms <= now then
-    redis.call('DEL', key)
-  else
-    redis.call('PEXPIREAT', key, num(until_ms))
-  end
+  keep_until(key, until_ms, now)
 end
 
 -- The record when it is present and owned by this lease.
@@ -125,28 +141,37 @@ local function finish(key, token, attempt, response, terminal, retention)
   if not v[1] then
     return 0
   end
-  local r = fenced_fields(v)
+  local s, t, a, l, e = fenced_values(v)
   local now = now_ms()
-  if absent(r, now) then
+  if absent_at(s, l, e, now) then
     redis.call('DEL', key)
     return 0
   end
-  if r.t ~= token or r.a ~= attempt then
+  if t ~= token or a ~= attempt then
     return 0
   end
-  if r.s == terminal then
+  if s == terminal then
     -- Already stored by this owner: nothing is written again, not even the expiry.
     return 1
   end
-  if r.s ~= 'in_progress' then
+  if s ~= 'in_progress' then
     return 0
   end
   -- A result stored late (heartbeats or a takeover kept the work past the retention) is
   -- kept one whole retention (the lease's) after now, never less than before.
-  r.e = math.max(r.e, math.min(now + retention, MAX_INTEGER))
-  r.s = terminal
-  redis.call('HSET', key, 's', terminal, 'r', response, 'e', num(r.e))
+  e = math.max(e, math.min(now + retention, MAX_INTEGER))
+  redis.call('HSET', key, 's', terminal, 'r', response, 'e', num(e))
   -- A finished record's key lives until its expiry: the lease no longer holds it.
-  keep(key, r, now)
+  keep_until(key, e, now)
   return 1
+end
+
+-- The claim's answer when it granted a lease: token, lease end, whether it resumed,
+-- creation time, then the steps as name, value pairs.
+local function claimed(token, lease_until, resumed, created, steps)
+  local reply = { 'claimed', token, lease_until, resumed, created }
+  for _, item in ipairs(steps) do
+    table.insert(reply, item)
+  end
+  return reply
 end

@@ -34,6 +34,8 @@ enum Fault {
     FailLimit(usize),
     /// As `FailLimit`, after this long.
     SlowLimit(Duration, usize),
+    /// Waits once, then panics.
+    Panic,
 }
 
 /// The memory store with a fault per operation.
@@ -104,6 +106,10 @@ impl Faulty {
                 Err(StoreError::TooLarge { part, size, limit })
             }
             Fault::FailLimit(_) => apply.await,
+            Fault::Panic => {
+                tokio::task::yield_now().await;
+                panic!("the store panicked mid-call");
+            }
             Fault::SlowLimit(pause, limit) => {
                 tokio::time::sleep(pause).await;
                 if size > limit {
@@ -223,6 +229,50 @@ async fn a_result_survives_the_caller_going_away_after_the_work_returned() {
         }
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}
+
+/// A store that panics while the result's write waits: the caller sees that one panic, and
+/// nothing goes on to poll the panicked write again (which would panic a second time, in
+/// a task of its own).
+#[tokio::test]
+async fn a_store_that_panics_mid_write_panics_once_in_the_caller() {
+    static RESUMED: AtomicUsize = AtomicUsize::new(0);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        if message.contains("resumed after panicking") {
+            RESUMED.fetch_add(1, Ordering::SeqCst);
+        }
+        previous(info);
+    }));
+    let store = store_on(&ManualClock::new());
+    store.set(Operation::Complete, Fault::Panic);
+    let idem = driver(&store);
+    let caller = tokio::spawn(async move {
+        idem.execute(&key("panics"), fp(), |_ctx| async {
+            Ok::<_, WorkError<String>>("charged".to_owned())
+        })
+        .await
+    });
+    let err = caller
+        .await
+        .expect_err("the store's panic reaches the caller");
+    assert!(err.is_panic());
+    // Anything handed on would run now.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        RESUMED.load(Ordering::SeqCst),
+        0,
+        "a panicked write was polled again"
+    );
 }
 
 #[tokio::test(start_paused = true)]

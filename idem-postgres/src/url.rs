@@ -204,19 +204,7 @@ impl PostgresLocation {
     /// server answers: a pool retries a refused connection until its own timeout, a
     /// single attempt says why at once.
     async fn store(&self, connections: u32) -> Result<PostgresStore, OpenError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(connections)
-            .test_before_acquire(false)
-            .before_acquire(|connection, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= PING_AFTER_IDLE {
-                        // An error closes this connection and the pool takes another.
-                        connection.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_lazy_with(self.settings.clone());
+        let pool = pool_options(connections).connect_lazy_with(self.settings.clone());
         let mut builder = PostgresStore::builder(pool);
         if let Some(table) = &self.table {
             // Checked by parse; a refusal here would be a bug, reported as setup.
@@ -291,6 +279,23 @@ impl fmt::Debug for PostgresLocation {
     }
 }
 
+/// The pool's settings: `connections` at most, pinged only after [`PING_AFTER_IDLE`].
+fn pool_options(connections: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .before_acquire(|connection, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_AFTER_IDLE {
+                    // A failed ping closes this connection (sqlx logs it) and the pool
+                    // opens a new one for the caller.
+                    connection.ping().await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
 #[async_trait]
 impl Location for PostgresLocation {
     fn backend(&self) -> &'static str {
@@ -320,6 +325,13 @@ mod tests {
 
     fn parse(url: &str) -> Result<PostgresLocation, UrlError> {
         PostgresLocation::parse(url, &ConnectOptions::default())
+    }
+
+    #[test]
+    fn the_pool_does_not_ping_before_every_call() {
+        let options = pool_options(4);
+        assert!(!options.get_test_before_acquire());
+        assert_eq!(options.get_max_connections(), 4);
     }
 
     /// The backend's own reason for refusing `url` with `options`.

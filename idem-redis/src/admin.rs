@@ -1,6 +1,6 @@
 //! The operator's side of the Redis store: `SCAN` over the store's prefix (on every
-//! primary of a Cluster), each batch of keys read in one pipeline, and a Lua script for
-//! the release.
+//! primary of a Cluster), each batch of keys read in one pipeline, and a Lua function (or
+//! script) for the release.
 //!
 //! Cost: listing and counting read every record of the prefix, without its response and
 //! steps (one pipelined `HMGET` of seven small fields per record, a round trip per

@@ -56,7 +56,11 @@
 //!   `idem_<hash of its code>`, so versions of idem that differ run side by side during a
 //!   deploy; each version leaves one library behind, which `FUNCTION DELETE` removes. A
 //!   server without `FCALL` (before 7.0), or whose ACL refuses `FCALL` or `FUNCTION LOAD`
-//!   to this client, gets the same code as scripts from then on, loaded after `NOSCRIPT`.
+//!   to this client, gets the same code as scripts (`EVALSHA`, loaded after `NOSCRIPT`),
+//!   and functions are tried again a minute later. A full server refuses a whole function
+//!   that may write, and `FUNCTION LOAD`, even for a call that only reads: such a call is
+//!   sent as a script, which is refused only at its first write, so replays and reads
+//!   still answer on a full Redis.
 //!
 //! ## Layout
 //!

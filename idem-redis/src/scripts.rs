@@ -7,7 +7,8 @@
 //! runs only its function. The library's name and its functions' carry a hash of its code,
 //! so two versions of idem on one server (a rolling deploy) each call their own.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redis::{
     Arg, Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ServerErrorKind,
@@ -77,9 +78,12 @@ impl Transition {
 pub(crate) struct Scripts {
     /// `FUNCTION LOAD REPLACE` text: the header names the library after its hash.
     library: String,
-    /// Set once the server showed it runs no functions for this client (a server before
-    /// 7.0, an ACL that allows scripts only): scripts from then on.
-    scripts_only: AtomicBool,
+    /// Until when (milliseconds after `created`) to send scripts without trying functions:
+    /// 0 while functions work. Set when the server showed it runs no functions for this
+    /// client (a server before 7.0, an ACL that allows scripts only), and tried again
+    /// [`RETRY_FUNCTIONS_AFTER`] later, so an upgraded server or a widened ACL is found.
+    scripts_until: AtomicU64,
+    created: Instant,
     pub(crate) claim: Transition,
     pub(crate) complete: Transition,
     pub(crate) fail: Transition,
@@ -112,7 +116,8 @@ impl Scripts {
         );
         Self {
             library,
-            scripts_only: AtomicBool::new(false),
+            scripts_until: AtomicU64::new(0),
+            created: Instant::now(),
             claim: Transition::new(&prefix, "claim", CLAIM_SCRIPT),
             complete: Transition::new(&prefix, "complete", script!("complete.lua")),
             fail: Transition::new(&prefix, "fail", script!("fail.lua")),
@@ -133,14 +138,15 @@ impl Scripts {
 
     /// Runs `call` (from [`Scripts::call`]) as a function; loads the library where it is
     /// missing (a new server, a restart without persistence, a failover to a node that never
-    /// had it) and calls again; runs the script instead on a server without functions.
+    /// had it) and calls again; runs the script instead on a server without functions, and
+    /// for this call where the server refuses a function it would run a script (below).
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         connection: &Connection,
         transition: &Transition,
         call: &Cmd,
     ) -> RedisResult<T> {
-        if !self.scripts_only.load(Ordering::Relaxed) {
+        if self.functions_allowed() {
             // Loaded at most twice per call: a flush between the load and the call (an
             // operator's, another test's) is met once more, and a loop is never endless.
             let mut loads = 0;
@@ -159,10 +165,15 @@ impl Scripts {
                     Err(err) => break err,
                 }
             };
-            if !functions_refused(&err) {
+            if functions_refused(&err) {
+                let retry_at = self.created.elapsed() + RETRY_FUNCTIONS_AFTER;
+                self.scripts_until.store(
+                    u64::try_from(retry_at.as_millis()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+            } else if !refused_before_running(&err) {
                 return Err(err);
             }
-            self.scripts_only.store(true, Ordering::Relaxed);
         }
         let eval = as_script(transition, call);
         match connection.query(&eval).await {
@@ -177,7 +188,15 @@ impl Scripts {
             other => other,
         }
     }
+
+    fn functions_allowed(&self) -> bool {
+        let until = self.scripts_until.load(Ordering::Relaxed);
+        until == 0 || self.created.elapsed().as_millis() >= u128::from(until)
+    }
 }
+
+/// How long a store that found functions refused sends scripts before it tries again.
+const RETRY_FUNCTIONS_AFTER: Duration = Duration::from_secs(60);
 
 /// The same call as `EVALSHA`: the function's name becomes the script's hash.
 fn as_script(transition: &Transition, call: &Cmd) -> Cmd {
@@ -200,13 +219,22 @@ fn function_missing(err: &RedisError) -> bool {
 }
 
 /// A server that runs no functions for this client: no such command (before Redis 7.0),
-/// or an ACL that refuses `FCALL` or `FUNCTION LOAD`.
+/// or an ACL that refuses `FCALL` or `FUNCTION LOAD` (not one that refuses a key: a
+/// script would be refused that key too).
 fn functions_refused(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
-        || (err.code() == Some("ERR")
-            && err
-                .detail()
-                .is_some_and(|d| d.starts_with("unknown command")))
+    let detail = err.detail().unwrap_or("");
+    (err.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        && (detail.contains("'fcall'") || detail.contains("'function")))
+        || (err.code() == Some("ERR") && detail.starts_with("unknown command"))
+}
+
+/// A refusal of the whole function before it runs: Redis refuses a function that may write
+/// when it is out of memory (`noeviction`), cannot persist or lacks replicas, even if this
+/// call would only read (a replay), and refuses `FUNCTION LOAD` when out of memory. A
+/// script is refused only at its first write, so the same call as a script still answers
+/// a replay, a mismatch or an in-flight key, and a write meets the same refusal there.
+fn refused_before_running(err: &RedisError) -> bool {
+    matches!(err.code(), Some("OOM" | "MISCONF" | "NOREPLICAS"))
 }
 
 #[cfg(test)]
@@ -261,18 +289,38 @@ mod tests {
         // An ACL that allows scripts only.
         let acl = server_error("NOPERM User scripts has no permissions to run the 'fcall' command");
         assert!(functions_refused(&acl) && !function_missing(&acl));
+        let load = server_error(
+            "NOPERM User scripts has no permissions to run the 'function|load' command",
+        );
+        assert!(functions_refused(&load));
+        // An ACL that refuses the key: a script would be refused it as well.
+        let key = server_error("NOPERM No permissions to access a key");
+        assert!(!functions_refused(&key));
+        // Refused whole before running: this one call goes as a script.
+        for line in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "NOREPLICAS Not enough good replicas to write.",
+            "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+        ] {
+            let err = server_error(line);
+            assert!(
+                refused_before_running(&err) && !functions_refused(&err),
+                "{line}"
+            );
+        }
         // A server with functions but not this library: load it, do not fall back.
         let missing = server_error("ERR Function not found");
         assert!(function_missing(&missing) && !functions_refused(&missing));
         // Anything else is the call's own error.
         for line in [
             "IDEM_CORRUPT token",
-            "OOM command not allowed when used memory > 'maxmemory'.",
             "ERR Error running script (call to f_1): @user_function: 12: bad argument",
         ] {
             let err = server_error(line);
             assert!(
-                !function_missing(&err) && !functions_refused(&err),
+                !function_missing(&err)
+                    && !functions_refused(&err)
+                    && !refused_before_running(&err),
                 "{line}"
             );
         }

@@ -1,4 +1,4 @@
-//! `RedisStore`: every transition one Lua script, atomic on the server.
+//! `RedisStore`: every transition one Lua function (or script), atomic on the server.
 
 use std::fmt;
 use std::sync::Arc;

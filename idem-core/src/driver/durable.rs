@@ -75,18 +75,25 @@ pub(crate) async fn write(
 /// caller awaits it, and, if the caller drops it first, handed as it stands to a task of
 /// its own that finishes it. A future may be polled from one task and then another, so
 /// nothing the work started (a request on the wire, a retry's wait) is lost in the move.
+/// Like the heartbeat while the work runs, the write advances only while the caller polls
+/// it: a caller polls `execute` to its end or drops it.
 ///
 /// The work is boxed, so the futures awaiting it hold a pointer, not a copy of every
 /// write's state nested in theirs, and moving it to a task moves only the pointer.
 pub(crate) struct Survive<T: Send + 'static> {
-    /// `None` once it has finished.
+    /// `None` once it has finished, or while it is being polled (so that a panic in it
+    /// leaves nothing to hand on: that future cannot go on).
     work: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    /// The runtime it first waited on, to finish it on when it is dropped unfinished, even
+    /// from a thread outside that runtime.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl<T: Send + 'static> Survive<T> {
     pub(crate) fn new(work: impl Future<Output = T> + Send + 'static) -> Self {
         Self {
             work: Some(Box::pin(work)),
+            runtime: None,
         }
     }
 }
@@ -96,24 +103,38 @@ impl<T: Send + 'static> Future for Survive<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<T> {
         // Never polled again once finished: whatever awaits it stops at its answer.
-        let Some(work) = self.work.as_mut() else {
+        let Some(mut work) = self.work.take() else {
             return Poll::Pending;
         };
-        let done = work.as_mut().poll(cx);
-        if done.is_ready() {
-            self.work = None;
+        match work.as_mut().poll(cx) {
+            Poll::Ready(done) => Poll::Ready(done),
+            Poll::Pending => {
+                if self.runtime.is_none() {
+                    self.runtime = tokio::runtime::Handle::try_current().ok();
+                }
+                self.work = Some(work);
+                Poll::Pending
+            }
         }
-        done
     }
 }
 
 impl<T: Send + 'static> Drop for Survive<T> {
     fn drop(&mut self) {
         if let Some(work) = self.work.take() {
-            // Outside a runtime (one that is gone) there is nothing left to run it on, as
-            // a task of a runtime shutting down would be cancelled too.
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                drop(runtime.spawn(work));
+            let runtime = self
+                .runtime
+                .take()
+                .or_else(|| tokio::runtime::Handle::try_current().ok());
+            match runtime {
+                // On a runtime shutting down, the task is dropped at once, as it would be
+                // had it been spawned before.
+                Some(runtime) => drop(runtime.spawn(work)),
+                // Never polled on a runtime, and dropped outside one: nothing can run it.
+                None => tracing::warn!(
+                    "a write after the work was dropped outside any Tokio runtime before it \
+                     began; the lease will run out and a retry take over"
+                ),
             }
         }
     }

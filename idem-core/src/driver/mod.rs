@@ -274,10 +274,13 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
     /// retry takes over (resuming through the checkpointed steps). The same holds if
     /// `work` panics. Once `work` has returned, dropping the future stops nothing: each
     /// write after the work (the result, the failure, a step's checkpoint, an undo and its
-    /// marks, the whole compensation) runs in a task of its own and lands, so the work is
-    /// not run again; only the Tokio runtime shutting down stops it (let a server drain
-    /// its requests before the runtime ends). How long `execute` can take apart from the
-    /// work is under [`IdempotencyBuilder::store_timeout`].
+    /// marks) goes on in a task of its own and lands, and the whole compensation runs in
+    /// one, so the work is not run again; only the Tokio runtime shutting down stops it
+    /// (let a server drain its requests before the runtime ends). Poll the future to its
+    /// end or drop it: like the heartbeat while `work` runs, a write after it advances only
+    /// while the future is polled (or after it is dropped), so a future held unpolled
+    /// longer than the lease's time left lets a retry take over. How long `execute` can
+    /// take apart from the work is under [`IdempotencyBuilder::store_timeout`].
     ///
     /// # Errors
     /// See [`Error`].

@@ -390,10 +390,16 @@ pub(crate) async fn release_key_fences_the_owner(store: &dyn Admin) {
     assert_eq!(next.token, owner.token + 2);
     assert_eq!(steps.get("debit").map(Vec::as_slice), Some(&b"1"[..]));
     let _ = ok(store.complete(&next, b"done").await, "complete");
+    let before = ok(store.get(&k).await, "get");
     assert_eq!(
         ok(store.release_key(&k).await, "release_key"),
         ReleaseKeyOutcome::Finished(State::Completed),
         "a completed record is refused"
+    );
+    assert_eq!(
+        ok(store.get(&k).await, "get"),
+        before,
+        "a refused release changes nothing in the record"
     );
     assert_eq!(
         ok(

@@ -71,15 +71,19 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     // A claim answered a third of a lease after its first try was sent
                     // (slow tries, retries): counted from that send, its lease may be
                     // mostly gone, or over, on this process's clock.
-                    let late = sent.elapsed() >= clamp_duration(lease) / 3;
-                    let (granted, deadline) = if late {
-                        self.confirm(granted, sent).await?
+                    let answered = Instant::now();
+                    let late =
+                        answered.saturating_duration_since(sent) >= clamp_duration(lease) / 3;
+                    let (granted, deadline, settled) = if late {
+                        let (granted, deadline) = self.confirm(granted, sent).await?;
+                        (granted, deadline, Instant::now())
                     } else {
-                        (granted, sent + clamp_duration(lease))
+                        (granted, sent + clamp_duration(lease), answered)
                     };
                     Claim::Won {
                         lease: granted,
                         deadline,
+                        settled,
                         resumed,
                         steps,
                     }
@@ -169,6 +173,8 @@ pub(super) enum Claim {
         lease: Lease,
         /// When the lease ends on this process's clock.
         deadline: Instant,
+        /// When the claim was settled: where the work's duration starts.
+        settled: Instant,
         resumed: bool,
         steps: Steps,
     },

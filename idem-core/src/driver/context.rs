@@ -30,12 +30,10 @@ pub struct Context {
 
 struct Inner {
     store: Arc<dyn Store>,
-    lease: Mutex<Lease>,
-    /// When the lease ends on this process's clock, counted from when the claim or the
-    /// last renewal was sent (never later than the store's own end of the lease): the
-    /// store's `lease_until` is on the store's clock, which this process cannot read.
-    lease_deadline: Mutex<tokio::time::Instant>,
-    /// How much earlier than `lease_deadline` the owner stops starting effects (see
+    /// The lease's key, which no renewal changes: read without a lock.
+    key: Key,
+    held: Mutex<Held>,
+    /// How much earlier than the lease's end on this process's clock (`Held::deadline`) the owner stops starting effects (see
     /// `policy::LOCAL_EXPIRY_FRACTION`).
     lease_margin: std::time::Duration,
     fingerprint: Fingerprint,
@@ -61,6 +59,15 @@ struct Inner {
     derived: AtomicBool,
 }
 
+/// The lease as last renewed, and its end on this process's clock: changed together.
+struct Held {
+    lease: Lease,
+    /// When the lease ends on this process's clock, counted from when the claim or the
+    /// last renewal was sent (never later than the store's own end of the lease): the
+    /// store's `lease_until` is on the store's clock, which this process cannot read.
+    deadline: tokio::time::Instant,
+}
+
 impl Context {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -81,8 +88,11 @@ impl Context {
         Self {
             inner: Arc::new(Inner {
                 store,
-                lease: Mutex::new(lease),
-                lease_deadline: Mutex::new(lease_deadline),
+                key: lease.key.clone(),
+                held: Mutex::new(Held {
+                    lease,
+                    deadline: lease_deadline,
+                }),
                 lease_margin: lease_length / super::policy::LOCAL_EXPIRY_FRACTION,
                 fingerprint,
                 resumed,
@@ -114,10 +124,12 @@ impl Context {
         Self {
             inner: Arc::new(Inner {
                 store,
-                lease: Mutex::new(lease),
-                lease_deadline: Mutex::new(
-                    tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365),
-                ),
+                key: lease.key.clone(),
+                held: Mutex::new(Held {
+                    lease,
+                    deadline: tokio::time::Instant::now()
+                        + std::time::Duration::from_secs(86_400 * 365),
+                }),
                 lease_margin: std::time::Duration::ZERO,
                 fingerprint,
                 resumed: false,
@@ -145,7 +157,7 @@ impl Context {
 
     /// The key being executed.
     pub fn key(&self) -> Key {
-        self.lease().key
+        self.inner.key.clone()
     }
 
     /// The fencing token: strictly greater for every later owner of this key within the
@@ -165,7 +177,7 @@ impl Context {
 
     /// The lease this run holds, as last renewed.
     pub fn lease(&self) -> Lease {
-        lock(&self.inner.lease).clone()
+        lock(&self.inner.held).lease.clone()
     }
 
     /// The names of the steps checkpointed so far, by earlier owners or by this run,
@@ -516,13 +528,12 @@ impl Context {
 
     /// A renewal landed: the lease as renewed, and its end on this process's clock.
     pub(crate) fn set_lease(&self, lease: Lease, deadline: tokio::time::Instant) {
-        *lock(&self.inner.lease) = lease;
-        *lock(&self.inner.lease_deadline) = deadline;
+        *lock(&self.inner.held) = Held { lease, deadline };
     }
 
-    /// When the lease ends, on this process's clock (see `Inner::lease_deadline`).
+    /// When the lease ends, on this process's clock (see `Held::deadline`).
     pub(crate) fn lease_deadline(&self) -> tokio::time::Instant {
-        *lock(&self.inner.lease_deadline)
+        lock(&self.inner.held).deadline
     }
 
     /// Runs a fenced write under this lease, retried while the lease lasts, finished in a
@@ -531,12 +542,26 @@ impl Context {
         if self.inner.detached {
             return Ok(WriteOutcome::Applied);
         }
-        durable::write(
+        let owner = self.clone();
+        durable::Survive::new(async move { owner.durable_in_place(write).await }).await
+    }
+
+    /// [`Context::durable`] for a caller that already survives being dropped
+    /// ([`durable::finish`]): the write runs in its future, not in one of its own.
+    pub(crate) async fn durable_in_place(&self, write: Write) -> Result<WriteOutcome, StoreError> {
+        if self.inner.detached {
+            return Ok(WriteOutcome::Applied);
+        }
+        let (lease, deadline) = {
+            let held = lock(&self.inner.held);
+            (held.lease.clone(), held.deadline)
+        };
+        durable::in_place(
             Arc::clone(&self.inner.store),
-            self.lease(),
+            lease,
             write,
             self.inner.store_timeout,
-            Some(self.lease_deadline()),
+            Some(deadline),
             self.inner.jitter.clone(),
         )
         .await

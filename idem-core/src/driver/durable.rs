@@ -27,8 +27,7 @@ use crate::{
 
 /// A fenced write of the driver's.
 pub(crate) enum Write {
-    /// Shared, so that a caller can keep the bytes without copying them.
-    Complete(Arc<Vec<u8>>),
+    Complete(Vec<u8>),
     Fail(Vec<u8>),
     Checkpoint(StepName, Vec<u8>),
     Release,
@@ -56,18 +55,28 @@ pub(crate) async fn write(
     deadline: Option<Instant>,
     jitter: Jitter,
 ) -> Result<WriteOutcome, StoreError> {
+    Survive::new(in_place(store, lease, write, timeout, deadline, jitter)).await
+}
+
+/// [`write`] for a caller that is itself a [`Survive`] (or inside one): run where it is,
+/// without a task of its own to go to.
+pub(crate) async fn in_place(
+    store: Arc<dyn Store>,
+    lease: Lease,
+    write: Write,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    jitter: Jitter,
+) -> Result<WriteOutcome, StoreError> {
     let operation = write.operation();
-    Survive::new(tracing::Instrument::in_current_span(async move {
-        retry_store(operation, timeout, deadline, &jitter, || async {
-            match &write {
-                Write::Complete(bytes) => store.complete(&lease, bytes).await,
-                Write::Fail(bytes) => store.fail(&lease, bytes).await,
-                Write::Checkpoint(step, bytes) => store.checkpoint(&lease, step, bytes).await,
-                Write::Release => store.release(&lease).await,
-            }
-        })
-        .await
-    }))
+    retry_store(operation, timeout, deadline, &jitter, || async {
+        match &write {
+            Write::Complete(bytes) => store.complete(&lease, bytes).await,
+            Write::Fail(bytes) => store.fail(&lease, bytes).await,
+            Write::Checkpoint(step, bytes) => store.checkpoint(&lease, step, bytes).await,
+            Write::Release => store.release(&lease).await,
+        }
+    })
     .await
 }
 
@@ -129,7 +138,9 @@ impl<T: Send + 'static> Drop for Survive<T> {
             match runtime {
                 // On a runtime shutting down, the task is dropped at once, as it would be
                 // had it been spawned before.
-                Some(runtime) => drop(runtime.spawn(work)),
+                // Dropped from within `execute`'s span (an instrumented future enters its
+                // span while it drops what it holds): the task goes on in it.
+                Some(runtime) => drop(runtime.spawn(tracing::Instrument::in_current_span(work))),
                 // Never polled on a runtime, and dropped outside one: nothing can run it.
                 None => tracing::warn!(
                     "a write after the work was dropped outside any Tokio runtime before it \
@@ -158,13 +169,13 @@ pub(crate) async fn finish(
     marker: fn(&Marker, Option<&Compensation>) -> Vec<u8>,
 ) -> Result<Finished, Error> {
     let owner = context.clone();
-    Survive::new(tracing::Instrument::in_current_span(async move {
+    Survive::new(async move {
         // Whether the write is the work's failure, for the marker that may replace it.
         let failure = matches!(write, Write::Fail(_));
         let mut write = write;
         let mut marked = None;
         loop {
-            match owner.durable(write).await {
+            match owner.durable_in_place(write).await {
                 Ok(WriteOutcome::Applied) => {
                     return Ok(marked.map_or(Finished::Applied, Finished::Marked));
                 }
@@ -188,6 +199,6 @@ pub(crate) async fn finish(
                 Err(err) => return Err(Error::Store(err)),
             }
         }
-    }))
+    })
     .await
 }

@@ -1,8 +1,6 @@
 //! Storing what the work answered: its result, its permanent failure, or the marker that
 //! stands in for a value that cannot be stored; and answering it as stored.
 
-use std::sync::Arc;
-
 use super::error::{CannotStore, Interrupted, Reason};
 use super::wire::{Marker, StoredFailure, Wire};
 use super::{Context, Error, Idempotency, Outcome, WorkError, durable, observe};
@@ -64,11 +62,12 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         let (bytes, stored) = match prepared {
             // Completed inside the work's own transaction: those bytes are the result.
             Some(bytes) => {
+                drop(value);
                 let decoded =
                     W::decode_value(&self.decode(&key, &fingerprint, ValuePart::Result, &bytes)?);
                 (bytes, decoded)
             }
-            None => match W::encode_value(&value) {
+            None => match W::encode_value_owned(value) {
                 Ok(plain) => {
                     let decoded = W::decode_value(&plain);
                     (
@@ -82,7 +81,6 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 }
             },
         };
-        drop(value);
         let stored = match stored {
             Ok(stored) => stored,
             Err(source) => {
@@ -99,9 +97,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             };
             return Box::pin(self.fail::<W>(context, StoredFailure::Marker(marker), None)).await;
         }
-        let bytes = Arc::new(bytes);
-        // Kept (shared, not copied) to read back a result the work committed itself.
-        let committed = was_prepared.then(|| Arc::clone(&bytes));
+        // Kept to read back a result the work committed itself (a copy, on that path only).
+        let committed = was_prepared.then(|| bytes.clone());
         match durable::finish(context, durable::Write::Complete(bytes), W::marker).await? {
             durable::Finished::Applied => Ok(Outcome::Completed {
                 value: stored,

@@ -41,7 +41,6 @@ pub(super) async fn run_while<Fut: Future>(
         return work.await;
     };
     let mut work = pin!(work);
-    let started = Instant::now();
     // Made when the work first waits: most work that finishes in its first poll (an
     // answer from memory, a replayed handler) never needs a timer.
     let mut ticks: Option<tokio::time::Interval> = None;
@@ -54,7 +53,8 @@ pub(super) async fn run_while<Fut: Future>(
             // One interval after the lease was last confirmed (the claim, or the last
             // renewal, was sent), not after this call began: a compensation that starts
             // late in the lease renews at once instead of a whole interval on, past the
-            // lease's end.
+            // lease's end. Never later than now.
+            let started = Instant::now();
             let confirmed = context
                 .lease_deadline()
                 .checked_sub(clamp_duration(extend))

@@ -71,11 +71,12 @@ where
         if result.is_err() {
             observe::store_error(operation);
         }
-        let lease_left = deadline.is_some_and(|deadline| Instant::now() < deadline);
+        // The clock is read only for a failed try: a call that succeeds costs none.
+        let lease_left = || deadline.is_some_and(|deadline| Instant::now() < deadline);
         match result {
             Err(err)
                 if err.is_retryable()
-                    && (tries < STORE_ATTEMPTS || lease_left && tries < MAX_WRITE_ATTEMPTS) =>
+                    && (tries < STORE_ATTEMPTS || tries < MAX_WRITE_ATTEMPTS && lease_left()) =>
             {
                 tracing::debug!(error = %err, tries, "retrying a store call");
                 tokio::time::sleep(jitter.jittered(backoff)).await;

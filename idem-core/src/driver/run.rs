@@ -4,8 +4,6 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::time::Instant;
-
 use super::claim::Claim;
 use super::error::{Interrupted, Reason};
 use super::finish::{answer_failure, cannot_write};
@@ -42,17 +40,24 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         } else if let Some(budget) = charged {
             budget.give_back(key.scope());
         }
-        let (lease, deadline, resumed, steps) = match claim? {
+        let (lease, deadline, started, resumed, steps) = match claim? {
             Claim::Won {
                 lease,
                 deadline,
+                settled,
                 resumed,
                 steps,
-            } => (lease, deadline, resumed, steps),
+            } => (lease, deadline, settled, resumed, steps),
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
-                let plain = self.decode(key, &fingerprint, ValuePart::Result, &response)?;
-                let value = W::decode_value(&plain).map_err(Error::Decode)?;
+                // Bytes the codec left as they were are decoded from the store's own
+                // buffer, given up, rather than a copy of it.
+                let decoded = match self.decode(key, &fingerprint, ValuePart::Result, &response)? {
+                    std::borrow::Cow::Owned(plain) => Some(plain),
+                    std::borrow::Cow::Borrowed(_) => None,
+                };
+                let value =
+                    W::decode_value_owned(decoded.unwrap_or(response)).map_err(Error::Decode)?;
                 return Ok(Outcome::Completed {
                     value,
                     replayed: true,
@@ -83,7 +88,6 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             self.settings.jitter.clone(),
             W::SERDE,
         );
-        let started = Instant::now();
         let every = self.settings.heartbeat.interval(self.settings.lease);
         // Boxed: the work's future (a whole handler, for idem-http) would otherwise be
         // part of this one, copied with it at every move and allocated even for replays.

@@ -138,6 +138,15 @@ pub(crate) trait Wire: Send + Sync + 'static {
 
     fn encode_value(value: &Self::Value) -> Result<Vec<u8>, BoxError>;
     fn decode_value(bytes: &[u8]) -> Result<Self::Value, BoxError>;
+    /// [`Wire::encode_value`] of a value given up: a wire whose value is its bytes moves
+    /// them instead of copying.
+    fn encode_value_owned(value: Self::Value) -> Result<Vec<u8>, BoxError> {
+        Self::encode_value(&value)
+    }
+    /// [`Wire::decode_value`] of bytes given up, likewise.
+    fn decode_value_owned(bytes: Vec<u8>) -> Result<Self::Value, BoxError> {
+        Self::decode_value(&bytes)
+    }
     fn encode_failure(failure: &StoredFailure<Self::Failure>) -> Result<Vec<u8>, BoxError>;
     fn decode_failure(bytes: &[u8]) -> Result<StoredFailure<Self::Failure>, BoxError>;
     /// A stored failure's plain bytes with what compensating did added, working on the
@@ -262,6 +271,14 @@ impl Wire for Raw {
 
     fn decode_value(bytes: &[u8]) -> Result<Vec<u8>, BoxError> {
         Ok(bytes.to_vec())
+    }
+
+    fn encode_value_owned(value: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        Ok(value)
+    }
+
+    fn decode_value_owned(bytes: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+        Ok(bytes)
     }
 
     fn encode_failure(failure: &StoredFailure<Vec<u8>>) -> Result<Vec<u8>, BoxError> {

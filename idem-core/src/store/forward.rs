@@ -1,6 +1,8 @@
 //! `Store` and `Admin` through `Arc`, `Box` and references, so that `Arc<dyn Store>` is a
 //! store.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,33 +13,46 @@ use crate::{
     store::ClaimRequest, store::Expiry, store::RenewOutcome, store::WriteOutcome,
 };
 
+/// What an `#[async_trait]` method of `Store` returns.
+type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+// Each method hands on the pointee's boxed future as it is, rather than boxing a future
+// that awaits it: a store call through `Arc<dyn Store>` (the driver's) costs one
+// allocation, not two.
 macro_rules! forward_store {
     ($($pointer:ty),*) => {$(
-        #[async_trait]
         impl<S: Store + ?Sized> Store for $pointer {
-            async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-                (**self).claim(request).await
+            fn claim<'s, 'r, 'f>(&'s self, request: &'r ClaimRequest) -> Answer<'f, ClaimOutcome>
+            where 's: 'f, 'r: 'f, Self: 'f {
+                (**self).claim(request)
             }
-            async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-                (**self).complete(lease, response).await
+            fn complete<'s, 'l, 'v, 'f>(&'s self, lease: &'l Lease, response: &'v [u8]) -> Answer<'f, WriteOutcome>
+            where 's: 'f, 'l: 'f, 'v: 'f, Self: 'f {
+                (**self).complete(lease, response)
             }
-            async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
-                (**self).fail(lease, response).await
+            fn fail<'s, 'l, 'v, 'f>(&'s self, lease: &'l Lease, response: &'v [u8]) -> Answer<'f, WriteOutcome>
+            where 's: 'f, 'l: 'f, 'v: 'f, Self: 'f {
+                (**self).fail(lease, response)
             }
-            async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
-                (**self).release(lease).await
+            fn release<'s, 'l, 'f>(&'s self, lease: &'l Lease) -> Answer<'f, WriteOutcome>
+            where 's: 'f, 'l: 'f, Self: 'f {
+                (**self).release(lease)
             }
-            async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
-                (**self).renew(lease, extend).await
+            fn renew<'s, 'l, 'f>(&'s self, lease: &'l Lease, extend: Duration) -> Answer<'f, RenewOutcome>
+            where 's: 'f, 'l: 'f, Self: 'f {
+                (**self).renew(lease, extend)
             }
-            async fn checkpoint(&self, lease: &Lease, step: &StepName, value: &[u8]) -> Result<WriteOutcome, StoreError> {
-                (**self).checkpoint(lease, step, value).await
+            fn checkpoint<'s, 'l, 'n, 'v, 'f>(&'s self, lease: &'l Lease, step: &'n StepName, value: &'v [u8]) -> Answer<'f, WriteOutcome>
+            where 's: 'f, 'l: 'f, 'n: 'f, 'v: 'f, Self: 'f {
+                (**self).checkpoint(lease, step, value)
             }
-            async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-                (**self).get(key).await
+            fn get<'s, 'k, 'f>(&'s self, key: &'k Key) -> Answer<'f, Option<Record>>
+            where 's: 'f, 'k: 'f, Self: 'f {
+                (**self).get(key)
             }
-            async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-                (**self).purge_expired(limit).await
+            fn purge_expired<'s, 'f>(&'s self, limit: usize) -> Answer<'f, usize>
+            where 's: 'f, Self: 'f {
+                (**self).purge_expired(limit)
             }
             fn expiry(&self) -> Expiry {
                 (**self).expiry()

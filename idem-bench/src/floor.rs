@@ -134,6 +134,13 @@ pub(crate) fn fingerprint_ns(n: usize, rounds: usize) -> f64 {
 pub(crate) struct DriverFloor {
     /// The store alone: one claim and one completion, requests built beforehand.
     pub(crate) store_pair_ns: f64,
+    /// The store alone: one claim of a completed key.
+    pub(crate) store_replay_ns: f64,
+    /// What the driver adds to the store's calls for a new key: `fresh_ns` less
+    /// `store_pair_ns`.
+    pub(crate) own_fresh_ns: f64,
+    /// What the driver adds for a replay: `replay_ns` less `store_replay_ns`.
+    pub(crate) own_replay_ns: f64,
     /// `execute` of a new key, its work returning the typed receipt (serde_json).
     pub(crate) fresh_ns: f64,
     /// `execute` of a completed key: the typed receipt decoded from the store's bytes.
@@ -151,7 +158,11 @@ struct Receipt {
 }
 
 /// The driver's floor: `n` keys built before the clock starts, executed fresh and then
-/// replayed, typed and as bytes, each on a new store, median of `rounds`.
+/// replayed, typed and as bytes, each on a new store, median of `rounds`. In the same
+/// rounds, the store alone does the same calls on the same keys from a new store (the
+/// claims the driver would send, built beforehand), so what the driver adds is the
+/// difference of two runs made alike: the map's growth, the allocator's state and the
+/// keys are the same on both sides.
 pub(crate) fn driver(n: usize, rounds: usize) -> Result<DriverFloor, BoxError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -160,10 +171,34 @@ pub(crate) fn driver(n: usize, rounds: usize) -> Result<DriverFloor, BoxError> {
     let keys: Vec<Key> = (0..n)
         .map(|i| Key::new("bench/checkout", format!("k{i}")))
         .collect::<Result<_, _>>()?;
+    let settings = Idempotency::new(MemoryStore::new());
+    let claims: Vec<ClaimRequest> = keys
+        .iter()
+        .map(|key| {
+            ClaimRequest::new(
+                key.clone(),
+                fingerprint,
+                settings.lease(),
+                settings.retention(),
+            )
+        })
+        .collect();
     let per_op = |started: Instant| started.elapsed().as_secs_f64() * 1e9 / n.max(1) as f64;
-    let mut runs: [Vec<f64>; 4] = Default::default();
+    let mut runs: [Vec<f64>; 6] = Default::default();
     for _ in 0..rounds.max(1) {
         runtime.block_on(async {
+            let store = MemoryStore::new();
+            let started = Instant::now();
+            pairs(&store, &claims).await?;
+            runs[4].push(per_op(started));
+            let started = Instant::now();
+            for claim in &claims {
+                let ClaimOutcome::Replay { .. } = store.claim(claim).await? else {
+                    return Err::<(), BoxError>("a completed key was not replayed".into());
+                };
+            }
+            runs[5].push(per_op(started));
+            drop(store);
             let typed = Idempotency::new(MemoryStore::new());
             for replay in [false, true] {
                 let started = Instant::now();
@@ -204,11 +239,23 @@ pub(crate) fn driver(n: usize, rounds: usize) -> Result<DriverFloor, BoxError> {
             Ok(())
         })?;
     }
-    let [fresh, replay, fresh_bytes, replay_bytes] = runs;
+    let [
+        fresh,
+        replay,
+        fresh_bytes,
+        replay_bytes,
+        pair,
+        replayed_claim,
+    ] = runs;
+    let (fresh, replay) = (median(fresh), median(replay));
+    let (store_pair_ns, store_replay_ns) = (median(pair), median(replayed_claim));
     Ok(DriverFloor {
-        store_pair_ns: 1e9 / one_core(n, rounds)?,
-        fresh_ns: median(fresh),
-        replay_ns: median(replay),
+        store_pair_ns,
+        store_replay_ns,
+        own_fresh_ns: fresh - store_pair_ns,
+        own_replay_ns: replay - store_replay_ns,
+        fresh_ns: fresh,
+        replay_ns: replay,
         fresh_bytes_ns: median(fresh_bytes),
         replay_bytes_ns: median(replay_bytes),
     })

@@ -1,8 +1,9 @@
 //! The memory store's own floor: claim-and-complete pairs per second at the Store level,
 //! on one core, and with 16 tasks on different keys over every core; and the driver's
-//! cost per `execute` on the same store and core, typed and as bytes, so that what the
-//! driver adds to the store is a figure of its own rather than a difference of two noisy
-//! throughputs.
+//! cost per `execute` on the same store and core, typed and as bytes, beside the store
+//! alone making the same calls in the same rounds, so that what the driver adds is the
+//! difference of two timed loops made alike rather than of two noisy throughputs (still a
+//! difference of medians: a noisy run can read a little high or low).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,7 +133,9 @@ pub(crate) fn fingerprint_ns(n: usize, rounds: usize) -> f64 {
 /// Nanoseconds per `execute` on the memory store on one core (medians of the rounds).
 #[derive(Clone, Copy, Debug, Serialize)]
 pub(crate) struct DriverFloor {
-    /// The store alone: one claim and one completion, requests built beforehand.
+    /// The store alone: one claim and one completion of the requests the driver sends,
+    /// built beforehand, from a new store in the driver's own rounds (reports before this
+    /// field's neighbours existed measured it on a warmed store with other keys).
     pub(crate) store_pair_ns: f64,
     /// The store alone: one claim of a completed key.
     pub(crate) store_replay_ns: f64,

@@ -619,3 +619,58 @@ async fn works_through_a_shared_dyn_store() {
     let stored: Receipt = serde_json::from_slice(record.response.as_deref().unwrap()).unwrap();
     assert_eq!(stored.charge_id, "ch_1");
 }
+
+/// A codec that frames each value behind a version byte and reads it back as a part of
+/// the stored bytes (borrowed, not copied): what a compressing or key-tagging codec does.
+#[derive(Debug)]
+struct Framed;
+
+impl idem_core::Codec for Framed {
+    fn encode(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, idem_core::codec::CodecError> {
+        Ok([&[1u8][..], &plain].concat())
+    }
+
+    fn decode<'a>(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, idem_core::codec::CodecError> {
+        Ok(std::borrow::Cow::Borrowed(
+            stored.get(1..).unwrap_or_default(),
+        ))
+    }
+}
+
+#[tokio::test]
+async fn a_codec_that_borrows_part_of_the_stored_bytes_replays_the_value_alone() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .codec(Framed)
+        .build()
+        .unwrap();
+    let bytes_key = Key::new("acct_42/webhooks", "framed-bytes").unwrap();
+    for replayed in [false, true] {
+        let outcome = idem
+            .execute_bytes(&bytes_key, Fingerprint::of_bytes("evt"), |_ctx| async {
+                Ok::<_, WorkError<Vec<u8>>>(b"raw answer".to_vec())
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome.replayed(), replayed);
+        assert_eq!(outcome.into_result(), Ok(b"raw answer".to_vec()));
+    }
+    let typed_key = Key::new("acct_42/payments.create", "framed-typed").unwrap();
+    for replayed in [false, true] {
+        let outcome = idem
+            .execute(&typed_key, Fingerprint::of_bytes("req"), |_ctx| async {
+                Ok::<_, WorkError<()>>("ch_1".to_owned())
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome.replayed(), replayed);
+        assert_eq!(outcome.into_result(), Ok("ch_1".to_owned()));
+    }
+}

@@ -33,8 +33,8 @@ struct Inner {
     /// The lease's key, which no renewal changes: read without a lock.
     key: Key,
     held: Mutex<Held>,
-    /// How much earlier than the lease's end on this process's clock (`Held::deadline`) the owner stops starting effects (see
-    /// `policy::LOCAL_EXPIRY_FRACTION`).
+    /// How much earlier than the lease's end on this process's clock (`Held::deadline`)
+    /// the owner stops starting effects (see `policy::LOCAL_EXPIRY_FRACTION`).
     lease_margin: std::time::Duration,
     fingerprint: Fingerprint,
     resumed: bool,

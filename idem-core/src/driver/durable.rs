@@ -138,8 +138,9 @@ impl<T: Send + 'static> Drop for Survive<T> {
             match runtime {
                 // On a runtime shutting down, the task is dropped at once, as it would be
                 // had it been spawned before.
-                // Dropped from within `execute`'s span (an instrumented future enters its
-                // span while it drops what it holds): the task goes on in it.
+                // The task goes on in the span current where it was dropped: `execute`'s
+                // when a caller drops `execute` (an instrumented future enters its span
+                // while it drops what it holds).
                 Some(runtime) => drop(runtime.spawn(tracing::Instrument::in_current_span(work))),
                 // Never polled on a runtime, and dropped outside one: nothing can run it.
                 None => tracing::warn!(

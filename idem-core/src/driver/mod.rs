@@ -353,9 +353,9 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             key = %key.short_hash(),
             outcome = tracing::field::Empty,
         );
-        // Boxed: `execute`'s future is then a pointer and a span, which every caller's
-        // future holds and moves instead of the whole execution's state (measured: a
-        // replay is cheaper by more than the allocation costs).
+        // Boxed: `execute`'s future then holds its arguments, a pointer and the span,
+        // which every caller's future holds and moves, instead of the whole execution's
+        // state (measured: a replay is cheaper by more than the allocation costs).
         let result = Box::pin(self.run::<W, F, Fut>(key, fingerprint, work))
             .instrument(span.clone())
             .await;

@@ -50,11 +50,18 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             } => (lease, deadline, settled, resumed, steps),
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
-                // Bytes the codec left as they were are decoded from the store's own
-                // buffer, given up, rather than a copy of it.
+                // The stored bytes whole, as the codec left them, are decoded from the
+                // store's own buffer, given up, rather than a copy of it; a part of them
+                // (a codec that strips a frame) is copied.
                 let decoded = match self.decode(key, &fingerprint, ValuePart::Result, &response)? {
                     std::borrow::Cow::Owned(plain) => Some(plain),
-                    std::borrow::Cow::Borrowed(_) => None,
+                    std::borrow::Cow::Borrowed(plain)
+                        if std::ptr::eq(plain.as_ptr(), response.as_ptr())
+                            && plain.len() == response.len() =>
+                    {
+                        None
+                    }
+                    std::borrow::Cow::Borrowed(plain) => Some(plain.to_vec()),
                 };
                 let value =
                     W::decode_value_owned(decoded.unwrap_or(response)).map_err(Error::Decode)?;

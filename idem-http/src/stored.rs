@@ -291,6 +291,46 @@ mod tests {
         assert!(StoredResponse::decode(&longer).is_err());
     }
 
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// The stored format, byte for byte: records written by an earlier build must read
+    /// the same after an upgrade, so any change to the format shows here first.
+    #[test]
+    fn the_format_is_pinned_byte_for_byte() {
+        let mut headers = HeaderMap::new();
+        headers.append("link", HeaderValue::from_static("<a>"));
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("link", HeaderValue::from_static("<b>"));
+        let stored = StoredResponse::new(StatusCode::CREATED, headers, Bytes::from_static(b"{}"));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let with_trailers = stored.clone().with_trailers(trailers);
+        let too_large = StoredResponse::without_body(StatusCode::OK, HeaderMap::new());
+        assert_eq!(
+            [
+                hex(&stored.encode()),
+                hex(&with_trailers.encode()),
+                hex(&too_large.encode())
+            ],
+            [
+                // "IDH", version 2, not too large, 201, three fields (link twice, then
+                // content-type: a name's values stay together), the body's length, "{}".
+                "494448020000c9000300046c696e6b000000033c613e00046c696e6b000000033c623e000c\
+                 636f6e74656e742d74797065000000106170706c69636174696f6e2f6a736f6e000000000000\
+                 00027b7d",
+                // Version 3: the same, then one trailer field, grpc-status: 0.
+                "494448030000c9000300046c696e6b000000033c613e00046c696e6b000000033c623e000c\
+                 636f6e74656e742d74797065000000106170706c69636174696f6e2f6a736f6e000000000000\
+                 00027b7d0001000b677270632d7374617475730000000130",
+                // Version 2, too large, 200, no fields, an empty body.
+                "494448020100c800000000000000000000",
+            ]
+            .map(String::from)
+        );
+    }
+
     #[test]
     fn every_byte_and_repeated_headers_survive() {
         let mut headers = HeaderMap::new();

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context as TaskContext, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::response::Parts as ResponseParts;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body::Frame;
@@ -22,7 +22,7 @@ use crate::key_header::{self, KeyHeaderError};
 use crate::layer::{Config, KeyRequirement};
 use crate::observe::{self, Answer};
 use crate::problem::full;
-use crate::request_read::{RequestBody, concat, read_body, read_grpc_body};
+use crate::request_read::{RequestBody, read_body, read_grpc_body};
 use crate::stored::StoredResponse;
 use crate::streaming::{FRAMES_IN_FLIGHT, FrameSender, Frames, Streaming, Tail};
 
@@ -807,13 +807,21 @@ impl Read {
         self.frames.push(frame);
     }
 
+    /// The data frames as one: the frame itself when there is one (most handlers
+    /// answer a whole body at once), without a list of them on the way.
     fn data(&self) -> Bytes {
-        concat(
-            self.frames
-                .iter()
-                .filter_map(|frame| frame.data_ref().cloned())
-                .collect(),
-        )
+        let mut chunks = self.frames.iter().filter_map(Frame::data_ref);
+        let Some(first) = chunks.next() else {
+            return Bytes::new();
+        };
+        let Some(second) = chunks.next() else {
+            return first.clone();
+        };
+        let mut all = BytesMut::with_capacity(self.size);
+        all.extend_from_slice(first);
+        all.extend_from_slice(second);
+        chunks.for_each(|chunk| all.extend_from_slice(chunk));
+        all.freeze()
     }
 }
 
@@ -1125,19 +1133,17 @@ fn stored(
         .filter(|(name, _)| !crate::layer::is_hop_by_hop(name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
-    let without_body = || {
-        StoredResponse::without_body(status, headers.clone())
-            .with_trailers(trailers.clone())
-            .encode()
-    };
     if !whole || read.size > room {
-        return without_body();
+        return StoredResponse::without_body(status, headers)
+            .with_trailers(trailers)
+            .encode();
     }
-    let bytes = StoredResponse::new(status, headers.clone(), read.data())
-        .with_trailers(trailers.clone())
-        .encode();
+    let response = StoredResponse::new(status, headers, read.data()).with_trailers(trailers);
+    let bytes = response.encode();
     if !ctx.fits_response(&bytes) {
-        return without_body();
+        return StoredResponse::without_body(status, response.headers)
+            .with_trailers(response.trailers)
+            .encode();
     }
     bytes
 }

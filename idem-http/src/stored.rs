@@ -99,9 +99,10 @@ impl Reader {
     }
 
     /// A count, then that many fields (headers or trailers).
-    fn fields(&mut self) -> Result<HeaderMap, DecodeError> {
+    /// The fields, in a map with `room` for more (a replay adds `idempotent-replayed`).
+    fn fields(&mut self, room: usize) -> Result<HeaderMap, DecodeError> {
         let count = self.u16("no header count")?;
-        let mut fields = HeaderMap::with_capacity(usize::from(count));
+        let mut fields = HeaderMap::with_capacity(usize::from(count) + room);
         for _ in 0..count {
             let name_len = self.u16("a truncated header")?;
             let name =
@@ -120,15 +121,16 @@ impl Reader {
 /// 4 GiB each in practice, and the encoding refuses to go wrong if one ever does, by
 /// dropping what does not fit.
 fn write_fields(out: &mut Vec<u8>, map: &HeaderMap) {
-    let fields: Vec<_> = map
-        .iter()
-        .filter(|(name, value)| {
-            name.as_str().len() <= usize::from(u16::MAX) && u32::try_from(value.len()).is_ok()
-        })
-        .take(usize::from(u16::MAX))
-        .collect();
-    out.extend_from_slice(&(fields.len() as u16).to_be_bytes());
-    for (name, value) in fields {
+    // Counted, then written, by two passes over the same fields: no list of them is kept.
+    let fields = || {
+        map.iter()
+            .filter(|(name, value)| {
+                name.as_str().len() <= usize::from(u16::MAX) && u32::try_from(value.len()).is_ok()
+            })
+            .take(usize::from(u16::MAX))
+    };
+    out.extend_from_slice(&(fields().count() as u16).to_be_bytes());
+    for (name, value) in fields() {
         out.extend_from_slice(&(name.as_str().len() as u16).to_be_bytes());
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(&(value.len() as u32).to_be_bytes());
@@ -185,9 +187,13 @@ impl StoredResponse {
                 .map(|(name, value)| 6 + name.as_str().len() + value.len())
                 .sum()
         };
-        let mut out =
-            Vec::with_capacity(12 + size(&self.headers) + self.body.len() + size(&self.trailers));
         let trailers = !self.trailers.is_empty();
+        // The magic (4), the flags (1), the status (2), the header count (2) and the body's
+        // length (8); with trailers, their count (2).
+        let fixed = 17 + if trailers { 2 } else { 0 };
+        let mut out = Vec::with_capacity(
+            fixed + size(&self.headers) + self.body.len() + size(&self.trailers),
+        );
         out.extend_from_slice(if trailers { MAGIC_V3 } else { MAGIC });
         out.push(if self.body_too_large { TOO_LARGE } else { 0 });
         out.extend_from_slice(&self.status.as_u16().to_be_bytes());
@@ -240,7 +246,7 @@ impl StoredResponse {
         let flags = reader.take(1, "no flags")?[0];
         let status = StatusCode::from_u16(reader.u16("no status")?)
             .map_err(|_| corrupt("an invalid status code"))?;
-        let headers = reader.fields()?;
+        let headers = reader.fields(1)?;
         let body = if sized {
             let length = reader.take(8, "no body length")?;
             let length = u64::from_be_bytes(length[..].try_into().unwrap_or([0xff; 8]));
@@ -251,7 +257,7 @@ impl StoredResponse {
             std::mem::take(&mut reader.0)
         };
         let trailers = if with_trailers {
-            reader.fields()?
+            reader.fields(0)?
         } else {
             HeaderMap::new()
         };

@@ -60,14 +60,16 @@
 //!
 //! ## Where things live
 //!
-//! - `consumer.rs`: [`Consumer`] and its settle table; `settled.rs`: [`Settled`],
-//!   [`Cause`]; `backoff.rs`: [`Backoff`].
+//! - `consumer/`: [`Consumer`] and its settings (`mod.rs`), handling a delivery or a
+//!   batch (`handle.rs`), the settle table (`decision.rs`), in-progress marks
+//!   (`progress.rs`); `settled.rs`: [`Settled`], [`Cause`]; `backoff.rs`: [`Backoff`].
 //! - `message.rs`: [`Message`], [`DeadLetterReason`], [`SettleError`].
 //! - `run.rs`: [`Consumer::run`], the loop with graceful shutdown, over a [`Source`].
 //! - `trace.rs`: the span a delivery is handled in, with its W3C trace context.
-//! - `schedule.rs`: [`ScheduledJob`].
-//! - `nats.rs`, `rabbitmq.rs`, `redis.rs`, `sqs.rs`: the adapters; `lambda.rs`: Lambda's
-//!   SQS events.
+//! - `schedule/`: [`ScheduledJob`] and its settings (`mod.rs`), slot times and keys
+//!   (`slots.rs`), running slots (`run.rs`).
+//! - `nats.rs`, `rabbitmq/`, `redis.rs`, `sqs.rs`: the adapters (`rabbitmq/mod.rs` lists
+//!   its files); `lambda.rs`: Lambda's SQS events.
 //!
 //! [`Idempotency::execute`]: idem_core::Idempotency::execute
 //! [`Context::prepare_completion`]: idem_core::Context::prepare_completion

@@ -63,9 +63,16 @@
 //! - `suite.rs`: [`Suite`], [`Case`], the macros' engine; `admin_suite.rs` the admin side.
 //! - `capabilities.rs`: [`Capabilities`], what differs between stores.
 //! - `model.rs`: the model-based run against `idem_core::machine`.
-//! - [`explore`]: the fault-point explorer.
+//! - [`explore`]: the fault-point explorer. `faults.rs` names the faults, with
+//!   `faults/world.rs` (what one run shares) and `faults/process_store.rs` (the store
+//!   handle that injects them); `scenarios.rs` names the scenarios, with
+//!   `scenarios/work.rs` (the work each runs) and `scenarios/probe.rs` (what the work
+//!   records with); `check.rs` runs the checks after a run, reading the ledger through
+//!   `check/lifetimes.rs` and `check/leases.rs`, with a file per kind of check in
+//!   `check/` (`grants`, `effects`, `results`, `compensation`).
 //! - [`linearizability`]: the workload that records concurrent histories and the checker
-//!   that explains them (`workload.rs`, `history.rs`, `checker.rs`).
+//!   that explains them (`workload.rs`, `history.rs`, `checker.rs`: the search, with
+//!   `checker/nodes.rs`, `checker/moves.rs` and `checker/answers.rs`).
 //! - `races.rs`: [`execute_races`]; `services.rs`: [`service_url`]; `foreign.rs`: records
 //!   idem did not write; `fuzz.rs`, `namespace.rs`, `quiet.rs`, `support.rs`: helpers.
 
@@ -74,6 +81,8 @@
 mod admin_suite;
 mod capabilities;
 mod cases;
+#[cfg(test)]
+mod contract_docs;
 pub mod explore;
 mod foreign;
 mod fuzz;

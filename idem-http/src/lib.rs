@@ -169,13 +169,19 @@
 //!
 //! ## Where things live
 //!
-//! - `layer.rs`: [`IdempotencyLayer`] and its settings; `service.rs`: the service it
-//!   builds, one request from its header to its answer; `streaming.rs`: a response
-//!   streamed while its record is finished; `handlers.rs`: the handlers that outlived
-//!   their request; `answer.rs`: the driver's answer as a response or a problem.
-//! - `key_header.rs`: reading `Idempotency-Key`; `request_fingerprint.rs`: what makes two
-//!   requests the same; `request_body.rs`: a compressed or multipart body by what it says;
-//!   `request_read.rs`: a protected request's body read whole, a gRPC call's one
+//! - `layer/`: [`IdempotencyLayer`] and its settings (`config.rs`: the settings every
+//!   service of a layer shares); `service/`: the service it builds, one request from its
+//!   header to its answer (`request.rs`: up to the claim, or refused or passed on;
+//!   `protected.rs`: the claim and the answer sent; `handler_response.rs`: the handler's
+//!   response streamed and stored; `failures.rs`: a failed or shed handler's answer);
+//!   `streaming.rs`: a response streamed while its record is finished; `handlers.rs`: the
+//!   handlers that outlived their request; `answer.rs`: the driver's answer as a response
+//!   or a problem.
+//! - `key_header.rs`: reading `Idempotency-Key`; `request_fingerprint/`: what makes two
+//!   requests the same (`json_parser.rs` and `json_canonical.rs`: JSON bodies;
+//!   `urlencoded.rs`: queries and forms; `mod.rs`: the whole fingerprint; `tests/`: its
+//!   tests by the same parts); `request_body.rs`: a compressed or multipart body by what
+//!   it says; `request_read.rs`: a protected request's body read whole, a gRPC call's one
 //!   message; `disposition.rs` and `grpc.rs`: what becomes of a response;
 //!   `stored.rs`: how a response is stored; `problem.rs`: the problem documents;
 //!   `body.rs`: the body type.
@@ -202,7 +208,7 @@
 //! | middleware | place it | why |
 //! |---|---|---|
 //! | authentication | outside | the scope is built from the principal it verified; inside, there is no principal yet and every caller shares one scope ([`scope`] module; `handlers.rs`) |
-//! | routing | `Router::route_layer` (or the layer inside `nest`, or on the outer router) | scopes and fingerprints use the path the outermost router received ([`scope::path`]), so nested routes never share answers; a request no route matched answers as without the layer (`routers.rs`, `traffic.rs`) |
+//! | routing | `Router::route_layer` (or the layer inside `nest`, or on the outer router) | scopes and fingerprints use the path the outermost router received ([`scope::path`]), so nested routes never share answers; a request no route matched answers as without the layer (`routers.rs`, `traffic/answers.rs`) |
 //! | load shedding, concurrency limits | inside | the layer waits for the inner service's readiness; a request `LoadShed` refuses never ran, so its key is released and the client gets 503 with `Retry-After` (`composition.rs`). A shedder outside never lets the request reach the layer, which is safe too |
 //! | timeouts | outside | a timeout outside drops the layer's future: the handler finishes in a task of its own and stores its answer for the retry. Inside, it cuts the handler off, perhaps after its effect: the key is held for a lease, whatever status the timeout answers (408 included) (`composition.rs`) |
 //! | response compression | outside | the answer is stored plain and compressed per try, as each retry's `Accept-Encoding` says; inside, the first try's encoding is stored and replayed to every retry (`composition.rs`) |

@@ -1,7 +1,7 @@
 //! The layer composed with the middlewares real services stack around it and inside it,
 //! each placement on a real axum router over 127.0.0.1: load shedding, timeouts, request
 //! ids, compression (of answers and of requests), and a body that is always ready after
-//! its client left. Auth is in `handlers.rs`, routing in `routers.rs` and `traffic.rs`,
+//! its client left. Auth is in `handlers.rs`, routing in `routers.rs` and `traffic/`,
 //! client retries in idem-client's tests.
 
 mod common;

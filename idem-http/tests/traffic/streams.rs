@@ -1,0 +1,355 @@
+//! Streamed answers: streams that end at once or never, gRPC streams kept by their
+//! status, and streams whose client left.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::post as route_post;
+use http::{HeaderValue, Response};
+use idem_http::BODY_NOT_STORED_HEADER;
+
+use crate::common::{self, Server, client, layer, post};
+use crate::support::{finished_after_leaving, idem, impatient, read_one_chunk_and_leave};
+
+/// A body that is not ready when first polled (so the layer streams it), then gives its
+/// frames at once.
+struct Staggered {
+    woke: bool,
+    frames: std::collections::VecDeque<http_body::Frame<bytes::Bytes>>,
+}
+
+impl Staggered {
+    fn new(frames: Vec<http_body::Frame<bytes::Bytes>>) -> Self {
+        Self {
+            woke: false,
+            frames: frames.into(),
+        }
+    }
+}
+
+impl http_body::Body for Staggered {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        if !self.woke {
+            self.woke = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+}
+
+fn chunk(byte: u8, len: usize) -> http_body::Frame<bytes::Bytes> {
+    http_body::Frame::data(bytes::Bytes::from(vec![byte; len]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_ends_as_soon_as_it_starts_reaches_the_client_and_is_kept() {
+    // The head goes out and the work ends in the same poll: the frames already sent
+    // still reach the client, and the record keeps them.
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/reports",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    let body =
+                        Staggered::new(vec![chunk(b'a', 10), chunk(b'b', 10), chunk(b'c', 10)]);
+                    Response::new(axum::body::Body::new(body))
+                }
+            }),
+        )
+        .layer(layer(idem(Duration::from_secs(30))));
+    let server = Server::start(app).await;
+    let url = server.url("/reports");
+    let first = post(&client(), &url, Some("k-s"), "{}", &[]).await;
+    let expected: Vec<u8> = [b'a', b'b', b'c']
+        .iter()
+        .flat_map(|b| vec![*b; 10])
+        .collect();
+    assert_eq!((first.status, first.body.to_vec()), (200, expected.clone()));
+    let again = post(&client(), &url, Some("k-s"), "{}", &[]).await;
+    assert!(again.replayed());
+    assert_eq!(again.body.to_vec(), expected);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+fn grpc_stream(status: &'static str) -> Response<axum::body::Body> {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static(status));
+    let body = Staggered::new(vec![
+        chunk(b'x', 1000),
+        chunk(b'y', 1000),
+        chunk(b'z', 1000),
+        http_body::Frame::trailers(trailers),
+    ]);
+    let mut response = Response::new(axum::body::Body::new(body));
+    response
+        .headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
+    response
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_grpc_stream_is_kept_or_held_by_the_status_in_its_trailers() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let app = Router::new()
+        .route(
+            "/svc/Call",
+            route_post(move |headers: http::HeaderMap| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let status = if headers.contains_key("x-fail") {
+                    "14"
+                } else {
+                    "0"
+                };
+                async move { grpc_stream(status) }
+            }),
+        )
+        .layer(layer(idem(Duration::from_secs(30))).max_response_body(1500));
+    let server = Server::start(app).await;
+    let url = server.url("/svc/Call");
+    // UNAVAILABLE after 3000 bytes: the call may have had its effect, the key is held.
+    let failed = post(&client(), &url, Some("k-fail"), "{}", &[("x-fail", "1")]).await;
+    assert_eq!(failed.body.len(), 3000, "the first client gets it whole");
+    let retry = post(&client(), &url, Some("k-fail"), "{}", &[("x-fail", "1")]).await;
+    assert_eq!(retry.status, 409, "held, not kept as done: {retry:?}");
+    // OK after 3000 bytes: kept without the body.
+    let ok = post(&client(), &url, Some("k-ok"), "{}", &[]).await;
+    assert_eq!(ok.body.len(), 3000);
+    let replay = post(&client(), &url, Some("k-ok"), "{}", &[]).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.header(BODY_NOT_STORED_HEADER), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_stream_whose_client_left_finishes_its_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = layer(idem(Duration::from_millis(500)));
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/events",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    let ticks = futures_util::stream::unfold(0u64, |n| async move {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        Some((
+                            Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from(
+                                format!("data: {n}\n\n"),
+                            ))),
+                            n + 1,
+                        ))
+                    });
+                    let mut response = Response::new(axum::body::Body::new(
+                        http_body_util::StreamBody::new(ticks),
+                    ));
+                    response.headers_mut().insert(
+                        "content-type",
+                        HeaderValue::from_static("text/event-stream"),
+                    );
+                    response
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/events");
+    read_one_chunk_and_leave(&url, "k-endless").await;
+    // Well under the limit, and never ending: once nobody reads, the key is finished.
+    let mut finished = None;
+    for _ in 0..200 {
+        let answer = post(&client(), &url, Some("k-endless"), "{}", &[]).await;
+        if answer.status != 409 {
+            finished = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let finished = finished.expect("the key is finished after the client left");
+    assert_eq!(finished.status, 200);
+    assert!(finished.replayed());
+    assert_eq!(finished.header(BODY_NOT_STORED_HEADER), Some("true"));
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("no handler runs on for ever");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// A streamed body: each chunk after a pause, then its end.
+fn paced(chunks: &'static [&'static str], pause: Duration) -> axum::body::Body {
+    let frames = futures_util::stream::unfold(0usize, move |i| async move {
+        let chunk = chunks.get(i)?;
+        tokio::time::sleep(pause).await;
+        Some((
+            Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from_static(
+                chunk.as_bytes(),
+            ))),
+            i + 1,
+        ))
+    });
+    axum::body::Body::new(http_body_util::StreamBody::new(frames))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_client_left_before_it_began_is_kept_whole() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = layer(idem(Duration::from_secs(30)));
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/batches",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    Response::new(paced(
+                        &["payout 1\n", "payout 2\n"],
+                        Duration::from_millis(10),
+                    ))
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/batches");
+    let impatient = impatient(Duration::from_millis(150));
+    assert!(
+        common::post_with(&impatient, &url, Some("k-batch"), "{}", &[])
+            .await
+            .is_err()
+    );
+    finished_after_leaving(&handlers).await;
+    let retry = post(&client(), &url, Some("k-batch"), "{}", &[]).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(
+        &retry.body[..],
+        b"payout 1\npayout 2\n",
+        "the whole stream was kept"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_longer_than_its_content_length_says_is_kept_whole() {
+    // hyper stops reading a body once its Content-Length is sent; that is not a client
+    // going away.
+    let app = Router::new()
+        .route(
+            "/sized",
+            route_post(|| async {
+                let mut response =
+                    Response::new(paced(&["abc", "def", ""], Duration::from_millis(10)));
+                response
+                    .headers_mut()
+                    .insert("content-length", HeaderValue::from_static("6"));
+                response
+            }),
+        )
+        .layer(layer(idem(Duration::from_secs(30))));
+    let server = Server::start(app).await;
+    let url = server.url("/sized");
+    let first = post(&client(), &url, Some("k-len"), "{}", &[]).await;
+    assert_eq!(&first.body[..], b"abcdef");
+    let mut replay = None;
+    for _ in 0..200 {
+        let answer = post(&client(), &url, Some("k-len"), "{}", &[]).await;
+        if answer.status != 409 {
+            replay = Some(answer);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let replay = replay.expect("the record is finished");
+    assert!(replay.replayed());
+    assert_eq!(&replay.body[..], b"abcdef", "{replay:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_stream_whose_client_left_is_kept_by_its_status_not_run_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = layer(idem(Duration::from_millis(500)));
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/svc/Call",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    grpc_stream("0")
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/svc/Call");
+    let impatient = impatient(Duration::from_millis(150));
+    assert!(
+        common::post_with(&impatient, &url, Some("k-rpc"), "{}", &[])
+            .await
+            .is_err()
+    );
+    finished_after_leaving(&handlers).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // past the lease
+    let retry = post(&client(), &url, Some("k-rpc"), "{}", &[]).await;
+    assert!(retry.replayed(), "kept by its grpc-status: {retry:?}");
+    assert_eq!(retry.body.len(), 3000);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_stream_whose_client_left_finishes_its_key_within_a_lease() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    let layer = layer(idem(Duration::from_millis(500)));
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/events",
+            route_post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    // One event, then nothing, for ever (a long poll, a rare event).
+                    let once = futures_util::stream::once(async {
+                        Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from_static(
+                            b"data: 1\n\n",
+                        )))
+                    });
+                    let quiet =
+                        futures_util::StreamExt::chain(once, futures_util::stream::pending());
+                    Response::new(axum::body::Body::new(http_body_util::StreamBody::new(
+                        quiet,
+                    )))
+                }
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/events");
+    read_one_chunk_and_leave(&url, "k-quiet").await;
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("a quiet stream does not hold its key for ever");
+    let retry = post(&client(), &url, Some("k-quiet"), "{}", &[]).await;
+    assert_eq!(retry.status, 200, "{retry:?}");
+    assert_eq!(retry.header(BODY_NOT_STORED_HEADER), Some("true"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -29,6 +29,8 @@ const MAGIC_V3: &[u8; 4] = b"IDH\x03";
 /// The first version, without a body length.
 const MAGIC_V1: &[u8; 4] = b"IDH\x01";
 const TOO_LARGE: u8 = 1;
+/// The most fields a decoded map is sized for up front; real responses carry a few dozen.
+const MAX_PRESIZED_FIELDS: usize = 256;
 
 /// A response as the layer stores and replays it.
 ///
@@ -102,7 +104,14 @@ impl Reader {
     /// The fields, in a map with `room` for more (a replay adds `idempotent-replayed`).
     fn fields(&mut self, room: usize) -> Result<HeaderMap, DecodeError> {
         let count = self.u16("no header count")?;
-        let mut fields = HeaderMap::with_capacity(usize::from(count) + room);
+        // Sized by what the bytes left can hold, and capped: a damaged count must not
+        // allocate (nor overflow the map's size limit, which panics) before the fields
+        // are read. A field takes at least 7 bytes; the map grows past the cap if needed.
+        let room_for = (self.0.len() / 7)
+            .min(usize::from(count))
+            .min(MAX_PRESIZED_FIELDS);
+        let mut fields = HeaderMap::try_with_capacity(room_for + room)
+            .map_err(|_| corrupt("more headers than a header map holds"))?;
         for _ in 0..count {
             let name_len = self.u16("a truncated header")?;
             let name =
@@ -111,7 +120,9 @@ impl Reader {
             let value_len = self.u32("a truncated header")? as usize;
             let value = HeaderValue::from_maybe_shared(self.take(value_len, "a truncated header")?)
                 .map_err(|_| corrupt("an invalid header value"))?;
-            fields.append(name, value);
+            fields
+                .try_append(name, value)
+                .map_err(|_| corrupt("more headers than a header map holds"))?;
         }
         Ok(fields)
     }
@@ -337,6 +348,77 @@ mod tests {
         );
     }
 
+    fn unhex(hex: &str) -> Vec<u8> {
+        (0..hex.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&hex[at..at + 2], 16).expect("hex"))
+            .collect()
+    }
+
+    /// Records as earlier builds wrote them, literally, read back: version 1 (no body
+    /// length), version 2 with a non-UTF-8 and an empty value, and version 3 too large
+    /// with trailers (a gRPC answer whose body was not kept).
+    #[test]
+    fn records_written_before_read_back_the_same() {
+        // Version 1: 201, location: /p/7, then the body to the end.
+        let v1 = unhex("494448010000c9000100086c6f636174696f6e000000042f702f376f6b");
+        let mut headers = HeaderMap::new();
+        headers.insert("location", HeaderValue::from_static("/p/7"));
+        assert_eq!(
+            StoredResponse::decode(&v1).unwrap(),
+            StoredResponse::new(StatusCode::CREATED, headers, Bytes::from_static(b"ok"))
+        );
+        // Version 2: 200, x-raw: 0xe9 (Latin-1, not UTF-8), x-empty: "", no body.
+        let v2 = unhex(
+            "494448020000c800020005782d72617700000001e90007782d656d707479000000000000000000000000",
+        );
+        let mut headers = HeaderMap::new();
+        headers.insert("x-raw", HeaderValue::from_bytes(b"\xe9").unwrap());
+        headers.insert("x-empty", HeaderValue::from_static(""));
+        let expected = StoredResponse::new(StatusCode::OK, headers, Bytes::new());
+        assert_eq!(StoredResponse::decode(&v2).unwrap(), expected);
+        assert_eq!(expected.encode(), v2, "and written the same way today");
+        // Version 3, too large: 200, no fields, an empty body, then grpc-status: 0.
+        let v3 =
+            unhex("494448030100c8000000000000000000000001000b677270632d7374617475730000000130");
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let expected =
+            StoredResponse::without_body(StatusCode::OK, HeaderMap::new()).with_trailers(trailers);
+        assert_eq!(StoredResponse::decode(&v3).unwrap(), expected);
+        assert_eq!(expected.encode(), v3, "and written the same way today");
+    }
+
+    /// A damaged header count must be a `DecodeError`: sizing the map by it would
+    /// allocate for it, or panic past the map's size limit (a count from 24 576 on),
+    /// before a single field is read.
+    #[test]
+    fn a_header_count_no_map_can_hold_is_an_error_never_a_panic() {
+        for count in [24_575u16, 24_576, 24_577, u16::MAX] {
+            let mut headers_only = b"IDH\x02\x00\x00\xc8".to_vec();
+            headers_only.extend_from_slice(&count.to_be_bytes());
+            let decoded = std::panic::catch_unwind(|| StoredResponse::decode(&headers_only));
+            assert!(decoded.expect("no panic").is_err(), "{count}");
+            let mut trailers = b"IDH\x03\x00\x00\xc8\x00\x00".to_vec();
+            trailers.extend_from_slice(&[0; 8]);
+            trailers.extend_from_slice(&count.to_be_bytes());
+            let decoded = std::panic::catch_unwind(|| StoredResponse::decode(&trailers));
+            assert!(decoded.expect("no panic").is_err(), "{count}");
+        }
+    }
+
+    /// A header map holds any number of values under one name: a response with tens of
+    /// thousands of them is stored, and replays whole.
+    #[test]
+    fn many_values_of_one_header_survive() {
+        let mut headers = HeaderMap::new();
+        for _ in 0..30_000 {
+            headers.append("link", HeaderValue::from_static("a"));
+        }
+        let stored = StoredResponse::new(StatusCode::OK, headers, Bytes::new());
+        assert_eq!(StoredResponse::decode(&stored.encode()).unwrap(), stored);
+    }
+
     #[test]
     fn every_byte_and_repeated_headers_survive() {
         let mut headers = HeaderMap::new();
@@ -404,6 +486,16 @@ mod tests {
             let valid = StoredResponse::new(StatusCode::OK, headers, Bytes::from(bytes.clone())).encode();
             let short = &valid[..valid.len().saturating_sub(cut + 1)];
             proptest::prop_assert!(StoredResponse::decode(short).is_err());
+        }
+
+        /// Random bytes behind each valid magic: the decoder's paths past the first
+        /// check, which wholly random bytes almost never reach.
+        #[test]
+        fn any_bytes_behind_a_valid_magic(version in 1u8..=3, bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400)) {
+            let mut record = b"IDH".to_vec();
+            record.push(version);
+            record.extend_from_slice(&bytes);
+            let _ = StoredResponse::decode(&record);
         }
     }
 }

@@ -51,6 +51,87 @@ fn fingerprints_are_pinned_digit_for_digit() {
     );
 }
 
+/// More of the format, digit for digit: a multipart form by its parts (a named field, a
+/// file with its name and type, a part with neither), fields left out by name and by JSON
+/// Pointer, JSON strings that need escaping and escapes in the input, numbers in other
+/// forms, and a `+json` media type in capitals.
+#[test]
+fn more_fingerprints_are_pinned_digit_for_digit() {
+    let rule = FingerprintRule::default();
+    let part = |name: Option<&str>,
+                file_name: Option<&str>,
+                content_type: Option<&str>,
+                bytes: &'static [u8]| crate::request_body::Part {
+        name: name.map(str::to_owned),
+        file_name: file_name.map(str::to_owned),
+        content_type: content_type.map(str::to_owned),
+        bytes: Bytes::from_static(bytes),
+    };
+    let multipart = |rule: &FingerprintRule| {
+        rule.fingerprint_of(
+            &parts("POST", "/upload?x=1", "multipart/form-data; boundary=b"),
+            &Bytes::from_static(b"(the raw body, which a default rule does not read)"),
+            &Content::Multipart(vec![
+                part(Some("amount"), None, None, b"500"),
+                part(
+                    Some("receipt"),
+                    Some("r.pdf"),
+                    Some("application/pdf"),
+                    b"%PDF\x00",
+                ),
+                part(None, None, Some("text/plain"), b""),
+            ]),
+        )
+    };
+    let ignoring = rule_of(&["sent_at", "/meta/trace"]);
+    let ignored_json = fp(
+        &ignoring,
+        "POST",
+        "/checkout",
+        r#"{"amount":500,"sent_at":"now","meta":{"trace":"t1","id":7}}"#,
+    );
+    let ignored_form = with_type(&ignoring, "/checkout", FORM, "amount=500&sent_at=now");
+    let escapes = fp(
+        &rule,
+        "POST",
+        "/notes",
+        r#"{"note":"caf\u00e9 \"quoted\"\n\u0001","caf\u00e9":"\/","é":"é"}"#,
+    );
+    let numbers = fp(
+        &rule,
+        "POST",
+        "/numbers",
+        r#"[1e3,-0,1E+3,0.1,100000000000000000000,-1.5e-7,12345678901234567890123]"#,
+    );
+    let suffix = with_type(
+        &rule,
+        "/problems",
+        "Application/Problem+JSON; charset=UTF-8",
+        r#"{"b":1,"a":2}"#,
+    );
+    assert_eq!(
+        [
+            hex(multipart(&rule)),
+            hex(multipart(&rule_of(&["amount"]))),
+            hex(ignored_json),
+            hex(ignored_form),
+            hex(escapes),
+            hex(numbers),
+            hex(suffix),
+        ],
+        [
+            "85696ee115c731fa31df911be2fa38b1c56322d74ac7ecf9c26fba3b3a0b7716",
+            "79b4663ca31c664edbdad39c7aa74ae094f27c357c560197b6da56dd562ef783",
+            "1c874ec48e0d23439f05354736ba03b0665ed6c95231b115b3697f7e480ded8d",
+            "b3dd4dbae7dbfb7038297434075eb74a763d38fdb34024c2bd0d1e45fdb89944",
+            "149cdca2c94941f9dd76d0783cf79cee7d62673789f44559f9e429a2b73c0f5d",
+            "d56fc8cd6a04a594db6cd0a4e4ffccbe37d8332c2c4fb9352b804769af6031fd",
+            "e3b00701dc4f4b1277e0d476d54dca52124b101c2d2b7292676e3b9f5bdcfcc9",
+        ]
+        .map(String::from)
+    );
+}
+
 proptest! {
     #![proptest_config(idem_testkit::fuzz_config())]
 

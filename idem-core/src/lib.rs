@@ -28,7 +28,8 @@
 //! its job.
 //!
 //! - [`machine`]: the pure state machine, the specification every store implements
-//!   (the design behind it: `docs/DESIGN.md` in the repository).
+//!   (the design behind it: `docs/DESIGN.md` in the repository); its unit tests in
+//!   `machine/tests.rs`.
 //! - [`store`]: the [`Store`] trait, one atomic operation per transition, its errors and
 //!   the answers of each transition.
 //! - [`record`]: the stored [`Record`], its [`Timestamp`]s, its lease.
@@ -38,7 +39,8 @@
 //! - [`raw`]: helpers for store authors only.
 //! - [`connect`]: opening a store from a URL; each backend crate parses its own schemes.
 //! - [`driver`] (feature `driver`, on by default): [`Idempotency`], which claims, runs the
-//!   work, and stores or replays results; its policies, errors and metrics.
+//!   work, and stores or replays results; its policies, errors and metrics. What the work
+//!   sees is in `driver/context/`: the context itself, its steps, its lease, its result.
 //! - [`codec`] (feature `driver`): what every stored byte goes through (encryption at rest).
 //! - [`MemoryStore`] (feature `memory`, on by default): the store for tests and examples,
 //!   and the reference implementation of a store.

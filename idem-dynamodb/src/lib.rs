@@ -108,9 +108,11 @@
 //!
 //! | operation | files |
 //! |---|---|
-//! | claim | `src/store.rs` (`claim`, `fresh`, `take_over`) |
-//! | complete, fail | `src/store.rs` (`finish`); a failed condition read in `src/refused.rs` |
-//! | release, renew, checkpoint, get, purge_expired | `src/store.rs` |
+//! | the store, its fenced writes (`fenced`, `expiry_write`), get | `src/store.rs` |
+//! | claim | `src/store/claim.rs` (`conditional_claim`, `fresh`, `take_over`) |
+//! | complete, fail | `src/store/finish.rs` (`finish`); a failed condition read in `src/refused.rs` |
+//! | release, renew, checkpoint | `src/store/release.rs`, `src/store/renew.rs`, `src/store/checkpoint.rs` |
+//! | purge_expired | `src/store/purge.rs` |
 //! | list, stats, release_key, delete, raw | `src/admin.rs` |
 //! | the item's attributes | `src/item.rs`; the table: `src/table.rs`; the builder: `src/builder.rs` |
 //! | errors, URLs | `src/errors.rs`, `src/url.rs` (feature `url`) |

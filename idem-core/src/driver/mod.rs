@@ -9,7 +9,7 @@
 //! - Sagas: their types and checkpoints in `saga/mod.rs`, the compensation engine in
 //!   `saga/engine.rs`.
 //! - Store calls bounded and retried: `retry.rs`.
-//! - What the work sees ([`Context`]): `context.rs`; errors: `error.rs`; the stored
+//! - What the work sees ([`Context`]): `context/`; errors: `error.rs`; the stored
 //!   forms of values: `wire.rs`; metrics: [`observe`].
 
 mod budget;

@@ -99,12 +99,17 @@
 //!
 //! ## Where things live
 //!
-//! `config.rs`: the file; `clients.rs`: accepting clients within their limits;
+//! `config/`: the file (`mod.rs`: [`Config`] and its errors; `client_limits.rs`,
+//! `route.rs`: the checked settings' types; `file.rs`: the file as written; `values.rs`:
+//! single values; `check.rs`, `check_route.rs`, `check_scope.rs`: the file, a route, a
+//! scope checked); `clients.rs`: accepting clients within their limits;
 //! `routes.rs`: matching and each route's layer; `scope.rs`: scopes; `jwks.rs`: a
 //! provider's token keys; `budget.rs`: new keys per caller; `upstream.rs`: forwarding;
 //! `idle.rs`: bodies that may not stall; `overrides.rs`: method and path overrides;
-//! `reload.rs`: a new configuration while serving; `server.rs`: listeners, shutdown and
-//! the access log; [`observe`]: the metrics.
+//! `reload.rs`: a new configuration while serving; `server/`: the server (`mod.rs`:
+//! binding, listeners and shutdown; `requests.rs`: each proxied request; `access_log.rs`;
+//! `admin.rs`: `/readyz` and `/metrics`; `purge.rs`: the purge loop; `bind_checks.rs`:
+//! what binding refuses); [`observe`]: the metrics.
 
 #![warn(missing_docs)]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's `idem proxy` quick start, run and checked: the Flask payments service on
+# The guide's `idem proxy` quick start (docs/book/src/proxy.md), run and checked: the Flask payments service on
 # port 8000, `idem proxy` in front of it on 8080 with idem-proxy/examples/quickstart.toml
 # (SQLite), a payment and its retry with curl, and the service's own count of executions.
 #
@@ -7,7 +7,7 @@
 #
 # IDEM_BINARY defaults to target/release/idem (cargo build --release -p idem-cli). Python
 # with Flask comes from IDEM_TEST_FLASK_PYTHON (scripts/services.sh start flask), or is
-# installed as the README says. Everything runs on 127.0.0.1 and is stopped at the end.
+# installed as the guide says. Everything runs on 127.0.0.1 and is stopped at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +40,7 @@ wait_for() { # url
   exit 1
 }
 
-# The README's ports must be free: an old proxy or service answering there would be
+# The guide's ports must be free: an old proxy or service answering there would be
 # checked instead of these.
 for port in 8000 8080 9464; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
@@ -49,7 +49,7 @@ for port in 8000 8080 9464; do
   fi
 done
 
-# The README's commands: the service, then the proxy (its SQLite file is the example's).
+# The guide's commands: the service, then the proxy (its SQLite file is the example's).
 "$python" idem-proxy/examples/upstream/app.py --port 8000 --db "$work/payments.db" >"$work/flask.log" 2>&1 &
 pids+=($!)
 wait_for http://127.0.0.1:8000/health

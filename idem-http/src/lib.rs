@@ -391,9 +391,3 @@ pub use layer::{
 pub use problem::{PROBLEM_TYPE_BASE, Problem, Refusal};
 pub use service::{BODY_NOT_STORED_HEADER, IdempotencyService, REPLAYED_HEADER};
 pub use stored::{DecodeError, StoredResponse};
-
-/// The workspace README's examples, compiled and run as doc tests here, where idem-core,
-/// the SQLite store, the testkit, axum and this crate are all in reach.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

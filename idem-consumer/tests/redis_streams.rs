@@ -10,12 +10,12 @@ use bytes::Bytes;
 use idem_consumer::redis::{
     DEAD_LETTER_REASON, DeadLetters, ORIGINAL_ID, ORIGINAL_STREAM, RedisStream, RedisStreamMessage,
 };
-use idem_consumer::{Backoff, Cause, Consumer, DeadLetterReason, Message, SettleError, Settled};
+use idem_consumer::{Backoff, Cause, Consumer, DeadLetterReason, Message, Settled};
 use idem_core::{Context, Idempotency, MemoryStore, WorkError, done};
 use redis::aio::MultiplexedConnection;
 
 mod common;
-use common::{counted, refusing_empty};
+use common::{AckLost, counted, refusing_empty};
 
 const BLOCK: Duration = Duration::from_millis(200);
 const TEN: NonZeroUsize = NonZeroUsize::new(10).unwrap();
@@ -95,34 +95,6 @@ async fn pending(connection: &MultiplexedConnection, stream: &str) -> u64 {
     match summary.first() {
         Some(redis::Value::Int(count)) => u64::try_from(*count).unwrap(),
         other => panic!("an XPENDING summary without a count: {other:?}"),
-    }
-}
-
-/// A consumer that dies after the result is stored and before its ack reaches Redis.
-struct AckLost<'a, M>(&'a M);
-
-#[async_trait::async_trait]
-impl<M: Message> Message for AckLost<'_, M> {
-    fn id(&self) -> Option<&str> {
-        self.0.id()
-    }
-    fn source(&self) -> &str {
-        self.0.source()
-    }
-    fn payload(&self) -> &Bytes {
-        self.0.payload()
-    }
-    fn delivery_count(&self) -> Option<u64> {
-        self.0.delivery_count()
-    }
-    async fn ack(&self) -> Result<(), SettleError> {
-        Ok(())
-    }
-    async fn nak(&self, delay: Duration) -> Result<(), SettleError> {
-        self.0.nak(delay).await
-    }
-    async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
-        self.0.dead_letter(reason).await
     }
 }
 

@@ -13,11 +13,11 @@ use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::QueueAttributeName;
 use bytes::Bytes;
 use idem_consumer::sqs::{DEAD_LETTER_REASON, DeadLetters, ORIGINAL_ID, SqsMessage, SqsQueue};
-use idem_consumer::{Backoff, Cause, Consumer, DeadLetterReason, Message, SettleError, Settled};
+use idem_consumer::{Backoff, Cause, Consumer, DeadLetterReason, Message, Settled};
 use idem_core::{Context, Idempotency, MemoryStore, WorkError, done};
 
 mod common;
-use common::{counted, refusing_empty};
+use common::{AckLost, counted, refusing_empty};
 
 fn client() -> Option<Client> {
     let url = idem_testkit::service_url("IDEM_TEST_SQS_URL")?;
@@ -99,34 +99,6 @@ async fn depth(client: &Client, queue_url: &str) -> (u64, u64) {
         count(QueueAttributeName::ApproximateNumberOfMessages),
         count(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
     )
-}
-
-/// A consumer that dies after the result is stored and before its delete reaches SQS.
-struct AckLost<'a>(&'a SqsMessage);
-
-#[async_trait::async_trait]
-impl Message for AckLost<'_> {
-    fn id(&self) -> Option<&str> {
-        self.0.id()
-    }
-    fn source(&self) -> &str {
-        self.0.source()
-    }
-    fn payload(&self) -> &Bytes {
-        self.0.payload()
-    }
-    fn delivery_count(&self) -> Option<u64> {
-        self.0.delivery_count()
-    }
-    async fn ack(&self) -> Result<(), SettleError> {
-        Ok(())
-    }
-    async fn nak(&self, delay: Duration) -> Result<(), SettleError> {
-        self.0.nak(delay).await
-    }
-    async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
-        self.0.dead_letter(reason).await
-    }
 }
 
 #[tokio::test]

@@ -253,3 +253,33 @@ impl idem_core::Store for FailingClaims {
         self.inner.purge_expired(limit).await
     }
 }
+
+/// A consumer that dies after the result is stored and before its ack reaches the broker:
+/// the delivery as it is, but its ack never leaves.
+#[allow(dead_code)] // each test binary uses what it needs
+pub(crate) struct AckLost<'a, M>(pub(crate) &'a M);
+
+#[async_trait::async_trait]
+impl<M: Message> Message for AckLost<'_, M> {
+    fn id(&self) -> Option<&str> {
+        self.0.id()
+    }
+    fn source(&self) -> &str {
+        self.0.source()
+    }
+    fn payload(&self) -> &Bytes {
+        self.0.payload()
+    }
+    fn delivery_count(&self) -> Option<u64> {
+        self.0.delivery_count()
+    }
+    async fn ack(&self) -> Result<(), SettleError> {
+        Ok(())
+    }
+    async fn nak(&self, delay: Duration) -> Result<(), SettleError> {
+        self.0.nak(delay).await
+    }
+    async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
+        self.0.dead_letter(reason).await
+    }
+}

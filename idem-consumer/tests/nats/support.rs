@@ -8,7 +8,6 @@ use async_nats::jetstream::{self, consumer::PullConsumer};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use idem_consumer::nats::{DeadLetters, JetStreamMessage, JetStreamSource};
-use idem_consumer::{DeadLetterReason, Message, SettleError};
 
 pub(crate) const WAIT: Duration = Duration::from_secs(15);
 
@@ -85,33 +84,7 @@ pub(crate) fn subject(consumer: &PullConsumer, leaf: &str) -> String {
     format!("{}.{leaf}", consumer.cached_info().stream_name)
 }
 
-/// A consumer that dies after the result is stored and before its ack reaches the broker.
-pub(crate) struct AckLost<'a>(pub(crate) &'a JetStreamMessage);
-
-#[async_trait::async_trait]
-impl Message for AckLost<'_> {
-    fn id(&self) -> Option<&str> {
-        self.0.id()
-    }
-    fn source(&self) -> &str {
-        self.0.source()
-    }
-    fn payload(&self) -> &Bytes {
-        self.0.payload()
-    }
-    fn delivery_count(&self) -> Option<u64> {
-        self.0.delivery_count()
-    }
-    async fn ack(&self) -> Result<(), SettleError> {
-        Ok(())
-    }
-    async fn nak(&self, delay: Duration) -> Result<(), SettleError> {
-        self.0.nak(delay).await
-    }
-    async fn dead_letter(&self, reason: DeadLetterReason) -> Result<(), SettleError> {
-        self.0.dead_letter(reason).await
-    }
-}
+pub(crate) use crate::common::AckLost;
 
 pub(crate) async fn assert_settled(consumer: &mut PullConsumer) {
     for _ in 0..100 {

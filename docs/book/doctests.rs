@@ -1,7 +1,8 @@
 //! The idem guide's code. This crate holds no code of its own: each page of the book
 //! (`docs/book/src/`) and the workspace README are the documentation of an item below, so
 //! `cargo test --doc -p idem-guide` compiles every Rust snippet in them, and runs those
-//! not marked `no_run` (the ones that need a server).
+//! not marked `no_run` (the ones that need a server). `tests/store_contract.rs` checks
+//! that the `Store` trait's docs and the conformance suite say the same.
 
 macro_rules! pages {
     ($($name:ident => $path:literal),* $(,)?) => {

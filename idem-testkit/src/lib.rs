@@ -81,8 +81,6 @@
 mod admin_suite;
 mod capabilities;
 mod cases;
-#[cfg(test)]
-mod contract_docs;
 pub mod explore;
 mod foreign;
 mod fuzz;

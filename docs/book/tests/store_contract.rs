@@ -1,14 +1,19 @@
-//! The `Store` trait's docs are the contract a store author writes against, and this suite
-//! is what holds a store to it: the two must say the same. Each bullet of each method's
+//! The `Store` trait's docs are the contract a store author writes against, and
+//! idem-testkit's conformance suite is what holds a store to it: the two must say the
+//! same. (A test of the workspace, here in the unpublished guide crate: it reads
+//! idem-core's source, which a published crate would not find.) Each bullet of each method's
 //! docs ends with "Checked by `case`, `other_case`." naming the conformance cases that
 //! check it, and every case that checks the store itself (not the driver) is named by
 //! some bullet, so a new case needs a bullet too.
 
 use std::collections::HashSet;
 
-use crate::Case;
+use idem_testkit::Case;
 
-const STORE_DOCS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../idem-core/src/store/mod.rs");
+const STORE_DOCS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../idem-core/src/store/mod.rs"
+);
 
 /// One bullet of a method's docs, its lines joined.
 struct Bullet {
@@ -59,6 +64,23 @@ fn bullets(source: &str) -> Vec<Bullet> {
     found
 }
 
+/// The methods of `pub trait Store` in `source`.
+fn methods(source: &str) -> Vec<String> {
+    let body = source
+        .split_once("pub trait Store")
+        .map_or("", |(_, body)| body);
+    let body = body.split_once("\n}").map_or(body, |(body, _)| body);
+    body.lines()
+        .filter_map(|line| {
+            let code = line.trim_start();
+            let signature = code
+                .strip_prefix("async fn ")
+                .or_else(|| code.strip_prefix("fn "))?;
+            Some(signature.split('(').next().unwrap_or(signature).to_owned())
+        })
+        .collect()
+}
+
 /// The cases a bullet names in the sentence it must end with, "Checked by `a`, `b`.";
 /// `None` when it does not end so.
 fn named_cases(text: &str) -> Option<Vec<&str>> {
@@ -74,7 +96,15 @@ fn problems(source: &str) -> Vec<String> {
     let cases: HashSet<&str> = Case::ALL.iter().map(|case| case.name()).collect();
     let mut named: HashSet<String> = HashSet::new();
     let mut problems = Vec::new();
-    for Bullet { method, text } in bullets(source) {
+    let bullets = bullets(source);
+    for method in methods(source) {
+        if !bullets.iter().any(|bullet| bullet.method == method) {
+            problems.push(format!(
+                "`Store::{method}` has no bullet: list what it does, each with its cases"
+            ));
+        }
+    }
+    for Bullet { method, text } in bullets {
         let opening: Vec<&str> = text.split_whitespace().take(6).collect();
         let bullet = format!("`Store::{method}`: the bullet \"{}…\"", opening.join(" "));
         let Some(names) = named_cases(&text) else {
@@ -83,11 +113,23 @@ fn problems(source: &str) -> Vec<String> {
             ));
             continue;
         };
-        for name in names {
+        // An unknown name is reported below, with every "Checked by" of the file.
+        named.extend(names.into_iter().map(str::to_owned));
+    }
+    // The trait-level paragraphs name their cases too; a name there must be a case.
+    let docs: Vec<&str> = source
+        .lines()
+        .filter_map(|line| line.trim_start().strip_prefix("///"))
+        .map(str::trim)
+        .collect();
+    let docs = docs.join(" ");
+    for sentence in docs.split("Checked by ").skip(1) {
+        let list = sentence.split_once('.').map_or(sentence, |(list, _)| list);
+        for name in list.split(", ") {
+            let name = name.trim_matches('`');
             if !cases.contains(name) {
-                problems.push(format!("{bullet} names `{name}`, which is no case"));
+                problems.push(format!("\"Checked by\" names `{name}`, which is no case"));
             }
-            named.insert(name.to_owned());
         }
     }
     // Driver cases check what the driver does with a store, not a method's contract.
@@ -119,6 +161,7 @@ fn every_store_bullet_names_the_cases_that_check_it() {
 #[test]
 fn a_bullet_without_a_case_is_reported() {
     let docs = "\
+/// The contract. Checked by `matches_the_state_machine`, `no_such_paragraph_case`.
 pub trait Store: Send + Sync {
     /// Claims a key.
     ///
@@ -128,6 +171,9 @@ pub trait Store: Send + Sync {
     ///   on the way.
     /// - A bullet that names a case the suite lacks. Checked by `no_such_case`.
     async fn claim(&self);
+
+    /// A method whose docs list nothing.
+    async fn renew(&self);
 }
 ";
     let problems = problems(docs);
@@ -140,6 +186,16 @@ pub trait Store: Send + Sync {
         reported("names `no_such_case`, which is no case"),
         "{problems:#?}"
     );
+    assert!(
+        reported("names `no_such_paragraph_case`, which is no case"),
+        "{problems:#?}"
+    );
+    assert!(
+        !reported("`matches_the_state_machine`, which"),
+        "{problems:#?}"
+    );
+    assert!(reported("`Store::renew` has no bullet"), "{problems:#?}");
+    assert!(!reported("`Store::claim` has no bullet"), "{problems:#?}");
     assert!(!reported("ends with its case"), "{problems:#?}");
     assert!(
         reported("`live_lease_is_in_flight` is named by no bullet"),

@@ -407,6 +407,31 @@ mod tests {
         }
     }
 
+    /// A record whose fields are more distinct names than a header map holds (32 768) is
+    /// refused as it is read, never a panic.
+    #[test]
+    fn more_distinct_headers_than_a_map_holds_is_an_error_never_a_panic() {
+        let count: u16 = 40_000;
+        let mut record = b"IDH\x02\x00\x00\xc8".to_vec();
+        record.extend_from_slice(&count.to_be_bytes());
+        for field in 0..count {
+            let name = format!("h{field}");
+            record.extend_from_slice(&(name.len() as u16).to_be_bytes());
+            record.extend_from_slice(name.as_bytes());
+            record.extend_from_slice(&0u32.to_be_bytes());
+        }
+        record.extend_from_slice(&0u64.to_be_bytes());
+        let decoded = std::panic::catch_unwind(|| StoredResponse::decode(&record));
+        let err = decoded
+            .expect("no panic")
+            .expect_err("more headers than a map holds");
+        assert!(
+            err.to_string()
+                .contains("more headers than a header map holds"),
+            "{err}"
+        );
+    }
+
     /// A header map holds any number of values under one name: a response with tens of
     /// thousands of them is stored, and replays whole.
     #[test]

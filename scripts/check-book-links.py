@@ -23,7 +23,10 @@ BOOK = os.path.join(ROOT, "docs", "book", "src")
 REPOSITORY = "https://github.com/idem-rs/idem/"
 DOCUMENTS = ["README.md", "CHANGELOG.md", "RUNBOOK.md", "BENCHMARKS.md", "RELIABILITY.md", "docs/DESIGN.md"]
 
-LINK = re.compile(r"(?<!\!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
+# An inline link or image, its text possibly wrapped over lines; and a reference
+# definition, `[name]: target`.
+LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")
+DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s+(\S+)", re.MULTILINE)
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
@@ -43,9 +46,9 @@ def prose_lines(text):
 
 
 def slug(heading):
-    """A heading's anchor, as GitHub and mdBook make it."""
-    text = re.sub(r"`|\*\*|\*|_(?=\W)|(?<=\W)_", "", heading)
-    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)
+    """A heading's anchor, as GitHub and mdBook make it: a link's text, lower case, letters,
+    digits, `_` and `-` kept, each space a `-`, the rest dropped."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
     text = text.strip().lower()
     text = "".join(c for c in text if c.isalnum() or c in " -_")
     return text.replace(" ", "-")
@@ -121,12 +124,23 @@ def main():
     for page in listed:
         if not os.path.exists(page):
             problems.append(f"SUMMARY.md names {os.path.relpath(page, ROOT)}, which does not exist")
-    for source in pages + [os.path.join(ROOT, d) for d in DOCUMENTS]:
+    readmes = sorted(
+        os.path.join(ROOT, name, "README.md")
+        for name in os.listdir(ROOT)
+        if name.startswith("idem-") and os.path.exists(os.path.join(ROOT, name, "README.md"))
+    )
+    for source in pages + [os.path.join(ROOT, d) for d in DOCUMENTS] + readmes:
         with open(source, encoding="utf-8") as f:
             text = f.read()
-        for number, line in prose_lines(text):
-            for target in LINK.findall(line):
-                check_target(source, number, target, problems, counts)
+        # The prose with code blocks blanked, so that offsets keep their line numbers and a
+        # link whose text wraps over lines is still one link.
+        lines = text.split("\n")
+        kept = dict(prose_lines(text))
+        prose = "\n".join(kept.get(number, "") for number in range(1, len(lines) + 1))
+        for pattern in (LINK, DEFINITION):
+            for match in pattern.finditer(prose):
+                number = prose.count("\n", 0, match.start()) + 1
+                check_target(source, number, match.group(1), problems, counts)
     for problem in problems:
         print(problem, file=sys.stderr)
     print(

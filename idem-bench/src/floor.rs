@@ -263,3 +263,21 @@ pub(crate) fn driver(n: usize, rounds: usize) -> Result<DriverFloor, BoxError> {
         replay_bytes_ns: median(replay_bytes),
     })
 }
+
+/// Prints the driver's floor: what `execute` takes, what the store alone takes, and the
+/// difference.
+pub(crate) fn print_driver(d: &DriverFloor) {
+    println!(
+        "the driver on one core, ns per execute: fresh {:.0} (as bytes {:.0}), replay {:.0} (as bytes {:.0}); the store alone: {:.0} ns per claim+complete, {:.0} per replayed claim",
+        d.fresh_ns,
+        d.fresh_bytes_ns,
+        d.replay_ns,
+        d.replay_bytes_ns,
+        d.store_pair_ns,
+        d.store_replay_ns
+    );
+    println!(
+        "the driver's own cost, ns per execute: fresh {:.0}, replay {:.0}",
+        d.own_fresh_ns, d.own_replay_ns
+    );
+}

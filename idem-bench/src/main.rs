@@ -115,6 +115,10 @@ struct Args {
     /// --backends. Quick mode runs a small one, on SQLite, after its run.
     #[arg(long)]
     reverse_proxy: bool,
+    /// Only measure the driver's own cost on the memory store (the last lines of a run with
+    /// the memory backend): 200 000 keys per round, --rounds rounds (default 5).
+    #[arg(long)]
+    driver_floor: bool,
     /// Only measure `idem proxy`'s memory (its resident set and peak) with its default
     /// limits while this many slow clients hold connections: heads that never end, then
     /// protected bodies half sent and stalled; on SQLite. Quick mode runs 200.
@@ -502,6 +506,15 @@ async fn main() -> Result<(), BoxError> {
         for path in charts::redraw(dir, &args.redraw)? {
             println!("chart written to {}", path.display());
         }
+        return Ok(());
+    }
+    if args.driver_floor {
+        let rounds = args.rounds.unwrap_or(5);
+        let driver = tokio::task::spawn_blocking(move || {
+            floor::driver(200_000, rounds).map_err(|e| e.to_string())
+        })
+        .await??;
+        floor::print_driver(&driver);
         return Ok(());
     }
     if let Some(records) = args.purge {

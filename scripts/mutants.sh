@@ -10,6 +10,9 @@
 #   scripts/mutants.sh [TARGET...]    the named targets, whole (default: machine)
 #   scripts/mutants.sh --long         every target, whole, then the SQL and Lua
 #                                     (scripts/query_mutants.py; hours on two cores)
+#   scripts/mutants.sh --iterate TARGET...
+#                                     the named targets, skipping what an earlier run
+#                                     caught or found unviable (a long run made in parts)
 #
 # Targets: machine (idem-core's state machine, against its unit tests and the conformance
 # suite and model-based run on the memory store, which is the machine over a map),
@@ -29,15 +32,23 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest --version 0.9.143
 fi
 
-# name | what to mutate | the packages whose tests run | a nextest filter ('' for all)
+# name | what to mutate | the packages whose tests run | a nextest filter ('' for all) |
+# a first, faster filter ('' for none)
+#
+# With a first filter, every mutant meets it first, and only the ones it misses meet the
+# whole filter (cargo-mutants --iterate keeps the first pass's catches and adds the
+# second's), so a slow test (an explorer's sampled run, about 100 s on PostgreSQL) runs
+# for the few mutants the others do not catch rather than for every one.
 target_args() {
   case $1 in
     machine)
-      echo "-p idem-core -f idem-core/src/machine.rs|idem-core idem-testkit|binary(memory_store) | (package(idem-core) & kind(lib))" ;;
+      echo "-p idem-core -f idem-core/src/machine.rs|idem-core idem-testkit|binary(memory_store) | (package(idem-core) & kind(lib))|" ;;
     driver)
-      echo "-p idem-core -f idem-core/src/driver/**|idem-core idem-testkit|package(idem-core) | binary(memory_store) | binary(explore_memory)" ;;
-    sqlite | postgres | redis | dynamodb | http)
-      echo "-p idem-$1|idem-$1|" ;;
+      echo "-p idem-core -f idem-core/src/driver/**|idem-core idem-testkit|package(idem-core) | binary(memory_store) | binary(explore_memory)|package(idem-core) | binary(memory_store)" ;;
+    sqlite | postgres | redis | dynamodb)
+      echo "-p idem-$1|idem-$1||not binary(explore)" ;;
+    http)
+      echo "-p idem-$1|idem-$1||" ;;
     *)
       echo "mutants: unknown target $1 (machine, driver, sqlite, postgres, redis, dynamodb, http)" >&2
       return 1 ;;
@@ -47,13 +58,17 @@ target_args() {
 shard=()
 baseline=()
 targets=()
-case ${1:-} in
+mode=${1:-}
+case $mode in
   --quick)
     # A different twelfth of the machine's mutants each day: every one within 12 days.
     shard=(--shard "${IDEM_MUTANTS_SHARD:-$(( $(date +%j | sed 's/^0*//') % 12 ))/12}")
     baseline=(--baseline skip)
     targets=(machine) ;;
   --long) targets=(machine driver sqlite postgres redis dynamodb http) ;;
+  --iterate)
+    shift
+    targets=("$@") ;;
   '') targets=(machine) ;;
   *) targets=("$@") ;;
 esac
@@ -62,21 +77,45 @@ status=0
 for target in "${targets[@]}"; do
   # A target with no arguments would mutate the whole workspace: stop instead.
   spec=$(target_args "$target") || exit 2
-  IFS='|' read -r mutate tests filter <<<"$spec"
+  IFS='|' read -r mutate tests filter first <<<"$spec"
   test_packages=()
   for package in $tests; do test_packages+=(--test-package "$package"); done
-  nextest_args=()
-  [[ -n $filter ]] && nextest_args=(-E "$filter")
+  passes=("$filter")
+  # The quick run is a shard of the machine, which has no first filter.
+  [[ -n $first && $mode != --quick ]] && passes=("$first" "$filter")
   echo "mutants: $target (${shard[*]:-whole})"
   mkdir -p "target/mutants/$target"
+  iterate=()
+  [[ $mode == --iterate ]] && iterate=(--iterate) && baseline=(--baseline skip)
   # The baseline runs the mutated package's tests alone, so the test timeout is set
   # here rather than derived from it. --no-shuffle: a shard is the same list each time.
   # $mutate is a list of arguments, split here with globbing off (a file pattern is
-  # cargo-mutants' to match).
+  # cargo-mutants' to match). The mutants profile builds without debug information.
   set -f
-  # shellcheck disable=SC2086
-  if ! cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout 300 \
-      --no-shuffle "${shard[@]}" "${baseline[@]}" -o "target/mutants/$target" -- "${nextest_args[@]}"; then
+  for pass in "${passes[@]}"; do
+    # The first failure ends the run, the tests still running included: a caught
+    # mutant costs its first failing test, not the whole suite (the workspace's nextest
+    # profile runs every test to the end, for CI).
+    nextest_args=(--max-fail=1:immediate)
+    [[ -n $pass ]] && nextest_args+=(-E "$pass")
+    # A hang (a loop that never ends, under a mutant) costs the whole limit: the first
+    # pass's tests take under a minute here, the whole suite under three.
+    timeout=300
+    [[ $pass == "$first" && ${#passes[@]} -gt 1 ]] && timeout=120
+    # shellcheck disable=SC2086
+    if cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout $timeout \
+        --profile mutants --no-shuffle "${shard[@]}" "${baseline[@]}" "${iterate[@]}" \
+        -o "target/mutants/$target" -- "${nextest_args[@]}"; then
+      failed=0
+    else
+      failed=1
+    fi
+    # The next pass tries only what this one missed (or ran out of time on), and needs no
+    # unmutated baseline: the first pass ran it.
+    iterate=(--iterate)
+    baseline=(--baseline skip)
+  done
+  if (( failed )); then
     status=1
     for outcome in missed timeout; do
       file="target/mutants/$target/mutants.out/$outcome.txt"
@@ -86,10 +125,12 @@ for target in "${targets[@]}"; do
       fi
     done
   fi
+  baseline=()
+  [[ $mode == --quick || $mode == --iterate ]] && baseline=(--baseline skip)
   set +f
 done
 # The SQL and Lua, which cargo-mutants does not touch, with a mutator of our own.
-if [[ ${1:-} == --long ]] && ! python3 scripts/query_mutants.py sqlite postgres redis; then
+if [[ $mode == --long ]] && ! python3 scripts/query_mutants.py sqlite postgres redis; then
   status=1
 fi
 exit $status

@@ -12,13 +12,20 @@ against each mutant, which is then:
   missed    every test passed: a behaviour nothing checks (or an equivalent mutant);
   timeout   the tests ran past the limit.
 
-    scripts/query_mutants.py TARGET... [--list] [--shard K/N] [--files GLOB,...]
+    scripts/query_mutants.py TARGET... [--list] [--shard K/N] [--files GLOB,...] [--iterate]
+
+Each mutant meets a faster first command (the backend's tests without its explorer's
+sampled run, which takes most of the time), and only one that command misses meets the
+whole suite. With --iterate, mutants an earlier run caught or found unviable (the lists
+in the report directory) are skipped and the new outcomes are added to the lists, so a
+long run can be made in parts.
 
 Targets: postgres (idem-postgres/sql), redis (idem-redis/lua), sqlite (idem-sqlite/sql).
 The server backends need their services (scripts/services.sh start postgres redis
 redis-cluster). Reports go to target/query-mutants/TARGET/ (caught.txt, missed.txt,
-unviable.txt, timeout.txt, and a summary in outcomes.txt). Exits 1 when a mutant is
-missed or times out. Every file is restored after each mutant, and on an interrupt.
+unviable.txt, timeout.txt, each written as the run goes, and a summary in outcomes.txt).
+Exits 1 when a mutant is missed or times out. Every file is restored after each mutant,
+and on an interrupt.
 """
 
 import argparse
@@ -39,6 +46,13 @@ TARGETS = {
     "redis": ("idem-redis/lua", ".lua", "--", ["cargo", "nextest", "run", "-p", "idem-redis"]),
     "sqlite": ("idem-sqlite/sql", ".sql", "--", ["cargo", "nextest", "run", "-p", "idem-sqlite"]),
 }
+# The first command: the same tests but the explorer's sampled run, for every mutant; the
+# whole command above runs only for what this one misses.
+FIRST = ["-E", "not binary(explore)"]
+# Every command ends at its first failure, the tests still running included: a caught
+# mutant costs its first failing test (the workspace's nextest profile runs every test to
+# the end, for CI). Not for the baseline, whose failures are all worth reading.
+FAIL_FAST = ["--max-fail=1:immediate"]
 
 # What each server says when it cannot compile a statement or script: a mutant that
 # fails only so is unviable. Narrow on purpose: a test's name or a runtime error must not
@@ -253,6 +267,11 @@ def main():
     parser.add_argument("--shard", default="0/1", help="K/N: run every Nth mutant from the Kth")
     parser.add_argument("--files", default="*", help="only files whose name matches one of these globs (comma separated)")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
+    parser.add_argument(
+        "--iterate",
+        action="store_true",
+        help="skip mutants an earlier run caught or found unviable, and add to its lists",
+    )
     args = parser.parse_args()
     shard, shards = (int(n) for n in args.shard.split("/"))
     if not 0 <= shard < shards:
@@ -290,23 +309,50 @@ def main():
             return 2
         print(f"  baseline passed in {took:.0f} s", flush=True)
         results = {"caught": [], "missed": [], "unviable": [], "timeout": []}
+        here = {f"{path.relative_to(ROOT)}:{line}: {description}" for path, line, description, _ in mutants}
+        settled = set()
+        if args.iterate:
+            for outcome in results:
+                listed = out / f"{outcome}.txt"
+                if listed.exists():
+                    names = listed.read_text().splitlines()
+                    if outcome in ("caught", "unviable"):
+                        settled.update(names)
+                    else:
+                        # Tried again when in this run; kept when another run's.
+                        names = [name for name in names if name not in here]
+                    results[outcome] = names
+        # The lists are rewritten as the run goes: a run stopped part way keeps what it
+        # learned, for --iterate to go on from.
+        for outcome, names in results.items():
+            write_atomically(out / f"{outcome}.txt", "".join(f"{name}\n" for name in names))
         for n, (path, line, description, text) in enumerate(mutants, 1):
             name = f"{path.relative_to(ROOT)}:{line}: {description}"
+            if name in settled:
+                continue
             try:
                 write_atomically(path, text)
-                outcome, took = run_tests(target, command, out / "mutant.log", args.timeout)
+                outcome, took = run_tests(
+                    target, command + FAIL_FAST + FIRST, out / "mutant.log", args.timeout
+                )
+                if outcome == "missed":
+                    outcome, more = run_tests(
+                        target, command + FAIL_FAST, out / "mutant.log", args.timeout
+                    )
+                    took += more
             finally:
                 write_atomically(path, originals[path])
             if outcome in ("missed", "timeout"):
                 (out / f"{outcome}-{n}.log").write_text((out / "mutant.log").read_text(errors="replace"))
             results[outcome].append(name)
+            write_atomically(out / f"{outcome}.txt", "".join(f"{name}\n" for name in results[outcome]))
             print(f"  [{n}/{len(mutants)}] {outcome:8} {name} ({took:.0f} s)", flush=True)
-        for outcome, names in results.items():
-            (out / f"{outcome}.txt").write_text("".join(f"{name}\n" for name in names))
-        summary = ", ".join(f"{len(names)} {outcome}" for outcome, names in results.items())
+        summary = ", ".join(
+            f"{sum(name in here for name in names)} {outcome}" for outcome, names in results.items()
+        )
         (out / "outcomes.txt").write_text(f"{len(mutants)} mutants: {summary}\n")
         print(f"query mutants: {target}: {len(mutants)} mutants: {summary}", flush=True)
-        if results["missed"] or results["timeout"]:
+        if any(name in here for name in results["missed"] + results["timeout"]):
             status = 1
     return status
 

@@ -97,4 +97,105 @@ mod tests {
         assert!(retryable_code("40001") && retryable_code("08006") && retryable_code("53300"));
         assert!(!retryable_code("23505") && !retryable_code("42P01"));
     }
+
+    /// A server error with only its SQLSTATE, as sqlx hands one over.
+    #[derive(Debug)]
+    struct ServerError(&'static str);
+
+    impl std::fmt::Display for ServerError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "server error {}", self.0)
+        }
+    }
+
+    impl std::error::Error for ServerError {}
+
+    impl sqlx::error::DatabaseError for ServerError {
+        fn message(&self) -> &str {
+            "server error"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn kind(err: sqlx::Error) -> &'static str {
+        match map(Operation::Claim, err) {
+            StoreError::Unavailable { .. } => "unavailable",
+            StoreError::Busy { .. } => "busy",
+            StoreError::Misconfigured { .. } => "misconfigured",
+            StoreError::Corrupt { .. } => "corrupt",
+            StoreError::Backend {
+                retryable: false, ..
+            } => "backend",
+            other => panic!("an unexpected kind: {other:?}"),
+        }
+    }
+
+    fn server(code: &'static str) -> &'static str {
+        kind(sqlx::Error::Database(Box::new(ServerError(code))))
+    }
+
+    #[test]
+    fn every_client_side_error_has_its_kind() {
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(kind(sqlx::Error::Io(io())), "unavailable");
+        assert_eq!(kind(sqlx::Error::Tls(Box::new(io()))), "unavailable");
+        assert_eq!(kind(sqlx::Error::PoolTimedOut), "unavailable");
+        assert_eq!(kind(sqlx::Error::PoolClosed), "unavailable");
+        assert_eq!(kind(sqlx::Error::WorkerCrashed), "unavailable");
+        assert_eq!(kind(sqlx::Error::Protocol("cut".into())), "unavailable");
+        assert_eq!(
+            kind(sqlx::Error::Configuration("bad url".into())),
+            "misconfigured"
+        );
+        assert_eq!(kind(sqlx::Error::Decode(Box::new(io()))), "corrupt");
+        assert_eq!(
+            kind(sqlx::Error::ColumnDecode {
+                index: "token".into(),
+                source: Box::new(io()),
+            }),
+            "corrupt"
+        );
+        assert_eq!(kind(sqlx::Error::RowNotFound), "backend");
+    }
+
+    #[test]
+    fn every_server_code_has_its_kind() {
+        // A conflict with another transaction: busy, worth retrying.
+        for code in ["40001", "40P01", "55P03"] {
+            assert_eq!(server(code), "busy", "{code}");
+        }
+        // The server going away or out of room: unavailable, worth retrying.
+        for code in [
+            "57P01", "57P02", "57P03", "57014", "08006", "08000", "53300", "53100",
+        ] {
+            assert_eq!(server(code), "unavailable", "{code}");
+        }
+        // A stored value idem's statements cannot work on.
+        for code in ["22P02", "22003"] {
+            assert_eq!(server(code), "corrupt", "{code}");
+        }
+        // No table, column, schema or privilege, or bad credentials: migrate or fix the
+        // URL; a retry would not help.
+        for code in ["42P01", "42703", "3F000", "42501", "28P01", "28000"] {
+            assert_eq!(server(code), "misconfigured", "{code}");
+        }
+        // Anything else is the backend's, not retried.
+        for code in ["23505", "XX000", "42601"] {
+            assert_eq!(server(code), "backend", "{code}");
+        }
+    }
 }

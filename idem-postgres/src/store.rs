@@ -438,3 +438,26 @@ impl Store for PostgresStore {
         Ok(purged)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn debug_names_the_table_and_the_pool_never_the_password() {
+        // A lazy pool: nothing connects, so no server is needed.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://app:s3cret@127.0.0.1:1/app")
+            .expect("a valid URL");
+        let store = PostgresStore::builder(pool)
+            .table("billing.idem")
+            .expect("a valid name")
+            .build();
+        let shown = format!("{store:?}");
+        assert_eq!(
+            shown,
+            r#"PostgresStore { table: "billing"."idem", pool_size: 0 }"#
+        );
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}

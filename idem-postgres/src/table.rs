@@ -164,5 +164,16 @@ mod tests {
                 ..
             })
         ));
+        // The longest of each part is accepted.
+        let longest = format!("{}.{}", "s".repeat(63), "t".repeat(40));
+        assert!(TableName::parse(&longest).is_ok(), "{longest}");
+        assert!(matches!(
+            TableName::parse(&format!("{}.t", "s".repeat(64))),
+            Err(TableNameError::TooLong {
+                len: 64,
+                max: 63,
+                ..
+            })
+        ));
     }
 }

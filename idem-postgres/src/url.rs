@@ -437,6 +437,18 @@ mod tests {
                 .to_string()
                 .ends_with("?sslmode=disable")
         );
+        // A URL with no password is shown as given: its query is not re-encoded.
+        let plain = "postgres://app@127.0.0.1/db?application_name=billing%20api";
+        assert_eq!(
+            parse(plain).unwrap().to_string(),
+            format!("PostgreSQL table idem_records at {plain}")
+        );
+    }
+
+    #[test]
+    fn the_backend_is_named_for_messages() {
+        assert_eq!(BACKEND.name(), "PostgreSQL");
+        assert_eq!(BACKEND.schemes(), ["postgres", "postgresql"]);
     }
 
     #[tokio::test]

@@ -340,6 +340,30 @@ fn decode(key: Key, fields: Vec<Vec<u8>>) -> Result<Record, StoreError> {
     parts.response(response).build()
 }
 
+/// What `admin_release.lua` answered: `{'released', token}`, `{'finished', state}` or
+/// `{'not_found'}`; anything else is an unexpected reply, never a guess.
+fn release_answer(reply: Value) -> Result<ReleaseKeyOutcome, StoreError> {
+    let Value::Array(parts) = reply else {
+        return Err(unexpected("a release reply that is not an array"));
+    };
+    match parts.as_slice() {
+        [kind, Value::Int(token)] if bytes(kind) == Some(b"released") => {
+            Ok(ReleaseKeyOutcome::Released {
+                token: u64::try_from(*token).map_err(|_| unexpected("a negative token"))?,
+            })
+        }
+        [kind, state] if bytes(kind) == Some(b"finished") => {
+            let state = bytes(state)
+                .and_then(|s| std::str::from_utf8(s).ok())
+                .and_then(State::parse)
+                .ok_or_else(|| unexpected("an unknown state"))?;
+            Ok(ReleaseKeyOutcome::Finished(state))
+        }
+        [kind] if bytes(kind) == Some(b"not_found") => Ok(ReleaseKeyOutcome::NotFound),
+        _ => Err(unexpected("an unknown release answer")),
+    }
+}
+
 /// A record from the answer to `HMGET` of [`SUMMARY`]: no response, no steps. `None`
 /// when every field is missing (the key was deleted since the scan).
 fn summary(key: Key, answer: Value) -> Result<Option<Record>, StoreError> {
@@ -420,25 +444,7 @@ impl Admin for RedisStore {
             .run(self.connection(), &scripts.admin_release, &call)
             .await
             .map_err(|err| map(Operation::ReleaseKey, err))?;
-        let Value::Array(parts) = reply else {
-            return Err(unexpected("a release reply that is not an array"));
-        };
-        match parts.as_slice() {
-            [kind, Value::Int(token)] if bytes(kind) == Some(b"released") => {
-                Ok(ReleaseKeyOutcome::Released {
-                    token: u64::try_from(*token).map_err(|_| unexpected("a negative token"))?,
-                })
-            }
-            [kind, state] if bytes(kind) == Some(b"finished") => {
-                let state = bytes(state)
-                    .and_then(|s| std::str::from_utf8(s).ok())
-                    .and_then(State::parse)
-                    .ok_or_else(|| unexpected("an unknown state"))?;
-                Ok(ReleaseKeyOutcome::Finished(state))
-            }
-            [kind] if bytes(kind) == Some(b"not_found") => Ok(ReleaseKeyOutcome::NotFound),
-            _ => Err(unexpected("an unknown release answer")),
-        }
+        release_answer(reply)
     }
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
@@ -481,6 +487,46 @@ impl Admin for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_release_answer_is_read_by_its_kind_and_shape() {
+        let text = |t: &str| Value::BulkString(t.as_bytes().to_vec());
+        let answer = |parts: Vec<Value>| release_answer(Value::Array(parts));
+        assert!(matches!(
+            answer(vec![text("released"), Value::Int(7)]),
+            Ok(ReleaseKeyOutcome::Released { token: 7 })
+        ));
+        assert!(matches!(
+            answer(vec![text("finished"), text("completed")]),
+            Ok(ReleaseKeyOutcome::Finished(State::Completed))
+        ));
+        assert!(matches!(
+            answer(vec![text("not_found")]),
+            Ok(ReleaseKeyOutcome::NotFound)
+        ));
+        // The right shape under another kind is not taken for that kind.
+        for wrong in [
+            vec![text("finished"), Value::Int(7)],
+            vec![text("released"), text("completed")],
+            vec![text("released")],
+            vec![text("released"), Value::Int(-1)],
+            vec![text("finished"), text("unknown")],
+        ] {
+            assert!(
+                matches!(answer(wrong.clone()), Err(StoreError::Corrupt { .. })),
+                "{wrong:?}"
+            );
+        }
+        assert!(release_answer(Value::Int(1)).is_err());
+    }
+
+    #[test]
+    fn a_scan_reads_bulk_and_simple_strings() {
+        // Servers answer SCAN with bulk strings; a proxy in front may answer a simple one.
+        assert_eq!(bytes(&Value::BulkString(b"17".to_vec())), Some(&b"17"[..]));
+        assert_eq!(bytes(&Value::SimpleString("17".into())), Some(&b"17"[..]));
+        assert_eq!(bytes(&Value::Int(17)), None);
+    }
 
     #[test]
     fn patterns_escape_glob_characters() {

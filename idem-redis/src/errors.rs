@@ -133,6 +133,32 @@ mod tests {
     }
 
     #[test]
+    fn credentials_and_permissions_are_misconfiguration() {
+        for err in [
+            server_error("NOPERM User app has no permissions to run the 'evalsha' command"),
+            // What redis-rs makes of a refused AUTH when it connects.
+            RedisError::from((ErrorKind::AuthenticationFailed, "invalid password")),
+            RedisError::from((ErrorKind::InvalidClientConfig, "a bad URL")),
+        ] {
+            let mapped = map(Operation::Claim, err);
+            assert!(
+                matches!(mapped, StoreError::Misconfigured { .. }) && !mapped.is_retryable(),
+                "{mapped:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reply_of_another_type_is_corrupt() {
+        let err = RedisError::from((ErrorKind::UnexpectedReturnType, "not an array"));
+        let mapped = map(Operation::Claim, err);
+        assert!(
+            matches!(mapped, StoreError::Corrupt { .. }) && !mapped.is_retryable(),
+            "{mapped:?}"
+        );
+    }
+
+    #[test]
     fn loading_is_retryable() {
         assert_busy("LOADING Redis is loading the dataset in memory");
     }

@@ -53,6 +53,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn prefixes_are_held_to_128_bytes() {
+        assert!(check_prefix(&"p".repeat(128)).is_ok());
+        assert!(matches!(
+            check_prefix(&"p".repeat(129)),
+            Err(PrefixError::TooLong { len: 129 })
+        ));
+        assert!(matches!(check_prefix("a{b"), Err(PrefixError::Braces)));
+    }
+
+    #[test]
     fn keys_are_unambiguous_and_tagged() {
         let a = record_key("p:", &Key::new("ab", "c").unwrap());
         let b = record_key("p:", &Key::new("a", "bc").unwrap());

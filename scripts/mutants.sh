@@ -21,7 +21,9 @@
 # need the services: scripts/services.sh start) and http (idem-http).
 #
 # Each target's report is in target/mutants/TARGET/mutants.out (caught.txt, missed.txt,
-# unviable.txt, timeout.txt). The script fails when a mutant is missed or times out.
+# unviable.txt, timeout.txt; after a second pass or with --iterate, the earlier catches
+# are in previously_caught.txt and the earlier report in mutants.out.old). The script
+# fails when a mutant is missed or times out, or a baseline fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,8 +34,8 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest --version 0.9.143
 fi
 
-# name | what to mutate | the packages whose tests run | a nextest filter ('' for all) |
-# a first, faster filter ('' for none)
+# name; what to mutate; the packages whose tests run; a nextest filter ('' for all);
+# a first, faster filter ('' for none). Fields end at `;`: the filters hold `|`.
 #
 # With a first filter, every mutant meets it first, and only the ones it misses meet the
 # whole filter (cargo-mutants --iterate keeps the first pass's catches and adds the
@@ -42,13 +44,13 @@ fi
 target_args() {
   case $1 in
     machine)
-      echo "-p idem-core -f idem-core/src/machine.rs|idem-core idem-testkit|binary(memory_store) | (package(idem-core) & kind(lib))|" ;;
+      echo "-p idem-core -f idem-core/src/machine.rs;idem-core idem-testkit;binary(memory_store) | (package(idem-core) & kind(lib));" ;;
     driver)
-      echo "-p idem-core -f idem-core/src/driver/**|idem-core idem-testkit|package(idem-core) | binary(memory_store) | binary(explore_memory)|package(idem-core) | binary(memory_store)" ;;
+      echo "-p idem-core -f idem-core/src/driver/**;idem-core idem-testkit;package(idem-core) | binary(memory_store) | binary(explore_memory);package(idem-core) | binary(memory_store)" ;;
     sqlite | postgres | redis | dynamodb)
-      echo "-p idem-$1|idem-$1||not binary(explore)" ;;
+      echo "-p idem-$1;idem-$1;;not binary(explore)" ;;
     http)
-      echo "-p idem-$1|idem-$1||" ;;
+      echo "-p idem-$1;idem-$1;;" ;;
     *)
       echo "mutants: unknown target $1 (machine, driver, sqlite, postgres, redis, dynamodb, http)" >&2
       return 1 ;;
@@ -77,7 +79,7 @@ status=0
 for target in "${targets[@]}"; do
   # A target with no arguments would mutate the whole workspace: stop instead.
   spec=$(target_args "$target") || exit 2
-  IFS='|' read -r mutate tests filter first <<<"$spec"
+  IFS=';' read -r mutate tests filter first <<<"$spec"
   test_packages=()
   for package in $tests; do test_packages+=(--test-package "$package"); done
   passes=("$filter")
@@ -86,37 +88,39 @@ for target in "${targets[@]}"; do
   echo "mutants: $target (${shard[*]:-whole})"
   mkdir -p "target/mutants/$target"
   iterate=()
-  [[ $mode == --iterate ]] && iterate=(--iterate) && baseline=(--baseline skip)
-  # The baseline runs the mutated package's tests alone, so the test timeout is set
-  # here rather than derived from it. --no-shuffle: a shard is the same list each time.
+  [[ $mode == --iterate ]] && iterate=(--iterate)
   # $mutate is a list of arguments, split here with globbing off (a file pattern is
   # cargo-mutants' to match). The mutants profile builds without debug information.
   set -f
+  result=0
   for pass in "${passes[@]}"; do
     # The first failure ends the run, the tests still running included: a caught
     # mutant costs its first failing test, not the whole suite (the workspace's nextest
-    # profile runs every test to the end, for CI).
-    nextest_args=(--max-fail=1:immediate)
+    # profile runs every test to the end, for CI). nextest's mutants profile ends a test
+    # that loops forever (.config/nextest.toml), so a hang under a mutant is a catch.
+    nextest_args=(--max-fail=1:immediate --profile mutants)
     [[ -n $pass ]] && nextest_args+=(-E "$pass")
-    # A hang (a loop that never ends, under a mutant) costs the whole limit: the first
-    # pass's tests take under a minute here, the whole suite under three.
-    timeout=300
-    [[ $pass == "$first" && ${#passes[@]} -gt 1 ]] && timeout=120
+    # Above the longest test nextest lets run in each pass: 90 s in a first pass, the
+    # explorers' 5 minutes in a whole one.
+    timeout=400
+    [[ $pass == "$first" && ${#passes[@]} -gt 1 ]] && timeout=150
+    # Every pass but the quick one first runs its tests unmutated (cargo-mutants'
+    # baseline), with its own filter: a test that fails unmutated would otherwise count as
+    # a catch of every mutant. --no-shuffle: a shard is the same list each time.
+    result=0
     # shellcheck disable=SC2086
-    if cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout $timeout \
-        --profile mutants --no-shuffle "${shard[@]}" "${baseline[@]}" "${iterate[@]}" \
-        -o "target/mutants/$target" -- "${nextest_args[@]}"; then
-      failed=0
-    else
-      failed=1
-    fi
-    # The next pass tries only what this one missed (or ran out of time on), and needs no
-    # unmutated baseline: the first pass ran it.
+    cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout $timeout \
+      --profile mutants --no-shuffle "${shard[@]}" "${baseline[@]}" "${iterate[@]}" \
+      -o "target/mutants/$target" -- "${nextest_args[@]}" || result=$?
+    # 2: mutants missed, 3: timeouts, which the next pass tries again with the whole
+    # filter (keeping this pass's catches). Anything else ends the target: done (0), or a
+    # failed baseline, an interrupt, bad arguments.
+    (( result == 2 || result == 3 )) || break
     iterate=(--iterate)
-    baseline=(--baseline skip)
   done
-  if (( failed )); then
+  if (( result != 0 )); then
     status=1
+    echo "mutants: $target: cargo mutants exited with $result" >&2
     for outcome in missed timeout; do
       file="target/mutants/$target/mutants.out/$outcome.txt"
       if [[ -s $file ]]; then
@@ -125,8 +129,6 @@ for target in "${targets[@]}"; do
       fi
     done
   fi
-  baseline=()
-  [[ $mode == --quick || $mode == --iterate ]] && baseline=(--baseline skip)
   set +f
 done
 # The SQL and Lua, which cargo-mutants does not touch, with a mutator of our own.

@@ -146,7 +146,8 @@ impl Store for LossyStore {
 /// machine's load: at most two searches of the twelve may run out of their budget (a
 /// hundred states a call, where the runs that set it took about one; a loaded CI run saw
 /// two, in the ordered mode, both decided in the other), and every history must be
-/// decided in at least one mode. Searching such a history again with the default budget
+/// decided in at least one mode (a history decided in neither is recorded once more, and
+/// that one must be). Searching such a history again with the default budget
 /// took minutes of a loaded debug build, so it is not; the length of a search is pinned
 /// by the hand-written histories. A search that decides and finds a history unexplained
 /// always fails.
@@ -154,10 +155,18 @@ impl Store for LossyStore {
 async fn lost_answers_are_explained() {
     let mut too_long = Vec::new();
     for seed in 1..=6 {
-        let store = Arc::new(MemoryStore::new()) as Arc<dyn Store>;
-        match check_behind_lost_answers(store, seed).await {
-            Ok(undecided) => too_long.extend(undecided.into_iter().map(|mode| (seed, mode))),
-            Err(unexplained) => panic!("{unexplained}"),
+        // A history decided in neither mode is recorded once more (the same seed, new
+        // timings): a loaded CI run saw one; the second must be decided in a mode.
+        for recording in 1..=2 {
+            let store = Arc::new(MemoryStore::new()) as Arc<dyn Store>;
+            match check_behind_lost_answers(store, seed).await {
+                Ok(undecided) if undecided.len() >= 2 && recording == 1 => continue,
+                Ok(undecided) => {
+                    too_long.extend(undecided.into_iter().map(|mode| (seed, mode)));
+                    break;
+                }
+                Err(unexplained) => panic!("{unexplained}"),
+            }
         }
     }
     let mut seeds: Vec<u64> = too_long.iter().map(|(seed, _)| *seed).collect();

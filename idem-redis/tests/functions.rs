@@ -7,43 +7,7 @@ mod common;
 use std::time::Duration;
 
 use idem_core::{Fingerprint, Idempotency, Key, Outcome, WorkError};
-use idem_redis::{RedisStore, redis};
-
-/// Creates an ACL user allowed everything but `denied`, and returns the URL to connect as
-/// it; the user is deleted by [`drop_user`].
-async fn user_without(url: &str, name: &str, denied: &[&str]) -> String {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut setuser = redis::cmd("ACL");
-    setuser
-        .arg("SETUSER")
-        .arg(name)
-        .arg("reset")
-        .arg("on")
-        .arg(">idem-test-password")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all");
-    for command in denied {
-        setuser.arg(format!("-{command}"));
-    }
-    let () = setuser.query_async(&mut conn).await.unwrap();
-    let mut as_user = url::Url::parse(url).unwrap();
-    as_user.set_username(name).unwrap();
-    as_user.set_password(Some("idem-test-password")).unwrap();
-    as_user.to_string()
-}
-
-async fn drop_user(url: &str, name: &str) {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let _: i64 = redis::cmd("ACL")
-        .arg("DELUSER")
-        .arg(name)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-}
+use idem_redis::RedisStore;
 
 /// Every transition the driver sends on a fresh key, a step, a heartbeat and a replay, then
 /// an operator's read.
@@ -129,9 +93,9 @@ async fn transitions_run_as_functions_where_the_server_has_them() {
         return;
     };
     let name = format!("idem-functions-only-{}", std::process::id());
-    let as_user = user_without(&url, &name, &["eval", "evalsha", "script"]).await;
+    let as_user = common::user_without(&url, &name, "~*", &["eval", "evalsha", "script"]).await;
     every_transition(common::standalone(&as_user).await).await;
-    drop_user(&url, &name).await;
+    common::drop_user(&url, &name).await;
 }
 
 #[tokio::test]
@@ -140,7 +104,7 @@ async fn a_server_that_refuses_functions_gets_scripts() {
         return;
     };
     let name = format!("idem-scripts-only-{}", std::process::id());
-    let as_user = user_without(&url, &name, &["fcall", "fcall_ro", "function"]).await;
+    let as_user = common::user_without(&url, &name, "~*", &["fcall", "fcall_ro", "function"]).await;
     every_transition(common::standalone(&as_user).await).await;
-    drop_user(&url, &name).await;
+    common::drop_user(&url, &name).await;
 }

@@ -51,3 +51,55 @@ pub(crate) async fn standalone(url: &str) -> RedisStore {
 pub(crate) async fn cluster(list: &str) -> RedisStore {
     cluster_in(list, &unique_prefix()).await
 }
+
+/// Creates an ACL user on the standalone server allowed the keys `keys` (an ACL key
+/// pattern such as `~*`) and every command but `denied`, and returns the URL to connect
+/// as it; the user is deleted by [`drop_user`].
+pub(crate) async fn user_without(url: &str, name: &str, keys: &str, denied: &[&str]) -> String {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut setuser = redis::cmd("ACL");
+    setuser
+        .arg("SETUSER")
+        .arg(name)
+        .arg("reset")
+        .arg("on")
+        .arg(">idem-test-password")
+        .arg(keys)
+        .arg("&*")
+        .arg("+@all");
+    for command in denied {
+        setuser.arg(format!("-{command}"));
+    }
+    let () = setuser.query_async(&mut conn).await.unwrap();
+    let mut as_user = url::Url::parse(url).unwrap();
+    as_user.set_username(name).unwrap();
+    as_user.set_password(Some("idem-test-password")).unwrap();
+    as_user.to_string()
+}
+
+/// Deletes a user [`user_without`] made.
+pub(crate) async fn drop_user(url: &str, name: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: i64 = redis::cmd("ACL")
+        .arg("DELUSER")
+        .arg(name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Completes one execution on each of `keys`, so each has a finished record.
+pub(crate) async fn completed(store: &RedisStore, keys: &[idem_core::Key]) {
+    let idem = idem_core::Idempotency::builder(store.clone())
+        .build()
+        .unwrap();
+    for key in keys {
+        idem.execute(key, idem_core::Fingerprint::of_bytes("x"), |_ctx| async {
+            Ok::<_, idem_core::WorkError<()>>(1_u32)
+        })
+        .await
+        .unwrap();
+    }
+}

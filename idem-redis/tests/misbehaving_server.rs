@@ -1,0 +1,159 @@
+//! The store against a server that keeps answering with an error: a raw TCP listener on
+//! 127.0.0.1 speaking just enough RESP, which counts what the store sends. The function
+//! library is loaded at most twice per call, never for an error other than a missing
+//! function, and a script is loaded only for `NOSCRIPT`: a call against a server that
+//! misbehaves ends, with the server's error, after a bounded number of round trips.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_core::{Key, Store, StoreError};
+use idem_redis::RedisStore;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+/// What the fake server answers to each command: a raw RESP reply.
+type Answer = fn(&[Vec<u8>]) -> &'static [u8];
+
+/// A fake Redis on 127.0.0.1 answering each command with `answer`; returns its URL and the
+/// commands it received, each as its name (with the subcommand for `FUNCTION` and
+/// `SCRIPT`), upper-cased.
+async fn fake_redis(answer: Answer) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let (read, mut write) = socket.into_split();
+                let mut read = BufReader::new(read);
+                while let Some(args) = read_command(&mut read).await {
+                    let mut name = String::from_utf8_lossy(&args[0]).to_uppercase();
+                    if matches!(name.as_str(), "FUNCTION" | "SCRIPT") && args.len() > 1 {
+                        name = format!("{name} {}", String::from_utf8_lossy(&args[1]));
+                        name = name.to_uppercase();
+                    }
+                    log.lock().unwrap().push(name);
+                    if write.write_all(answer(&args)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+/// One command, an array of bulk strings; `None` at the end of the stream or on anything
+/// else.
+async fn read_command<R: tokio::io::AsyncBufRead + Unpin>(read: &mut R) -> Option<Vec<Vec<u8>>> {
+    let mut line = String::new();
+    if read.read_line(&mut line).await.ok()? == 0 {
+        return None;
+    }
+    let count: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(count);
+    for _ in 0..count {
+        line.clear();
+        read.read_line(&mut line).await.ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut arg = vec![0; len + 2];
+        read.read_exact(&mut arg).await.ok()?;
+        arg.truncate(len);
+        args.push(arg);
+    }
+    (!args.is_empty()).then_some(args)
+}
+
+fn is(args: &[Vec<u8>], name: &str) -> bool {
+    args[0].eq_ignore_ascii_case(name.as_bytes())
+}
+
+/// A read of one key against a server answering with `answer`, bounded in time (a store
+/// that loops forever fails here); answers the store's error and the commands the server
+/// saw from the read alone.
+async fn read_against(answer: Answer) -> (StoreError, Vec<String>) {
+    let (url, seen) = fake_redis(answer).await;
+    let store = RedisStore::standalone(&url).await.expect("connect");
+    seen.lock().unwrap().clear(); // the connection's own setup
+    let key = Key::new("misbehaving", "k").unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10), store.get(&key))
+        .await
+        .expect("the read ends");
+    let err = read.expect_err("the server answers only errors");
+    let seen = seen.lock().unwrap().clone();
+    (err, seen)
+}
+
+fn count(seen: &[String], name: &str) -> usize {
+    seen.iter().filter(|s| *s == name).count()
+}
+
+#[tokio::test]
+async fn a_function_still_missing_after_two_loads_is_an_error_not_a_loop() {
+    let (err, seen) = read_against(|args| {
+        if is(args, "FCALL") {
+            b"-ERR Function not found\r\n"
+        } else if is(args, "FUNCTION") {
+            b"$4\r\nidem\r\n"
+        } else {
+            b"+OK\r\n"
+        }
+    })
+    .await;
+    assert_eq!(count(&seen, "FUNCTION LOAD"), 2, "{seen:?}");
+    assert_eq!(count(&seen, "FCALL"), 3, "{seen:?}");
+    assert_eq!(count(&seen, "EVALSHA"), 0, "{seen:?}");
+    assert!(format!("{err:?}").contains("Function not found"), "{err:?}");
+}
+
+#[tokio::test]
+async fn another_error_from_a_function_loads_nothing() {
+    let (err, seen) = read_against(|args| {
+        if is(args, "FCALL") {
+            b"-ERR something else went wrong\r\n"
+        } else {
+            b"+OK\r\n"
+        }
+    })
+    .await;
+    assert_eq!(seen, ["FCALL"]);
+    assert!(format!("{err:?}").contains("something else"), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_script_is_loaded_once_for_noscript_and_never_for_another_error() {
+    // No functions on this server (before Redis 7): the store sends the script.
+    let (err, seen) = read_against(|args| {
+        if is(args, "FCALL") {
+            b"-ERR unknown command 'FCALL', with args beginning with: \r\n"
+        } else if is(args, "EVALSHA") {
+            b"-ERR the script failed\r\n"
+        } else {
+            b"+OK\r\n"
+        }
+    })
+    .await;
+    assert_eq!(seen, ["FCALL", "EVALSHA"]);
+    assert!(format!("{err:?}").contains("the script failed"), "{err:?}");
+
+    let (err, seen) = read_against(|args| {
+        if is(args, "FCALL") {
+            b"-ERR unknown command 'FCALL', with args beginning with: \r\n"
+        } else if is(args, "EVALSHA") {
+            b"-NOSCRIPT No matching script. Please use EVAL.\r\n"
+        } else if is(args, "SCRIPT") {
+            b"$40\r\n0000000000000000000000000000000000000000\r\n"
+        } else {
+            b"+OK\r\n"
+        }
+    })
+    .await;
+    assert_eq!(
+        seen,
+        ["FCALL", "EVALSHA", "SCRIPT LOAD", "EVALSHA"],
+        "{err:?}"
+    );
+}

@@ -103,3 +103,98 @@ where
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodb::error::{ConnectorError, ErrorMetadata};
+    use aws_sdk_dynamodb::operation::get_item::GetItemError;
+
+    fn service(code: &str, message: &str) -> SdkError<GetItemError, ()> {
+        let metadata = ErrorMetadata::builder().code(code).message(message).build();
+        SdkError::service_error(GetItemError::generic(metadata), ())
+    }
+
+    fn kind(err: &StoreError) -> &'static str {
+        match err {
+            StoreError::Busy { .. } => "busy",
+            StoreError::Unavailable { .. } => "unavailable",
+            StoreError::Misconfigured { .. } => "misconfigured",
+            StoreError::Backend {
+                retryable: false, ..
+            } => "backend",
+            other => panic!("an unexpected kind: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_service_code_the_store_tells_apart_has_its_kind() {
+        let cases = [
+            ("ProvisionedThroughputExceededException", "", "busy"),
+            ("RequestLimitExceeded", "", "busy"),
+            ("ThrottlingException", "", "busy"),
+            ("TransactionConflictException", "", "busy"),
+            ("LimitExceededException", "", "busy"),
+            ("InternalServerError", "", "unavailable"),
+            ("ServiceUnavailable", "", "unavailable"),
+            ("ResourceNotFoundException", "", "misconfigured"),
+            ("AccessDeniedException", "", "misconfigured"),
+            ("UnrecognizedClientException", "", "misconfigured"),
+            ("MissingAuthenticationTokenException", "", "misconfigured"),
+            (
+                "ValidationException",
+                "Cannot do operations on a non-existent table",
+                "misconfigured",
+            ),
+            (
+                "ValidationException",
+                "One or more parameter values were invalid: Table",
+                "misconfigured",
+            ),
+            (
+                "ValidationException",
+                "Item size has exceeded the maximum allowed size",
+                "backend",
+            ),
+            ("ConditionalCheckFailedException", "", "backend"),
+        ];
+        for (code, message, expected) in cases {
+            let err = map(Operation::Claim, service(code, message));
+            assert_eq!(kind(&err), expected, "{code}: {message}");
+            // The service's own words reach the reader, not the SDK's "service error".
+            let words = std::error::Error::source(&err).unwrap().to_string();
+            assert_eq!(words, format!("DynamoDB answered {code}: {message}"));
+        }
+    }
+
+    #[test]
+    fn transport_failures_are_unavailable_and_the_rest_backend() {
+        let timeout: SdkError<GetItemError, ()> = SdkError::timeout_error("slow");
+        let dispatch: SdkError<GetItemError, ()> =
+            SdkError::dispatch_failure(ConnectorError::io("reset".into()));
+        let response: SdkError<GetItemError, ()> = SdkError::response_error("cut", ());
+        let construction: SdkError<GetItemError, ()> = SdkError::construction_failure("bad");
+        assert_eq!(kind(&map(Operation::Get, timeout)), "unavailable");
+        assert_eq!(kind(&map(Operation::Get, dispatch)), "unavailable");
+        assert_eq!(kind(&map(Operation::Get, response)), "unavailable");
+        assert_eq!(kind(&map(Operation::Get, construction)), "backend");
+    }
+
+    #[test]
+    fn an_item_too_large_is_told_by_its_code_and_words() {
+        assert!(is_item_too_large(&service(
+            "ValidationException",
+            "Item size has exceeded the maximum allowed size"
+        )));
+        assert!(!is_item_too_large(&service(
+            "ValidationException",
+            "One or more parameter values were invalid"
+        )));
+        assert!(!is_item_too_large(&service(
+            "ThrottlingException",
+            "Item size"
+        )));
+        let timeout: SdkError<GetItemError, ()> = SdkError::timeout_error("slow");
+        assert!(!is_item_too_large(&timeout));
+    }
+}

@@ -326,3 +326,47 @@ impl Store for DynamoDbStore {
         Some(MAX_RECORD_BYTES)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_sdk_dynamodb::config::{BehaviorVersion, Region};
+
+    fn offline_client() -> Client {
+        let config = aws_sdk_dynamodb::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .build();
+        Client::from_conf(config)
+    }
+
+    #[test]
+    fn debug_shows_the_settings_and_no_client() {
+        let builder = DynamoDbStore::builder(offline_client(), "idem_records")
+            .unwrap()
+            .prefix("app1")
+            .unwrap()
+            .skew_margin(Duration::from_millis(1500))
+            .claim_reads_first(true);
+        let shown = format!("{builder:?}");
+        let store = builder.build();
+        assert_eq!(shown, format!("DynamoDbStoreBuilder({store:?})"));
+        assert_eq!(
+            format!("{store:?}"),
+            "DynamoDbStore { table: idem_records, prefix: \"app1\", skew_margin: 1.5s, \
+             claim_reads_first: true, clock: SystemClock }"
+        );
+    }
+
+    #[test]
+    fn the_store_declares_its_expiry_and_item_limit() {
+        let store = DynamoDbStore::new(offline_client(), "idem_records").unwrap();
+        assert_eq!(store.expiry(), Expiry::Eventually);
+        assert_eq!(store.max_record_bytes(), Some(MAX_RECORD_BYTES));
+        assert_eq!(store.table_name(), "idem_records");
+        // The defaults: no prefix, the documented margin, claims that write first.
+        assert_eq!(store.prefix(), "");
+        assert_eq!(store.skew_margin_value(), DEFAULT_SKEW_MARGIN);
+        assert!(!store.claim_reads_first);
+    }
+}

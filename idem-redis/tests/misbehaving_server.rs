@@ -4,28 +4,31 @@
 //! function, and a script is loaded only for `NOSCRIPT`: a call against a server that
 //! misbehaves ends, with the server's error, after a bounded number of round trips.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_core::{Key, Store, StoreError};
+use idem_core::{Admin, Fingerprint, Key, Store, StoreError, raw::storage_name};
 use idem_redis::RedisStore;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-/// What the fake server answers to each command: a raw RESP reply.
-type Answer = fn(&[Vec<u8>]) -> &'static [u8];
-
-/// A fake Redis on 127.0.0.1 answering each command with `answer`; returns its URL and the
-/// commands it received, each as its name (with the subcommand for `FUNCTION` and
-/// `SCRIPT`), upper-cased.
-async fn fake_redis(answer: Answer) -> (String, Arc<Mutex<Vec<String>>>) {
+/// A fake Redis on 127.0.0.1 answering each command with `answer(args, times)`, `times`
+/// being how often the very same command came before; returns its URL and the commands
+/// it received, each as its name (with the subcommand for `FUNCTION` and `SCRIPT`),
+/// upper-cased, and ` +` after it when the next command came in the same write.
+async fn fake_redis(
+    answer: impl Fn(&[Vec<u8>], usize) -> Vec<u8> + Send + Sync + 'static,
+) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("redis://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
+    let answer = Arc::new(answer);
+    let times = Arc::new(Mutex::new(HashMap::<Vec<Vec<u8>>, usize>::new()));
     tokio::spawn(async move {
         while let Ok((socket, _)) = listener.accept().await {
-            let log = Arc::clone(&log);
+            let (log, answer, times) = (Arc::clone(&log), Arc::clone(&answer), Arc::clone(&times));
             tokio::spawn(async move {
                 let (read, mut write) = socket.into_split();
                 let mut read = BufReader::new(read);
@@ -35,8 +38,19 @@ async fn fake_redis(answer: Answer) -> (String, Arc<Mutex<Vec<String>>>) {
                         name = format!("{name} {}", String::from_utf8_lossy(&args[1]));
                         name = name.to_uppercase();
                     }
+                    // A command with more bytes already behind it came in one write with
+                    // the next: a pipeline.
+                    if !read.buffer().is_empty() {
+                        name.push_str(" +");
+                    }
                     log.lock().unwrap().push(name);
-                    if write.write_all(answer(&args)).await.is_err() {
+                    let before = {
+                        let mut times = times.lock().unwrap();
+                        let count = times.entry(args.clone()).or_default();
+                        *count += 1;
+                        *count - 1
+                    };
+                    if write.write_all(&answer(&args, before)).await.is_err() {
                         return;
                     }
                 }
@@ -74,8 +88,8 @@ fn is(args: &[Vec<u8>], name: &str) -> bool {
 /// A read of one key against a server answering with `answer`, bounded in time (a store
 /// that loops forever fails here); answers the store's error and the commands the server
 /// saw from the read alone.
-async fn read_against(answer: Answer) -> (StoreError, Vec<String>) {
-    let (url, seen) = fake_redis(answer).await;
+async fn read_against(answer: fn(&[Vec<u8>]) -> &'static [u8]) -> (StoreError, Vec<String>) {
+    let (url, seen) = fake_redis(move |args, _| answer(args).to_vec()).await;
     let store = RedisStore::standalone(&url).await.expect("connect");
     seen.lock().unwrap().clear(); // the connection's own setup
     let key = Key::new("misbehaving", "k").unwrap();
@@ -156,4 +170,78 @@ async fn a_script_is_loaded_once_for_noscript_and_never_for_another_error() {
         ["FCALL", "EVALSHA", "SCRIPT LOAD", "EVALSHA"],
         "{err:?}"
     );
+}
+
+fn bulk(bytes: &[u8]) -> Vec<u8> {
+    let mut out = format!("${}\r\n", bytes.len()).into_bytes();
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+fn array(items: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", items.len()).into_bytes();
+    for item in items {
+        out.extend_from_slice(item);
+    }
+    out
+}
+
+/// A count reads each key's summary once, in the batch's pipeline: an answer of a key of
+/// another type is counted unreadable from that answer, and a key that answered is not
+/// read again (the server here refuses any second read of a key).
+#[tokio::test]
+async fn a_count_reads_each_key_once_and_counts_another_type_from_its_answer() {
+    let prefix = "fake:";
+    let name = |key: &str| {
+        let key = Key::new("fake", key).unwrap();
+        format!("{prefix}{{{}}}", storage_name::key_name(&key)).into_bytes()
+    };
+    let (record, other) = (name("a-record"), name("a-string"));
+    let fields: Vec<Vec<u8>> = [
+        Fingerprint::of_bytes("x").as_bytes().as_slice(),
+        b"completed",
+        b"1",
+        &[0; 16],
+        b"1",
+        b"1",
+        b"4102444800000",
+    ]
+    .iter()
+    .map(|field| bulk(field))
+    .collect();
+    let (scanned, summary) = (
+        array(&[bulk(b"0"), array(&[bulk(&record), bulk(&other)])]),
+        array(&fields),
+    );
+    let (url, seen) = fake_redis(move |args, before| {
+        if is(args, "TIME") {
+            array(&[bulk(b"1700000000"), bulk(b"0")])
+        } else if is(args, "SCAN") {
+            scanned.clone()
+        } else if is(args, "HMGET") && before > 0 {
+            b"-ERR this key was read already\r\n".to_vec()
+        } else if is(args, "HMGET") && args[1] == record {
+            summary.clone()
+        } else if is(args, "HMGET") {
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n".to_vec()
+        } else {
+            b"+OK\r\n".to_vec()
+        }
+    })
+    .await;
+    let store = RedisStore::standalone(&url)
+        .await
+        .expect("connect")
+        .with_prefix(prefix)
+        .unwrap();
+    let stats = tokio::time::timeout(Duration::from_secs(10), store.stats(10))
+        .await
+        .expect("the count ends")
+        .expect("a count");
+    assert_eq!((stats.total, stats.unreadable), (1, 1), "{stats:?}");
+    let seen = seen.lock().unwrap().clone();
+    // Both in one pipeline: a round trip per batch, not per key.
+    let reads: Vec<&String> = seen.iter().filter(|s| s.starts_with("HMGET")).collect();
+    assert_eq!(reads, ["HMGET +", "HMGET"], "{seen:?}");
 }

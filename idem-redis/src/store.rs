@@ -163,21 +163,18 @@ fn timestamp(value: i64) -> Result<Timestamp, StoreError> {
         .map_err(|_| unexpected("a negative time"))
 }
 
+/// A number the scripts answer: a Lua number, which Redis sends as an integer reply.
 fn int(value: &Value) -> Result<i64, StoreError> {
     match value {
         Value::Int(n) => Ok(*n),
-        Value::BulkString(bytes) => std::str::from_utf8(bytes)
-            .ok()
-            .and_then(|text| text.parse().ok())
-            .ok_or_else(|| unexpected("a number that does not parse")),
         _ => Err(unexpected("a reply that is not a number")),
     }
 }
 
+/// Bytes the scripts answer: a Lua string, which Redis sends as a bulk string.
 fn bytes(value: Value) -> Result<Vec<u8>, StoreError> {
     match value {
         Value::BulkString(bytes) => Ok(bytes),
-        Value::SimpleString(text) => Ok(text.into_bytes()),
         _ => Err(unexpected("a reply that is not a string")),
     }
 }

@@ -13,12 +13,21 @@ use idem_redis::RedisStore;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-/// A fake Redis on 127.0.0.1 answering each command with `answer(args, times)`, `times`
-/// being how often the very same command came before; returns its URL and the commands
-/// it received, each as its name (with the subcommand for `FUNCTION` and `SCRIPT`),
-/// upper-cased, and ` +` after it when the next command came in the same write.
+/// One command as the fake server received it.
+struct Call<'a> {
+    args: &'a [Vec<u8>],
+    /// How often the very same command came before.
+    before: usize,
+    /// Which connection it came on, from 0 in the order they were accepted.
+    connection: usize,
+}
+
+/// A fake Redis on 127.0.0.1 answering each command with `answer(call)`, raw RESP, or
+/// not at all for `None`; returns its URL and the commands it received, each as its name
+/// (with the subcommand for `FUNCTION` and `SCRIPT`), upper-cased, and ` +` after it when
+/// the next command came in the same write; `CONNECT` for each connection accepted.
 async fn fake_redis(
-    answer: impl Fn(&[Vec<u8>], usize) -> Vec<u8> + Send + Sync + 'static,
+    answer: impl Fn(&Call<'_>) -> Option<Vec<u8>> + Send + Sync + 'static,
 ) -> (String, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("redis://{}", listener.local_addr().unwrap());
@@ -27,7 +36,11 @@ async fn fake_redis(
     let answer = Arc::new(answer);
     let times = Arc::new(Mutex::new(HashMap::<Vec<Vec<u8>>, usize>::new()));
     tokio::spawn(async move {
+        let mut accepted = 0;
         while let Ok((socket, _)) = listener.accept().await {
+            let connection = accepted;
+            accepted += 1;
+            log.lock().unwrap().push("CONNECT".to_owned());
             let (log, answer, times) = (Arc::clone(&log), Arc::clone(&answer), Arc::clone(&times));
             tokio::spawn(async move {
                 let (read, mut write) = socket.into_split();
@@ -50,7 +63,14 @@ async fn fake_redis(
                         *count += 1;
                         *count - 1
                     };
-                    if write.write_all(&answer(&args, before)).await.is_err() {
+                    let call = Call {
+                        args: &args,
+                        before,
+                        connection,
+                    };
+                    if let Some(reply) = answer(&call)
+                        && write.write_all(&reply).await.is_err()
+                    {
                         return;
                     }
                 }
@@ -89,7 +109,7 @@ fn is(args: &[Vec<u8>], name: &str) -> bool {
 /// that loops forever fails here); answers the store's error and the commands the server
 /// saw from the read alone.
 async fn read_against(answer: fn(&[Vec<u8>]) -> &'static [u8]) -> (StoreError, Vec<String>) {
-    let (url, seen) = fake_redis(move |args, _| answer(args).to_vec()).await;
+    let (url, seen) = fake_redis(move |call| Some(answer(call.args).to_vec())).await;
     let store = RedisStore::standalone(&url).await.expect("connect");
     seen.lock().unwrap().clear(); // the connection's own setup
     let key = Key::new("misbehaving", "k").unwrap();
@@ -214,8 +234,8 @@ async fn a_count_reads_each_key_once_and_counts_another_type_from_its_answer() {
         array(&[bulk(b"0"), array(&[bulk(&record), bulk(&other)])]),
         array(&fields),
     );
-    let (url, seen) = fake_redis(move |args, before| {
-        if is(args, "TIME") {
+    let (url, seen) = fake_redis(move |&Call { args, before, .. }| {
+        Some(if is(args, "TIME") {
             array(&[bulk(b"1700000000"), bulk(b"0")])
         } else if is(args, "SCAN") {
             scanned.clone()
@@ -227,7 +247,7 @@ async fn a_count_reads_each_key_once_and_counts_another_type_from_its_answer() {
             b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n".to_vec()
         } else {
             b"+OK\r\n".to_vec()
-        }
+        })
     })
     .await;
     let store = RedisStore::standalone(&url)
@@ -244,4 +264,89 @@ async fn a_count_reads_each_key_once_and_counts_another_type_from_its_answer() {
     // Both in one pipeline: a round trip per batch, not per key.
     let reads: Vec<&String> = seen.iter().filter(|s| s.starts_with("HMGET")).collect();
     assert_eq!(reads, ["HMGET +", "HMGET"], "{seen:?}");
+}
+
+/// A store that found functions refused sends scripts from then on (for a minute) rather
+/// than a refused `FCALL` before every call.
+#[tokio::test]
+async fn after_functions_are_refused_calls_go_straight_to_scripts() {
+    let (url, seen) = fake_redis(|&Call { args, .. }| {
+        Some(if is(args, "FCALL") {
+            b"-ERR unknown command 'FCALL', with args beginning with: \r\n".to_vec()
+        } else if is(args, "EVALSHA") {
+            b"-ERR the script failed\r\n".to_vec()
+        } else {
+            b"+OK\r\n".to_vec()
+        })
+    })
+    .await;
+    let store = RedisStore::standalone(&url).await.expect("connect");
+    seen.lock().unwrap().clear();
+    let key = Key::new("misbehaving", "k").unwrap();
+    for _ in 0..3 {
+        store.get(&key).await.expect_err("only errors");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen, ["FCALL", "EVALSHA", "EVALSHA", "EVALSHA"]);
+}
+
+/// A connection that stops answering (packets dropped, no reset) is replaced after a
+/// request times out: later calls reach the server again on a new connection.
+#[tokio::test]
+async fn a_connection_that_stops_answering_is_replaced() {
+    let (url, seen) = fake_redis(
+        |&Call {
+             args, connection, ..
+         }| {
+            if is(args, "FCALL") && connection == 0 {
+                None // silent from here on, as a dropped route is
+            } else if is(args, "FCALL") {
+                Some(b"-ERR answered on a new connection\r\n".to_vec())
+            } else {
+                Some(b"+OK\r\n".to_vec())
+            }
+        },
+    )
+    .await;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_millis(200)));
+    let store = RedisStore::standalone_with_config(&url, config)
+        .await
+        .expect("connect");
+    let key = Key::new("misbehaving", "k").unwrap();
+    let first = store.get(&key).await.expect_err("no answer");
+    assert!(matches!(first, StoreError::Unavailable { .. }), "{first:?}");
+    // The first timeout replaces the connection (in the background), without waiting for
+    // another call to time out too. Bounded: 5 s.
+    let connects = || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == "CONNECT")
+            .count()
+    };
+    for _ in 0..100 {
+        if connects() > 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(connects(), 2, "a new connection after the timeout");
+    let err = store.get(&key).await.expect_err("only errors");
+    let answered = format!("{err:?}").contains("answered on a new connection");
+    assert!(answered, "the store kept the silent connection");
+}
+
+#[tokio::test]
+async fn debug_shows_the_connection_kind_and_prefix() {
+    let (url, _) = fake_redis(|_| Some(b"+OK\r\n".to_vec())).await;
+    let store = RedisStore::standalone(&url)
+        .await
+        .expect("connect")
+        .with_prefix("app1:")
+        .unwrap();
+    assert_eq!(
+        format!("{store:?}"),
+        r#"RedisStore { connection: "standalone", prefix: "app1:" }"#
+    );
 }

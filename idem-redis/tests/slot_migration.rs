@@ -199,6 +199,10 @@ async fn a_listing_during_a_slot_migration_reads_every_record_once() {
     };
     let prefix = common::unique_prefix();
     let store = common::cluster_in(&list, &prefix).await;
+    assert_eq!(
+        format!("{store:?}"),
+        format!("RedisStore {{ connection: \"cluster\", prefix: {prefix:?} }}")
+    );
     let keys: Vec<Key> = (0..5)
         .map(|n| Key::new("migration", format!("order-{n}")).unwrap())
         .collect();

@@ -242,6 +242,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn functions_are_tried_again_once_a_refusal_has_aged() {
+        let scripts = Scripts::new();
+        assert!(scripts.functions_allowed(), "allowed until refused");
+        // Refused until an hour after the store was made.
+        scripts.scripts_until.store(3_600_000, Ordering::Relaxed);
+        assert!(!scripts.functions_allowed(), "refused for now");
+        // Refused until a millisecond after it was made: over by now.
+        scripts.scripts_until.store(1, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(scripts.functions_allowed(), "tried again");
+    }
+
+    #[test]
     fn the_library_names_itself_and_every_function_after_its_hash() {
         let scripts = Scripts::new();
         let header = scripts.library.lines().next().unwrap();

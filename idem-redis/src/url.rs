@@ -442,6 +442,12 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_is_named_for_messages() {
+        assert_eq!(BACKEND.name(), "Redis");
+        assert_eq!(BACKEND.schemes(), URL_SCHEMES);
+    }
+
+    #[test]
     fn flags_must_fit_the_backend() {
         for url in ["redis://127.0.0.1", "redis+cluster://127.0.0.1:7001"] {
             assert!(matches!(

@@ -390,6 +390,7 @@ mod tests {
                 .unwrap()
                 .is_cluster()
         );
+        assert!(!parse("redis://127.0.0.1:7001").unwrap().is_cluster());
         // rediss:// is a Redis URL; the client refuses it in a build without TLS.
         match RedisLocation::parse("rediss://127.0.0.1", &options) {
             Ok(location) => assert_eq!(location.backend(), "Redis"),

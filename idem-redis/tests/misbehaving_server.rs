@@ -350,3 +350,22 @@ async fn debug_shows_the_connection_kind_and_prefix() {
         r#"RedisStore { connection: "standalone", prefix: "app1:" }"#
     );
 }
+
+/// `idem migrate` on Redis connects, which proves the address, and says there is nothing
+/// to create.
+#[tokio::test]
+async fn migrate_connects_and_says_there_is_no_schema() {
+    let (url, seen) = fake_redis(|_| Some(b"+OK\r\n".to_vec())).await;
+    let location = idem_core::connect::parse_url(
+        &url,
+        &idem_core::connect::ConnectOptions::default(),
+        &[&idem_redis::BACKEND],
+    )
+    .unwrap();
+    let said = location.migrate().await.expect("a server that answers");
+    assert_eq!(
+        said,
+        format!("nothing to migrate: Redis prefix \"idem:\" at {url} needs no schema")
+    );
+    assert!(seen.lock().unwrap().contains(&"CONNECT".to_owned()));
+}

@@ -1,9 +1,11 @@
 //! An operator's listing and count while a Cluster moves slots. A key already moved to its
 //! new node is found by that node's `SCAN`, but the node answers `MOVED` for it until the
-//! slot is handed over, so the batch's pipelined read fails for it and the record can only
-//! be read on its own, routed by its slot (the client follows the `ASK` to the new node).
-//! Every record is still listed once, and a key of another type still counts as
-//! unreadable, not as a failure of the whole listing.
+//! slot is handed over: the client follows the redirection for the batch's pipelined read
+//! (to the old node, which answers `ASK`), or gives up on the batch, and then the key is
+//! read on its own, routed by its slot. Which of the two happens depends on where the
+//! test's keys fall; either way every record is listed once, and a key of another type
+//! counts as unreadable, not as a failure of the whole listing. The fallback itself is
+//! checked deterministically against a fake server (`misbehaving_server.rs`).
 
 mod common;
 

@@ -30,7 +30,9 @@ fn receipt(order: &str) -> Receipt {
 
 async fn setup(url: &str) -> (PostgresStore, String) {
     let store = common::fresh_store(url, 4).await;
-    let ledger = format!("ledger_{}", std::process::id());
+    // Per process and fresh: a process that gets an earlier one's id must not count that
+    // one's debits.
+    let ledger = format!("ledger_{}", idem_testkit::Namespace::fresh());
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {ledger} (order_id text NOT NULL, cents bigint NOT NULL)"
     )))
@@ -307,7 +309,7 @@ async fn reserved_words_work_as_table_names() {
 #[tokio::test]
 async fn migrate_creates_a_missing_schema() {
     let Some(url) = common::url() else { return };
-    let schema = format!("idem_schema_{}", std::process::id());
+    let schema = format!("idem_schema_{}", idem_testkit::Namespace::fresh());
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let store = PostgresStore::builder(pool.clone())
         .table(&format!("{schema}.records"))

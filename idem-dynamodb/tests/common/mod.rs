@@ -2,7 +2,6 @@
 
 #![allow(dead_code)] // each test binary uses what it needs
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_dynamodb::DynamoDbStore;
@@ -29,8 +28,9 @@ pub(crate) fn table() -> String {
 }
 
 pub(crate) fn unique_prefix() -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!("t{}#", NEXT.fetch_add(1, Ordering::SeqCst))
+    // The testkit's namespace carries a tag drawn per process: a process that gets an
+    // earlier one's id also gets its table, whose records still live.
+    format!("{}#", idem_testkit::Namespace::fresh())
 }
 
 /// Creates this process's table, with TTL deletion off: DynamoDB Local deletes an item

@@ -2,20 +2,16 @@
 
 #![allow(dead_code)] // each test binary uses what it needs
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use idem_redis::RedisStore;
 
 pub(crate) const STANDALONE: &str = "IDEM_TEST_REDIS_URL";
 pub(crate) const CLUSTER: &str = "IDEM_TEST_REDIS_CLUSTER_NODES";
 
+/// A prefix no other test uses, in this process or any other: the testkit's namespace
+/// carries a tag drawn per process, since a busy run reuses process ids while the records
+/// an earlier process left on the shared server still live.
 pub(crate) fn unique_prefix() -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "idem-test:{}:{}:",
-        std::process::id(),
-        NEXT.fetch_add(1, Ordering::SeqCst)
-    )
+    format!("idem-test:{}:", idem_testkit::Namespace::fresh())
 }
 
 pub(crate) fn nodes(list: &str) -> Vec<String> {

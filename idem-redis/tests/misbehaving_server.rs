@@ -1,8 +1,12 @@
-//! The store against a server that keeps answering with an error: a raw TCP listener on
-//! 127.0.0.1 speaking just enough RESP, which counts what the store sends. The function
-//! library is loaded at most twice per call, never for an error other than a missing
-//! function, and a script is loaded only for `NOSCRIPT`: a call against a server that
-//! misbehaves ends, with the server's error, after a bounded number of round trips.
+//! The store against a server that misbehaves: a raw TCP listener on 127.0.0.1 speaking
+//! just enough RESP, which counts what the store sends. The function library is loaded at
+//! most twice per call, never for an error other than a missing function, and a script is
+//! loaded only for `NOSCRIPT`: a call against a server that misbehaves ends, with the
+//! server's error, after a bounded number of round trips. A count reads each key once,
+//! in pipelines, and a key the batch could not read once more alone; a connection that
+//! goes silent is replaced.
+
+mod common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -274,6 +278,7 @@ const WRONGTYPE: &[u8] = b"-WRONGTYPE Operation against a key holding the wrong 
 /// read again (the server here refuses any second read of a key).
 #[tokio::test]
 async fn a_count_reads_each_key_once_and_counts_another_type_from_its_answer() {
+    let warnings = common::Warnings::capture();
     let (stats, reads) = count_with(|before| {
         if before == 0 {
             WRONGTYPE
@@ -286,6 +291,13 @@ async fn a_count_reads_each_key_once_and_counts_another_type_from_its_answer() {
     assert_eq!((stats.total, stats.unreadable), (1, 1), "{stats:?}");
     // Both in one pipeline: a round trip per batch, not per key.
     assert_eq!(reads, ["HMGET +", "HMGET"]);
+    // The operator's log says what the skipped key is.
+    let logged = warnings.text();
+    assert!(
+        logged.contains("skipped a key that is not a readable record")
+            && logged.contains("not a record's hash"),
+        "{logged}"
+    );
 }
 
 /// A key whose answer in the batch is another error (a Cluster moving its slot answers

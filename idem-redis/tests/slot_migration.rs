@@ -10,7 +10,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 
 use idem_core::{Admin, Key, admin::ListQuery, raw::storage_name};
 use redis::Value;
@@ -247,21 +246,6 @@ async fn a_listing_during_a_slot_migration_reads_every_record_once() {
     }
 }
 
-/// What a test's subscriber writes, kept for the test to read.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Each node's batch of keys is read in one pipeline sent to that node, not key by key:
 /// the keys of a batch lie in many slots, which a pipeline routed by its keys would refuse.
 #[tokio::test]
@@ -274,18 +258,11 @@ async fn a_listing_on_a_cluster_reads_each_batch_in_one_pipeline() {
         .map(|n| Key::new("batches", format!("order-{n}")).unwrap())
         .collect();
     common::completed(&store, &keys).await;
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(move || writer.clone())
-        .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
+    let warnings = common::Warnings::capture();
     let page = store.list(&ListQuery::new().limit(100)).await.unwrap();
     let stats = store.stats(10).await.unwrap();
-    drop(guard);
+    let logged = warnings.text();
     assert_eq!(page.records.len(), keys.len());
     assert_eq!((stats.total, stats.unreadable), (30, 0), "{stats:?}");
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
     assert!(!logged.contains("pipeline failed"), "{logged}");
 }

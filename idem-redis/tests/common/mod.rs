@@ -99,3 +99,45 @@ pub(crate) async fn completed(store: &RedisStore, keys: &[idem_core::Key]) {
         .unwrap();
     }
 }
+
+/// The warnings logged on this thread while it lives, as text.
+pub(crate) struct Warnings {
+    written: Captured,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Warnings {
+    /// Starts capturing (a `#[tokio::test]` runs on one thread, so the store's own code
+    /// logs here).
+    pub(crate) fn capture() -> Self {
+        let written = Captured::default();
+        let writer = written.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(move || writer.clone())
+            .finish();
+        Self {
+            written,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    /// What was logged so far.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.written.0.lock().unwrap()).into_owned()
+    }
+}

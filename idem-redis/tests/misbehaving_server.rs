@@ -398,8 +398,16 @@ async fn a_connection_that_stops_answering_is_replaced() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(connects(), 2, "a new connection after the timeout");
-    let err = store.get(&key).await.expect_err("only errors");
-    let answered = format!("{err:?}").contains("answered on a new connection");
+    // The store takes the new connection once it is set up: a call just before that
+    // still meets the silent one (and times out). Bounded: 10 calls.
+    let mut answered = false;
+    for _ in 0..10 {
+        let err = store.get(&key).await.expect_err("only errors");
+        if format!("{err:?}").contains("answered on a new connection") {
+            answered = true;
+            break;
+        }
+    }
     assert!(answered, "the store kept the silent connection");
 }
 

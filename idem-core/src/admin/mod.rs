@@ -48,9 +48,12 @@ pub enum ReleaseKeyOutcome {
 pub trait Admin: Store {
     /// One page of records.
     ///
-    /// - Oldest first (creation time, then scope, then key); `query.after` resumes after
-    ///   a page's `next` cursor, and every matching record appears on exactly one page of
-    ///   a walk through the cursors, even when records are added meanwhile.
+    /// - Oldest first: creation time (at the store's own precision, which may be finer
+    ///   than `created_at`'s milliseconds), then scope, then key; the same order on every
+    ///   listing, so the pages of a walk joined are one listing cut in pieces.
+    /// - `query.after` resumes after a page's `next` cursor, and every matching record
+    ///   appears on exactly one page of a walk through the cursors, even when records are
+    ///   added meanwhile.
     /// - At most `query.page_size()` records; `next` is `Some` exactly when more matching
     ///   records follow the page (a page that ends the listing at its limit has none).
     /// - Filters by state, by stuck work (in progress, lease ended at least

@@ -104,3 +104,18 @@ impl fmt::Debug for DynamoDbStoreBuilder {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_of_512_bytes_is_the_longest() {
+        assert_eq!(check_prefix(""), Ok(()));
+        assert_eq!(check_prefix(&"p".repeat(512)), Ok(()));
+        assert_eq!(
+            check_prefix(&"p".repeat(513)),
+            Err(PrefixError::TooLong { len: 513 })
+        );
+    }
+}

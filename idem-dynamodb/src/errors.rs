@@ -161,9 +161,14 @@ mod tests {
         for (code, message, expected) in cases {
             let err = map(Operation::Claim, service(code, message));
             assert_eq!(kind(&err), expected, "{code}: {message}");
-            // The service's own words reach the reader, not the SDK's "service error".
-            let words = std::error::Error::source(&err).unwrap().to_string();
-            assert_eq!(words, format!("DynamoDB answered {code}: {message}"));
+            // The service's own words reach the reader, not the SDK's "service error",
+            // and the SDK's error stays behind them.
+            let words = std::error::Error::source(&err).unwrap();
+            assert_eq!(
+                words.to_string(),
+                format!("DynamoDB answered {code}: {message}")
+            );
+            assert!(words.source().is_some(), "{code}: the SDK's error is kept");
         }
     }
 

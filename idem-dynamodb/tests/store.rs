@@ -525,3 +525,47 @@ async fn a_late_release_without_steps_keeps_the_leases_end() {
         ),
     }
 }
+
+/// `idem inspect --raw` shows a response by its length only (it may hold personal data)
+/// and every other blob as text, or as hex when it is not printable.
+#[tokio::test]
+async fn raw_shows_a_response_by_its_length_and_other_bytes_as_they_are() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let store = common::store(&endpoint).await;
+    let request = ClaimRequest::new(
+        Key::new("raw", "k").unwrap(),
+        Fingerprint::of_bytes("raw"),
+        Duration::from_secs(60),
+        Duration::from_secs(3600),
+    );
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a fresh claim");
+    };
+    assert_eq!(
+        store.complete(&lease, b"a secret answer").await.unwrap(),
+        WriteOutcome::Applied
+    );
+    let raw = idem_core::Admin::raw(&store, &request.key)
+        .await
+        .unwrap()
+        .expect("a record");
+    let field = |name: &str| {
+        raw.iter()
+            .find(|(field, _)| field == name)
+            .map(|(_, shown)| shown.clone())
+            .unwrap_or_else(|| panic!("{name} in {raw:?}"))
+    };
+    use idem_dynamodb::attributes::{ATTEMPT, FINGERPRINT, PK, RESPONSE};
+    assert_eq!(field(RESPONSE), "15 bytes");
+    assert_eq!(
+        field(FINGERPRINT),
+        idem_core::raw::raw_text(request.fingerprint.as_bytes())
+    );
+    assert_eq!(
+        field(ATTEMPT),
+        idem_core::raw::raw_text(lease.attempt.as_bytes())
+    );
+    assert!(raw.iter().all(|(field, _)| field != PK), "{raw:?}");
+}

@@ -437,6 +437,12 @@ mod tests {
     }
 
     #[test]
+    fn the_backend_is_named_for_messages() {
+        assert_eq!(BACKEND.name(), "DynamoDB");
+        assert_eq!(BACKEND.schemes(), URL_SCHEMES);
+    }
+
+    #[test]
     fn every_scheme_parses() {
         let url = "dynamodb://Idem.Records?region=eu-west-1&endpoint=http://127.0.0.1:8000";
         let location = parse_url(url, &ConnectOptions::default(), &[&BACKEND]).unwrap();

@@ -443,6 +443,70 @@ mod tests {
     }
 
     #[test]
+    fn the_prefix_comes_from_the_options() {
+        assert_eq!(parse("dynamodb://idem").unwrap().prefix(), "");
+        let options = ConnectOptions::default().prefix("billing#");
+        let location = DynamoDbLocation::parse("dynamodb://idem", &options).unwrap();
+        assert_eq!(location.prefix(), "billing#");
+    }
+
+    /// What a child process of this test checks, with the environment its parent gave it:
+    /// `set`, a region and credentials; `empty`, each of them set to "".
+    const CHILD: &str = "IDEM_DYNAMODB_URL_TEST_CHILD";
+
+    /// The AWS variables fill in what the URL leaves out, and one set to "" counts as
+    /// unset. The environment is the process's: each case runs in a child process (this
+    /// test binary, running this test alone), so no other test sees it.
+    #[test]
+    fn the_aws_environment_fills_what_the_url_leaves_out() {
+        let location = parse("dynamodb://idem").unwrap();
+        match std::env::var(CHILD).as_deref() {
+            Ok("set") => {
+                let client = location.client().expect("a region and credentials");
+                assert_eq!(
+                    client.config().region().map(|r| r.as_ref()),
+                    Some("eu-west-3")
+                );
+                return;
+            }
+            Ok("empty") => {
+                assert!(matches!(
+                    location.client(),
+                    Err(OpenError::MissingSetting { what }) if what.contains("region")
+                ));
+                return;
+            }
+            _ => {}
+        }
+        for (case, value) in [("set", None), ("empty", Some(""))] {
+            let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+            child
+                .args([
+                    "--exact",
+                    "url::tests::the_aws_environment_fills_what_the_url_leaves_out",
+                    "--test-threads=1",
+                ])
+                .env(CHILD, case)
+                .env_remove("AWS_DEFAULT_REGION")
+                .env_remove("AWS_SESSION_TOKEN");
+            for (name, set) in [
+                ("AWS_REGION", "eu-west-3"),
+                ("AWS_ACCESS_KEY_ID", "id"),
+                ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ] {
+                child.env(name, value.unwrap_or(set));
+            }
+            let output = child.output().unwrap();
+            let said = String::from_utf8_lossy(&output.stdout);
+            assert!(
+                output.status.success() && said.contains("1 passed"),
+                "{case}: {said}{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+
+    #[test]
     fn every_scheme_parses() {
         let url = "dynamodb://Idem.Records?region=eu-west-1&endpoint=http://127.0.0.1:8000";
         let location = parse_url(url, &ConnectOptions::default(), &[&BACKEND]).unwrap();

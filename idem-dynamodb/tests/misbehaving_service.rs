@@ -181,3 +181,40 @@ async fn create_table_refused_is_an_error_not_a_table_that_exists() {
     let created = idem_dynamodb::create_table(&client, "idem").await;
     assert!(created.is_ok(), "{created:?}");
 }
+
+/// A purge's delete that finds the record claimed again since the scan (its condition
+/// refused) skips it; one that gets no answer fails the purge, which must not report a
+/// record deleted or quietly passed over.
+#[tokio::test]
+async fn a_purge_skips_a_record_claimed_since_and_fails_on_no_answer() {
+    const SCANNED: &str =
+        r#"{"Items":[{"pk":{"S":"1:s:k"},"tk":{"N":"1"}}],"Count":1,"ScannedCount":1}"#;
+    let client = fake_dynamodb(|operation| match operation {
+        "Scan" => Some((200, SCANNED)),
+        "DeleteItem" => Some((
+            400,
+            r#"{"__type":"com.amazonaws.dynamodb.v20120810#ConditionalCheckFailedException","message":"The conditional request failed"}"#,
+        )),
+        _ => None,
+    })
+    .await;
+    let store = DynamoDbStore::new(client, "idem").unwrap();
+    let purged = tokio::time::timeout(Duration::from_secs(30), store.purge_expired(10))
+        .await
+        .expect("the purge ends");
+    assert_eq!(purged.unwrap(), 0);
+
+    let client = fake_dynamodb(|operation| match operation {
+        "Scan" => Some((200, SCANNED)),
+        _ => None,
+    })
+    .await;
+    let store = DynamoDbStore::new(client, "idem").unwrap();
+    let purged = tokio::time::timeout(Duration::from_secs(30), store.purge_expired(10))
+        .await
+        .expect("the purge ends");
+    assert!(
+        matches!(purged, Err(StoreError::Unavailable { .. })),
+        "{purged:?}"
+    );
+}

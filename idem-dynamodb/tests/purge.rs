@@ -90,3 +90,64 @@ async fn a_dropped_call_leaves_the_next_to_finish_the_pass() {
     while store.purge_expired(7).await.unwrap() == 7 {}
     assert_only_absent_purged(&store, &absent, &present).await;
 }
+
+/// A table whose `Scan` takes several pages (DynamoDB reads at most 1 MB a page, here
+/// mostly large records of another prefix): a purge with room for every absent record
+/// deletes them all in one call, across the pages, and batches still meet each once.
+#[tokio::test]
+async fn a_purge_goes_across_the_scans_pages() {
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    // Twelve records of 300 KB under another prefix: about four pages.
+    let other = common::store(&endpoint).await;
+    for i in 0..12 {
+        let request = ClaimRequest::new(
+            Key::new("large", format!("k{i}")).unwrap(),
+            idem_core::Fingerprint::of_bytes("f"),
+            HOUR,
+            HOUR,
+        );
+        let ClaimOutcome::Claimed { lease, .. } = other.claim(&request).await.unwrap() else {
+            panic!("a fresh claim");
+        };
+        assert_eq!(
+            other.complete(&lease, &vec![7; 300_000]).await.unwrap(),
+            idem_core::store::WriteOutcome::Applied
+        );
+    }
+    let operations = common::Operations::default();
+    let recorded = || {
+        idem_dynamodb::DynamoDbStore::builder(operations.client(&endpoint), &common::table())
+            .unwrap()
+            .prefix(&common::unique_prefix())
+            .unwrap()
+            .skew_margin(Duration::ZERO)
+            .build()
+    };
+
+    let store = recorded();
+    let (absent, present) = seed(&store).await;
+    operations.take();
+    assert_eq!(store.purge_expired(1000).await.unwrap(), absent.len());
+    let scans = operations.take().iter().filter(|op| *op == "Scan").count();
+    assert!(
+        scans > 1,
+        "the table fits one page ({scans} scans): the test shows nothing"
+    );
+    assert_only_absent_purged(&store, &absent, &present).await;
+
+    // Again in batches of 7, which stop inside pages and go on from them.
+    let store = recorded();
+    let (absent, present) = seed(&store).await;
+    let mut answers = Vec::new();
+    loop {
+        let purged = store.purge_expired(7).await.unwrap();
+        answers.push(purged);
+        if purged < 7 {
+            break;
+        }
+    }
+    assert_eq!(answers.iter().sum::<usize>(), absent.len(), "{answers:?}");
+    assert_only_absent_purged(&store, &absent, &present).await;
+}

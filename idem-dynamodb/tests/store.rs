@@ -570,35 +570,6 @@ async fn raw_shows_a_response_by_its_length_and_other_bytes_as_they_are() {
     assert!(raw.iter().all(|(field, _)| field != PK), "{raw:?}");
 }
 
-/// The DynamoDB operations a client sends, by name, recorded as they go out.
-#[derive(Debug, Clone, Default)]
-struct Operations(Arc<std::sync::Mutex<Vec<String>>>);
-
-impl idem_dynamodb::aws_sdk_dynamodb::config::Intercept for Operations {
-    fn name(&self) -> &'static str {
-        "Operations"
-    }
-
-    fn read_before_transmit(
-        &self,
-        context: &idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
-        _: &idem_dynamodb::aws_sdk_dynamodb::config::RuntimeComponents,
-        _: &mut idem_dynamodb::aws_sdk_dynamodb::config::ConfigBag,
-    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        if let Some(target) = context.request().headers().get("x-amz-target") {
-            let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
-            self.0.lock().unwrap().push(operation);
-        }
-        Ok(())
-    }
-}
-
-impl Operations {
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
 /// With `claim_reads_first`, a replay, a failure's replay and a mismatch of a finished
 /// record are one `GetItem` each, never a conditional write (billed as a write sized by
 /// the item); a key in progress still goes on to the write.
@@ -608,21 +579,13 @@ async fn a_claim_that_reads_first_answers_a_finished_record_from_the_read() {
         return;
     };
     common::create_table(&common::client(&endpoint)).await;
-    let operations = Operations::default();
-    let config = common::client(&endpoint)
-        .config()
-        .to_builder()
-        .interceptor(operations.clone())
+    let operations = common::Operations::default();
+    let store = DynamoDbStore::builder(operations.client(&endpoint), &common::table())
+        .unwrap()
+        .prefix(&common::unique_prefix())
+        .unwrap()
+        .claim_reads_first(true)
         .build();
-    let store = DynamoDbStore::builder(
-        idem_dynamodb::aws_sdk_dynamodb::Client::from_conf(config),
-        &common::table(),
-    )
-    .unwrap()
-    .prefix(&common::unique_prefix())
-    .unwrap()
-    .claim_reads_first(true)
-    .build();
     let request = |key: &str, fingerprint: &str| {
         ClaimRequest::new(
             Key::new("reads", key).unwrap(),

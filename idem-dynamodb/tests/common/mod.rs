@@ -37,6 +37,13 @@ pub(crate) fn unique_prefix() -> String {
 /// within a second or so of its TTL, which would race the tests that expire records and
 /// then purge or read them.
 pub(crate) async fn create_table(client: &Client) {
+    // Once per process: tests on threads of one process (`cargo test`) share the table,
+    // and DynamoDB refuses a second TTL change while one is under way.
+    static CREATED: tokio::sync::Mutex<bool> = tokio::sync::Mutex::const_new(false);
+    let mut created = CREATED.lock().await;
+    if *created {
+        return;
+    }
     idem_dynamodb::create_table(client, &table())
         .await
         .expect("create the test table");
@@ -65,6 +72,7 @@ pub(crate) async fn create_table(client: &Client) {
             .await
             .expect("turn TTL deletion off on the test table");
     }
+    *created = true;
 }
 
 /// A store under `prefix` in this process's table, with no skew margin so lease expiry is
@@ -95,4 +103,43 @@ pub(crate) async fn store(endpoint: &str) -> DynamoDbStore {
 /// lease's end (the skew margin production runs with, scaled to the test's leases).
 pub(crate) async fn store_with_margin(endpoint: &str, margin: Duration) -> DynamoDbStore {
     store_with(endpoint, &unique_prefix(), margin).await
+}
+
+/// The DynamoDB operations a client sends, by name, recorded as they go out.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Operations(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl idem_dynamodb::aws_sdk_dynamodb::config::Intercept for Operations {
+    fn name(&self) -> &'static str {
+        "Operations"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &idem_dynamodb::aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef<'_>,
+        _: &idem_dynamodb::aws_sdk_dynamodb::config::RuntimeComponents,
+        _: &mut idem_dynamodb::aws_sdk_dynamodb::config::ConfigBag,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        if let Some(target) = context.request().headers().get("x-amz-target") {
+            let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
+            self.0.lock().unwrap().push(operation);
+        }
+        Ok(())
+    }
+}
+
+impl Operations {
+    /// A client for DynamoDB Local at `endpoint` that records here what it sends.
+    pub(crate) fn client(&self, endpoint: &str) -> Client {
+        let config = client(endpoint)
+            .config()
+            .to_builder()
+            .interceptor(self.clone())
+            .build();
+        Client::from_conf(config)
+    }
+
+    pub(crate) fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
 }

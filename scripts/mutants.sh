@@ -34,8 +34,9 @@ if ! cargo nextest --version >/dev/null 2>&1; then
   cargo install --locked cargo-nextest --version 0.9.143
 fi
 
-# name; what to mutate; the packages whose tests run; a nextest filter ('' for all);
-# a first, faster filter ('' for none). Fields end at `;`: the filters hold `|`.
+# name; what to mutate and how to build it (cargo-mutants arguments); the packages whose
+# tests run; a nextest filter ('' for all); a first, faster filter ('' for none). Fields
+# end at `;`: the filters hold `|`.
 #
 # With a first filter, every mutant meets it first, and only the ones it misses meet the
 # whole filter (cargo-mutants --iterate keeps the first pass's catches and adds the

@@ -182,6 +182,14 @@ async fn create_table_refused_is_an_error_not_a_table_that_exists() {
     assert!(created.is_ok(), "{created:?}");
 }
 
+/// A purge of up to 10 records through `client`, bounded in time.
+async fn purge_against(client: Client) -> Result<usize, StoreError> {
+    let store = DynamoDbStore::new(client, "idem").unwrap();
+    tokio::time::timeout(Duration::from_secs(30), store.purge_expired(10))
+        .await
+        .expect("the purge ends")
+}
+
 /// A purge's delete that finds the record claimed again since the scan (its condition
 /// refused) skips it; one that gets no answer fails the purge, which must not report a
 /// record deleted or quietly passed over.
@@ -198,10 +206,7 @@ async fn a_purge_skips_a_record_claimed_since_and_fails_on_no_answer() {
         _ => None,
     })
     .await;
-    let store = DynamoDbStore::new(client, "idem").unwrap();
-    let purged = tokio::time::timeout(Duration::from_secs(30), store.purge_expired(10))
-        .await
-        .expect("the purge ends");
+    let purged = purge_against(client).await;
     assert_eq!(purged.unwrap(), 0);
 
     let client = fake_dynamodb(|operation| match operation {
@@ -209,10 +214,7 @@ async fn a_purge_skips_a_record_claimed_since_and_fails_on_no_answer() {
         _ => None,
     })
     .await;
-    let store = DynamoDbStore::new(client, "idem").unwrap();
-    let purged = tokio::time::timeout(Duration::from_secs(30), store.purge_expired(10))
-        .await
-        .expect("the purge ends");
+    let purged = purge_against(client).await;
     assert!(
         matches!(purged, Err(StoreError::Unavailable { .. })),
         "{purged:?}"

@@ -49,6 +49,18 @@ async fn assert_only_absent_purged(store: &impl Admin, absent: &[Key], present: 
     }
 }
 
+/// Purges in batches of 7 until a batch comes back short; what each batch answered.
+async fn purge_in_batches_of_7(store: &impl Store) -> Vec<usize> {
+    let mut answers = Vec::new();
+    loop {
+        let purged = store.purge_expired(7).await.unwrap();
+        answers.push(purged);
+        if purged < 7 {
+            return answers;
+        }
+    }
+}
+
 #[tokio::test]
 async fn batches_go_on_from_where_the_last_one_stopped() {
     let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
@@ -56,14 +68,7 @@ async fn batches_go_on_from_where_the_last_one_stopped() {
     };
     let store = common::store(&endpoint).await;
     let (absent, present) = seed(&store).await;
-    let mut answers = Vec::new();
-    loop {
-        let purged = store.purge_expired(7).await.unwrap();
-        answers.push(purged);
-        if purged < 7 {
-            break;
-        }
-    }
+    let answers = purge_in_batches_of_7(&store).await;
     // One pass, each record met once: full batches, then the rest.
     assert_eq!(answers, vec![7, 7, 7, 7, 7, 5]);
     assert_only_absent_purged(&store, &absent, &present).await;
@@ -140,14 +145,7 @@ async fn a_purge_goes_across_the_scans_pages() {
     // Again in batches of 7, which stop inside pages and go on from them.
     let store = recorded();
     let (absent, present) = seed(&store).await;
-    let mut answers = Vec::new();
-    loop {
-        let purged = store.purge_expired(7).await.unwrap();
-        answers.push(purged);
-        if purged < 7 {
-            break;
-        }
-    }
+    let answers = purge_in_batches_of_7(&store).await;
     assert_eq!(answers.iter().sum::<usize>(), absent.len(), "{answers:?}");
     assert_only_absent_purged(&store, &absent, &present).await;
 }

@@ -23,6 +23,13 @@ type Answer = Option<(u16, &'static str)>;
 /// A fake DynamoDB on 127.0.0.1 answering each operation with `answer(operation)`;
 /// returns a client for it that sends each request once (no retries).
 async fn fake_dynamodb(answer: impl Fn(&str) -> Answer + Send + Sync + 'static) -> Client {
+    fake_dynamodb_reading(move |operation, _| answer(operation)).await
+}
+
+/// [`fake_dynamodb`], answering with `answer(operation, request body)`.
+async fn fake_dynamodb_reading(
+    answer: impl Fn(&str, &str) -> Answer + Send + Sync + 'static,
+) -> Client {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", listener.local_addr().unwrap());
     let answer = Arc::new(answer);
@@ -32,8 +39,8 @@ async fn fake_dynamodb(answer: impl Fn(&str) -> Answer + Send + Sync + 'static) 
             tokio::spawn(async move {
                 let (read, mut write) = socket.into_split();
                 let mut read = BufReader::new(read);
-                while let Some(operation) = read_request(&mut read).await {
-                    let Some((status, body)) = answer(&operation) else {
+                while let Some((operation, request)) = read_request(&mut read).await {
+                    let Some((status, body)) = answer(&operation, &request) else {
                         return; // closed without an answer
                     };
                     let reply = format!(
@@ -58,9 +65,11 @@ async fn fake_dynamodb(answer: impl Fn(&str) -> Answer + Send + Sync + 'static) 
     Client::from_conf(config)
 }
 
-/// One request's operation (`CreateTable`, `UpdateItem`, ...), its body read and
-/// dropped; `None` at the end of the stream or on anything else.
-async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(read: &mut R) -> Option<String> {
+/// One request's operation (`CreateTable`, `UpdateItem`, ...) and body; `None` at the
+/// end of the stream or on anything else.
+async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(
+    read: &mut R,
+) -> Option<(String, String)> {
     let (mut operation, mut length) = (None, 0);
     loop {
         let mut line = String::new();
@@ -81,7 +90,7 @@ async fn read_request<R: tokio::io::AsyncBufRead + Unpin>(read: &mut R) -> Optio
     }
     let mut body = vec![0; length];
     read.read_exact(&mut body).await.ok()?;
-    operation
+    Some((operation?, String::from_utf8(body).ok()?))
 }
 
 /// A lease as a claim at now would grant it, for writes sent straight to the store.
@@ -111,6 +120,9 @@ async fn a_write_that_gets_no_answer_is_an_error_never_a_fence() {
     let lease = a_lease();
     let step = StepName::new("charge").unwrap();
     let bounded = Duration::from_secs(30);
+    // The fake answers: a read gets through and finds nothing.
+    let read = tokio::time::timeout(bounded, store.get(&lease.key)).await;
+    assert!(matches!(read, Ok(Ok(None))), "{read:?}");
     let answers = [
         (
             "complete",
@@ -219,4 +231,48 @@ async fn a_purge_skips_a_record_claimed_since_and_fails_on_no_answer() {
         matches!(purged, Err(StoreError::Unavailable { .. })),
         "{purged:?}"
     );
+}
+
+/// A purge that stops inside a page puts its position back at that page's start, and the
+/// next call goes on from there rather than from the top; a purge of nothing sends nothing.
+#[tokio::test]
+async fn a_purge_goes_on_from_the_page_it_stopped_in() {
+    // The top page holds no purgeable record and points on to a second, which holds two.
+    let scans = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorded = Arc::clone(&scans);
+    let client = fake_dynamodb_reading(move |operation, request| match operation {
+        "Scan" => {
+            let from_second = request.contains("ExclusiveStartKey");
+            recorded
+                .lock()
+                .unwrap()
+                .push(if from_second { "second" } else { "top" });
+            Some((
+                200,
+                if from_second {
+                    r#"{"Items":[{"pk":{"S":"1:s:a"},"tk":{"N":"1"}},{"pk":{"S":"1:s:b"},"tk":{"N":"1"}}],"Count":2,"ScannedCount":2}"#
+                } else {
+                    r#"{"Items":[],"Count":0,"ScannedCount":1,"LastEvaluatedKey":{"pk":{"S":"1:s:0"}}}"#
+                },
+            ))
+        }
+        "DeleteItem" => Some((200, "{}")),
+        _ => None,
+    })
+    .await;
+    let store = DynamoDbStore::new(client, "idem").unwrap();
+    let bounded = Duration::from_secs(30);
+    let purge = |limit| tokio::time::timeout(bounded, store.purge_expired(limit));
+
+    assert_eq!(purge(0).await.expect("the purge ends").unwrap(), 0);
+    assert!(
+        scans.lock().unwrap().is_empty(),
+        "a purge of nothing scanned"
+    );
+
+    assert_eq!(purge(1).await.expect("the purge ends").unwrap(), 1);
+    assert_eq!(*scans.lock().unwrap(), ["top", "second"]);
+    // Stopped inside the second page: the next call reads it again, not the top.
+    assert_eq!(purge(1).await.expect("the purge ends").unwrap(), 1);
+    assert_eq!(*scans.lock().unwrap(), ["top", "second", "second"]);
 }

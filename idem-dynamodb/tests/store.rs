@@ -292,6 +292,28 @@ async fn values_that_do_not_fit_in_the_item_are_refused_and_change_nothing() {
         store.complete(&lease, b"small").await.unwrap(),
         WriteOutcome::Applied
     );
+
+    // A step whose name and value are exactly the limit fits (DynamoDB's 400 KB is
+    // 409 600 bytes, room for the item's other attributes).
+    let request = ClaimRequest::new(
+        Key::new("sizes", "exact").unwrap(),
+        Fingerprint::of_bytes("x"),
+        hour,
+        hour,
+    );
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    let value = vec![1; MAX_RECORD_BYTES - "receipt".len()];
+    assert_eq!(
+        store.checkpoint(&lease, &step, &value).await.unwrap(),
+        WriteOutcome::Applied
+    );
+    let record = store.get(&request.key).await.unwrap().unwrap();
+    assert_eq!(
+        record.steps.get(step.as_str()).map(Vec::len),
+        Some(value.len())
+    );
 }
 
 #[tokio::test]

@@ -129,12 +129,14 @@ impl idem_dynamodb::aws_sdk_dynamodb::config::Intercept for Operations {
 }
 
 impl Operations {
-    /// A client for DynamoDB Local at `endpoint` that records here what it sends.
+    /// A client for DynamoDB Local at `endpoint` that records here what it sends. It
+    /// sends each request once: a retry would record an operation twice.
     pub(crate) fn client(&self, endpoint: &str) -> Client {
         let config = client(endpoint)
             .config()
             .to_builder()
             .interceptor(self.clone())
+            .retry_config(idem_dynamodb::aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
             .build();
         Client::from_conf(config)
     }

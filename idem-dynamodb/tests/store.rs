@@ -652,3 +652,50 @@ async fn a_claim_that_reads_first_answers_a_finished_record_from_the_read() {
     );
     assert_eq!(operations.take(), ["GetItem", "UpdateItem"]);
 }
+
+/// Writes at the edges, on the store's clock: a release whose lease ends exactly at the
+/// skew margin's cutoff, and a renewal retried at the instant its first try landed. Each
+/// is answered as the state machine says, never refused as busy because the first write's
+/// condition and the store's reading of the old item disagree on the edge.
+#[tokio::test]
+async fn releases_and_renewals_at_the_edges_are_applied() {
+    let Some((store, clock)) = store_with_a_margin().await else {
+        return;
+    };
+    let request = |key: &Key| {
+        ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes("x"),
+            Duration::from_secs(10),
+            Duration::from_secs(3600),
+        )
+    };
+
+    // The lease ended 10 s on, and the 2 s margin after it is just over: the release
+    // keeps the lease's end, and the key is claimed afresh.
+    let key = Key::new("edges", "release").unwrap();
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request(&key)).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    clock.advance(Duration::from_secs(12));
+    assert_eq!(store.release(&lease).await.unwrap(), WriteOutcome::Applied);
+    let again = store.claim(&request(&key)).await.unwrap();
+    assert!(
+        matches!(again, ClaimOutcome::Claimed { resumed: false, .. }),
+        "{again:?}"
+    );
+
+    // The same renewal twice at one instant: the second finds the expiry it would write.
+    let key = Key::new("edges", "renew").unwrap();
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&request(&key)).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    clock.advance(Duration::from_secs(1));
+    for attempt in ["first", "retried"] {
+        let renewed = store.renew(&lease, Duration::from_secs(10)).await;
+        assert!(
+            matches!(renewed, Ok(RenewOutcome::Renewed(_))),
+            "{attempt}: {renewed:?}"
+        );
+    }
+}

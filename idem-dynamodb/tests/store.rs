@@ -314,6 +314,12 @@ async fn values_that_do_not_fit_in_the_item_are_refused_and_change_nothing() {
         record.steps.get(step.as_str()).map(Vec::len),
         Some(value.len())
     );
+    // Its 400 KB need not stay in DynamoDB Local for the rest of the run.
+    assert!(
+        idem_core::Admin::delete(&store, &request.key)
+            .await
+            .unwrap()
+    );
 }
 
 #[tokio::test]

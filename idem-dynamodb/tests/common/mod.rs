@@ -120,7 +120,12 @@ impl idem_dynamodb::aws_sdk_dynamodb::config::Intercept for Operations {
         _: &idem_dynamodb::aws_sdk_dynamodb::config::RuntimeComponents,
         _: &mut idem_dynamodb::aws_sdk_dynamodb::config::ConfigBag,
     ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        if let Some(target) = context.request().headers().get("x-amz-target") {
+        // Each operation once: the SDK's retries of it say `attempt=2` and on.
+        let headers = context.request().headers();
+        let first_attempt = headers
+            .get("amz-sdk-request")
+            .is_none_or(|value| value.starts_with("attempt=1;"));
+        if let Some(target) = headers.get("x-amz-target").filter(|_| first_attempt) {
             let operation = target.rsplit('.').next().unwrap_or(target).to_owned();
             self.0.lock().unwrap().push(operation);
         }
@@ -129,14 +134,12 @@ impl idem_dynamodb::aws_sdk_dynamodb::config::Intercept for Operations {
 }
 
 impl Operations {
-    /// A client for DynamoDB Local at `endpoint` that records here what it sends. It
-    /// sends each request once: a retry would record an operation twice.
+    /// A client for DynamoDB Local at `endpoint` that records here what it sends.
     pub(crate) fn client(&self, endpoint: &str) -> Client {
         let config = client(endpoint)
             .config()
             .to_builder()
             .interceptor(self.clone())
-            .retry_config(idem_dynamodb::aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
             .build();
         Client::from_conf(config)
     }

@@ -21,12 +21,27 @@ struct Outage {
     outage: usize,
     failed: AtomicUsize,
     hang: bool,
+    /// Calls hanging now: a hung call's future not yet dropped.
+    hanging: AtomicUsize,
+    /// The most calls still hanging when a call got through.
+    hanging_at_answer: AtomicUsize,
+}
+
+/// Counts a hung call until its future is dropped.
+struct Hanging<'a>(&'a AtomicUsize);
+
+impl Drop for Hanging<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Outage {
     async fn down(&self, operation: Operation) -> Result<(), StoreError> {
         if self.failed.fetch_add(1, Ordering::SeqCst) < self.outage {
             if self.hang {
+                self.hanging.fetch_add(1, Ordering::SeqCst);
+                let _hanging = Hanging(&self.hanging);
                 std::future::pending::<()>().await;
             }
             return Err(StoreError::Unavailable {
@@ -34,6 +49,8 @@ impl Outage {
                 source: "connection refused".into(),
             });
         }
+        self.hanging_at_answer
+            .fetch_max(self.hanging.load(Ordering::SeqCst), Ordering::SeqCst);
         Ok(())
     }
 }
@@ -84,6 +101,8 @@ fn builder(outage: usize, lease: Duration, hang: bool) -> idem_core::Idempotency
         outage,
         failed: AtomicUsize::new(0),
         hang,
+        hanging: AtomicUsize::new(0),
+        hanging_at_answer: AtomicUsize::new(0),
     };
     Idempotency::builder(store)
         .lease(lease)
@@ -171,6 +190,9 @@ async fn a_store_call_that_never_answers_is_bounded_and_retried() {
         "{:?}",
         started.elapsed()
     );
+    // Each try that ran out of time was dropped before the next was sent: it may hold
+    // what the next needs (a pooled connection, a lock).
+    assert_eq!(idem.store().hanging_at_answer.load(Ordering::SeqCst), 0);
     assert!(matches!(
         builder(0, Duration::from_secs(1), true)
             .store_timeout(Duration::ZERO)

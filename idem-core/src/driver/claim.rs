@@ -75,18 +75,18 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     let late =
                         answered.saturating_duration_since(sent) >= clamp_duration(lease) / 3;
                     let (granted, deadline, settled) = if late {
-                        let (granted, deadline) = self.confirm(granted, sent).await?;
+                        let (granted, deadline) = Box::pin(self.confirm(granted, sent)).await?;
                         (granted, deadline, Instant::now())
                     } else {
                         (granted, sent + clamp_duration(lease), answered)
                     };
-                    Claim::Won {
+                    Claim::Won(Won {
                         lease: granted,
                         deadline,
                         settled,
                         resumed,
                         steps,
-                    }
+                    })
                 }
                 ClaimOutcome::Replay { response, .. } => Claim::Replay(response),
                 ClaimOutcome::ReplayFailure { response, .. } => Claim::ReplayFailure(response),
@@ -104,7 +104,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                                 observe::count(observe::WAITS);
                             }
                             let pause = self.settings.jitter.jittered(backoff).min(left);
-                            tokio::time::sleep(pause).await;
+                            // Boxed: a rare path, and a timer is large (cache-line aligned).
+                            Box::pin(tokio::time::sleep(pause)).await;
                             backoff = (backoff * 2).min(policy::WAIT_MAX_BACKOFF);
                             // A new attempt after an in-flight answer: the store answers
                             // the attempt whose lease ended (this one's, if a try landed
@@ -169,15 +170,18 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
 
 /// What the claim left the driver to do.
 pub(super) enum Claim {
-    Won {
-        lease: Lease,
-        /// When the lease ends on this process's clock.
-        deadline: Instant,
-        /// When the claim was settled: where the work's duration starts.
-        settled: Instant,
-        resumed: bool,
-        steps: Steps,
-    },
+    Won(Won),
     Replay(Vec<u8>),
     ReplayFailure(Vec<u8>),
+}
+
+/// A won claim: the lease and what the work starts from.
+pub(super) struct Won {
+    pub(super) lease: Lease,
+    /// When the lease ends on this process's clock.
+    pub(super) deadline: Instant,
+    /// When the claim was settled: where the work's duration starts.
+    pub(super) settled: Instant,
+    pub(super) resumed: bool,
+    pub(super) steps: Steps,
 }

@@ -1,6 +1,7 @@
 //! Store calls bounded in time and tried again while they fail with a retryable error.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -17,29 +18,42 @@ const STORE_ATTEMPTS: u32 = 3;
 const STORE_BACKOFF: Duration = Duration::from_millis(25);
 
 /// One store call, failed as unavailable (retryable) when it takes longer than `timeout`.
-///
-/// The call is polled once before its timer is armed: a call that answers without waiting
-/// (the memory store, a cached answer) then costs no clock read and no timer. A first poll
-/// only runs until the call's first wait, so the bound on the wait itself is unchanged.
+/// The call is polled once before its timer is armed: a call that answers at once costs
+/// no clock read and no timer.
 async fn bounded<O>(
     operation: Operation,
     timeout: Duration,
     call: impl Future<Output = Result<O, StoreError>>,
 ) -> Result<O, StoreError> {
     let mut call = std::pin::pin!(call);
-    // Ready at once, so the closure runs exactly once.
-    let answered = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    if let Poll::Ready(result) = answered {
-        return result;
+    match poll_once(call.as_mut()).await {
+        Poll::Ready(result) => result,
+        Poll::Pending => with_timeout(operation, timeout, call).await,
     }
+}
+
+/// Polls `call` once: ready at once, so the closure runs exactly once.
+async fn poll_once<F: Future>(mut call: Pin<&mut F>) -> Poll<F::Output> {
+    std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await
+}
+
+/// The rest of a call that did not answer in its first poll, bounded by `timeout`.
+async fn with_timeout<O>(
+    operation: Operation,
+    timeout: Duration,
+    call: Pin<&mut impl Future<Output = Result<O, StoreError>>>,
+) -> Result<O, StoreError> {
     tokio::time::timeout(timeout, call)
         .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable {
-                operation,
-                source: Box::new(crate::connect::NoAnswer(timeout)),
-            })
-        })
+        .unwrap_or_else(|_| Err(no_answer(operation, timeout)))
+}
+
+/// A try that got no answer within `timeout`: unavailable, so retryable.
+fn no_answer(operation: Operation, timeout: Duration) -> StoreError {
+    StoreError::Unavailable {
+        operation,
+        source: Box::new(crate::connect::NoAnswer(timeout)),
+    }
 }
 
 /// The most tries of one write within a lease, whatever the lease's length.
@@ -64,10 +78,55 @@ pub(crate) async fn retry_store<O, Fut>(
 where
     Fut: Future<Output = Result<O, StoreError>>,
 {
+    // The first try is polled once before anything else: a call that answers at once
+    // (the memory store, a cached answer) then costs no clock read and no timer, and the
+    // state of the timeout and the retries (a timer is large: cache-line aligned) is
+    // made, in a box of its own, only for a call that waits or fails. The first poll only
+    // runs until the call's first wait, so the bound on the wait itself is unchanged.
+    let mut first = std::pin::pin!(Some(call()));
+    let answered = match first.as_mut().as_pin_mut() {
+        Some(call) => poll_once(call).await,
+        None => Poll::Pending, // made just above: never
+    };
+    let first = match answered {
+        Poll::Ready(Ok(answer)) => return Ok(answer),
+        Poll::Ready(Err(err)) => {
+            first.set(None);
+            Err(err)
+        }
+        Poll::Pending => Ok(first),
+    };
+    Box::pin(retried(operation, timeout, deadline, jitter, call, first)).await
+}
+
+/// [`retry_store`] after a first try that waited (`first`, still pending) or failed.
+async fn retried<O, Fut>(
+    operation: Operation,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    jitter: &policy::Jitter,
+    mut call: impl FnMut() -> Fut,
+    first: Result<Pin<&mut Option<Fut>>, StoreError>,
+) -> Result<O, StoreError>
+where
+    Fut: Future<Output = Result<O, StoreError>>,
+{
+    let mut result = match first {
+        Ok(mut pending) => {
+            let answer = match pending.as_mut().as_pin_mut() {
+                Some(call) => with_timeout(operation, timeout, call).await,
+                None => Err(no_answer(operation, timeout)), // never: it was pending
+            };
+            // A try that ran out of time is dropped before the next is sent, as every
+            // later one is: it may hold what the next needs (a pooled connection, a lock).
+            pending.set(None);
+            answer
+        }
+        Err(err) => Err(err),
+    };
     let mut tries = 1;
     let mut backoff = STORE_BACKOFF;
     loop {
-        let result = bounded(operation, timeout, call()).await;
         if result.is_err() {
             observe::store_error(operation);
         }
@@ -85,5 +144,6 @@ where
             }
             result => return result,
         }
+        result = bounded(operation, timeout, call()).await;
     }
 }

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::claim::Claim;
+use super::claim::{Claim, Won};
 use super::error::{Interrupted, Reason};
 use super::finish::{answer_failure, cannot_write};
 use super::wire::{Marker, StoredFailure, Wire};
@@ -34,20 +34,19 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             .map_err(Error::KeyRefused)?;
         let charged = self.charge_budget(key).await?;
         let claim = self.claim(key, fingerprint).await;
-        let new_key = matches!(claim, Ok(Claim::Won { resumed: false, .. }));
+        let new_key = matches!(&claim, Ok(Claim::Won(won)) if !won.resumed);
         if new_key {
             observe::count_scoped(observe::NEW_KEYS, self.scope_label(key));
         } else if let Some(budget) = charged {
             budget.give_back(key.scope());
         }
-        let (lease, deadline, started, resumed, steps) = match claim? {
-            Claim::Won {
-                lease,
-                deadline,
-                settled,
-                resumed,
-                steps,
-            } => (lease, deadline, settled, resumed, steps),
+        match claim? {
+            // Boxed: the execution's state (the context, the work's future, the writes
+            // after it) is then allocated only for a won claim, and a replay's future
+            // stays small.
+            Claim::Won(won) => {
+                Box::pin(self.run_won::<W, F, Fut>(key, fingerprint, work, won)).await
+            }
             Claim::Replay(response) => {
                 observe::count(observe::REPLAYS);
                 // The stored bytes whole, as the codec left them, are decoded from the
@@ -65,19 +64,41 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                 };
                 let value =
                     W::decode_value_owned(decoded.unwrap_or(response)).map_err(Error::Decode)?;
-                return Ok(Outcome::Completed {
+                Ok(Outcome::Completed {
                     value,
                     replayed: true,
-                });
+                })
             }
             Claim::ReplayFailure(response) => {
                 observe::count(observe::REPLAYS);
                 let plain = self.decode(key, &fingerprint, ValuePart::Failure, &response)?;
                 let stored = W::decode_failure(&plain).map_err(Error::Decode)?;
-                return answer_failure(stored, true, None);
+                answer_failure(stored, true, None)
             }
-        };
+        }
+    }
 
+    /// The execution once its claim is won: the work beside its heartbeat, then what
+    /// stores its result.
+    async fn run_won<W, F, Fut>(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        work: F,
+        won: Won,
+    ) -> Result<Outcome<W::Value, W::Failure>, Error>
+    where
+        W: Wire,
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<W::Value, WorkError<W::Failure>>>,
+    {
+        let Won {
+            lease,
+            deadline,
+            settled: started,
+            resumed,
+            steps,
+        } = won;
         let store = Arc::clone(&self.shared);
         let limits = self.limits();
         let codec = Arc::clone(&self.settings.codec);

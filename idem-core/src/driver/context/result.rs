@@ -42,7 +42,7 @@ impl Context {
             }))
         };
         let plain = serde_json::to_vec(value).map_err(|_| unserializable())?;
-        serde_json::from_slice::<T>(&plain).map_err(|_| unserializable())?;
+        crate::driver::wire::from_json::<T>(&plain).map_err(|_| unserializable())?;
         let bytes = self.encode(ValuePart::Result, plain)?;
         let limit = self.room_for_response();
         if bytes.len() > limit {

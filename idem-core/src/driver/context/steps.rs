@@ -78,7 +78,7 @@ impl Context {
             );
         }
         if let Some(plain) = self.checkpointed(name)? {
-            let value = serde_json::from_slice(&plain).map_err(|source| {
+            let value = crate::driver::wire::from_json(&plain).map_err(|source| {
                 Interrupted(Reason::StepUndecodable {
                     step: name.to_owned(),
                     source: source.into(),
@@ -99,7 +99,7 @@ impl Context {
             }))
         };
         let plain = serde_json::to_vec(&value).map_err(|_| unserializable())?;
-        let value: T = serde_json::from_slice(&plain).map_err(|_| unserializable())?;
+        let value: T = crate::driver::wire::from_json(&plain).map_err(|_| unserializable())?;
         self.checkpoint(&step, &plain).await?;
         Ok((value, plain))
     }

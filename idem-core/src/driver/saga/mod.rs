@@ -179,7 +179,7 @@ impl UndoMark {
             MARK_RETRY => UndoMark::Retry,
             bytes => match bytes.strip_prefix(MARK_FAILED) {
                 Some(json) => UndoMark::Failed(
-                    serde_json::from_slice(json).unwrap_or(serde_json::Value::Null),
+                    crate::driver::wire::from_json(json).unwrap_or(serde_json::Value::Null),
                 ),
                 // Started, or a mark this version does not know: never run it again.
                 None => UndoMark::Started,
@@ -247,7 +247,7 @@ pub(crate) fn decode_saga(stored: &[u8]) -> Result<(Option<Vec<String>>, &[u8]),
         return Err("a saga checkpoint shorter than its length".into());
     }
     let (list, failure) = rest.split_at(len);
-    Ok((Some(serde_json::from_slice(list)?), failure))
+    Ok((Some(crate::driver::wire::from_json(list)?), failure))
 }
 
 /// The checkpoint an undo of `step` leaves when it starts: `idem.undo:STEP`, or for a
@@ -375,7 +375,7 @@ impl Context {
             Err(other) => return Err(other),
         };
         // The undo gets its own copy, decoded from the same stored bytes.
-        let for_undo: T = serde_json::from_slice(&plain).map_err(|source| {
+        let for_undo: T = crate::driver::wire::from_json(&plain).map_err(|source| {
             Interrupted(Reason::StepUndecodable {
                 step: name.to_owned(),
                 source: source.into(),

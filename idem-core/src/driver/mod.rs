@@ -353,11 +353,11 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
             key = %key.short_hash(),
             outcome = tracing::field::Empty,
         );
-        // Not boxed: `run` boxes the execution's state once its claim is won, so its own
-        // future holds the claim's state, the work's closure and the span, and a replay
-        // allocates none of the rest (measured: BENCHMARKS.md, the driver's own cost).
-        let result = self
-            .run::<W, F, Fut>(key, fingerprint, work)
+        // Boxed: `execute`'s future then holds its arguments, a pointer and the span,
+        // which every caller's future holds and moves (200 bytes, where the claim's state
+        // alone is over 1 000), at the cost of one allocation, as cheap for a replay as
+        // the copies it saves (BENCHMARKS.md, the driver's own cost).
+        let result = Box::pin(self.run::<W, F, Fut>(key, fingerprint, work))
             .instrument(span.clone())
             .await;
         span.record("outcome", outcome_name(&result));

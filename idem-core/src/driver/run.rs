@@ -42,8 +42,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         }
         match claim? {
             // Boxed: the execution's state (the context, the work's future, the writes
-            // after it) is then allocated only for a won claim, and a replay's future
-            // stays small.
+            // after it) is then allocated only for a won claim, and the future a replay
+            // allocates and copies holds the claim's state alone.
             Claim::Won(won) => {
                 Box::pin(self.run_won::<W, F, Fut>(key, fingerprint, work, won)).await
             }

@@ -355,8 +355,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
         );
         // Boxed: `execute`'s future then holds its arguments, a pointer and the span,
         // which every caller's future holds and moves (200 bytes, where the claim's state
-        // alone is over 1 000), at the cost of one allocation, as cheap for a replay as
-        // the copies it saves (BENCHMARKS.md, the driver's own cost).
+        // alone is over 1 000), for about 1 % more instructions per replay than the
+        // copies it saves (BENCHMARKS.md, the driver's own cost).
         let result = Box::pin(self.run::<W, F, Fut>(key, fingerprint, work))
             .instrument(span.clone())
             .await;

@@ -71,6 +71,28 @@ fn traces_carry_a_short_hash_never_the_key() {
                     Ok::<_, WorkError<()>>("response-secret".to_string())
                 })
                 .await;
+            // Another request under the key: an error that is no replay.
+            let mismatch = idem
+                .execute(&secret, Fingerprint::of_bytes("other"), |_ctx| async {
+                    Ok::<_, WorkError<()>>(1)
+                })
+                .await;
+            assert!(mismatch.is_err());
+            // A result too large to store, then its retry: the stored failure replayed.
+            let small = Idempotency::builder(MemoryStore::new())
+                .lease(LEASE)
+                .heartbeat(Heartbeat::Off)
+                .max_response_bytes(4)
+                .build()
+                .unwrap();
+            let large = Key::new("exports", "large").unwrap();
+            for _ in 0..2 {
+                let _ = small
+                    .execute(&large, fp(), |_ctx| async {
+                        Ok::<_, WorkError<()>>("more than four bytes".to_string())
+                    })
+                    .await;
+            }
         });
     });
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
@@ -83,6 +105,13 @@ fn traces_carry_a_short_hash_never_the_key() {
         "{logs}"
     );
     assert!(logs.contains("took over"), "{logs}");
+    for outcome in ["mismatch", "replayed_failure"] {
+        assert!(
+            logs.contains(&format!("outcome=\"{outcome}\""))
+                || logs.contains(&format!("outcome={outcome}")),
+            "no span with outcome {outcome}:\n{logs}"
+        );
+    }
     assert!(
         !logs.contains("secret"),
         "the key or response leaked into the logs:\n{logs}"

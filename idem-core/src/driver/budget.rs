@@ -194,12 +194,43 @@ mod tests {
         let budget = TokenBucket::new(1, Duration::from_secs(60)).max_scopes(2);
         budget.take("a").unwrap();
         budget.take("b").unwrap();
-        // Both buckets in use: an untracked scope goes through, a tracked one is limited.
+        // Both buckets in use: an untracked scope goes through (every time: it is not
+        // tracked), a tracked one is limited.
+        budget.take("c").unwrap();
         budget.take("c").unwrap();
         assert!(budget.take("a").is_err());
         tokio::time::advance(Duration::from_secs(60)).await;
-        // Refilled buckets are dropped to make room.
+        // Refilled buckets are dropped to make room, and the new scope is tracked.
         budget.take("c").unwrap();
         assert!(budget.take("c").is_err());
+    }
+
+    /// The wait is for the part of a key not yet refilled.
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_is_for_what_is_missing_of_a_key() {
+        let budget = TokenBucket::new(1, Duration::from_secs(1));
+        budget.take("s").unwrap();
+        tokio::time::advance(Duration::from_millis(250)).await;
+        let wait = budget.take("s").unwrap_err();
+        assert!(
+            wait > Duration::from_millis(700) && wait <= Duration::from_millis(750),
+            "{wait:?}"
+        );
+    }
+
+    #[test]
+    fn debug_shows_the_settings() {
+        let shown = format!(
+            "{:?}",
+            TokenBucket::new(5, Duration::from_secs(10)).max_scopes(7)
+        );
+        for part in [
+            "TokenBucket",
+            "capacity: 5.0",
+            "per_second: 0.5",
+            "max_scopes: 7",
+        ] {
+            assert!(shown.contains(part), "{shown}");
+        }
     }
 }

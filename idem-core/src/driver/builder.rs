@@ -351,3 +351,48 @@ impl<S: Store + 'static> IdempotencyBuilder<S> {
         Ok(Idempotency::with_settings(self.store, settings))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+
+    /// The documented defaults: a lease of a minute, results replayed for a day.
+    #[test]
+    fn the_defaults_are_a_minute_and_a_day() {
+        let idem = Idempotency::new(MemoryStore::new());
+        assert_eq!(idem.lease(), Duration::from_secs(60));
+        assert_eq!(idem.retention(), Duration::from_secs(86_400));
+    }
+
+    /// The automatic heartbeat needs a lease of 3 ms or more: exactly 3 ms is enough.
+    #[test]
+    fn the_automatic_heartbeat_takes_a_lease_of_exactly_its_minimum() {
+        let built = Idempotency::builder(MemoryStore::new())
+            .lease(policy::AUTO_HEARTBEAT_MIN_LEASE)
+            .heartbeat(Heartbeat::Auto)
+            .build();
+        assert!(built.is_ok(), "{built:?}");
+        let shorter = Idempotency::builder(MemoryStore::new())
+            .lease(policy::AUTO_HEARTBEAT_MIN_LEASE - Duration::from_nanos(1))
+            .heartbeat(Heartbeat::Auto)
+            .build();
+        assert!(
+            matches!(shorter, Err(ConfigError::LeaseTooShortForHeartbeat { .. })),
+            "{shorter:?}"
+        );
+    }
+
+    /// `Debug` shows the settings, and a scope label as a function it cannot print.
+    #[test]
+    fn debug_shows_the_settings() {
+        let idem = Idempotency::builder(MemoryStore::new())
+            .scope_label(|scope| scope.to_owned())
+            .build()
+            .unwrap();
+        let shown = format!("{idem:?}");
+        for part in ["Idempotency", "settings", "lease: 60s", "ScopeLabel(..)"] {
+            assert!(shown.contains(part), "{shown}");
+        }
+    }
+}

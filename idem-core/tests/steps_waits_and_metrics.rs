@@ -219,6 +219,40 @@ async fn a_waiter_takes_over_when_the_lease_expires() {
     );
 }
 
+/// A wait too long for the clock to count (`Duration::MAX`) is a wait without end, never
+/// an answer of in-flight at once.
+#[tokio::test(start_paused = true)]
+async fn a_wait_too_long_for_the_clock_waits_without_end() {
+    let (store, clock) = store();
+    let holder = Idempotency::builder(store.clone())
+        .lease(LEASE)
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let _ = holder
+        .execute(&key("k"), fp(), |_ctx| async {
+            Err::<(), _>(WorkError::Unknown(()))
+        })
+        .await;
+    let waiter = Idempotency::builder(store)
+        .lease(LEASE)
+        .in_flight(InFlightPolicy::Wait {
+            timeout: Duration::MAX,
+        })
+        .build()
+        .unwrap();
+    let task = tokio::spawn(async move {
+        waiter
+            .execute(&key("k"), fp(), |_ctx| async { Ok::<_, WorkError<()>>(7) })
+            .await
+    });
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert!(!task.is_finished(), "the waiter still waits");
+    clock.advance(LEASE);
+    let done = task.await.unwrap().unwrap();
+    assert_eq!(done.value(), Some(7));
+}
+
 #[tokio::test]
 async fn derived_keys_are_stable_per_key_and_label() {
     let (store, clock) = store();

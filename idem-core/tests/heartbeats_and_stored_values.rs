@@ -451,20 +451,30 @@ async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
         .build()
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
+    // What the work was told when its step could not be stored: the step, and why.
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
     for attempt in 0..2 {
         let runs = Arc::clone(&runs);
+        let told = Arc::clone(&told);
         let err = idem
             .execute(&key("big-step"), fp(), move |ctx| async move {
-                let _: String = ctx
+                let step: Result<String, _> = ctx
                     .step("receipt", || async move {
                         runs.fetch_add(1, Ordering::SeqCst);
                         done("x".repeat(8000))
                     })
-                    .await?;
+                    .await;
+                if let Err(WorkError::Interrupted(interrupted)) = &step {
+                    let step = interrupted.step().map(str::to_owned);
+                    told.lock().unwrap().push((step, interrupted.to_string()));
+                }
+                step?;
                 done(())
             })
             .await
             .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("bytes, over the"), "{message}");
         match err {
             Error::Unstorable {
                 part: ValuePart::Step(step),
@@ -480,6 +490,15 @@ async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
         }
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
+    let told = told.lock().unwrap();
+    let [(step, message)] = told.as_slice() else {
+        panic!("{told:?}")
+    };
+    assert_eq!(step.as_deref(), Some("receipt"));
+    assert!(
+        message.contains("receipt") && message.contains("bytes"),
+        "{message}"
+    );
 
     // A result that fits alone but not beside the checkpoints is a stored failure too.
     let err = idem

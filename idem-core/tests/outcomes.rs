@@ -674,3 +674,33 @@ async fn a_codec_that_borrows_part_of_the_stored_bytes_replays_the_value_alone()
         assert_eq!(outcome.into_result(), Ok("ch_1".to_owned()));
     }
 }
+
+/// A detached context (shadow runs, dry runs) holds no lease that could run out: its steps
+/// run however long the work has taken.
+#[tokio::test(start_paused = true)]
+async fn a_detached_context_runs_its_steps_whatever_the_time() {
+    let idem = Idempotency::new(MemoryStore::new());
+    let ctx = idem.detached_context(&key(), fingerprint(500));
+    tokio::time::advance(Duration::from_secs(30 * 86_400)).await;
+    let charged: u32 = ctx
+        .step("charge", || async { Ok::<_, WorkError<()>>(7) })
+        .await
+        .unwrap();
+    assert_eq!(charged, 7);
+}
+
+/// A context shows its key's short hash, token and state, never more.
+#[tokio::test]
+async fn a_context_shows_its_lease_in_debug() {
+    let (idem, _clock) = setup();
+    let outcome = idem
+        .execute(&key(), fingerprint(500), |ctx| async move {
+            Ok::<_, WorkError<()>>(format!("{ctx:?}"))
+        })
+        .await
+        .unwrap();
+    let shown = outcome.value().unwrap();
+    for part in ["Context", "token: 1", "resumed: false", "lease_lost: false"] {
+        assert!(shown.contains(part), "{shown}");
+    }
+}

@@ -129,10 +129,11 @@ impl Context {
             inner: Arc::new(Inner {
                 store,
                 key: lease.key.clone(),
+                // Never read: a detached context has no lease to run out (see
+                // `lease_ended_locally` and `lease_lost`).
                 held: Mutex::new(Held {
                     lease,
-                    deadline: tokio::time::Instant::now()
-                        + std::time::Duration::from_secs(86_400 * 365),
+                    deadline: tokio::time::Instant::now(),
                 }),
                 lease_margin: std::time::Duration::ZERO,
                 fingerprint,

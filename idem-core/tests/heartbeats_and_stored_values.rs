@@ -490,15 +490,17 @@ async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
         }
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the step ran once");
-    let told = told.lock().unwrap();
-    let [(step, message)] = told.as_slice() else {
-        panic!("{told:?}")
-    };
-    assert_eq!(step.as_deref(), Some("receipt"));
-    assert!(
-        message.contains("receipt") && message.contains("bytes"),
-        "{message}"
-    );
+    {
+        let told = told.lock().unwrap();
+        let [(step, message)] = told.as_slice() else {
+            panic!("{told:?}")
+        };
+        assert_eq!(step.as_deref(), Some("receipt"));
+        assert!(
+            message.contains("receipt") && message.contains("bytes"),
+            "{message}"
+        );
+    }
 
     // A result that fits alone but not beside the checkpoints is a stored failure too.
     let err = idem

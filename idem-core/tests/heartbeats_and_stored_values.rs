@@ -411,6 +411,10 @@ async fn a_step_that_no_longer_decodes_names_itself_and_the_way_out() {
     };
     assert_eq!(interrupted.kind(), InterruptedKind::StepUndecodable);
     assert_eq!(interrupted.step(), Some("debit"));
+    assert!(
+        std::error::Error::source(interrupted).is_some(),
+        "the decoder's error is kept as the source"
+    );
     let message = err.to_string();
     assert!(
         message.contains("`debit`") && message.contains("debit.v2"),
@@ -474,7 +478,12 @@ async fn a_step_that_cannot_be_stored_fails_for_good_and_never_runs_again() {
             .await
             .unwrap_err();
         let message = err.to_string();
-        assert!(message.contains("bytes, over the"), "{message}");
+        assert!(
+            message.contains("bytes, over the")
+                && message.contains("; raise the cap or store less"),
+            "{message}"
+        );
+        assert_eq!(message.contains(" (replayed)"), attempt > 0, "{message}");
         match err {
             Error::Unstorable {
                 part: ValuePart::Step(step),

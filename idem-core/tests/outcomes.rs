@@ -704,3 +704,78 @@ async fn a_context_shows_its_lease_in_debug() {
         assert!(shown.contains(part), "{shown}");
     }
 }
+
+/// The memory store, refusing every result, and the first three failures, as too large
+/// for the record.
+struct RefusesValues {
+    inner: MemoryStore,
+    failures_refused: AtomicUsize,
+}
+
+fn too_large(part: ValuePart, value: &[u8]) -> StoreError {
+    StoreError::TooLarge {
+        part,
+        size: value.len(),
+        limit: 0,
+    }
+}
+
+#[async_trait]
+impl Store for RefusesValues {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(request).await
+    }
+    async fn complete(&self, _: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        Err(too_large(ValuePart::Result, response))
+    }
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        if self.failures_refused.fetch_add(1, Ordering::SeqCst) < 3 {
+            return Err(too_large(ValuePart::Failure, response));
+        }
+        self.inner.fail(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
+        self.inner.renew(lease, extend).await
+    }
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        self.inner.checkpoint(lease, step, value).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+/// A result the store refuses as too large is replaced by the marker saying so, once: a
+/// store that refuses the marker too gets that refusal back, not the marker sent again.
+#[tokio::test]
+async fn a_refused_marker_is_an_error_not_sent_again() {
+    let idem = Idempotency::new(RefusesValues {
+        inner: MemoryStore::new(),
+        failures_refused: AtomicUsize::new(0),
+    });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let answer = idem.execute(&key(), fingerprint(500), charge(&runs)).await;
+    assert!(
+        matches!(
+            answer,
+            Err(Error::Store(StoreError::TooLarge {
+                part: ValuePart::Failure,
+                ..
+            }))
+        ),
+        "{answer:?}"
+    );
+    assert_eq!(idem.store().failures_refused.load(Ordering::SeqCst), 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

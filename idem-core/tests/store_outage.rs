@@ -200,3 +200,82 @@ async fn a_store_call_that_never_answers_is_bounded_and_retried() {
         Err(idem_core::ConfigError::ZeroStoreTimeout)
     ));
 }
+
+/// The memory store, answering claims late and renewals never (`hang`) or with an error.
+struct SlowClaim {
+    inner: MemoryStore,
+    claim_delay: Duration,
+    hang: bool,
+}
+
+#[async_trait]
+impl Store for SlowClaim {
+    async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        tokio::time::sleep(self.claim_delay).await;
+        self.inner.claim(request).await
+    }
+    async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.inner.complete(lease, response).await
+    }
+    async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        self.inner.fail(lease, response).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn renew(&self, _: &Lease, _: Duration) -> Result<RenewOutcome, StoreError> {
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
+        Err(StoreError::Unavailable {
+            operation: Operation::Renew,
+            source: "connection refused".into(),
+        })
+    }
+    async fn checkpoint(
+        &self,
+        lease: &Lease,
+        step: &StepName,
+        value: &[u8],
+    ) -> Result<WriteOutcome, StoreError> {
+        self.inner.checkpoint(lease, step, value).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        self.inner.purge_expired(limit).await
+    }
+}
+
+/// A claim answered late (400 ms of a 1 s lease) is confirmed by a renewal; when that
+/// renewal fails or gets no answer, the lease's end still counts from the claim's send,
+/// 1 s after it, and the work's steps may start until shortly before then.
+#[tokio::test(start_paused = true)]
+async fn a_late_claim_whose_confirmation_fails_keeps_the_claims_lease() {
+    for hang in [false, true] {
+        let idem = Idempotency::builder(SlowClaim {
+            inner: MemoryStore::new(),
+            claim_delay: Duration::from_millis(400),
+            hang,
+        })
+        .lease(Duration::from_secs(1))
+        .heartbeat(Heartbeat::Off)
+        .store_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+        let key = Key::new("payments", "late").unwrap();
+        let outcome = idem
+            .execute(&key, Fingerprint::of_bytes("r"), |ctx| async move {
+                let charged: u32 = ctx
+                    .step("charge", || async { Ok::<_, WorkError<()>>(5) })
+                    .await?;
+                Ok::<_, WorkError<()>>(charged)
+            })
+            .await;
+        assert!(
+            matches!(&outcome, Ok(Outcome::Completed { value: 5, .. })),
+            "hang {hang}: {outcome:?}"
+        );
+    }
+}

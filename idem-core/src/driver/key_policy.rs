@@ -254,4 +254,22 @@ mod tests {
             "KeyPolicy::custom(\"r\")"
         );
     }
+
+    /// Each rule's edge passes, and each alphabet of the entropy estimate counts.
+    #[test]
+    fn edges_pass_and_each_alphabet_counts() {
+        assert!(KeyPolicy::min_length(5).check("exact").is_ok());
+        let bits = KeyPolicy::estimate_entropy_bits("xk2Qz9");
+        assert!(KeyPolicy::min_entropy_bits(bits).check("xk2Qz9").is_ok());
+        for (key, bits) in [
+            ("3f1c9a8e", 32), // hex, lower case: 8 × 4
+            ("3F1C9A8E", 32), // hex, upper case
+            ("abcdefgh", 37), // lower case letters: 8 × log2(26)
+            ("ab cd", 29),    // and a space: 5 × log2(26 + 33)
+            ("ab.cd", 29),    // and punctuation
+            ("éa", 20),       // and beyond ASCII: 2 × log2(1000 + 26)
+        ] {
+            assert_eq!(KeyPolicy::estimate_entropy_bits(key), bits, "{key}");
+        }
+    }
 }

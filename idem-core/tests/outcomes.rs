@@ -445,6 +445,26 @@ async fn a_result_over_the_cap_is_a_stored_failure_not_a_second_run() {
         .await
         .unwrap();
     assert!(!exact.replayed());
+    // A permanent failure over the cap is stored as the marker saying so, like a result.
+    let err = idem
+        .execute(
+            &Key::new("s", "large-failure").unwrap(),
+            fingerprint(1),
+            |_ctx| async { Err::<(), _>(WorkError::Permanent("y".repeat(100))) },
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Unstorable {
+                part: ValuePart::Failure,
+                reason: Unstorable::TooLarge { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]

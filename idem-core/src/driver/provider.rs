@@ -223,6 +223,15 @@ mod tests {
         // Stripe remembers a key 24 hours: a second less here, and a retry may run again.
         let short = warnings(day - Duration::from_secs(1), &[Provider::STRIPE]);
         assert_eq!(short.len(), 1, "{short:?}");
+        // Adyen checks for 30 days, PayPal (as assumed) for 6 hours.
+        assert_eq!(warnings(29 * day, &[Provider::ADYEN]).len(), 1);
+        assert!(warnings(30 * day, &[Provider::ADYEN]).is_empty());
+        let hours = |n: u64| Duration::from_secs(n * 3600);
+        assert_eq!(
+            warnings(hours(6) - Duration::from_secs(1), &[Provider::PAYPAL]).len(),
+            1
+        );
+        assert!(warnings(hours(6), &[Provider::PAYPAL]).is_empty());
         let found = warnings(day, &[Provider::STRIPE, Provider::ADYEN]);
         assert_eq!(found.len(), 1);
         assert!(found[0].to_string().contains("adyen"), "{}", found[0]);

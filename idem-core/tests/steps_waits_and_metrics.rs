@@ -411,6 +411,18 @@ fn every_metric_moves_when_its_event_happens() {
                 .await;
             let down = Idempotency::new(Failing);
             let _ = down.execute(&key("c"), fp(), ok).await; // store errors
+            // Two days on, both records are absent: the purger deletes them.
+            clock.advance(Duration::from_secs(2 * 86_400));
+            let purger =
+                idem_core::Purger::spawn(Arc::new(store.clone()), Duration::from_millis(10), 100)
+                    .expect("on a runtime");
+            for _ in 0..100 {
+                if store.len() == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            purger.stop().await;
         });
     });
 
@@ -437,6 +449,7 @@ fn every_metric_moves_when_its_event_happens() {
         (observe::LEASE_LOSSES, 1),
         (observe::STORE_ERRORS, 3),
         (observe::WORK_DURATION, 3),
+        (observe::PURGED, 2),
     ] {
         assert_eq!(value(name), expected, "{name}");
     }

@@ -417,7 +417,7 @@ fn every_metric_moves_when_its_event_happens() {
                 idem_core::Purger::spawn(Arc::new(store.clone()), Duration::from_millis(10), 100)
                     .expect("on a runtime");
             for _ in 0..100 {
-                if store.len() == 0 {
+                if store.is_empty() {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;

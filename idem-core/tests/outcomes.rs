@@ -723,6 +723,10 @@ async fn a_context_shows_its_lease_in_debug() {
     for part in ["Context", "token: 1", "resumed: false", "lease_lost: false"] {
         assert!(shown.contains(part), "{shown}");
     }
+    assert!(
+        !shown.contains(key().key()),
+        "the key itself is never shown: {shown}"
+    );
 }
 
 /// The memory store, refusing every result, and the first three failures, as too large

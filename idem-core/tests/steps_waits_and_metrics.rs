@@ -415,7 +415,7 @@ fn every_metric_moves_when_its_event_happens() {
             clock.advance(Duration::from_secs(2 * 86_400));
             let purger =
                 idem_core::Purger::spawn(Arc::new(store.clone()), Duration::from_millis(10), 100)
-                    .expect("on a runtime");
+                    .expect("a store with records to purge");
             for _ in 0..100 {
                 if store.is_empty() {
                     break;

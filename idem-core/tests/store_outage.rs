@@ -206,6 +206,7 @@ struct SlowClaim {
     inner: MemoryStore,
     claim_delay: Duration,
     hang: bool,
+    renewals: AtomicUsize,
 }
 
 #[async_trait]
@@ -224,6 +225,7 @@ impl Store for SlowClaim {
         self.inner.release(lease).await
     }
     async fn renew(&self, _: &Lease, _: Duration) -> Result<RenewOutcome, StoreError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
         if self.hang {
             std::future::pending::<()>().await;
         }
@@ -250,14 +252,18 @@ impl Store for SlowClaim {
 
 /// A claim answered late (400 ms of a 1 s lease) is confirmed by a renewal; when that
 /// renewal fails or gets no answer, the lease's end still counts from the claim's send,
-/// 1 s after it, and the work's steps may start until shortly before then.
+/// 1 s after it: the work's steps may start until shortly before then (a fiftieth of the
+/// lease), and not after.
 #[tokio::test(start_paused = true)]
 async fn a_late_claim_whose_confirmation_fails_keeps_the_claims_lease() {
     for hang in [false, true] {
         let idem = Idempotency::builder(SlowClaim {
-            inner: MemoryStore::new(),
+            // The store's own clock stands still: only this process's end of the lease
+            // is under test.
+            inner: MemoryStore::with_clock(idem_core::ManualClock::new()),
             claim_delay: Duration::from_millis(400),
             hang,
+            renewals: AtomicUsize::new(0),
         })
         .lease(Duration::from_secs(1))
         .heartbeat(Heartbeat::Off)
@@ -265,17 +271,32 @@ async fn a_late_claim_whose_confirmation_fails_keeps_the_claims_lease() {
         .build()
         .unwrap();
         let key = Key::new("payments", "late").unwrap();
+        let sent = tokio::time::Instant::now();
+        let lost_at_the_end = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lost = Arc::clone(&lost_at_the_end);
         let outcome = idem
             .execute(&key, Fingerprint::of_bytes("r"), |ctx| async move {
                 let charged: u32 = ctx
                     .step("charge", || async { Ok::<_, WorkError<()>>(5) })
                     .await?;
+                // The claim's send plus the lease, less a fiftieth of it: 980 ms.
+                tokio::time::sleep_until(sent + Duration::from_millis(985)).await;
+                lost.store(ctx.is_lease_lost(), Ordering::SeqCst);
                 Ok::<_, WorkError<()>>(charged)
             })
             .await;
         assert!(
             matches!(&outcome, Ok(Outcome::Completed { value: 5, .. })),
             "hang {hang}: {outcome:?}"
+        );
+        assert_eq!(
+            idem.store().renewals.load(Ordering::SeqCst),
+            1,
+            "confirmed once"
+        );
+        assert!(
+            lost_at_the_end.load(Ordering::SeqCst),
+            "hang {hang}: the lease still counted as held past the claim's send plus the lease"
         );
     }
 }

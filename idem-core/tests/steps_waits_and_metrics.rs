@@ -175,82 +175,50 @@ async fn a_waiter_gives_up_at_its_timeout_without_running_the_work() {
     );
 }
 
+/// A waiter takes over once the lease expires, also when its wait is too long for the
+/// clock to count (`Duration::MAX`: a wait without end, never in-flight at once).
 #[tokio::test(start_paused = true)]
 async fn a_waiter_takes_over_when_the_lease_expires() {
-    let (store, clock) = store();
-    let holder = Idempotency::builder(store.clone())
-        .lease(LEASE)
-        .heartbeat(Heartbeat::Off)
-        .build()
-        .unwrap();
-    let _ = holder
-        .execute(&key("k"), fp(), |_ctx| async {
-            Err::<(), _>(WorkError::Unknown(()))
-        })
-        .await;
-    let waiter = Idempotency::builder(store)
-        .lease(LEASE)
-        .in_flight(InFlightPolicy::Wait {
-            timeout: Duration::from_secs(60),
-        })
-        .build()
-        .unwrap();
-    let task = tokio::spawn(async move {
-        waiter
-            .execute(&key("k"), fp(), |ctx| async move {
-                Ok::<_, WorkError<()>>(ctx.resumed())
+    for (name, timeout) in [("k", Duration::from_secs(60)), ("endless", Duration::MAX)] {
+        let (store, clock) = store();
+        let holder = Idempotency::builder(store.clone())
+            .lease(LEASE)
+            .heartbeat(Heartbeat::Off)
+            .build()
+            .unwrap();
+        let _ = holder
+            .execute(&key(name), fp(), |_ctx| async {
+                Err::<(), _>(WorkError::Unknown(()))
             })
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !task.is_finished(),
-        "the waiter waits while the lease is live"
-    );
-    clock.advance(LEASE);
-    let done = task.await.unwrap().unwrap();
-    assert_eq!(
-        done,
-        Outcome::Completed {
-            value: true,
-            replayed: false
-        },
-        "it took over and ran the work"
-    );
-}
-
-/// A wait too long for the clock to count (`Duration::MAX`) is a wait without end, never
-/// an answer of in-flight at once.
-#[tokio::test(start_paused = true)]
-async fn a_wait_too_long_for_the_clock_waits_without_end() {
-    let (store, clock) = store();
-    let holder = Idempotency::builder(store.clone())
-        .lease(LEASE)
-        .heartbeat(Heartbeat::Off)
-        .build()
-        .unwrap();
-    let _ = holder
-        .execute(&key("k"), fp(), |_ctx| async {
-            Err::<(), _>(WorkError::Unknown(()))
-        })
-        .await;
-    let waiter = Idempotency::builder(store)
-        .lease(LEASE)
-        .in_flight(InFlightPolicy::Wait {
-            timeout: Duration::MAX,
-        })
-        .build()
-        .unwrap();
-    let task = tokio::spawn(async move {
-        waiter
-            .execute(&key("k"), fp(), |_ctx| async { Ok::<_, WorkError<()>>(7) })
-            .await
-    });
-    tokio::time::sleep(Duration::from_secs(600)).await;
-    assert!(!task.is_finished(), "the waiter still waits");
-    clock.advance(LEASE);
-    let done = task.await.unwrap().unwrap();
-    assert_eq!(done.value(), Some(7));
+            .await;
+        let waiter = Idempotency::builder(store)
+            .lease(LEASE)
+            .in_flight(InFlightPolicy::Wait { timeout })
+            .build()
+            .unwrap();
+        let task = tokio::spawn(async move {
+            waiter
+                .execute(&key(name), fp(), |ctx| async move {
+                    Ok::<_, WorkError<()>>(ctx.resumed())
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !task.is_finished(),
+            "{name}: the waiter waits while the lease is live"
+        );
+        clock.advance(LEASE);
+        let done = task.await.unwrap().unwrap();
+        assert_eq!(
+            done,
+            Outcome::Completed {
+                value: true,
+                replayed: false
+            },
+            "{name}: it took over and ran the work"
+        );
+    }
 }
 
 #[tokio::test]

@@ -696,12 +696,17 @@ async fn a_codec_that_borrows_part_of_the_stored_bytes_replays_the_value_alone()
 }
 
 /// A detached context (shadow runs, dry runs) holds no lease that could run out: its steps
-/// run however long the work has taken.
+/// run and its lease is never lost, however long the work takes. Its recorded end of the
+/// lease is the moment it was made and is never read; the `detached` checks are what
+/// keep it live.
 #[tokio::test(start_paused = true)]
 async fn a_detached_context_runs_its_steps_whatever_the_time() {
     let idem = Idempotency::new(MemoryStore::new());
     let ctx = idem.detached_context(&key(), fingerprint(500));
     tokio::time::advance(Duration::from_secs(30 * 86_400)).await;
+    assert!(!ctx.is_lease_lost());
+    let lost = tokio::time::timeout(Duration::from_secs(3600), ctx.lease_lost()).await;
+    assert!(lost.is_err(), "a detached context's lease is never lost");
     let charged: u32 = ctx
         .step("charge", || async { Ok::<_, WorkError<()>>(7) })
         .await

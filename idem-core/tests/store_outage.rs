@@ -300,3 +300,42 @@ async fn a_late_claim_whose_confirmation_fails_keeps_the_claims_lease() {
         );
     }
 }
+
+/// `execute` dropped while the result's first write hangs (inside the store call's retries):
+/// the write goes on by itself, its hung try is dropped at the timeout, the retry stores
+/// the result, and the next call replays it without running the work again.
+#[tokio::test(start_paused = true)]
+async fn a_caller_gone_during_a_hung_write_still_stores_the_result() {
+    let idem = builder(1, Duration::from_secs(30), true)
+        .store_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let key = Key::new("payments", "gone").unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = |_ctx| {
+        let runs = Arc::clone(&runs);
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, WorkError<()>>(9)
+        }
+    };
+    let gone = tokio::time::timeout(
+        Duration::from_millis(50),
+        idem.execute(&key, Fingerprint::of_bytes("r"), work),
+    )
+    .await;
+    assert!(gone.is_err(), "dropped while the write hung: {gone:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        idem.store().hanging.load(Ordering::SeqCst),
+        0,
+        "the hung try was dropped"
+    );
+    let again = idem
+        .execute(&key, Fingerprint::of_bytes("r"), work)
+        .await
+        .unwrap();
+    assert!(again.replayed(), "{again:?}");
+    assert_eq!(again.value(), Some(9));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}

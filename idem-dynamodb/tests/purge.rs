@@ -127,11 +127,17 @@ async fn a_purge_goes_across_the_scans_pages() {
     // In a task of its own, so that the large records go however it ends: DynamoDB Local
     // keeps what the tests write while it runs, 3.6 MB more for every later test.
     let purged = tokio::spawn(purge_across_pages(endpoint)).await;
+    let mut deleted = Vec::new();
     for key in &large {
-        assert!(other.delete(key).await.unwrap());
+        deleted.push(other.delete(key).await);
     }
+    // The purge's own failure first: a purge that took the large records too would
+    // otherwise show only as a failed cleanup.
     if let Err(failed) = purged {
         std::panic::resume_unwind(failed.into_panic());
+    }
+    for (key, deleted) in large.iter().zip(deleted) {
+        assert!(deleted.unwrap(), "{key:?} of another prefix was purged");
     }
 }
 

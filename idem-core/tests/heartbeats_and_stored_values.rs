@@ -37,6 +37,9 @@ struct Hooked {
     renewals: Arc<AtomicUsize>,
     checkpoint_failures: Arc<AtomicUsize>,
     record_limit: Option<usize>,
+    /// Answers `Fenced` to a completion of a record already completed (under any lease):
+    /// stricter than the contract, which answers a repeat `Applied`.
+    fence_repeated_completions: bool,
 }
 
 #[async_trait]
@@ -45,6 +48,12 @@ impl Store for Hooked {
         self.inner.claim(request).await
     }
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
+        if self.fence_repeated_completions {
+            let record = self.inner.get(&lease.key).await?;
+            if record.is_some_and(|record| record.state == idem_core::State::Completed) {
+                return Ok(WriteOutcome::Fenced);
+            }
+        }
         self.inner.complete(lease, response).await
     }
     async fn fail(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
@@ -237,11 +246,13 @@ async fn a_result_written_then_rolled_back_is_never_answered() {
                 let completion = ctx.prepare_completion(&"mine".to_string())?;
                 completion.written();
                 clock.advance(Duration::from_secs(11));
+                // Its result is the same bytes (the work is deterministic): still another
+                // lease's record.
                 let theirs = second
-                    .execute(&key("k"), fp(), |_ctx| async { done("theirs".to_string()) })
+                    .execute(&key("k"), fp(), |_ctx| async { done("mine".to_string()) })
                     .await
                     .unwrap();
-                assert_eq!(theirs.value(), Some("theirs".to_string()));
+                assert_eq!(theirs.value(), Some("mine".to_string()));
                 // The work wrongly returns success anyway.
                 done("mine".to_string())
             }
@@ -358,6 +369,26 @@ async fn a_value_that_does_not_round_trip_is_a_stored_failure_from_the_start() {
         ),
         "{err:?}"
     );
+
+    // And for a step's value: the stored failure names the step, on replays too.
+    for attempt in 0..2 {
+        let err = idem
+            .execute(&key("nan-step"), fp(), |ctx| async move {
+                let ratio: f64 = ctx.step("ratio", || async { done(f64::NAN) }).await?;
+                done(ratio)
+            })
+            .await
+            .unwrap_err();
+        match err {
+            Error::Unstorable {
+                part: ValuePart::Step(ref step),
+                reason: Unstorable::Unserializable,
+                replayed,
+                ..
+            } if step == "ratio" => assert_eq!(replayed, attempt > 0),
+            other => panic!("attempt {attempt}: {other:?}"),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -441,6 +472,100 @@ async fn checkpoints_are_retried_like_completions() {
     assert_eq!(store.checkpoint_failures.load(Ordering::SeqCst), 0);
     let record = store.get(&key("k")).await.unwrap().unwrap();
     assert_eq!(record.steps["debit"], b"500");
+}
+
+/// What the work was told when its step's write failed, checked for the interruption's
+/// kind and its source's type; the interruption is handed back as the work's error.
+fn told_why<T, E: std::error::Error + 'static>(
+    result: Result<T, WorkError<()>>,
+    kind: InterruptedKind,
+) -> Result<T, WorkError<()>> {
+    let Err(WorkError::Interrupted(interrupted)) = result else {
+        panic!("the step's write failed: it must be an interruption")
+    };
+    assert_eq!(interrupted.kind(), kind);
+    let source = std::error::Error::source(&interrupted).expect("the cause is kept as the source");
+    assert!(source.downcast_ref::<E>().is_some(), "{source:?}");
+    Err(WorkError::Interrupted(interrupted))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_the_store_cannot_write_interrupts_with_the_stores_error_as_source() {
+    let store = Hooked::default();
+    store
+        .checkpoint_failures
+        .store(usize::MAX, Ordering::SeqCst);
+    let idem = Idempotency::builder(store)
+        .lease(Duration::from_secs(5))
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let err = idem
+        .execute(&key("k"), fp(), |ctx| async move {
+            let debit = ctx.step("debit", || async { done(500_u64) }).await;
+            let debit = told_why::<_, StoreError>(debit, InterruptedKind::Store)?;
+            done(debit)
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Store(StoreError::Unavailable { .. })),
+        "{err:?}"
+    );
+}
+
+/// A codec that cannot encode a step's value (no randomness for its nonce, say).
+#[derive(Debug)]
+struct NoRandomnessForSteps;
+
+impl idem_core::Codec for NoRandomnessForSteps {
+    fn encode(
+        &self,
+        at: &idem_core::codec::StoredAt<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, idem_core::codec::CodecError> {
+        match at.part {
+            ValuePart::Step(_) => Err(idem_core::codec::CodecError::Randomness {
+                reason: "getrandom failed".into(),
+            }),
+            _ => Ok(plain),
+        }
+    }
+
+    fn decode<'a>(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, idem_core::codec::CodecError> {
+        Ok(std::borrow::Cow::Borrowed(stored))
+    }
+}
+
+#[tokio::test]
+async fn a_step_the_codec_cannot_encode_interrupts_with_the_codecs_error_as_source() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .codec(NoRandomnessForSteps)
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let err = idem
+        .execute(&key("k"), fp(), |ctx| async move {
+            let debit = ctx.step("debit", || async { done(500_u64) }).await;
+            let debit = told_why::<_, idem_core::codec::CodecError>(debit, InterruptedKind::Codec)?;
+            done(debit)
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Codec {
+                what: ValuePart::Step(ref step),
+                ..
+            } if step == "debit"
+        ),
+        "{err:?}"
+    );
 }
 
 #[tokio::test]
@@ -693,4 +818,176 @@ async fn the_purger_keeps_deleting_absent_records() {
     tokio::time::sleep(Duration::from_secs(61)).await;
     assert_eq!(store.len(), 0);
     purger.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fenced_heartbeat_sends_no_more_renewals() {
+    let clock = ManualClock::new();
+    let store = Hooked {
+        inner: MemoryStore::with_clock(clock.clone()),
+        ..Hooked::default()
+    };
+    let idem = Idempotency::builder(store.clone())
+        .lease(Duration::from_secs(1))
+        .heartbeat(Heartbeat::Every(Duration::from_millis(100)))
+        .build()
+        .unwrap();
+    let k = key("fenced-heartbeat");
+    let at_loss = Arc::new(AtomicUsize::new(0));
+    let owner = tokio::spawn({
+        let (idem, k, store, at_loss) = (idem.clone(), k.clone(), store.clone(), at_loss.clone());
+        async move {
+            idem.execute(&k, fp(), |ctx| async move {
+                // Fenced by the next renewal: the work goes on a while, as work that
+                // does not watch its lease does.
+                ctx.lease_lost().await;
+                at_loss.store(store.renewals.load(Ordering::SeqCst), Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                done(1)
+            })
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The owner's lease ends on the store's clock, and another attempt takes over.
+    clock.advance(Duration::from_secs(5));
+    let takeover = idem
+        .execute(&k, fp(), |_ctx| async { done(2) })
+        .await
+        .unwrap();
+    assert_eq!(takeover.value(), Some(2));
+    let owner = owner.await.unwrap();
+    assert!(
+        matches!(owner, Err(Error::LeaseLost)) || owner.as_ref().is_ok_and(|o| o.replayed()),
+        "{owner:?}"
+    );
+    let renewals = at_loss.load(Ordering::SeqCst);
+    assert!(renewals >= 1, "the fence came from a renewal");
+    assert_eq!(
+        store.renewals.load(Ordering::SeqCst),
+        renewals,
+        "no renewal after the fence"
+    );
+}
+
+#[tokio::test]
+async fn a_prepared_completion_may_fill_the_cap_exactly_and_no_more() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_response_bytes(16)
+        .build()
+        .unwrap();
+    idem.execute(&key("prepared-edge"), fp(), |ctx| async move {
+        // A string of 14 characters is 16 bytes of JSON, the quotes included.
+        assert!(ctx.prepare_completion(&"s".repeat(14)).is_ok());
+        let over = ctx.prepare_completion(&"s".repeat(15)).err();
+        assert_eq!(
+            over.map(|interrupted| interrupted.kind()),
+            Some(InterruptedKind::Unstorable)
+        );
+        done(())
+    })
+    .await
+    .unwrap();
+}
+
+/// The driver's confirming write after the work's own transaction completed the record
+/// is fenced by a store that fences repeats: the record read back is this lease's, with
+/// these bytes, so the result stands. Another lease's, or other bytes, would not.
+#[tokio::test]
+async fn a_fenced_confirmation_of_the_works_own_completion_reads_the_record_back() {
+    let store = Hooked {
+        fence_repeated_completions: true,
+        ..Hooked::default()
+    };
+    let idem = Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let outcome = idem
+        .execute(&key("k"), fp(), |ctx| {
+            let store = store.clone();
+            async move {
+                let completion = ctx.prepare_completion(&"receipt-7".to_string())?;
+                let written = store
+                    .inner
+                    .complete(completion.lease(), completion.bytes())
+                    .await
+                    .unwrap();
+                assert_eq!(written, WriteOutcome::Applied);
+                completion.written();
+                done("receipt-7".to_string())
+            }
+        })
+        .await;
+    assert_eq!(
+        outcome.unwrap(),
+        Outcome::Completed {
+            value: "receipt-7".to_string(),
+            replayed: false
+        }
+    );
+}
+
+#[tokio::test]
+async fn whether_a_response_fits_is_asked_of_the_codec_near_the_room() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .max_response_bytes(100)
+        .codec(idem_core::Aes256GcmCodec::new(1, [7; 32]))
+        .build()
+        .unwrap();
+    idem.execute(&key("fits"), fp(), |ctx| async move {
+        let room = ctx.room_for_plain_response();
+        assert!(
+            room > 0 && room < 100,
+            "the cipher adds its nonce and tag: {room}"
+        );
+        assert!(ctx.fits_response(b""));
+        assert!(ctx.fits_response(&vec![0; room]));
+        assert!(!ctx.fits_response(&vec![0; room + 1]));
+        done(())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_step_may_fill_the_room_beside_the_marker_exactly_and_no_more() {
+    let store = Hooked {
+        record_limit: Some(4096),
+        ..Hooked::default()
+    };
+    let idem = Idempotency::builder(store)
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    // 512 bytes are kept for a failure marker; the step's name and its JSON take the rest.
+    let room = 4096 - 512;
+    let value_of = |size: usize| "v".repeat(size - "step".len() - 2);
+    let fits = idem
+        .execute(&key("step-fits"), fp(), |ctx| async move {
+            let value: String = ctx.step("step", || async { done(value_of(room)) }).await?;
+            done(value.len())
+        })
+        .await
+        .unwrap();
+    assert_eq!(fits.value(), Some(room - 6));
+    let over = idem
+        .execute(&key("step-over"), fp(), |ctx| async move {
+            let value: String = ctx
+                .step("step", || async { done(value_of(room + 1)) })
+                .await?;
+            done(value.len())
+        })
+        .await;
+    assert!(
+        matches!(
+            over,
+            Err(Error::Unstorable {
+                part: ValuePart::Step(ref step),
+                reason: Unstorable::TooLarge { size, limit },
+                ..
+            }) if step == "step" && size == room + 1 && limit == room
+        ),
+        "{over:?}"
+    );
 }

@@ -665,10 +665,41 @@ impl idem_core::Codec for Framed {
     }
 }
 
+/// A codec that tags each value with a trailing byte and reads it back as the stored
+/// bytes less their last: a part that starts where the stored bytes do.
+#[derive(Debug)]
+struct Trailed;
+
+impl idem_core::Codec for Trailed {
+    fn encode(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        mut plain: Vec<u8>,
+    ) -> Result<Vec<u8>, idem_core::codec::CodecError> {
+        plain.push(b'#');
+        Ok(plain)
+    }
+
+    fn decode<'a>(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, idem_core::codec::CodecError> {
+        Ok(std::borrow::Cow::Borrowed(
+            stored.split_last().map_or(&[][..], |(_, value)| value),
+        ))
+    }
+}
+
 #[tokio::test]
 async fn a_codec_that_borrows_part_of_the_stored_bytes_replays_the_value_alone() {
+    replays_the_value_alone(Framed).await;
+    replays_the_value_alone(Trailed).await;
+}
+
+async fn replays_the_value_alone(codec: impl idem_core::Codec + 'static) {
     let idem = Idempotency::builder(MemoryStore::new())
-        .codec(Framed)
+        .codec(codec)
         .build()
         .unwrap();
     let bytes_key = Key::new("acct_42/webhooks", "framed-bytes").unwrap();

@@ -67,7 +67,7 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
                     W::decode_value(&self.decode(&key, &fingerprint, ValuePart::Result, &bytes)?);
                 (bytes, decoded)
             }
-            None => match W::encode_value_owned(value) {
+            None => match W::encode_value(value) {
                 Ok(plain) => {
                     let decoded = W::decode_value(&plain);
                     (

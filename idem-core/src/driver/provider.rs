@@ -238,4 +238,21 @@ mod tests {
         let long_paypal = Provider::PAYPAL.with_retention(3 * day);
         assert_eq!(warnings(day, &[long_paypal]).len(), 1);
     }
+
+    #[test]
+    fn getters_and_debug_show_the_name_and_retention() {
+        let day = Duration::from_secs(24 * 3600);
+        assert_eq!(Provider::STRIPE.name(), "stripe");
+        assert_eq!(Provider::ADYEN.name(), "adyen");
+        assert_eq!(Provider::PAYPAL.name(), "paypal");
+        assert_eq!(Provider::STRIPE.retention(), day);
+        assert_eq!(
+            Provider::PAYPAL.with_retention(3 * day).retention(),
+            3 * day
+        );
+        assert_eq!(
+            format!("{:?}", Provider::PAYPAL),
+            "Provider { name: \"paypal\", retention: 21600s }"
+        );
+    }
 }

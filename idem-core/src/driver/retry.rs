@@ -147,3 +147,91 @@ where
         result = bounded(operation, timeout, call()).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Runs `retry_store` over a call that always fails with `error`, and returns when each
+    /// try was sent (on tokio's paused clock).
+    async fn tries(deadline: Option<Duration>, error: fn() -> StoreError) -> Vec<Duration> {
+        let start = Instant::now();
+        let sent = Mutex::new(Vec::new());
+        let result: Result<(), _> = retry_store(
+            Operation::Complete,
+            Duration::from_secs(1),
+            deadline.map(|left| start + left),
+            &policy::Jitter::seeded(7),
+            || {
+                sent.lock().unwrap().push(start.elapsed());
+                std::future::ready(Err(error()))
+            },
+        )
+        .await;
+        assert!(result.is_err(), "every try failed: {result:?}");
+        sent.into_inner().unwrap()
+    }
+
+    fn refused() -> StoreError {
+        StoreError::Unavailable {
+            operation: Operation::Complete,
+            source: "connection refused".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_with_no_deadline_is_tried_three_times_with_a_doubling_backoff() {
+        let sent = tries(None, refused).await;
+        assert_eq!(sent.len(), 3, "{sent:?}");
+        // Each pause is the backoff (25 ms, then 50) scaled by a factor in [0.5, 1].
+        let first = sent[1] - sent[0];
+        let second = sent[2] - sent[1];
+        assert!(
+            first >= STORE_BACKOFF / 2 && first <= STORE_BACKOFF,
+            "{sent:?}"
+        );
+        assert!(
+            second >= STORE_BACKOFF && second <= STORE_BACKOFF * 2,
+            "{sent:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_with_its_lease_left_is_tried_at_most_64_times_with_a_capped_backoff() {
+        let sent = tries(Some(Duration::from_secs(24 * 3600)), refused).await;
+        assert_eq!(sent.len(), MAX_WRITE_ATTEMPTS as usize, "{sent:?}");
+        let longest = sent.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+        assert!(
+            longest >= MAX_WRITE_BACKOFF / 2 && longest <= MAX_WRITE_BACKOFF,
+            "{longest:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_stops_at_its_deadline_exactly() {
+        // The seeded jitter makes the tries' times the same from run to run: a deadline
+        // at the sixth try's time allows that try, and no seventh.
+        let unbounded = tries(Some(Duration::from_secs(3600)), refused).await;
+        let sent = tries(Some(unbounded[5]), refused).await;
+        assert_eq!(sent, unbounded[..6]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_past_its_deadline_gets_the_three_quick_tries_only() {
+        let sent = tries(Some(Duration::ZERO), refused).await;
+        assert_eq!(sent.len(), STORE_ATTEMPTS as usize, "{sent:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_that_is_not_retryable_is_tried_once() {
+        let sent = tries(Some(Duration::from_secs(3600)), || StoreError::TooLarge {
+            part: crate::record::ValuePart::Result,
+            size: 10,
+            limit: 5,
+        })
+        .await;
+        assert_eq!(sent, [Duration::ZERO]);
+    }
+}

@@ -136,14 +136,11 @@ pub(crate) trait Wire: Send + Sync + 'static {
     type Value;
     type Failure;
 
-    fn encode_value(value: &Self::Value) -> Result<Vec<u8>, BoxError>;
+    /// The value given up: a wire whose value is its bytes moves them instead of copying.
+    fn encode_value(value: Self::Value) -> Result<Vec<u8>, BoxError>;
     fn decode_value(bytes: &[u8]) -> Result<Self::Value, BoxError>;
-    /// [`Wire::encode_value`] of a value given up: a wire whose value is its bytes moves
+    /// [`Wire::decode_value`] of bytes given up: a wire whose value is its bytes moves
     /// them instead of copying.
-    fn encode_value_owned(value: Self::Value) -> Result<Vec<u8>, BoxError> {
-        Self::encode_value(&value)
-    }
-    /// [`Wire::decode_value`] of bytes given up, likewise.
     fn decode_value_owned(bytes: Vec<u8>) -> Result<Self::Value, BoxError> {
         Self::decode_value(&bytes)
     }
@@ -170,8 +167,8 @@ where
     type Failure = E;
     const SERDE: bool = true;
 
-    fn encode_value(value: &T) -> Result<Vec<u8>, BoxError> {
-        Ok(serde_json::to_vec(value)?)
+    fn encode_value(value: T) -> Result<Vec<u8>, BoxError> {
+        Ok(serde_json::to_vec(&value)?)
     }
 
     fn decode_value(bytes: &[u8]) -> Result<T, BoxError> {
@@ -265,15 +262,11 @@ impl Wire for Raw {
     type Failure = Vec<u8>;
     const SERDE: bool = false;
 
-    fn encode_value(value: &Vec<u8>) -> Result<Vec<u8>, BoxError> {
-        Ok(value.clone())
-    }
-
     fn decode_value(bytes: &[u8]) -> Result<Vec<u8>, BoxError> {
         Ok(bytes.to_vec())
     }
 
-    fn encode_value_owned(value: Vec<u8>) -> Result<Vec<u8>, BoxError> {
+    fn encode_value(value: Vec<u8>) -> Result<Vec<u8>, BoxError> {
         Ok(value)
     }
 
@@ -565,6 +558,11 @@ mod tests {
         assert!(matches!(
             round_trip::<Raw>(StoredFailure::CompensatedMarker(marker.clone(), compensation.clone())),
             StoredFailure::CompensatedMarker(m, c) if m == marker && c == compensation
+        ));
+        // A work's failure of no bytes: the compensation's JSON ends the record.
+        assert!(matches!(
+            round_trip::<Raw>(StoredFailure::Compensated(Vec::new(), compensation.clone())),
+            StoredFailure::Compensated(e, c) if e.is_empty() && c == compensation
         ));
         assert!(Raw::decode_failure(b"\x02\x00\x00\x00\x09{}").is_err());
         assert!(Raw::decode_failure(b"\x02\x00").is_err());

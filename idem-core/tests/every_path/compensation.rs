@@ -264,7 +264,22 @@ async fn an_undo_that_never_returns_does_not_hold_the_key_for_ever() {
     )
     .await;
     assert!(gave_up.is_err(), "the caller left; the undo hangs on");
-    // One more lease of renewals after the caller left, then the lease ends.
+    // One more lease of renewals after the caller left (at 1 s, renewing each second),
+    // then the lease ends: the last renewal is sent at 3 s, and ends at 6 s.
+    let lease_live =
+        |record: &idem_core::Record| record.lease_until > idem_core::Clock::now(&clock);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let record = store.get(&k).await.unwrap().unwrap();
+    assert!(
+        lease_live(&record),
+        "renewed after the caller left: {record:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let record = store.get(&k).await.unwrap().unwrap();
+    assert!(
+        !lease_live(&record),
+        "renewed no more than a lease on: {record:?}"
+    );
     tokio::time::sleep(4 * lease).await;
     let retry = idem.execute(&k, fp(), work(ledger.clone(), false)).await;
     ticks.abort();
@@ -273,4 +288,205 @@ async fn an_undo_that_never_returns_does_not_hold_the_key_for_ever() {
     };
     assert_eq!(compensation.interrupted, ["charge"]);
     assert_eq!(ledger.count("refund"), 1);
+}
+
+/// Reads every value as it is, but for the `reserve` step's checkpoint, which it cannot
+/// decode (a key rotated away, say).
+#[derive(Debug)]
+struct CannotReadReserve;
+
+impl idem_core::Codec for CannotReadReserve {
+    fn encode(
+        &self,
+        _: &idem_core::codec::StoredAt<'_>,
+        plain: Vec<u8>,
+    ) -> Result<Vec<u8>, idem_core::codec::CodecError> {
+        Ok(plain)
+    }
+
+    fn decode<'a>(
+        &self,
+        at: &idem_core::codec::StoredAt<'_>,
+        stored: &'a [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>, idem_core::codec::CodecError> {
+        match &at.part {
+            idem_core::record::ValuePart::Step(step) if step == "reserve" => {
+                Err(idem_core::codec::CodecError::UnknownKeyId { id: 1 })
+            }
+            _ => Ok(std::borrow::Cow::Borrowed(stored)),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_that_cannot_read_its_steps_leaves_the_compensation_alone() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let ledger = Ledger::default();
+    let k = key("saga-unreadable");
+    let l = ledger.clone();
+    let held = driver(&store)
+        .execute(&k, fp(), move |ctx| async move {
+            let l2 = l.clone();
+            ctx.step_with_undo(
+                "reserve",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l2.add("release");
+                    Ok(())
+                },
+            )
+            .await?;
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                |()| async { Err(WorkError::Retryable("refunds are down".to_string())) },
+            )
+            .await?;
+            Err::<(), _>(WorkError::Permanent("no courier".to_string()))
+        })
+        .await;
+    assert!(
+        matches!(held, Err(Error::CompensationPending { ref step }) if step == "charge"),
+        "{held:?}"
+    );
+    let released = ledger.count("release");
+    clock.advance(LEASE);
+    // The takeover compensates, but its run stops at a checkpoint it cannot decode:
+    // it must answer the codec's error and undo nothing, since it does not know what
+    // its steps did.
+    let unreadable = Idempotency::builder(Arc::clone(&store))
+        .lease(LEASE)
+        .heartbeat(Heartbeat::Off)
+        .store_timeout(TIMEOUT)
+        .codec(CannotReadReserve)
+        .build()
+        .unwrap();
+    let l = ledger.clone();
+    let second = unreadable
+        .execute(&k, fp(), move |ctx| async move {
+            ctx.step_with_undo(
+                "reserve",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("release");
+                    Ok(())
+                },
+            )
+            .await?;
+            Ok::<(), WorkError<String>>(())
+        })
+        .await;
+    assert!(matches!(second, Err(Error::Codec { .. })), "{second:?}");
+    assert_eq!(ledger.count("release"), released, "nothing was undone");
+    let record = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(
+        record.state,
+        State::InProgress,
+        "still held for a later owner"
+    );
+}
+
+/// A charge whose undo sends `started` and then panics (`panics`) or never returns.
+fn charge_with_a_bad_undo(
+    started: std::sync::mpsc::Sender<()>,
+    panics: bool,
+) -> impl FnOnce(idem_core::Context) -> crate::support::SagaRun {
+    move |ctx: idem_core::Context| {
+        Box::pin(async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    let _ = started.send(());
+                    if panics {
+                        panic!("the refund client panicked");
+                    }
+                    std::future::pending::<Result<(), WorkError<String>>>().await
+                },
+            )
+            .await?;
+            Err(WorkError::Permanent("declined".to_string()))
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_undo_that_panics_panics_in_the_caller() {
+    let idem = Idempotency::builder(idem_core::MemoryStore::new())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let (started, _) = std::sync::mpsc::channel();
+    let caller = tokio::spawn(async move {
+        idem.execute(
+            &key("undo-panics"),
+            fp(),
+            charge_with_a_bad_undo(started, true),
+        )
+        .await
+    });
+    let err = caller
+        .await
+        .expect_err("the undo's panic reaches the caller");
+    let panic = err.into_panic();
+    assert_eq!(
+        panic.downcast_ref::<&str>(),
+        Some(&"the refund client panicked")
+    );
+}
+
+/// Polls a future with another runtime entered, so that the tasks it spawns run there.
+struct Entered<F> {
+    runtime: tokio::runtime::Handle,
+    future: std::pin::Pin<Box<F>>,
+}
+
+impl<F: std::future::Future> std::future::Future for Entered<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let _entered = self.runtime.enter();
+        self.future.as_mut().poll(cx)
+    }
+}
+
+/// The runtime the compensation's task runs on shuts down under it: the caller is told
+/// the compensation did not finish (a store error: a retry takes it over), not a panic.
+#[test]
+fn a_runtime_shut_down_mid_compensation_is_an_error_not_a_panic() {
+    let sagas = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let callers = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let idem = Idempotency::builder(idem_core::MemoryStore::new())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let k = key("runtime-shut-down");
+    let (started, undo_started) = std::sync::mpsc::channel();
+    let runtime = sagas.handle().clone();
+    let shutdown = std::thread::spawn(move || {
+        undo_started
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the undo started");
+        sagas.shutdown_background();
+    });
+    let answer = callers.block_on(Entered {
+        runtime,
+        future: Box::pin(idem.execute(&k, fp(), charge_with_a_bad_undo(started, false))),
+    });
+    shutdown.join().unwrap();
+    assert!(
+        matches!(answer, Err(Error::Store(ref err)) if err.is_retryable()),
+        "{answer:?}"
+    );
 }

@@ -356,3 +356,45 @@ async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
         "what was undone stays with the marker: {stored}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failure_too_large_for_the_saga_checkpoint_still_undoes_its_steps() {
+    let clock = ManualClock::new();
+    let mut faulty = Faulty::new(MemoryStore::with_clock(clock.clone()));
+    faulty.limit = Some(4096);
+    let store = Arc::new(faulty);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let l = ledger.clone();
+    let outcome = idem
+        .execute(&key("huge-failure"), fp(), move |ctx| async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    l.add("refund");
+                    Ok(())
+                },
+            )
+            .await?;
+            // Too large for the record: the saga checkpoints the marker saying so instead.
+            Err::<(), _>(WorkError::Permanent("x".repeat(8192)))
+        })
+        .await;
+    assert_eq!(
+        ledger.count("refund"),
+        1,
+        "the charge was refunded: {outcome:?}"
+    );
+    assert!(
+        matches!(
+            outcome,
+            Err(Error::Unstorable {
+                part: ValuePart::Failure,
+                reason: Unstorable::TooLarge { size: 8261, .. },
+                ..
+            })
+        ),
+        "{outcome:?}"
+    );
+}

@@ -157,8 +157,8 @@ impl UndoMark {
         }
         match started {
             None => UndoMark::NotRun,
-            Some(mark) if mark.starts_with(b"started:") => UndoMark::Started,
-            Some(legacy) => Self::how(legacy),
+            // `started:TOKEN` reads as started in `how`, as an earlier version's marks do.
+            Some(mark) => Self::how(mark),
         }
     }
 
@@ -414,6 +414,9 @@ mod tests {
     fn undo_checkpoints_fit_every_step_name() {
         assert_eq!(undo_checkpoint("charge"), "idem.undo:charge");
         assert_eq!(undone_checkpoint("charge"), "idem.undone:charge");
+        // The longest name that fits beside the prefix is kept as it is.
+        let fits = "s".repeat(crate::key::MAX_PART_LEN - UNDONE_PREFIX.len());
+        assert_eq!(undone_checkpoint(&fits), format!("{UNDONE_PREFIX}{fits}"));
         let long = "s".repeat(crate::key::MAX_PART_LEN);
         let other = format!("{}t", "s".repeat(crate::key::MAX_PART_LEN - 1));
         for name in [&long, &other] {
@@ -430,8 +433,14 @@ mod tests {
         let steps = vec!["reserve".to_string(), "charge".to_string()];
         let stored = encode_saga(&steps, b"\x00\xffthe failure");
         let (read, failure) = decode_saga(&stored).unwrap();
-        assert_eq!(read, Some(steps));
+        assert_eq!(read, Some(steps.clone()));
         assert_eq!(failure, b"\x00\xffthe failure");
+        // A failure of no bytes: the list ends the checkpoint.
+        let stored = encode_saga(&steps, b"");
+        assert_eq!(
+            decode_saga(&stored).unwrap(),
+            (Some(steps.clone()), &b""[..])
+        );
         // An earlier version's checkpoint: the failure alone.
         assert_eq!(
             decode_saga(b"{\"e\":1}").unwrap(),

@@ -14,9 +14,10 @@ against each mutant, which is then:
 
     scripts/query_mutants.py TARGET... [--list] [--shard K/N] [--files GLOB,...] [--iterate]
 
-Each mutant meets a faster first command (the backend's tests without its explorer's
-sampled run, which takes most of the time), and only one that command misses meets the
-whole suite. With --iterate, mutants an earlier run caught or found unviable (the lists
+Each mutant meets the backend's tests in three disjoint stages (the conformance suite,
+the rest but the explorer's sampled run, then that run, which takes most of the time),
+each only if the stages before it missed the mutant: a missed mutant has met the whole
+suite. With --iterate, mutants an earlier run caught or found unviable (the lists
 in the report directory) are skipped and the new outcomes are added to the lists, so a
 long run can be made in parts.
 
@@ -46,9 +47,15 @@ TARGETS = {
     "redis": ("idem-redis/lua", ".lua", "--", ["cargo", "nextest", "run", "-p", "idem-redis"]),
     "sqlite": ("idem-sqlite/sql", ".sql", "--", ["cargo", "nextest", "run", "-p", "idem-sqlite"]),
 }
-# The first command: the same tests but the explorer's sampled run, for every mutant; the
-# whole command above runs only for what this one misses.
-FIRST = ["-E", "not binary(explore)"]
+# The tests in three disjoint stages, each run only for a mutant the stages before it
+# missed: the conformance suite (which catches most mutants, in seconds), the rest but
+# the explorer, then the explorer's sampled run (which takes most of the time). A missed
+# mutant meets the whole suite; a caught one costs the stages up to its first failure.
+STAGES = [
+    ["-E", "binary(conformance)"],
+    ["-E", "not binary(conformance) and not binary(explore)"],
+    ["-E", "binary(explore)"],
+]
 # Every command ends at its first failure, the tests still running included: a caught
 # mutant costs its first failing test (the workspace's nextest profile runs every test to
 # the end, for CI). Not for the baseline, whose failures are all worth reading.
@@ -332,14 +339,14 @@ def main():
                 continue
             try:
                 write_atomically(path, text)
-                outcome, took = run_tests(
-                    target, command + FAIL_FAST + FIRST, out / "mutant.log", args.timeout
-                )
-                if outcome == "missed":
+                took = 0.0
+                for stage in STAGES:
                     outcome, more = run_tests(
-                        target, command + FAIL_FAST, out / "mutant.log", args.timeout
+                        target, command + FAIL_FAST + stage, out / "mutant.log", args.timeout
                     )
                     took += more
+                    if outcome != "missed":
+                        break
             finally:
                 write_atomically(path, originals[path])
             if outcome in ("missed", "timeout"):

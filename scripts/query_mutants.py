@@ -223,9 +223,14 @@ def mutants_of(path, suffix, comment):
     return found
 
 
+# nextest's exit status when tests ran and at least one failed.
+NEXTEST_TESTS_FAILED = 100
+
+
 class BrokenBuild(Exception):
-    """The tests did not build: SQL and Lua reach the crate through include_str!, so no
-    mutant can cause that; the environment is at fault and the run stops."""
+    """The tests did not build, or nextest did not run them as asked (a stage's filter
+    that selects nothing or does not parse): SQL and Lua reach the crate through
+    include_str!, so no mutant can cause that; the run stops."""
 
 
 def run_tests(target, command, log, limit):
@@ -252,6 +257,10 @@ def run_tests(target, command, log, limit):
     text = Path(log).read_text(errors="replace")
     if "error[E" in text or "could not compile" in text:
         raise BrokenBuild(f"the tests did not build; see {log}")
+    # Only a test that failed is a catch: nextest answers otherwise for a filter that
+    # selects no test or does not parse, which would make every mutant look caught.
+    if status != NEXTEST_TESTS_FAILED:
+        raise BrokenBuild(f"nextest exited with {status}, not a test failure; see {log}")
     return ("unviable" if SYNTAX_ERRORS[target].search(text) else "caught"), time.monotonic() - started
 
 
@@ -310,10 +319,14 @@ def main():
         originals = {path: path.read_text() for path in files}
         out = ROOT / "target" / "query-mutants" / target
         out.mkdir(parents=True, exist_ok=True)
-        outcome, took = run_tests(target, command, out / "baseline.log", args.timeout)
-        if outcome != "missed":
-            print(f"query mutants: {target}: the unmutated tests did not pass ({outcome}); see {out / 'baseline.log'}")
-            return 2
+        # The baseline runs the stages the mutants meet: each must select tests, and pass.
+        took = 0.0
+        for stage in STAGES:
+            outcome, more = run_tests(target, command + stage, out / "baseline.log", args.timeout)
+            took += more
+            if outcome != "missed":
+                print(f"query mutants: {target}: the unmutated tests did not pass ({outcome}); see {out / 'baseline.log'}")
+                return 2
         print(f"  baseline passed in {took:.0f} s", flush=True)
         results = {"caught": [], "missed": [], "unviable": [], "timeout": []}
         here = {f"{path.relative_to(ROOT)}:{line}: {description}" for path, line, description, _ in mutants}

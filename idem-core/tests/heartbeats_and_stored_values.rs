@@ -231,6 +231,42 @@ async fn a_committed_result_is_answered_after_its_record_expired() {
     );
 }
 
+/// The work's own result outlived its retention and was purged; another attempt claimed
+/// the key afresh (its token starts again at 1, as this owner's did) and stored the same
+/// bytes. The record is not this owner's: the same token and bytes, another attempt.
+#[tokio::test]
+async fn a_purged_result_reclaimed_under_the_same_token_is_not_taken_for_this_owners() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::with_clock(clock.clone());
+    let (first, second) = (committing(&store), committing(&store));
+    let outcome = first
+        .execute(&key("k"), fp(), |ctx| {
+            let (store, clock) = (store.clone(), clock.clone());
+            async move {
+                let completion = ctx.prepare_completion(&"mine".to_string())?;
+                let mine = store
+                    .complete(completion.lease(), completion.bytes())
+                    .await
+                    .unwrap();
+                assert_eq!(mine, WriteOutcome::Applied);
+                completion.written();
+                clock.advance(Duration::from_secs(25));
+                assert_eq!(store.purge_expired(10).await.unwrap(), 1);
+                let theirs = second
+                    .execute(&key("k"), fp(), |ctx| async move {
+                        assert_eq!(ctx.token(), 1, "a fresh record starts at token 1");
+                        done("mine".to_string())
+                    })
+                    .await
+                    .unwrap();
+                assert!(!theirs.replayed());
+                done("mine".to_string())
+            }
+        })
+        .await;
+    assert!(matches!(outcome, Err(Error::LeaseLost)), "{outcome:?}");
+}
+
 #[tokio::test]
 async fn a_result_written_then_rolled_back_is_never_answered() {
     let clock = ManualClock::new();
@@ -851,7 +887,11 @@ async fn a_fenced_heartbeat_sends_no_more_renewals() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The owner's lease ends on the store's clock, and another attempt takes over.
     clock.advance(Duration::from_secs(5));
-    let takeover = idem
+    // Through the store underneath: the owner's count of renewals stays its own.
+    let takeover = Idempotency::builder(store.inner.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap()
         .execute(&k, fp(), |_ctx| async { done(2) })
         .await
         .unwrap();

@@ -456,6 +456,8 @@ impl<F: std::future::Future> std::future::Future for Entered<F> {
 
 /// The runtime the compensation's task runs on shuts down under it: the caller is told
 /// the compensation did not finish (a store error: a retry takes it over), not a panic.
+/// The caller's own timers are on that runtime too; the memory store answers at once, so
+/// none is pending when it shuts down (one would panic, failing the test loudly).
 #[test]
 fn a_runtime_shut_down_mid_compensation_is_an_error_not_a_panic() {
     let sagas = tokio::runtime::Builder::new_multi_thread()

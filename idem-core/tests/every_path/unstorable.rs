@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem_core::driver::Unstorable;
+use idem_core::driver::{InterruptedKind, Unstorable};
 use idem_core::record::ValuePart;
 use idem_core::{
     Error, Heartbeat, Idempotency, ManualClock, MemoryStore, State, Store, WorkError,
@@ -391,10 +391,64 @@ async fn a_failure_too_large_for_the_saga_checkpoint_still_undoes_its_steps() {
             outcome,
             Err(Error::Unstorable {
                 part: ValuePart::Failure,
-                reason: Unstorable::TooLarge { size: 8261, .. },
+                reason: Unstorable::TooLarge { size, .. },
                 ..
-            })
+            }) if size > 8192
         ),
         "{outcome:?}"
+    );
+}
+
+/// A record filled so that an undo's start mark fits and its end mark does not: the error
+/// names the end mark and its own size (`1:true` under `idem.undone:STEP`), nothing else.
+#[tokio::test(start_paused = true)]
+async fn an_undo_end_mark_that_does_not_fit_is_reported_with_its_own_size() {
+    // Ten steps fill the work's room (the record's 4096 bytes less the 512 kept for a
+    // marker), which leaves idem's own checkpoints 384 bytes: the saga's checkpoint, then
+    // two marks per undo, 41 bytes, more than fit. A failure one byte longer each time
+    // moves where the room runs out, until it is between an undo's start and its end.
+    const STEPS: [&str; 10] = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7", "s8", "s9"];
+    let padding = "v".repeat(4096 - 512 - 9 * ("s1".len() + "null".len()) - "s0".len() - 2);
+    let mut found = None;
+    for length in 1..=41 {
+        let clock = ManualClock::new();
+        let mut faulty = Faulty::new(MemoryStore::with_clock(clock.clone()));
+        faulty.limit = Some(4096);
+        let store = Arc::new(faulty);
+        let padding = padding.clone();
+        let outcome = driver(&store)
+            .execute(&key("end-mark"), fp(), move |ctx| async move {
+                ctx.step_with_undo(
+                    STEPS[0],
+                    || async { Ok::<_, WorkError<String>>(padding) },
+                    |_| async { Ok(()) },
+                )
+                .await?;
+                for step in &STEPS[1..] {
+                    ctx.step_with_undo(
+                        step,
+                        || async { Ok::<_, WorkError<String>>(()) },
+                        |()| async { Ok(()) },
+                    )
+                    .await?;
+                }
+                Err::<(), _>(WorkError::Permanent("x".repeat(length)))
+            })
+            .await;
+        if let Err(Error::Interrupted(interrupted)) = &outcome
+            && let Some(mark) = interrupted.step()
+            && mark.starts_with("idem.undone:")
+        {
+            assert_eq!(interrupted.kind(), InterruptedKind::Unstorable);
+            found = Some((length, mark.to_owned(), interrupted.to_string()));
+            break;
+        }
+    }
+    let (length, mark, message) =
+        found.expect("some failure's length leaves room for a start mark and not its end");
+    let size = mark.len() + "1:true".len();
+    assert!(
+        message.contains(&format!("is {size} bytes")),
+        "failure of {length}: {message}"
     );
 }

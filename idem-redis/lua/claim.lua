@@ -30,12 +30,7 @@ end
 if r.f ~= fingerprint then
   return { 'mismatch' }
 end
-if r.s == 'completed' then
-  return { 'replay', r.r or '' }
-end
-if r.s == 'failed' then
-  return { 'replay_failure', r.r or '' }
-end
+-- A finished record was answered by claim_replay.lua, which runs first: r is in progress.
 if now < r.l then
   if r.a == attempt then
     -- The same attempt asking again (its first answer was lost): the same lease.

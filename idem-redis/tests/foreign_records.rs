@@ -56,6 +56,11 @@ async fn foreign_records_are_refused_not_absent() {
         ("a lease end that is a fraction", with("l", Some(b"1.5"))),
         ("a fingerprint of 5 bytes", with("f", Some(b"12345"))),
         ("a missing fingerprint", with("f", None)),
+        ("a missing state", with("s", None)),
+        ("an attempt of 5 bytes", with("a", Some(b"12345"))),
+        ("a missing attempt", with("a", None)),
+        ("a token of 0", with("t", Some(b"0"))),
+        ("a negative lease end", with("l", Some(b"-5"))),
     ];
     // Finished records take the claim's replay path, which reads only what it answers from:
     // that must be validated too.
@@ -74,6 +79,14 @@ async fn foreign_records_are_refused_not_absent() {
             "a completed record whose expiry is text",
             finished("e", b"soon"),
         ),
+        (
+            "a completed record whose expiry is a fraction",
+            finished("e", b"4102444800000.5"),
+        ),
+        (
+            "a completed record whose expiry is negative",
+            finished("e", b"-5"),
+        ),
     ]);
     for (n, (what, fields)) in cases.enumerate() {
         let key = Key::new("foreign", format!("case-{n}")).unwrap();
@@ -85,6 +98,24 @@ async fn foreign_records_are_refused_not_absent() {
             .await
             .unwrap();
         assert_foreign_record_is_refused(Arc::clone(&store), &key, what).await;
+        if what == "a missing state" {
+            // The error names the field that is wrong, not the fingerprint beside it.
+            let request = ClaimRequest::new(
+                key.clone(),
+                idem_core::Fingerprint::of_bytes("foreign"),
+                Duration::from_secs(60),
+                Duration::from_secs(3600),
+            );
+            let claimed = store.claim(&request).await;
+            let source = match &claimed {
+                Err(StoreError::Corrupt {
+                    source: Some(source),
+                    ..
+                }) => source.to_string(),
+                other => panic!("{what}: {other:?}"),
+            };
+            assert!(source.contains("state"), "{what}: {source}");
+        }
     }
 
     // A token at its maximum is readable, but a takeover would have no next token: the
@@ -111,7 +142,7 @@ async fn foreign_records_are_refused_not_absent() {
     let shown = store.get(&key).await.unwrap().expect("still readable");
     assert_eq!(shown.token, idem_core::raw::MAX_TOKEN);
 
-    // An operator's count and listing skip what they cannot read (the nine hashes above,
+    // An operator's count and listing skip what they cannot read (the sixteen hashes above,
     // and a key of the store's layout that is not a hash) instead of failing on it.
     let _: () = redis::cmd("SET")
         .arg(format!("{prefix}{{7:foreign:a-string}}"))
@@ -120,7 +151,7 @@ async fn foreign_records_are_refused_not_absent() {
         .await
         .unwrap();
     let stats = store.stats(10).await.unwrap();
-    assert_eq!((stats.total, stats.unreadable), (1, 10), "{stats:?}");
+    assert_eq!((stats.total, stats.unreadable), (1, 17), "{stats:?}");
     let page = store.list(&ListQuery::new()).await.unwrap();
     let listed: Vec<&Key> = page
         .records
@@ -213,4 +244,85 @@ async fn a_hash_without_its_fingerprint_never_hands_out_stale_steps() {
             "{name}: get must answer Corrupt"
         );
     }
+}
+
+/// A record past its expiry that Redis still holds (its time to live removed by hand;
+/// Redis itself keeps one only through the millisecond its expiry comes) is absent: a
+/// claim starts afresh over it, and none of its steps is kept for a later takeover.
+#[tokio::test]
+async fn an_expired_record_redis_still_holds_is_claimed_afresh_without_its_steps() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let store = common::standalone_in(&url, &prefix).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let fingerprint = idem_core::Fingerprint::of_bytes("expired");
+    let key = Key::new("expired", "held").unwrap();
+    let hash = format!("{prefix}{{7:expired:held}}");
+    let fields: Fields = vec![
+        ("f", fingerprint.as_bytes().to_vec()),
+        ("s", b"in_progress".to_vec()),
+        ("t", b"3".to_vec()),
+        ("a", vec![0; 16]),
+        ("l", b"1".to_vec()),
+        ("c", b"1".to_vec()),
+        ("e", b"2".to_vec()),
+        ("z", b"0".to_vec()),
+        ("step:debit", b"done".to_vec()),
+    ];
+    let _: () = redis::cmd("HSET")
+        .arg(&hash)
+        .arg(fields)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let request = ClaimRequest::new(
+        key.clone(),
+        fingerprint,
+        Duration::from_secs(60),
+        Duration::from_secs(3600),
+    );
+    let claimed = store.claim(&request).await.unwrap();
+    let ClaimOutcome::Claimed {
+        lease,
+        resumed,
+        steps,
+        ..
+    } = claimed
+    else {
+        panic!("{claimed:?}")
+    };
+    assert_eq!((lease.token, resumed), (1, false), "a fresh record");
+    assert!(steps.is_empty(), "{steps:?}");
+    let kept: bool = redis::cmd("HEXISTS")
+        .arg(&hash)
+        .arg("step:debit")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!kept, "the earlier lifetime's step is gone");
+
+    // The same for a completion: a record held past its expiry with its lease ended is
+    // absent, so the owner's late result is fenced and the record deleted.
+    let _: () = redis::cmd("HSET")
+        .arg(&hash)
+        .arg(&[("l", "1"), ("e", "2")])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("PERSIST")
+        .arg(&hash)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let completed = store.complete(&lease, b"late").await.unwrap();
+    assert_eq!(completed, idem_core::store::WriteOutcome::Fenced);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&hash)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!exists, "an absent record is deleted");
 }

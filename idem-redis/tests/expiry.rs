@@ -86,3 +86,51 @@ async fn a_result_stored_late_keeps_its_key_until_its_new_expiry() {
         assert_eq!(read(conn.clone()).await, (Some(expires), key_expires));
     }
 }
+
+/// A takeover moves the record's expiry to a retention past its new lease, and the key's
+/// own expiry with it: the key of a record whose old expiry comes before the new lease
+/// ends must not vanish under the new owner.
+#[tokio::test]
+async fn a_takeover_keeps_its_key_until_its_new_expiry() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let store = common::standalone_in(&url, &prefix).await;
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = Key::new("expiry", "takeover").unwrap();
+    let hash = format!("{prefix}{{6:expiry:takeover}}");
+    let (short, retention) = (Duration::from_millis(300), Duration::from_secs(2));
+    let request =
+        |lease| ClaimRequest::new(key.clone(), Fingerprint::of_bytes("x"), lease, retention);
+    let ClaimOutcome::Claimed { .. } = store.claim(&request(short)).await.unwrap() else {
+        panic!("a fresh claim")
+    };
+    // The lease has ended; the record is kept until its retention ends.
+    tokio::time::sleep(short + Duration::from_millis(50)).await;
+    let taken = store
+        .claim(&request(Duration::from_secs(3600)))
+        .await
+        .unwrap();
+    let ClaimOutcome::Claimed { lease, resumed, .. } = taken else {
+        panic!("a takeover: {taken:?}")
+    };
+    assert!(resumed && lease.token == 2);
+    let expires: i64 = redis::cmd("HGET")
+        .arg(&hash)
+        .arg("e")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let key_expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&hash)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(key_expires, expires, "the key lives as long as the record");
+    assert!(
+        u64::try_from(expires).unwrap() >= lease.lease_until.as_unix_millis(),
+        "a retention past the new lease"
+    );
+}

@@ -246,11 +246,11 @@ async fn a_hash_without_its_fingerprint_never_hands_out_stale_steps() {
     }
 }
 
-/// A record past its expiry that Redis still holds (its time to live removed by hand;
+/// An in-progress record past its expiry that Redis still holds (its time to live removed by hand;
 /// Redis itself keeps one only through the millisecond its expiry comes) is absent: a
 /// claim starts afresh over it, and none of its steps is kept for a later takeover.
 #[tokio::test]
-async fn an_expired_record_redis_still_holds_is_claimed_afresh_without_its_steps() {
+async fn an_expired_in_progress_record_redis_still_holds_is_claimed_afresh_without_its_steps() {
     let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
         return;
     };

@@ -1,8 +1,8 @@
 -- claim. KEYS[1] record; ARGV fingerprint, attempt, lease (ms), retention (ms), both at most
 -- idem's MAX_DURATION, so every time stays an exact Lua integer.
 -- Returns {'claimed', token, lease_until, resumed, created_at, step, value, ...},
--- {'replay', response}, {'replay_failure', response}, {'in_flight', retry_after_ms} or
--- {'mismatch'}.
+-- {'in_flight', retry_after_ms} or {'mismatch'}; claim_replay.lua, run first, answers
+-- {'replay', response} and {'replay_failure', response}.
 local key = KEYS[1]
 local fingerprint, attempt = ARGV[1], ARGV[2]
 local lease, retention = tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -101,7 +101,7 @@ async fn a_takeover_keeps_its_key_until_its_new_expiry() {
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let key = Key::new("expiry", "takeover").unwrap();
     let hash = format!("{prefix}{{6:expiry:takeover}}");
-    let (short, retention) = (Duration::from_millis(300), Duration::from_secs(2));
+    let (short, retention) = (Duration::from_millis(300), Duration::from_secs(30));
     let request =
         |lease| ClaimRequest::new(key.clone(), Fingerprint::of_bytes("x"), lease, retention);
     let ClaimOutcome::Claimed { .. } = store.claim(&request(short)).await.unwrap() else {
@@ -116,7 +116,11 @@ async fn a_takeover_keeps_its_key_until_its_new_expiry() {
     let ClaimOutcome::Claimed { lease, resumed, .. } = taken else {
         panic!("a takeover: {taken:?}")
     };
-    assert!(resumed && lease.token == 2);
+    assert!(
+        resumed && lease.token == 2,
+        "a takeover: resumed {resumed}, token {}",
+        lease.token
+    );
     let expires: i64 = redis::cmd("HGET")
         .arg(&hash)
         .arg("e")

@@ -293,7 +293,13 @@ pub(crate) async fn list_leaves_responses_out_unless_asked(store: &dyn Admin) {
 
 pub(crate) async fn stats_count_what_the_store_holds(store: &dyn Admin, caps: &Capabilities) {
     let vanishes = store.expiry() == Expiry::Vanishes;
-    // Absent in-progress records first, so that an oldest in-progress age that counted
+    // A finished record older than every in-progress one, so that an oldest in-progress
+    // age that counted finished records would show.
+    let (lease, _, _) = claimed(store, &request(&key("s4", "done-early"), "f", HOUR, HOUR)).await;
+    let finished_created = lease.created_at;
+    let _ = ok(store.complete(&lease, b"r").await, "complete");
+    crate::support::let_time_pass(caps, Duration::from_millis(10)).await;
+    // Absent in-progress records next, so that an oldest in-progress age that counted
     // them would show.
     let mut absent_created = None;
     for i in 0..2 {
@@ -337,9 +343,9 @@ pub(crate) async fn stats_count_what_the_store_holds(store: &dyn Admin, caps: &C
     let stats = ok(store.stats(2).await, "stats");
     let absent = if vanishes { 0 } else { 2 };
     let gone = if vanishes { 0 } else { 1 };
-    assert_eq!(stats.total, 9 + absent + gone);
+    assert_eq!(stats.total, 10 + absent + gone);
     assert_eq!(stats.in_progress, 3 + absent);
-    assert_eq!(stats.completed, 5 + gone);
+    assert_eq!(stats.completed, 6 + gone);
     assert_eq!(stats.failed, 1);
     assert_eq!(stats.in_progress_live, 2);
     assert_eq!(
@@ -363,6 +369,12 @@ pub(crate) async fn stats_count_what_the_store_holds(store: &dyn Admin, caps: &C
         "the oldest in-progress record is a present one, not an absent one: {:?} against {:?}",
         stats.oldest_in_progress,
         absent_created
+    );
+    assert!(
+        stats.oldest_in_progress > Some(finished_created),
+        "the oldest in-progress record is in progress, not a finished one: {:?} against {:?}",
+        stats.oldest_in_progress,
+        finished_created
     );
     let age = stats
         .oldest_in_progress_age()

@@ -1,0 +1,173 @@
+//! How claims meet row locks on PostgreSQL. A claim that writes nothing takes none: a
+//! replay and an in-flight answer come back while another session holds the record's row
+//! lock. A claim whose write the record refuses once its lock is granted (the record
+//! changed after the claim read it) answers from that record, and from no other.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::store::{ClaimOutcome, ClaimRequest, WriteOutcome};
+use idem_core::{Fingerprint, Key, Store};
+use idem_postgres::{
+    PostgresStore,
+    sqlx::{self, AssertSqlSafe},
+};
+use idem_testkit::Namespace;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Far above any answer read without a lock on a busy machine; a claim waiting for the
+/// lock would wait until the holder's transaction ends.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A claim of `scope`/`name` with the test's fingerprint; each request carries an attempt
+/// of its own, so a second claim is another caller's.
+fn request(scope: &str, name: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest::new(
+        Key::new(scope, name).unwrap(),
+        Fingerprint::of_bytes("500"),
+        lease,
+        HOUR,
+    )
+}
+
+/// Claims `scope`/`name` afresh with `lease` and completes it with `response` (after
+/// the lease ended, for a lease of zero: a result stored late).
+async fn completed(
+    store: &PostgresStore,
+    scope: &str,
+    name: &str,
+    lease: Duration,
+    response: &[u8],
+) {
+    let ClaimOutcome::Claimed { lease, .. } =
+        store.claim(&request(scope, name, lease)).await.unwrap()
+    else {
+        panic!("{scope}/{name}: a fresh claim")
+    };
+    assert_eq!(
+        store.complete(&lease, response).await.unwrap(),
+        WriteOutcome::Applied
+    );
+}
+
+/// Waits (boundedly) until another session waits for a lock that the session `holder`
+/// (a backend's process id) holds.
+async fn wait_until_blocked_by(store: &PostgresStore, holder: i32) {
+    for _ in 0..3000 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the claim never waited for the row lock");
+}
+
+#[tokio::test]
+async fn replays_and_in_flight_answers_wait_for_no_row_lock() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh().as_str().to_owned();
+    let store = common::store_in(&url, &table, 4).await;
+    // A result whose lease has ended, as every result's does in time, and a record
+    // whose owner is still working.
+    completed(&store, "locks", "done", Duration::ZERO, b"paid").await;
+    let ClaimOutcome::Claimed { .. } = store
+        .claim(&request("locks", "working", HOUR))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh claim")
+    };
+    for name in ["done", "working"] {
+        let mut holder = store.pool().begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "SELECT 1 FROM \"{table}\" WHERE scope = 'locks' AND key = $1 FOR UPDATE"
+        )))
+        .bind(name)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+        let answer =
+            tokio::time::timeout(PATIENCE, store.claim(&request("locks", name, HOUR))).await;
+        holder.rollback().await.unwrap();
+        let answer = answer
+            .unwrap_or_else(|_| panic!("{name}: the claim waited for another session's row lock"))
+            .unwrap();
+        match name {
+            "done" => assert!(
+                matches!(&answer, ClaimOutcome::Replay { response, .. } if response == b"paid"),
+                "{name}: {answer:?}"
+            ),
+            _ => assert!(
+                matches!(answer, ClaimOutcome::InFlight { .. }),
+                "{name}: {answer:?}"
+            ),
+        }
+    }
+}
+
+/// A takeover's claim reads an abandoned record, then waits for its row lock while the
+/// old owner's completion commits: its write no longer applies, and it answers the
+/// stored result, not another record that shares the key's scope or name.
+#[tokio::test]
+async fn a_takeover_that_loses_to_a_completion_answers_that_records_result() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh().as_str().to_owned();
+    let store = common::store_in(&url, &table, 4).await;
+    // Written first, so that a read that matched them would meet them first.
+    completed(&store, "other", "k", HOUR, b"another scope's").await;
+    completed(&store, "race", "j", HOUR, b"another key's").await;
+    // The old owner's lease has ended: a claim would take the record over.
+    let ClaimOutcome::Claimed { lease, .. } = store
+        .claim(&request("race", "k", Duration::ZERO))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh claim")
+    };
+    let mut owner = store.pool().begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM \"{table}\" WHERE scope = 'race' AND key = 'k' FOR UPDATE"
+    )))
+    .execute(&mut *owner)
+    .await
+    .unwrap();
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *owner)
+        .await
+        .unwrap();
+    let takeover = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim(&request("race", "k", HOUR)).await }
+    });
+    wait_until_blocked_by(&store, holder).await;
+    // The old owner's completion (as its own transaction would write it) commits.
+    let done = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET state = 'completed', response = $1 \
+         WHERE scope = 'race' AND key = 'k' AND token = $2"
+    )))
+    .bind(&b"paid"[..])
+    .bind(i64::try_from(lease.token).unwrap())
+    .execute(&mut *owner)
+    .await
+    .unwrap();
+    assert_eq!(done.rows_affected(), 1);
+    owner.commit().await.unwrap();
+    let answer = tokio::time::timeout(PATIENCE, takeover)
+        .await
+        .expect("the claim answers once the lock is released")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&answer, ClaimOutcome::Replay { response, .. } if response == b"paid"),
+        "the completed record's result: {answer:?}"
+    );
+}

@@ -164,14 +164,7 @@ async fn completed_in_the_works_own_transaction_is_success_even_after_a_fenced_b
         .execute(&key("k"), fp(), |ctx| {
             let store = store.clone();
             async move {
-                // What complete_in does inside a transaction, then the commit.
-                let completion = ctx.prepare_completion(&"receipt-7".to_string())?;
-                let written = store
-                    .complete(completion.lease(), completion.bytes())
-                    .await
-                    .unwrap();
-                assert_eq!(written, WriteOutcome::Applied);
-                completion.written();
+                commit_in_own_transaction(&ctx, &store, "receipt-7").await?;
                 // Beats land after the commit and are fenced: the record is completed.
                 tokio::time::sleep(Duration::from_millis(60)).await;
                 assert!(ctx.is_lease_lost());
@@ -188,6 +181,23 @@ async fn completed_in_the_works_own_transaction_is_success_even_after_a_fenced_b
         }
     );
     assert!(store.renewals.load(Ordering::SeqCst) >= 1);
+}
+
+/// What `complete_in` does inside the work's own transaction, then the commit: the result
+/// written through `store` itself, and marked written.
+async fn commit_in_own_transaction(
+    ctx: &idem_core::Context,
+    store: &impl Store,
+    value: &str,
+) -> Result<(), idem_core::driver::Interrupted> {
+    let completion = ctx.prepare_completion(&value.to_string())?;
+    let written = store
+        .complete(completion.lease(), completion.bytes())
+        .await
+        .unwrap();
+    assert_eq!(written, WriteOutcome::Applied);
+    completion.written();
+    Ok(())
 }
 
 /// A driver over `store` with a ten-second lease and retention, no heartbeat.
@@ -208,13 +218,7 @@ async fn a_committed_result_is_answered_after_its_record_expired() {
         .execute(&key("k"), fp(), |ctx| {
             let (store, clock) = (store.clone(), clock.clone());
             async move {
-                let completion = ctx.prepare_completion(&"receipt-7".to_string())?;
-                let written = store
-                    .complete(completion.lease(), completion.bytes())
-                    .await
-                    .unwrap();
-                assert_eq!(written, WriteOutcome::Applied);
-                completion.written();
+                commit_in_own_transaction(&ctx, &store, "receipt-7").await?;
                 // The work runs on past the result's retention: the record expires.
                 clock.advance(Duration::from_secs(25));
                 done("receipt-7".to_string())
@@ -243,13 +247,7 @@ async fn a_purged_result_reclaimed_under_the_same_token_is_not_taken_for_this_ow
         .execute(&key("k"), fp(), |ctx| {
             let (store, clock) = (store.clone(), clock.clone());
             async move {
-                let completion = ctx.prepare_completion(&"mine".to_string())?;
-                let mine = store
-                    .complete(completion.lease(), completion.bytes())
-                    .await
-                    .unwrap();
-                assert_eq!(mine, WriteOutcome::Applied);
-                completion.written();
+                commit_in_own_transaction(&ctx, &store, "mine").await?;
                 clock.advance(Duration::from_secs(25));
                 assert_eq!(store.purge_expired(10).await.unwrap(), 1);
                 let theirs = second
@@ -947,14 +945,7 @@ async fn a_fenced_confirmation_of_the_works_own_completion_reads_the_record_back
         .execute(&key("k"), fp(), |ctx| {
             let store = store.clone();
             async move {
-                let completion = ctx.prepare_completion(&"receipt-7".to_string())?;
-                let written = store
-                    .inner
-                    .complete(completion.lease(), completion.bytes())
-                    .await
-                    .unwrap();
-                assert_eq!(written, WriteOutcome::Applied);
-                completion.written();
+                commit_in_own_transaction(&ctx, &store.inner, "receipt-7").await?;
                 done("receipt-7".to_string())
             }
         })

@@ -15,10 +15,7 @@ async fn a_result_stored_late_keeps_its_key_until_its_new_expiry() {
     let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
         return;
     };
-    let prefix = common::unique_prefix();
-    let store = common::standalone_in(&url, &prefix).await;
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (store, prefix, conn) = common::standalone_and_connection(&url).await;
     let retention = Duration::from_millis(200);
     for (name, failed) in [("completed", false), ("failed", true)] {
         let key = Key::new("expiry", name).unwrap();
@@ -42,24 +39,7 @@ async fn a_result_stored_late_keeps_its_key_until_its_new_expiry() {
             }
         };
         assert_eq!(finish().await, WriteOutcome::Applied);
-        let read = |mut conn: redis::aio::MultiplexedConnection| {
-            let hash = hash.clone();
-            async move {
-                let expires: Option<i64> = redis::cmd("HGET")
-                    .arg(&hash)
-                    .arg("e")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                let key_expires: i64 = redis::cmd("PEXPIRETIME")
-                    .arg(&hash)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                (expires, key_expires)
-            }
-        };
-        let (expires, key_expires) = read(conn.clone()).await;
+        let (expires, key_expires) = expiries(conn.clone(), &hash).await;
         let record = store
             .get(&key)
             .await
@@ -83,7 +63,10 @@ async fn a_result_stored_late_keeps_its_key_until_its_new_expiry() {
         );
         // A retry of the landed write writes nothing, the key's expiry included.
         assert_eq!(finish().await, WriteOutcome::Applied);
-        assert_eq!(read(conn.clone()).await, (Some(expires), key_expires));
+        assert_eq!(
+            expiries(conn.clone(), &hash).await,
+            (Some(expires), key_expires)
+        );
     }
 }
 
@@ -95,10 +78,7 @@ async fn a_takeover_keeps_its_key_until_its_new_expiry() {
     let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
         return;
     };
-    let prefix = common::unique_prefix();
-    let store = common::standalone_in(&url, &prefix).await;
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (store, prefix, conn) = common::standalone_and_connection(&url).await;
     let key = Key::new("expiry", "takeover").unwrap();
     let hash = format!("{prefix}{{6:expiry:takeover}}");
     let (short, retention) = (Duration::from_millis(300), Duration::from_secs(30));
@@ -121,20 +101,28 @@ async fn a_takeover_keeps_its_key_until_its_new_expiry() {
         "a takeover: resumed {resumed}, token {}",
         lease.token
     );
-    let expires: i64 = redis::cmd("HGET")
-        .arg(&hash)
-        .arg("e")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let key_expires: i64 = redis::cmd("PEXPIRETIME")
-        .arg(&hash)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let (expires, key_expires) = expiries(conn, &hash).await;
+    let expires = expires.expect("the hash keeps its expiry");
     assert_eq!(key_expires, expires, "the key lives as long as the record");
     assert!(
         u64::try_from(expires).unwrap() >= lease.lease_until.as_unix_millis(),
         "a retention past the new lease"
     );
+}
+
+/// The record's expiry as its hash holds it (`e`, if any) and the key's own
+/// (`PEXPIRETIME`), in Unix milliseconds.
+async fn expiries(mut conn: redis::aio::MultiplexedConnection, hash: &str) -> (Option<i64>, i64) {
+    let expires: Option<i64> = redis::cmd("HGET")
+        .arg(hash)
+        .arg("e")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let key_expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(hash)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (expires, key_expires)
 }

@@ -171,10 +171,7 @@ async fn a_hash_without_its_fingerprint_never_hands_out_stale_steps() {
     let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
         return;
     };
-    let prefix = common::unique_prefix();
-    let store = common::standalone_in(&url, &prefix).await;
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (store, prefix, mut conn) = common::standalone_and_connection(&url).await;
     let fingerprint = idem_core::Fingerprint::of_bytes("stale");
     // One hash with every field but the fingerprint, one with nothing but a step.
     let seeded: [(&str, Fields); 2] = [
@@ -254,10 +251,7 @@ async fn an_expired_in_progress_record_redis_still_holds_is_claimed_afresh_witho
     let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
         return;
     };
-    let prefix = common::unique_prefix();
-    let store = common::standalone_in(&url, &prefix).await;
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (store, prefix, mut conn) = common::standalone_and_connection(&url).await;
     let fingerprint = idem_core::Fingerprint::of_bytes("expired");
     let key = Key::new("expired", "held").unwrap();
     let hash = format!("{prefix}{{7:expired:held}}");

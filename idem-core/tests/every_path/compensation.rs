@@ -9,28 +9,21 @@ use idem_core::{
 };
 
 use crate::support::{
-    Faulty, LEASE, Ledger, TIMEOUT, charge_then_decline, driver, fp, key, saga_of, store_on,
-    ticking,
+    Faulty, LEASE, Ledger, SagaRun, TIMEOUT, charge_then_decline, driver, fp, key, saga_of,
+    store_on, ticking,
 };
 
-#[tokio::test(start_paused = true)]
-async fn a_takeover_accounts_for_every_undo_the_failed_run_registered() {
-    let clock = ManualClock::new();
-    let store = store_on(&clock);
-    let idem = driver(&store);
-    let ledger = Ledger::default();
-    let k = key("saga-early");
-    // First run: reserve and charge, then shipping fails for good; the charge's refund
-    // is not possible yet (Retryable), so the execution stays held mid-compensation.
-    let l = ledger.clone();
-    let first = idem
-        .execute(&k, fp(), move |ctx| async move {
-            let l2 = l.clone();
+/// Reserves (its undo logs `release`) and charges, then fails for good; the charge's
+/// refund is not possible yet (Retryable), so the execution stays held mid-compensation.
+fn reserve_then_a_charge_held(ledger: &Ledger) -> impl FnOnce(idem_core::Context) -> SagaRun {
+    let ledger = ledger.clone();
+    move |ctx: idem_core::Context| {
+        Box::pin(async move {
             ctx.step_with_undo(
                 "reserve",
                 || async { Ok::<_, WorkError<String>>(()) },
                 move |()| async move {
-                    l2.add("release");
+                    ledger.add("release");
                     Ok(())
                 },
             )
@@ -41,8 +34,22 @@ async fn a_takeover_accounts_for_every_undo_the_failed_run_registered() {
                 |()| async { Err(WorkError::Retryable("refunds are down".to_string())) },
             )
             .await?;
-            Err::<(), _>(WorkError::Permanent("no courier".to_string()))
+            Err(WorkError::Permanent("no courier".to_string()))
         })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_takeover_accounts_for_every_undo_the_failed_run_registered() {
+    let clock = ManualClock::new();
+    let store = store_on(&clock);
+    let idem = driver(&store);
+    let ledger = Ledger::default();
+    let k = key("saga-early");
+    // First run: reserve and charge, then shipping fails for good; the charge's refund
+    // is not possible yet (Retryable), so the execution stays held mid-compensation.
+    let first = idem
+        .execute(&k, fp(), reserve_then_a_charge_held(&ledger))
         .await;
     assert!(
         matches!(first, Err(Error::CompensationPending { ref step }) if step == "charge"),
@@ -324,27 +331,8 @@ async fn a_takeover_that_cannot_read_its_steps_leaves_the_compensation_alone() {
     let store = store_on(&clock);
     let ledger = Ledger::default();
     let k = key("saga-unreadable");
-    let l = ledger.clone();
     let held = driver(&store)
-        .execute(&k, fp(), move |ctx| async move {
-            let l2 = l.clone();
-            ctx.step_with_undo(
-                "reserve",
-                || async { Ok::<_, WorkError<String>>(()) },
-                move |()| async move {
-                    l2.add("release");
-                    Ok(())
-                },
-            )
-            .await?;
-            ctx.step_with_undo(
-                "charge",
-                || async { Ok::<_, WorkError<String>>(()) },
-                |()| async { Err(WorkError::Retryable("refunds are down".to_string())) },
-            )
-            .await?;
-            Err::<(), _>(WorkError::Permanent("no courier".to_string()))
-        })
+        .execute(&k, fp(), reserve_then_a_charge_held(&ledger))
         .await;
     assert!(
         matches!(held, Err(Error::CompensationPending { ref step }) if step == "charge"),
@@ -391,7 +379,7 @@ async fn a_takeover_that_cannot_read_its_steps_leaves_the_compensation_alone() {
 fn charge_with_a_bad_undo(
     started: std::sync::mpsc::Sender<()>,
     panics: bool,
-) -> impl FnOnce(idem_core::Context) -> crate::support::SagaRun {
+) -> impl FnOnce(idem_core::Context) -> SagaRun {
     move |ctx: idem_core::Context| {
         Box::pin(async move {
             ctx.step_with_undo(

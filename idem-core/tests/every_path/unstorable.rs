@@ -11,7 +11,7 @@ use idem_core::{
     store::Operation,
 };
 
-use crate::support::{Fault, Faulty, LEASE, Ledger, TIMEOUT, driver, fp, key, store_on};
+use crate::support::{Fault, Faulty, LEASE, Ledger, SagaRun, TIMEOUT, driver, fp, key, store_on};
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
@@ -307,6 +307,28 @@ async fn a_record_with_no_room_to_compensate_reports_every_step_pending() {
     );
 }
 
+/// A charge whose refund logs `refund`, then a permanent failure with `error`.
+fn charge_then_fail_with(
+    ledger: &Ledger,
+    error: String,
+) -> impl FnOnce(idem_core::Context) -> SagaRun {
+    let ledger = ledger.clone();
+    move |ctx: idem_core::Context| {
+        Box::pin(async move {
+            ctx.step_with_undo(
+                "charge",
+                || async { Ok::<_, WorkError<String>>(()) },
+                move |()| async move {
+                    ledger.add("refund");
+                    Ok(())
+                },
+            )
+            .await?;
+            Err(WorkError::Permanent(error))
+        })
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
     let clock = ManualClock::new();
@@ -316,20 +338,12 @@ async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
     // long error does not fit, the marker with what was undone does.
     store.set(Operation::Fail, Fault::FailLimit(200));
     let ledger = Ledger::default();
-    let l = ledger.clone();
     let outcome = idem
-        .execute(&key("refused-compensated"), fp(), move |ctx| async move {
-            ctx.step_with_undo(
-                "charge",
-                || async { Ok::<_, WorkError<String>>(()) },
-                move |()| async move {
-                    l.add("refund");
-                    Ok(())
-                },
-            )
-            .await?;
-            Err::<(), _>(WorkError::Permanent("x".repeat(300)))
-        })
+        .execute(
+            &key("refused-compensated"),
+            fp(),
+            charge_then_fail_with(&ledger, "x".repeat(300)),
+        )
         .await;
     assert!(
         matches!(
@@ -365,21 +379,13 @@ async fn a_failure_too_large_for_the_saga_checkpoint_still_undoes_its_steps() {
     let store = Arc::new(faulty);
     let idem = driver(&store);
     let ledger = Ledger::default();
-    let l = ledger.clone();
+    // Too large for the record: the saga checkpoints the marker saying so instead.
     let outcome = idem
-        .execute(&key("huge-failure"), fp(), move |ctx| async move {
-            ctx.step_with_undo(
-                "charge",
-                || async { Ok::<_, WorkError<String>>(()) },
-                move |()| async move {
-                    l.add("refund");
-                    Ok(())
-                },
-            )
-            .await?;
-            // Too large for the record: the saga checkpoints the marker saying so instead.
-            Err::<(), _>(WorkError::Permanent("x".repeat(8192)))
-        })
+        .execute(
+            &key("huge-failure"),
+            fp(),
+            charge_then_fail_with(&ledger, "x".repeat(8192)),
+        )
         .await;
     assert_eq!(
         ledger.count("refund"),

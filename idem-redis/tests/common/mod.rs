@@ -40,6 +40,25 @@ pub(crate) async fn cluster_in(list: &str, prefix: &str) -> RedisStore {
         .expect("a valid prefix")
 }
 
+/// A store on the standalone server under a prefix of its own, with that prefix and a
+/// plain connection to the server, to plant hashes or read them as Redis holds them.
+pub(crate) async fn standalone_and_connection(
+    url: &str,
+) -> (
+    RedisStore,
+    String,
+    idem_redis::redis::aio::MultiplexedConnection,
+) {
+    let prefix = unique_prefix();
+    let store = standalone_in(url, &prefix).await;
+    let conn = idem_redis::redis::Client::open(url)
+        .expect("a valid URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the test Redis");
+    (store, prefix, conn)
+}
+
 pub(crate) async fn standalone(url: &str) -> RedisStore {
     standalone_in(url, &unique_prefix()).await
 }

@@ -35,13 +35,16 @@ if ! cargo nextest --version >/dev/null 2>&1; then
 fi
 
 # name; what to mutate and how to build it (cargo-mutants arguments); the packages whose
-# tests run; a nextest filter ('' for all); a first, faster filter ('' for none). Fields
-# end at `;`: the filters hold `|`.
+# tests run; a nextest filter ('' for all); a first, faster filter ('' for none); the test
+# targets the first pass builds ('' for all: cargo arguments). Fields end at `;`: the
+# filters hold `|`.
 #
 # With a first filter, every mutant meets it first, and only the ones it misses meet the
 # whole filter (cargo-mutants --iterate keeps the first pass's catches and adds the
 # second's), so a slow test (an explorer's sampled run, about 100 s on PostgreSQL) runs
-# for the few mutants the others do not catch rather than for every one.
+# for the few mutants the others do not catch rather than for every one. First targets do
+# the same for building: most of a mutant's cost in a crate with many test binaries is
+# linking them, so the first pass builds the few that catch most mutants.
 target_args() {
   case $1 in
     machine)
@@ -55,7 +58,8 @@ target_args() {
       # and its tests are not built, and every mutant there would pass untested.
       echo "-p idem-dynamodb --all-features;idem-dynamodb;;not binary(explore)" ;;
     http)
-      echo "-p idem-$1;idem-$1;;" ;;
+      # The unit tests and the two integration binaries with the most cases, first.
+      echo "-p idem-$1;idem-$1;;all();--lib --test=answers --test=traffic" ;;
     *)
       echo "mutants: unknown target $1 (machine, driver, sqlite, postgres, redis, dynamodb, http)" >&2
       return 1 ;;
@@ -84,7 +88,7 @@ status=0
 for target in "${targets[@]}"; do
   # A target with no arguments would mutate the whole workspace: stop instead.
   spec=$(target_args "$target") || exit 2
-  IFS=';' read -r mutate tests filter first <<<"$spec"
+  IFS=';' read -r mutate tests filter first first_targets <<<"$spec"
   test_packages=()
   for package in $tests; do test_packages+=(--test-package "$package"); done
   passes=("$filter")
@@ -105,6 +109,11 @@ for target in "${targets[@]}"; do
     # that loops forever (.config/nextest.toml), so a hang under a mutant is a catch.
     nextest_args=(--max-fail=1:immediate --profile mutants)
     [[ -n $pass ]] && nextest_args+=(-E "$pass")
+    # Given to every cargo command (the build's too), so the first pass builds only them.
+    cargo_args=()
+    if [[ $pass == "$first" && ${#passes[@]} -gt 1 ]]; then
+      for arg in $first_targets; do cargo_args+=("--cargo-arg=$arg"); done
+    fi
     # Above the longest test nextest lets run in each pass: 90 s in a first pass, the
     # explorers' 5 minutes in a whole one.
     timeout=400
@@ -115,7 +124,7 @@ for target in "${targets[@]}"; do
     result=0
     # shellcheck disable=SC2086
     cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout $timeout \
-      --profile mutants --no-shuffle "${shard[@]}" "${baseline[@]}" "${iterate[@]}" \
+      --profile mutants --no-shuffle "${shard[@]}" "${baseline[@]}" "${iterate[@]}" "${cargo_args[@]}" \
       -o "target/mutants/$target" -- "${nextest_args[@]}" || result=$?
     # 2: mutants missed, 3: timeouts, which the next pass tries again with the whole
     # filter (keeping this pass's catches). Anything else ends the target: done (0), or a

@@ -233,11 +233,14 @@ class BrokenBuild(Exception):
     include_str!, so no mutant can cause that; the run stops."""
 
 
-def run_tests(target, command, log, limit):
+def run_tests(target, command, log, limit, append=False):
+    """Runs one stage's tests, its output written to `log` (added to it with `append`, so
+    a mutant's log keeps every stage it met)."""
     started = time.monotonic()
     # A server test without its server must fail, not skip and pass (a missed mutant).
     env = dict(os.environ, IDEM_REQUIRE_SERVICES="1")
-    with open(log, "w") as out:
+    written = Path(log).stat().st_size if append and Path(log).exists() else 0
+    with open(log, "a" if append else "w") as out:
         process = subprocess.Popen(
             command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
@@ -254,7 +257,8 @@ def run_tests(target, command, log, limit):
             raise
     if status == 0:
         return "missed", time.monotonic() - started
-    text = Path(log).read_text(errors="replace")
+    # Only this stage's output is read, as a catch or a broken build is this stage's.
+    text = Path(log).read_bytes()[written:].decode(errors="replace")
     if "error[E" in text or "could not compile" in text:
         raise BrokenBuild(f"the tests did not build; see {log}")
     # Only a test that failed is a catch: nextest answers otherwise for a filter that
@@ -321,8 +325,10 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         # The baseline runs the stages the mutants meet: each must select tests, and pass.
         took = 0.0
-        for stage in STAGES:
-            outcome, more = run_tests(target, command + stage, out / "baseline.log", args.timeout)
+        for number, stage in enumerate(STAGES):
+            outcome, more = run_tests(
+                target, command + stage, out / "baseline.log", args.timeout, append=number > 0
+            )
             took += more
             if outcome != "missed":
                 print(f"query mutants: {target}: the unmutated tests did not pass ({outcome}); see {out / 'baseline.log'}")
@@ -353,9 +359,13 @@ def main():
             try:
                 write_atomically(path, text)
                 took = 0.0
-                for stage in STAGES:
+                for number, stage in enumerate(STAGES):
                     outcome, more = run_tests(
-                        target, command + FAIL_FAST + stage, out / "mutant.log", args.timeout
+                        target,
+                        command + FAIL_FAST + stage,
+                        out / "mutant.log",
+                        args.timeout,
+                        append=number > 0,
                     )
                     took += more
                     if outcome != "missed":
@@ -378,4 +388,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenBuild as stop:
+        # Every file is restored by then (main's finally): say why and stop.
+        print(f"query mutants: stopped: {stop}", file=sys.stderr)
+        sys.exit(2)

@@ -371,7 +371,13 @@ def main():
                     if outcome != "missed":
                         break
             finally:
-                write_atomically(path, originals[path])
+                # A second signal during the restore must not leave the mutant in place.
+                stops = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+                signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+                try:
+                    write_atomically(path, originals[path])
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
             if outcome in ("missed", "timeout"):
                 (out / f"{outcome}-{n}.log").write_text((out / "mutant.log").read_text(errors="replace"))
             results[outcome].append(name)

@@ -3,9 +3,9 @@
 -- every in-flight answer (a live lease), every mismatch, and a retried claim asking for
 -- the lease its first try took. Otherwise the upsert writes when the key is new, absent
 -- (expired and held by no live lease), or in progress with an expired lease under the
--- same fingerprint (a takeover). When the upsert does not write (the record changed since
--- the read), the record comes back in the same round trip all the same. The client
--- answers from what it gets with the state machine. A takeover keeps the record one
+-- same fingerprint (a takeover). No row when the upsert does not write (the record
+-- changed after the read): this statement sees only the record it read, so the client
+-- reads it anew and answers with the state machine. A takeover keeps the record one
 -- retention past its new lease; the attempt whose lease ended takes nothing over (a late
 -- copy of a claim it already won), so it is read and answered in flight.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
@@ -49,8 +49,3 @@ claimed AS (
 SELECT false AS claimed, * FROM settled
 UNION ALL
 SELECT true AS claimed, * FROM claimed
-UNION ALL
-SELECT false AS claimed, {columns}
-FROM {table}
-WHERE scope = $1 AND key = $2
-  AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM settled)

@@ -44,8 +44,8 @@ fn token(lease: &Lease) -> i64 {
 /// - `claim` is one statement, so a replay, a mismatch or an in-flight answer costs one
 ///   round trip: it reads a present completed or failed record and answers from it
 ///   without writing or locking (every replay); otherwise one
-///   `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ... RETURNING` that also returns the
-///   existing record when it does not write.
+///   `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ... RETURNING`. When that writes
+///   nothing (the record changed under the statement), one more read answers.
 /// - Every fenced write is one `UPDATE ... WHERE scope = $1 AND key = $2 AND token = $3
 ///   AND attempt = $4 AND state = 'in_progress'`.
 /// - All times come from the database's `now()`, never from the client.
@@ -328,8 +328,9 @@ impl Store for PostgresStore {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|err| map(Operation::Claim, err).for_key(key))?;
-            // No row: a concurrent transaction inserted the key after this statement's
-            // snapshot was taken, so its read saw nothing. One more read sees it.
+            // No row: the record changed under the statement (a concurrent transaction
+            // inserted or wrote it after the statement's snapshot was taken, and the
+            // upsert's condition refused the committed row). One more read sees it.
             let (claimed, row) = match row {
                 Some(row) => {
                     let claimed: bool = row

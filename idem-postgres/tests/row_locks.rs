@@ -1,7 +1,8 @@
 //! How claims meet row locks on PostgreSQL. A claim that writes nothing takes none: a
 //! replay and an in-flight answer come back while another session holds the record's row
 //! lock. A claim whose write the record refuses once its lock is granted (the record
-//! changed after the claim read it) answers from that record, and from no other.
+//! changed after the claim read it) answers from that record as it is now, and from no
+//! other.
 
 mod common;
 
@@ -88,13 +89,14 @@ async fn replays_and_in_flight_answers_wait_for_no_row_lock() {
     };
     for name in ["done", "working"] {
         let mut holder = store.pool().begin().await.unwrap();
-        sqlx::query(AssertSqlSafe(format!(
+        let locked = sqlx::query(AssertSqlSafe(format!(
             "SELECT 1 FROM \"{table}\" WHERE scope = 'locks' AND key = $1 FOR UPDATE"
         )))
         .bind(name)
         .execute(&mut *holder)
         .await
         .unwrap();
+        assert_eq!(locked.rows_affected(), 1, "{name}: the row is locked");
         let answer =
             tokio::time::timeout(PATIENCE, store.claim(&request("locks", name, HOUR))).await;
         holder.rollback().await.unwrap();
@@ -115,8 +117,9 @@ async fn replays_and_in_flight_answers_wait_for_no_row_lock() {
 }
 
 /// A takeover's claim reads an abandoned record, then waits for its row lock while the
-/// old owner's completion commits: its write no longer applies, and it answers the
-/// stored result, not another record that shares the key's scope or name.
+/// old owner's completion commits: its write no longer applies, no row comes back, and
+/// the store's next read answers the stored result, not another record that shares the
+/// key's scope or name.
 #[tokio::test]
 async fn a_takeover_that_loses_to_a_completion_answers_that_records_result() {
     let Some(url) = common::url() else { return };
@@ -134,12 +137,13 @@ async fn a_takeover_that_loses_to_a_completion_answers_that_records_result() {
         panic!("a fresh claim")
     };
     let mut owner = store.pool().begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(format!(
+    let locked = sqlx::query(AssertSqlSafe(format!(
         "SELECT 1 FROM \"{table}\" WHERE scope = 'race' AND key = 'k' FOR UPDATE"
     )))
     .execute(&mut *owner)
     .await
     .unwrap();
+    assert_eq!(locked.rows_affected(), 1, "the row is locked");
     let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *owner)
         .await

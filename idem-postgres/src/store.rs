@@ -23,8 +23,10 @@ use crate::table::{DEFAULT_TABLE, TableName, TableNameError};
 /// short transactions.
 const PURGE_BATCH: usize = 1_000;
 
-/// How often a claim statement is re-run when a concurrent transaction changed the row
-/// between the statement's conflict check and its read (rare; each retry is cheap).
+/// How many times the claim statement runs at most: it runs again when the record read
+/// after it still calls for a write (it changed once more, or was purged meanwhile), or
+/// when its lease end or expiry falls within the millisecond of `now()` (SQL compares
+/// microseconds, the state machine whole milliseconds) until that millisecond passes.
 const CLAIM_ATTEMPTS: usize = 8;
 
 /// Milliseconds for SQL: clamped to `MAX_DURATION`, so no interval ever leaves
@@ -352,7 +354,7 @@ impl Store for PostgresStore {
                 ));
             }
             // The record as it is: the state machine answers for it. If it says a write
-            // was due, the row changed under the statement: run it again.
+            // was due, the row changed since it was read: run the statement again.
             let answer = machine::claim(Some(&decoded.record), request, decoded.now);
             if answer.write.is_none() {
                 return Ok(answer.outcome);

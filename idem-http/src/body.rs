@@ -111,3 +111,56 @@ impl http_body::Body for Body {
         self.0.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use bytes::Bytes;
+    use http::HeaderMap;
+    use http_body::Body as _;
+
+    use super::Body;
+
+    /// Polls one frame of a body that is always ready.
+    fn next_frame(body: &mut Body) -> Option<http_body::Frame<Bytes>> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(body).poll_frame(&mut cx) {
+            Poll::Ready(frame) => frame.map(|f| f.expect("no error")),
+            Poll::Pending => panic!("a replayed body is always ready"),
+        }
+    }
+
+    #[test]
+    fn a_body_of_bytes_tells_its_exact_size_and_its_end() {
+        let mut body = Body::from(Bytes::from_static(b"hello"));
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert!(!body.is_end_stream());
+        assert_eq!(next_frame(&mut body).unwrap().into_data().unwrap(), "hello");
+        assert!(body.is_end_stream());
+        assert!(Body::empty().is_end_stream());
+        assert_eq!(format!("{:?}", Body::empty()), "Body");
+    }
+
+    #[test]
+    fn a_replayed_body_ends_after_its_trailers_not_before() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let mut body = Body::replayed(Bytes::from_static(b"data"), trailers.clone());
+        assert!(!body.is_end_stream());
+        assert_eq!(next_frame(&mut body).unwrap().into_data().unwrap(), "data");
+        assert!(!body.is_end_stream(), "its trailers are still to come");
+        assert_eq!(
+            next_frame(&mut body).unwrap().into_trailers().unwrap(),
+            trailers
+        );
+        assert!(body.is_end_stream());
+        assert!(next_frame(&mut body).is_none());
+        // Trailers alone: no empty data frame before them.
+        let mut only = Body::replayed(Bytes::new(), trailers.clone());
+        assert!(!only.is_end_stream());
+        assert!(next_frame(&mut only).unwrap().is_trailers());
+        assert!(only.is_end_stream());
+    }
+}

@@ -4,40 +4,17 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use idem_core::{Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store, WorkError};
 use idem_core::{StoreError, store::WriteOutcome};
 use idem_postgres::{PostgresStore, sqlx};
-use idem_testkit::Namespace;
-
-/// Waits (boundedly) until a statement on `table` waits for a row lock.
-async fn wait_until_blocked(store: &PostgresStore, table: &str) {
-    for _ in 0..500 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0",
-        )
-        .bind(table)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the retried complete never waited for the first try's row lock");
-}
 
 /// Runs the work: complete inside a transaction holding the row lock, the same complete
 /// retried on another connection meanwhile, then `commit` or roll back the first. Answers
 /// what the retry answered.
 async fn retry_beside_an_open_first_try(commit: bool) -> (PostgresStore, Key, WriteOutcome) {
     let url = common::url().expect("checked by the caller");
-    let namespace = Namespace::fresh();
-    let table = namespace.as_str().to_owned();
-    let store = common::store_in(&url, &table, 4).await;
+    let store = common::fresh_store(&url, 4).await;
     let idem = Idempotency::builder(store.clone())
         .heartbeat(Heartbeat::Off)
         .build()
@@ -46,7 +23,7 @@ async fn retry_beside_an_open_first_try(commit: bool) -> (PostgresStore, Key, Wr
     let retried: Arc<Mutex<Option<Result<WriteOutcome, StoreError>>>> = Arc::default();
     let outcome = idem
         .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
-            let (store, table, retried) = (store.clone(), table.clone(), Arc::clone(&retried));
+            let (store, retried) = (store.clone(), Arc::clone(&retried));
             async move {
                 let completion = ctx.prepare_completion(&"paid".to_owned())?;
                 // The first try lands inside a transaction that holds the row lock...
@@ -55,6 +32,10 @@ async fn retry_beside_an_open_first_try(commit: bool) -> (PostgresStore, Key, Wr
                     store.complete_in(&mut tx, &completion).await.unwrap(),
                     WriteOutcome::Applied
                 );
+                let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .unwrap();
                 // ...while the same complete, retried on another connection (its first
                 // answer lost, say), waits for that lock.
                 let retry = tokio::spawn({
@@ -62,7 +43,7 @@ async fn retry_beside_an_open_first_try(commit: bool) -> (PostgresStore, Key, Wr
                     let bytes = completion.bytes().to_vec();
                     async move { store.complete(&lease, &bytes).await }
                 });
-                wait_until_blocked(&store, &table).await;
+                common::wait_until_blocked_by(&store, holder).await;
                 if commit {
                     tx.commit().await.unwrap();
                 } else {

@@ -53,25 +53,6 @@ async fn completed(
     );
 }
 
-/// Waits (boundedly) until another session waits for a lock that the session `holder`
-/// (a backend's process id) holds.
-async fn wait_until_blocked_by(store: &PostgresStore, holder: i32) {
-    for _ in 0..3000 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
-        )
-        .bind(holder)
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the claim never waited for the row lock");
-}
-
 #[tokio::test]
 async fn replays_and_in_flight_answers_wait_for_no_row_lock() {
     let Some(url) = common::url() else { return };
@@ -152,7 +133,7 @@ async fn a_takeover_that_loses_to_a_completion_answers_that_records_result() {
         let store = store.clone();
         async move { store.claim(&request("race", "k", HOUR)).await }
     });
-    wait_until_blocked_by(&store, holder).await;
+    common::wait_until_blocked_by(&store, holder).await;
     // The old owner's completion (as its own transaction would write it) commits.
     let done = sqlx::query(AssertSqlSafe(format!(
         "UPDATE \"{table}\" SET state = 'completed', response = $1 \

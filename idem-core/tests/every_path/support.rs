@@ -239,6 +239,15 @@ pub(crate) fn charge_then_decline(
     ledger: Ledger,
     hang: bool,
 ) -> impl FnOnce(idem_core::Context) -> SagaRun {
+    charge_then_fail(ledger, hang, "declined".to_string())
+}
+
+/// [`charge_then_decline`], failing with `error`.
+pub(crate) fn charge_then_fail(
+    ledger: Ledger,
+    hang: bool,
+    error: String,
+) -> impl FnOnce(idem_core::Context) -> SagaRun {
     move |ctx: idem_core::Context| {
         Box::pin(async move {
             ctx.step_with_undo(
@@ -253,7 +262,7 @@ pub(crate) fn charge_then_decline(
                 },
             )
             .await?;
-            Err(WorkError::Permanent("declined".to_string()))
+            Err(WorkError::Permanent(error))
         })
     }
 }

@@ -11,7 +11,9 @@ use idem_core::{
     store::Operation,
 };
 
-use crate::support::{Fault, Faulty, LEASE, Ledger, SagaRun, TIMEOUT, driver, fp, key, store_on};
+use crate::support::{
+    Fault, Faulty, LEASE, Ledger, TIMEOUT, charge_then_fail, driver, fp, key, store_on,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_failure_the_store_cannot_hold_is_stored_as_a_marker() {
@@ -307,28 +309,6 @@ async fn a_record_with_no_room_to_compensate_reports_every_step_pending() {
     );
 }
 
-/// A charge whose refund logs `refund`, then a permanent failure with `error`.
-fn charge_then_fail_with(
-    ledger: &Ledger,
-    error: String,
-) -> impl FnOnce(idem_core::Context) -> SagaRun {
-    let ledger = ledger.clone();
-    move |ctx: idem_core::Context| {
-        Box::pin(async move {
-            ctx.step_with_undo(
-                "charge",
-                || async { Ok::<_, WorkError<String>>(()) },
-                move |()| async move {
-                    ledger.add("refund");
-                    Ok(())
-                },
-            )
-            .await?;
-            Err(WorkError::Permanent(error))
-        })
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
     let clock = ManualClock::new();
@@ -342,7 +322,7 @@ async fn a_compensated_failure_the_store_refuses_keeps_what_was_undone() {
         .execute(
             &key("refused-compensated"),
             fp(),
-            charge_then_fail_with(&ledger, "x".repeat(300)),
+            charge_then_fail(ledger.clone(), false, "x".repeat(300)),
         )
         .await;
     assert!(
@@ -384,7 +364,7 @@ async fn a_failure_too_large_for_the_saga_checkpoint_still_undoes_its_steps() {
         .execute(
             &key("huge-failure"),
             fp(),
-            charge_then_fail_with(&ledger, "x".repeat(8192)),
+            charge_then_fail(ledger.clone(), false, "x".repeat(8192)),
         )
         .await;
     assert_eq!(

@@ -44,3 +44,23 @@ pub(crate) async fn store_in(url: &str, table: &str, connections: u32) -> Postgr
 pub(crate) async fn fresh_store(url: &str, connections: u32) -> PostgresStore {
     store_in(url, Namespace::fresh().as_str(), connections).await
 }
+
+/// Waits (boundedly) until another session waits for a lock that the session `holder`
+/// (its backend's process id, `SELECT pg_backend_pid()`) holds.
+#[allow(dead_code)]
+pub(crate) async fn wait_until_blocked_by(store: &PostgresStore, holder: i32) {
+    for _ in 0..3000 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+        )
+        .bind(holder)
+        .fetch_one(store.pool())
+        .await
+        .expect("read pg_stat_activity");
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no session waited for the lock that session {holder} holds");
+}

@@ -37,15 +37,16 @@ fi
 
 # name; what to mutate and how to build it (cargo-mutants arguments); the packages whose
 # tests run; a nextest filter ('' for all); a first, faster filter ('' for none); the test
-# targets the first pass builds ('' for all: cargo arguments). Fields end at `;`: the
-# filters hold `|`.
+# targets the first passes build ('' for all: cargo arguments, one pass per set, the sets
+# separated by `,`). Fields end at `;`: the filters hold `|`.
 #
 # With a first filter, every mutant meets it first, and only the ones it misses meet the
 # whole filter (cargo-mutants --iterate keeps the first pass's catches and adds the
 # second's), so a slow test (an explorer's sampled run, about 100 s on PostgreSQL) runs
 # for the few mutants the others do not catch rather than for every one. First targets do
 # the same for building: most of a mutant's cost in a crate with many test binaries is
-# linking them, so the first pass builds the few that catch most mutants.
+# linking them, so the first pass builds the few that catch most mutants, and a next one
+# a few more, before the whole suite.
 target_args() {
   case $1 in
     machine)
@@ -59,8 +60,9 @@ target_args() {
       # and its tests are not built, and every mutant there would pass untested.
       echo "-p idem-dynamodb --all-features;idem-dynamodb;;not binary(explore)" ;;
     http)
-      # The unit tests and the two integration binaries with the most cases, first.
-      echo "-p idem-$1;idem-$1;;all();--lib --test=answers --test=traffic" ;;
+      # The unit tests and the two integration binaries with the most cases, first; then
+      # the binaries of the layer's parts (gRPC, held keys, handlers, composed stacks, metrics).
+      echo "-p idem-$1;idem-$1;;all();--lib --test=answers --test=traffic,--test=grpc --test=held --test=handlers --test=composition --test=shadow" ;;
     *)
       echo "mutants: unknown target $1 (machine, driver, sqlite, postgres, redis, dynamodb, http)" >&2
       return 1 ;;
@@ -92,9 +94,19 @@ for target in "${targets[@]}"; do
   IFS=';' read -r mutate tests filter first first_targets <<<"$spec"
   test_packages=()
   for package in $tests; do test_packages+=(--test-package "$package"); done
-  passes=("$filter")
+  # Each pass: its filter, the test targets it builds ('' for all) and its limit. Above
+  # the longest test nextest lets run in each pass: 90 s in a first pass, the explorers'
+  # 5 minutes in a whole one.
+  passes=() pass_targets=() pass_timeouts=()
   # The quick run is a shard of the machine, which has no first filter.
-  [[ -n $first && $mode != --quick ]] && passes=("$first" "$filter")
+  if [[ -n $first && $mode != --quick ]]; then
+    IFS=',' read -r -a sets <<<"$first_targets"
+    (( ${#sets[@]} )) || sets=('')
+    for set_of_targets in "${sets[@]}"; do
+      passes+=("$first") pass_targets+=("$set_of_targets") pass_timeouts+=(150)
+    done
+  fi
+  passes+=("$filter") pass_targets+=('') pass_timeouts+=(400)
   echo "mutants: $target (${shard[*]:-whole})"
   mkdir -p "target/mutants/$target"
   iterate=()
@@ -103,22 +115,18 @@ for target in "${targets[@]}"; do
   # cargo-mutants' to match). The mutants profile builds without debug information.
   set -f
   result=0
-  for pass in "${passes[@]}"; do
+  for i in "${!passes[@]}"; do
+    pass=${passes[i]}
     # The first failure ends the run, the tests still running included: a caught
     # mutant costs its first failing test, not the whole suite (the workspace's nextest
     # profile runs every test to the end, for CI). nextest's mutants profile ends a test
     # that loops forever (.config/nextest.toml), so a hang under a mutant is a catch.
     nextest_args=(--max-fail=1:immediate --profile mutants)
     [[ -n $pass ]] && nextest_args+=(-E "$pass")
-    # Given to every cargo command (the build's too), so the first pass builds only them.
+    # Given to every cargo command (the build's too), so a first pass builds only them.
     cargo_args=()
-    if [[ $pass == "$first" && ${#passes[@]} -gt 1 ]]; then
-      for arg in $first_targets; do cargo_args+=("--cargo-arg=$arg"); done
-    fi
-    # Above the longest test nextest lets run in each pass: 90 s in a first pass, the
-    # explorers' 5 minutes in a whole one.
-    timeout=400
-    [[ $pass == "$first" && ${#passes[@]} -gt 1 ]] && timeout=150
+    for arg in ${pass_targets[i]}; do cargo_args+=("--cargo-arg=$arg"); done
+    timeout=${pass_timeouts[i]}
     # Every pass but the quick one first runs its tests unmutated (cargo-mutants'
     # baseline), with its own filter: a test that fails unmutated would otherwise count as
     # a catch of every mutant. --no-shuffle: a shard is the same list each time.

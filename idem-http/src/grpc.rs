@@ -280,4 +280,96 @@ mod tests {
             "tag:idem-http,2026:in-flight"
         );
     }
+
+    #[test]
+    fn every_http_status_has_its_grpc_code() {
+        for (http, grpc) in [
+            (400, 3),
+            (401, 16),
+            (403, 7),
+            (409, 14),
+            (413, 8),
+            (422, 9),
+            (429, 8),
+            (500, 13),
+            (501, 12),
+            (503, 14),
+            (404, 9),
+            (418, 9),
+            (499, 9),
+            (502, 14),
+            (504, 14),
+        ] {
+            assert_eq!(grpc_code(http), grpc, "HTTP {http}");
+        }
+    }
+
+    #[test]
+    fn every_grpc_code_has_its_disposition() {
+        for code in [0, 3, 5, 6, 7, 9, 11, 12, 16] {
+            assert_eq!(grpc_disposition(code), Disposition::Store, "{code}");
+        }
+        assert_eq!(grpc_disposition(8), Disposition::Release);
+        for code in [1, 2, 4, 10, 13, 14, 15, 17] {
+            assert_eq!(grpc_disposition(code), Disposition::Hold, "{code}");
+        }
+    }
+
+    #[test]
+    fn grpc_web_text_is_not_framed_as_it_travels() {
+        let with = |content_type: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_str(content_type).unwrap(),
+            );
+            has_grpc_framing(&headers)
+        };
+        assert!(with("application/grpc"));
+        assert!(with("application/grpc+proto"));
+        assert!(with("application/grpc-web+proto"));
+        assert!(!with("application/grpc-web-text"));
+        assert!(!with("application/grpc-web-text+proto"));
+        assert!(!with("application/json"));
+        assert!(!has_grpc_framing(&HeaderMap::new()));
+    }
+
+    /// A problem replayed from the record has no `Problem` beside it: its document is read
+    /// back for its title when it is small (up to 64 KiB), else its status says enough.
+    #[tokio::test]
+    async fn a_replayed_problem_document_is_read_back_when_small() {
+        let replayed = |bytes: Vec<u8>| {
+            Response::builder()
+                .status(StatusCode::UNPROCESSABLE_ENTITY)
+                .header(header::CONTENT_TYPE, "application/problem+json")
+                .header(header::RETRY_AFTER, "3")
+                .body(crate::problem::full(bytes::Bytes::from(bytes)))
+                .unwrap()
+        };
+        let document = |padding: usize| {
+            serde_json::to_vec(&serde_json::json!({
+                "type": "tag:idem-http,2026:key-reused",
+                "title": "Key reused",
+                "status": 422,
+                "padding": "x".repeat(padding),
+            }))
+            .unwrap()
+        };
+        // Over a kilobyte but well under the limit.
+        let small = refusal_as_status(replayed(document(4096)), None).await;
+        assert_eq!(small.headers()["grpc-status"], "9");
+        assert_eq!(small.headers()["grpc-message"], "Key reused");
+        assert_eq!(
+            small.headers()[GRPC_PROBLEM_HEADER],
+            "tag:idem-http,2026:key-reused"
+        );
+        assert_eq!(small.headers()["grpc-retry-pushback-ms"], "3000");
+        let at_limit = document(0).len();
+        let exactly = refusal_as_status(replayed(document(64 * 1024 - at_limit)), None).await;
+        assert_eq!(exactly.headers()["grpc-message"], "Key reused");
+        let large = refusal_as_status(replayed(document(64 * 1024)), None).await;
+        assert_eq!(large.headers()["grpc-status"], "9");
+        assert_eq!(large.headers()["grpc-message"], "Unprocessable Entity");
+        assert_eq!(large.headers()[GRPC_PROBLEM_HEADER], "about:blank");
+    }
 }

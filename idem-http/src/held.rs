@@ -143,5 +143,15 @@ mod tests {
         let fresh = Key::new("s", "fresh").unwrap();
         ended.hold(&fresh, Duration::from_secs(60));
         assert!(ended.holds(&fresh, Duration::from_secs(1)));
+        // Full of ended holds again, just after a sweep: no second sweep within the second,
+        // so the next key is not remembered (a storm of failures scans the map once).
+        for i in 1..MOST {
+            ended.hold(&Key::new("s", format!("again{i}")).unwrap(), Duration::ZERO);
+        }
+        assert_eq!(ended.lock().len(), MOST);
+        *ended.swept.lock().unwrap() = Some(Instant::now());
+        let next = Key::new("s", "next").unwrap();
+        ended.hold(&next, Duration::from_secs(60));
+        assert!(!ended.holds(&next, Duration::from_secs(1)));
     }
 }

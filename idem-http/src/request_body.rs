@@ -147,8 +147,24 @@ mod tests {
         let bomb = gzip(&vec![b'a'; 4 * 1024 * 1024]);
         assert!(bomb.len() * 128 < 4 * 1024 * 1024);
         assert_eq!(plain(content(&gz, &bomb, 64 * 1024 * 1024).await), bomb);
+        // Within 64 KiB a body decodes however well it compressed.
+        let dense = vec![b'a'; 64 * 1024];
+        let small = gzip(&dense);
+        assert!(small.len() * 128 < dense.len());
+        assert_eq!(plain(content(&gz, &small, 1024 * 1024).await), dense);
+        let past = gzip(&vec![b'a'; 64 * 1024 + 1]);
+        assert_eq!(plain(content(&gz, &past, 1024 * 1024).await), past);
         let broken = Bytes::from_static(b"not gzip");
         assert_eq!(plain(content(&gz, &broken, 1024).await), broken);
+        // deflate is zlib's format (RFC 9110 §8.4.1.2), and a coding's name has any case.
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        zlib.write_all(b"{\"amount\":500}").unwrap();
+        let deflated = Bytes::from(zlib.finish().unwrap());
+        let deflate = headers(&[("content-encoding", " Deflate ")]);
+        assert_eq!(
+            plain(content(&deflate, &deflated, 1024).await),
+            &b"{\"amount\":500}"[..]
+        );
         let other = headers(&[("content-encoding", "br")]);
         assert_eq!(plain(content(&other, &body, 1024).await), body);
     }

@@ -600,3 +600,62 @@ impl<S: 'static> Layer<S> for IdempotencyLayer {
         IdempotencyService::new(inner, Arc::clone(&self.config), routed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use idem_core::MemoryStore;
+
+    use super::*;
+
+    fn layer() -> IdempotencyLayer {
+        IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| {
+            Ok(crate::scope::path(parts).to_owned())
+        })
+    }
+
+    #[test]
+    fn a_methods_setting_replaces_only_its_own() {
+        let layer = layer()
+            .method(Method::PUT, KeyRequirement::Optional)
+            .method(Method::POST, KeyRequirement::Optional);
+        let mut methods = layer.config.methods.clone();
+        methods.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        assert_eq!(
+            methods,
+            [
+                (Method::PATCH, KeyRequirement::Required),
+                (Method::POST, KeyRequirement::Optional),
+                (Method::PUT, KeyRequirement::Optional),
+            ]
+        );
+    }
+
+    #[test]
+    fn stored_headers_are_added_once_and_skipped_alone() {
+        let charge_id = HeaderName::from_static("x-charge-id");
+        let defaults = layer().config.stored_headers.clone();
+        assert!(defaults.contains(&http::header::CONTENT_TYPE));
+        let layer = layer()
+            .store_header(charge_id.clone())
+            .store_header(charge_id.clone());
+        let stored = &layer.config.stored_headers;
+        assert_eq!(stored.len(), defaults.len() + 1);
+        assert!(stored.contains(&charge_id));
+        let layer = layer.skip_header(http::header::CONTENT_TYPE);
+        let stored = &layer.config.stored_headers;
+        assert!(!stored.contains(&http::header::CONTENT_TYPE));
+        assert_eq!(stored.len(), defaults.len(), "the others stay: {stored:?}");
+    }
+
+    #[test]
+    fn the_layer_shows_its_settings() {
+        let shown = format!("{:?}", layer().max_request_body(4096));
+        assert!(shown.starts_with("IdempotencyLayer {"), "{shown}");
+        assert!(shown.contains("max_request_body: 4096"), "{shown}");
+    }
+
+    #[test]
+    fn the_default_request_limit_is_one_mebibyte() {
+        assert_eq!(layer().config.max_request_body, 1 << 20);
+    }
+}

@@ -98,8 +98,9 @@ async fn a_graceful_shutdown_waits_for_handlers_whose_client_went_away() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(counted, "the detached handler is tracked");
+    assert_eq!(handlers.orphaned(), 1, "and counted as its client's gone");
     finished_after_leaving(&handlers).await;
-    assert_eq!(handlers.running(), 0);
+    assert_eq!((handlers.running(), handlers.orphaned()), (0, 0));
     let retry = post(&client(), &url, Some("k-gone"), "{}", &[]).await;
     assert!(
         retry.replayed(),

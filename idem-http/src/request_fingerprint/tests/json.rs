@@ -190,8 +190,8 @@ fn before(ignored: &[&str], body: &[u8]) -> Fingerprint {
 fn bodies_serde_json_reads_exactly_keep_their_fingerprint() {
     for body in [
         r#"{"amount":500,"currency":"EUR","meta":{"at":1.5,"n":-3,"z":-0}}"#,
-        r#"[1e5, 100000.0, 12.50, 0.1, 1E-7, -0.0, 18446744073709552000]"#,
-        r#"{"s":"\u0041\n\t\u001f\u007f\"\\\/é😀","":null,"t":[true,false]}"#,
+        r#"[1e5, 100000.0, 12.50, 0.1, 1E-7, -0.0, 18446744073709552000, 1e+5, 0.0000001, 1e-07]"#,
+        r#"{"s":"\u0041\n\t\b\f\r\u001f\u007f\"\\\/é😀","":null,"t":[true,false]}"#,
         r#"{"a":[{"x":1},{"y":2},{"z":3}],"b":{"c":[1,2,3]},"c/d":4,"c~d":[5,6]}"#,
         r#"{"a":1,"a":2}"#,
         "  \n[]\t",
@@ -222,6 +222,20 @@ fn ignored_pointers_with_escapes_and_indices() {
     assert_ne!(
         json(r#"{"a/b":[1,2,3],"c~d":{"x":1,"y":2},"list":[{"id":7,"v":1}]}"#),
         json(r#"{"a/b":[1,2,4],"c~d":{"x":1,"y":2},"list":[{"id":7,"v":1}]}"#)
+    );
+}
+
+/// An index on the way to a field is read as serde_json's `pointer_mut` reads it (no
+/// sign, no leading zero), and a last index one past the end removes nothing.
+#[test]
+fn ignored_pointers_with_indices_serde_json_refuses() {
+    const IGNORED: &[&str] = &["/list/+1/id", "/list/01/id", "/list/2"];
+    let rule = rule_of(IGNORED);
+    let body = r#"{"list":[{"id":7},{"id":8}]}"#;
+    assert_eq!(json_fp(&rule, body), before(IGNORED, body.as_bytes()));
+    assert_ne!(
+        json_fp(&rule, body),
+        json_fp(&rule, r#"{"list":[{"id":7},{"id":9}]}"#)
     );
 }
 

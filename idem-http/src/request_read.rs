@@ -245,4 +245,47 @@ mod tests {
             RequestBody::Whole(_) | RequestBody::TooLarge(_)
         ));
     }
+
+    /// The limit is the most a body may hold: at it, whole; a byte past it, too large,
+    /// whether its length is told up front or found reading.
+    #[tokio::test]
+    async fn a_body_at_the_limit_is_whole_and_a_byte_more_is_too_large() {
+        let told = |len: usize| http_body_util::Full::new(Bytes::from(vec![1u8; len]));
+        assert!(matches!(read_body(told(4), 4).await, RequestBody::Whole(read) if read.len() == 4));
+        assert!(matches!(
+            read_body(told(5), 4).await,
+            RequestBody::TooLarge(_)
+        ));
+        let found = |sizes: &[usize]| frames(sizes.iter().map(|&n| data(&vec![2u8; n])).collect());
+        assert!(
+            matches!(read_body(found(&[2, 2]), 4).await, RequestBody::Whole(read) if read.len() == 4)
+        );
+        match read_body(found(&[3, 3]), 4).await {
+            RequestBody::TooLarge(whole_body) => assert_eq!(whole(whole_body).await, vec![2u8; 6]),
+            _ => panic!("past the limit"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_at_the_limit_is_whole_and_its_end_may_come_later() {
+        let framed = message(95);
+        match read_grpc_body(frames(vec![data(&framed)]), 100).await {
+            RequestBody::Whole(read) => assert_eq!(read.to_vec(), framed),
+            _ => panic!("a message of the limit's size is read whole"),
+        }
+        // The client ends its request a moment after the message (well within the grace).
+        let late_end = futures_util::stream::unfold(0, |step| async move {
+            match step {
+                0 => Some((Ok::<_, BoxError>(data(&message(3))), 1)),
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    None
+                }
+            }
+        });
+        match read_grpc_body(http_body_util::StreamBody::new(late_end), 100).await {
+            RequestBody::Whole(read) => assert_eq!(read.to_vec(), message(3)),
+            _ => panic!("a unary call whose end comes late is still one message"),
+        }
+    }
 }

@@ -276,3 +276,46 @@ fn hex(bytes: &[u8]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use http::Request;
+
+    use super::*;
+
+    fn parts(uri: &str) -> Parts {
+        Request::post(uri).body(()).unwrap().into_parts().0
+    }
+
+    /// A readable scope while it fits the key's rules; past 255 bytes, or with a control
+    /// character, the digest of its parts (which tells principals and routes apart).
+    #[test]
+    fn a_scope_is_readable_while_it_fits_and_a_digest_otherwise() {
+        // "/POST " and the path: 6 + 9 bytes around the principal.
+        let at_limit = "a".repeat(MAX_PART_LEN - 15);
+        let scope = operation(&at_limit, &parts("/payments")).unwrap();
+        assert_eq!(scope, format!("{at_limit}/POST /payments"));
+        let past = operation(format!("{at_limit}a"), &parts("/payments")).unwrap();
+        let control = operation("acct\n42", &parts("/payments")).unwrap();
+        for digest in [&past, &control] {
+            let hex = digest.strip_prefix("sha256:").expect(digest);
+            assert_eq!(hex.len(), 64, "{digest}");
+            assert!(hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+        }
+        assert_ne!(past, control);
+        assert_ne!(
+            control,
+            operation("acct\n42", &parts("/refunds")).unwrap(),
+            "the route counts in the digest"
+        );
+    }
+
+    #[test]
+    fn a_hashed_principal_is_its_digest_in_hex() {
+        let name = hashed("sk_live_1");
+        assert_eq!(name.len(), 64);
+        assert!(name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+        assert_ne!(name, hashed("sk_live_2"));
+        assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
+    }
+}

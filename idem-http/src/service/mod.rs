@@ -184,3 +184,23 @@ impl<T> ResponseBody for T where
     T: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
 {
 }
+
+#[cfg(test)]
+mod tests {
+    use idem_core::{Idempotency, MemoryStore};
+
+    use crate::IdempotencyLayer;
+
+    #[test]
+    fn the_service_shows_its_settings() {
+        let layer = IdempotencyLayer::new(Idempotency::new(MemoryStore::new()), |parts| {
+            Ok(crate::scope::path(parts).to_owned())
+        });
+        let service = tower::Layer::layer(
+            &layer,
+            tower::service_fn(|()| async { Ok::<_, std::convert::Infallible>(()) }),
+        );
+        let shown = format!("{service:?}");
+        assert!(shown.starts_with("IdempotencyService { idem: "), "{shown}");
+    }
+}

@@ -141,3 +141,69 @@ pub(crate) fn is_axum_route<S: 'static>() -> bool {
 pub(crate) fn is_axum_route<S: 'static>() -> bool {
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An allowlist names what a replay carries, never what belongs to one connection,
+    /// nor `Content-Length` (the replay's own body sets it).
+    #[test]
+    fn hop_by_hop_headers_and_the_length_are_never_stored() {
+        let layer = crate::IdempotencyLayer::new(
+            idem_core::Idempotency::new(idem_core::MemoryStore::new()),
+            |parts| Ok(crate::scope::path(parts).to_owned()),
+        );
+        let never = [
+            "connection",
+            "keep-alive",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "content-length",
+        ];
+        let layer = never.iter().fold(layer, |layer, name| {
+            layer.store_header(HeaderName::from_static(name))
+        });
+        let charge_id = HeaderName::from_static("x-charge-id");
+        let layer = layer.store_header(charge_id.clone());
+        let config = &layer.config;
+        for name in never {
+            assert!(
+                !config.stores_header(&HeaderName::from_static(name)),
+                "{name}"
+            );
+        }
+        assert!(config.stores_header(&charge_id));
+        assert!(!config.stores_header(&header::SET_COOKIE));
+        assert!(
+            layer
+                .store_set_cookie(true)
+                .config
+                .stores_header(&header::SET_COOKIE)
+        );
+    }
+
+    #[test]
+    fn only_a_router_marks_a_request_unmatched() {
+        let (parts, ()) = http::Request::post("/payments")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert!(!unmatched_route(&parts), "no router saw it");
+        #[cfg(feature = "axum")]
+        {
+            let mut parts = parts;
+            parts
+                .extensions
+                .insert(axum::extract::OriginalUri(parts.uri.clone()));
+            assert!(
+                unmatched_route(&parts),
+                "a router saw it and matched nothing"
+            );
+        }
+    }
+}

@@ -41,8 +41,8 @@ fi
 # separated by `,`). Fields end at `;`: the filters hold `|`.
 #
 # With a first filter, every mutant meets it first, and only the ones it misses meet the
-# whole filter (cargo-mutants --iterate keeps the first pass's catches and adds the
-# second's), so a slow test (an explorer's sampled run, about 100 s on PostgreSQL) runs
+# whole filter (cargo-mutants --iterate keeps each pass's catches and adds the next
+# one's), so a slow test (an explorer's sampled run, about 100 s on PostgreSQL) runs
 # for the few mutants the others do not catch rather than for every one. First targets do
 # the same for building: most of a mutant's cost in a crate with many test binaries is
 # linking them, so the first pass builds the few that catch most mutants, and a next one
@@ -103,6 +103,8 @@ for target in "${targets[@]}"; do
     IFS=',' read -r -a sets <<<"$first_targets"
     (( ${#sets[@]} )) || sets=('')
     for set_of_targets in "${sets[@]}"; do
+      # A stray `,,` would add a pass that builds everything: skip it.
+      [[ -z $set_of_targets && ${#sets[@]} -gt 1 ]] && continue
       passes+=("$first") pass_targets+=("$set_of_targets") pass_timeouts+=(150)
     done
   fi
@@ -135,8 +137,8 @@ for target in "${targets[@]}"; do
     cargo mutants $mutate "${test_packages[@]}" --test-tool nextest --timeout $timeout \
       --profile mutants --no-shuffle "${shard[@]}" "${baseline[@]}" "${iterate[@]}" "${cargo_args[@]}" \
       -o "target/mutants/$target" -- "${nextest_args[@]}" || result=$?
-    # 2: mutants missed, 3: timeouts, which the next pass tries again with the whole
-    # filter (keeping this pass's catches). Anything else ends the target: done (0), or a
+    # 2: mutants missed, 3: timeouts, which the next pass tries again with more tests
+    # (keeping this pass's catches). Anything else ends the target: done (0), or a
     # failed baseline, an interrupt, bad arguments.
     (( result == 2 || result == 3 )) || break
     iterate=(--iterate)

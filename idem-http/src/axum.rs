@@ -209,3 +209,48 @@ impl IntoResponseParts for Disposition {
         Ok(parts)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    async fn parts_of(response: Response) -> (StatusCode, http::HeaderMap, bytes::Bytes) {
+        let (parts, body) = response.into_parts();
+        (
+            parts.status,
+            parts.headers,
+            body.collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    /// A problem and a refusal answer as themselves from an axum handler (`Result<_,
+    /// Problem>`, `Result<_, Refusal>`).
+    #[tokio::test]
+    async fn problems_and_refusals_are_their_own_responses() {
+        let problem = Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "zero-amount",
+            "Nothing to pay",
+        )
+        .retry_after(3);
+        let (status, headers, body) = parts_of(problem.clone().into_response()).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(headers["content-type"], "application/problem+json");
+        assert_eq!(headers["retry-after"], "3");
+        let document: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(document["type"], "tag:idem-http,2026:zero-amount");
+        let (status, _, refused) = parts_of(Refusal::from(problem).into_response()).await;
+        assert_eq!((status, refused), (StatusCode::UNPROCESSABLE_ENTITY, body));
+        let response = http::Response::builder()
+            .status(StatusCode::CONFLICT)
+            .header("x-reason", "below-minimum")
+            .body(crate::Body::from(bytes::Bytes::from_static(b"too small")))
+            .unwrap();
+        let (status, headers, body) = parts_of(Refusal::from(response).into_response()).await;
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert_eq!(headers["x-reason"], "below-minimum");
+        assert_eq!(body, "too small");
+    }
+}

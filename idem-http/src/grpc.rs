@@ -334,13 +334,14 @@ mod tests {
         assert!(!has_grpc_framing(&HeaderMap::new()));
     }
 
-    /// A problem replayed from the record has no `Problem` beside it: its document is read
-    /// back for its title when it is small (up to 64 KiB), else its status says enough.
+    /// A problem replayed from the record (a handler's stored 402) has no `Problem` beside
+    /// it: its document is read back for its title when it is small (up to 64 KiB), else
+    /// its status says enough.
     #[tokio::test]
     async fn a_replayed_problem_document_is_read_back_when_small() {
         let replayed = |bytes: Vec<u8>| {
             Response::builder()
-                .status(StatusCode::UNPROCESSABLE_ENTITY)
+                .status(StatusCode::PAYMENT_REQUIRED)
                 .header(header::CONTENT_TYPE, "application/problem+json")
                 .header(header::RETRY_AFTER, "3")
                 .body(crate::problem::full(bytes::Bytes::from(bytes)))
@@ -348,9 +349,9 @@ mod tests {
         };
         let document = |padding: usize| {
             serde_json::to_vec(&serde_json::json!({
-                "type": "tag:idem-http,2026:key-reused",
-                "title": "Key reused",
-                "status": 422,
+                "type": "https://example.com/problems/declined",
+                "title": "Card declined",
+                "status": 402,
                 "padding": "x".repeat(padding),
             }))
             .unwrap()
@@ -358,18 +359,18 @@ mod tests {
         // Over a kilobyte but well under the limit.
         let small = refusal_as_status(replayed(document(4096)), None).await;
         assert_eq!(small.headers()["grpc-status"], "9");
-        assert_eq!(small.headers()["grpc-message"], "Key reused");
+        assert_eq!(small.headers()["grpc-message"], "Card declined");
         assert_eq!(
             small.headers()[GRPC_PROBLEM_HEADER],
-            "tag:idem-http,2026:key-reused"
+            "https://example.com/problems/declined"
         );
         assert_eq!(small.headers()["grpc-retry-pushback-ms"], "3000");
         let at_limit = document(0).len();
         let exactly = refusal_as_status(replayed(document(64 * 1024 - at_limit)), None).await;
-        assert_eq!(exactly.headers()["grpc-message"], "Key reused");
+        assert_eq!(exactly.headers()["grpc-message"], "Card declined");
         let large = refusal_as_status(replayed(document(64 * 1024)), None).await;
         assert_eq!(large.headers()["grpc-status"], "9");
-        assert_eq!(large.headers()["grpc-message"], "Unprocessable Entity");
+        assert_eq!(large.headers()["grpc-message"], "Payment Required");
         assert_eq!(large.headers()[GRPC_PROBLEM_HEADER], "about:blank");
     }
 }

@@ -536,52 +536,6 @@ async fn a_handler_returning_result_problem_answers_problem_json_with_question_m
 }
 
 #[tokio::test]
-async fn a_handler_returning_a_refusal_answers_its_response() {
-    async fn pay(Json(amount): Json<u64>) -> Result<String, idem_http::Refusal> {
-        match amount {
-            0 => Err(Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "zero-amount",
-                "Nothing to pay",
-            )
-            .into()),
-            1 => {
-                let response = http::Response::builder()
-                    .status(StatusCode::CONFLICT)
-                    .header("x-reason", "below-minimum")
-                    .body(idem_http::Body::from(bytes::Bytes::from_static(
-                        b"too small",
-                    )))
-                    .unwrap();
-                Err(response.into())
-            }
-            n => Ok(n.to_string()),
-        }
-    }
-    let app = Router::new()
-        .route("/payments", post(pay))
-        .layer(IdempotencyLayer::new(idem(), |parts| {
-            scope::operation("acct_42", parts)
-        }));
-    let json = [("content-type", "application/json")];
-    let problem = send(&app, Some("k-0"), &json, "0").await;
-    assert_eq!(problem.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(problem.headers["content-type"], "application/problem+json");
-    assert_eq!(problem.problem_type(), "tag:idem-http,2026:zero-amount");
-    let response = send(&app, Some("k-1"), &json, "1").await;
-    assert_eq!(
-        (
-            response.status,
-            response.headers["x-reason"].to_str().unwrap(),
-            response.body.as_str()
-        ),
-        (StatusCode::CONFLICT, "below-minimum", "too small")
-    );
-    let paid = send(&app, Some("k-5"), &json, "5").await;
-    assert_eq!((paid.status, paid.body.as_str()), (StatusCode::OK, "5"));
-}
-
-#[tokio::test]
 async fn an_invalid_scope_is_the_servers_fault_and_nothing_runs() {
     // Each way a scope breaks the key's rules: empty, over 255 bytes, a control character.
     for scope in [String::new(), "s".repeat(256), "acct\u{1}".to_owned()] {

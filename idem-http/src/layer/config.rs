@@ -187,6 +187,8 @@ mod tests {
         );
     }
 
+    /// A matched route (axum's `MatchedPath` beside `OriginalUri`) is the routers tests'
+    /// to show: axum gives no way to make a `MatchedPath` outside a router.
     #[test]
     fn only_a_router_marks_a_request_unmatched() {
         let (parts, ()) = http::Request::post("/payments")

@@ -150,3 +150,71 @@ async fn a_key_taken_over_elsewhere_is_no_longer_held_here() {
     );
     assert_eq!(takeover.await.unwrap().status, 201);
 }
+
+/// A 500 known from its head is held from the moment its head goes out, not only once its
+/// body has ended: a retry sent while the body still streams is told to wait for the
+/// lease's end. A 200 still streaming is work in flight: polled again within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_while_a_held_answer_streams_is_told_it_is_held() {
+    use axum::routing::post as route_post;
+    let store = MemoryStore::new();
+    let app = axum::Router::new()
+        .route(
+            "/reports",
+            route_post(|headers: http::HeaderMap| async move {
+                let status = headers
+                    .get("x-status")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(200);
+                let frames = futures_util::stream::unfold(0, |step| async move {
+                    match step {
+                        0 => Some((
+                            Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(
+                                b"part 1\n",
+                            )),
+                            1,
+                        )),
+                        1 => {
+                            tokio::time::sleep(Duration::from_millis(800)).await;
+                            Some((Ok(bytes::Bytes::from_static(b"part 2\n")), 2))
+                        }
+                        _ => None,
+                    }
+                });
+                (
+                    http::StatusCode::from_u16(status).unwrap(),
+                    axum::body::Body::from_stream(frames),
+                )
+            }),
+        )
+        .layer(layer(idem(&store, Duration::from_secs(20))));
+    let server = Server::start(app).await;
+    let url = server.url("/reports");
+    let http = client();
+    for (status, held) in [("500", true), ("200", false)] {
+        let key = format!("k-{status}");
+        let first = http
+            .post(&url)
+            .header("idempotency-key", &key)
+            .header("content-type", "application/json")
+            .header("x-status", status)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(first.status().as_str(), status);
+        // The head is here; the body's second part is 800 ms away.
+        let retried = post(&http, &url, Some(&key), "{}", &[("x-status", status)]).await;
+        assert_eq!(retried.status, 409, "{retried:?}");
+        assert_eq!(
+            retried.json()["held"] == true,
+            held,
+            "{status}: {retried:?}"
+        );
+        match held {
+            true => assert!(retry_after(&retried) > 1, "{retried:?}"),
+            false => assert_eq!(retry_after(&retried), 1, "{retried:?}"),
+        }
+        assert_eq!(first.text().await.unwrap(), "part 1\npart 2\n");
+    }
+}

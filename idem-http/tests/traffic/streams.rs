@@ -353,3 +353,65 @@ async fn a_quiet_stream_whose_client_left_finishes_its_key_within_a_lease() {
     assert_eq!(retry.header(BODY_NOT_STORED_HEADER), Some("true"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A body too large to store finishes its key without it, then streams on to the client
+/// still reading; a client that leaves stops it, however long the body would run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_the_limit_streams_on_and_stops_when_its_client_leaves() {
+    let layer = layer(idem(Duration::from_secs(30))).max_response_body(1500);
+    let handlers = layer.handlers();
+    let app = Router::new()
+        .route(
+            "/export",
+            route_post(|headers: http::HeaderMap| async move {
+                let endless = headers.contains_key("x-endless");
+                let frames = futures_util::stream::unfold(0u64, move |n| async move {
+                    if !endless && n == 6 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Some((
+                        Ok::<_, Infallible>(http_body::Frame::data(bytes::Bytes::from(vec![
+                            b'a';
+                            1000
+                        ]))),
+                        n + 1,
+                    ))
+                });
+                Response::new(axum::body::Body::new(http_body_util::StreamBody::new(
+                    frames,
+                )))
+            }),
+        )
+        .layer(layer);
+    let server = Server::start(app).await;
+    let url = server.url("/export");
+    let whole = post(&client(), &url, Some("k-export"), "{}", &[]).await;
+    assert_eq!(whole.body.len(), 6000, "the whole body, past the limit");
+    let replay = post(&client(), &url, Some("k-export"), "{}", &[]).await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.header(BODY_NOT_STORED_HEADER), Some("true"));
+    // An endless body: read past the limit (the key is finished by then), then leave.
+    let mut endless = client()
+        .post(&url)
+        .header("idempotency-key", "k-endless")
+        .header("content-type", "application/json")
+        .header("x-endless", "1")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let mut read = 0;
+    while read < 3000 {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), endless.chunk())
+            .await
+            .expect("the body streams")
+            .unwrap()
+            .expect("an endless body");
+        read += chunk.len();
+    }
+    drop(endless);
+    tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+        .await
+        .expect("the rest stops with its client");
+}

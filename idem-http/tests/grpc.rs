@@ -595,3 +595,39 @@ async fn shadow_mode_passes_a_streaming_call_on_whole() {
     assert!(answer.headers().get("grpc-status").is_none(), "not refused");
     assert_eq!(*seen.lock().unwrap(), vec![two_messages]);
 }
+
+/// A trailers-only answer carries its status in its headers, which a replay keeps
+/// (`grpc-*`) with the stored ones; a header of the service's own that is not on the
+/// list (a session, an internal id) is the first call's alone, as for HTTP.
+#[tokio::test]
+async fn a_trailers_only_replay_keeps_its_status_and_only_the_listed_headers() {
+    use tower::ServiceExt as _;
+    let service = plain_layer().layer(tower::service_fn(
+        |_request: http::Request<idem_http::Body>| async {
+            let answer = http::Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", "6")
+                .header("grpc-message", "already there")
+                .header("x-internal-id", "node-7")
+                .body(idem_http::Body::from(bytes::Bytes::new()))
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(answer)
+        },
+    ));
+    let call = || {
+        http::Request::post("/pkg.Svc/Create")
+            .header("content-type", "application/grpc")
+            .header("idempotency-key", "create-1")
+            .body(idem_http::Body::from(bytes::Bytes::from_static(&[
+                0, 0, 0, 0, 0,
+            ])))
+            .unwrap()
+    };
+    let first = service.clone().oneshot(call()).await.unwrap();
+    assert_eq!(first.headers()["x-internal-id"], "node-7");
+    let again = service.clone().oneshot(call()).await.unwrap();
+    assert_eq!(again.headers().get(REPLAYED_HEADER).unwrap(), "true");
+    assert_eq!(again.headers()["grpc-status"], "6");
+    assert_eq!(again.headers()["grpc-message"], "already there");
+    assert_eq!(again.headers().get("x-internal-id"), None);
+}

@@ -557,3 +557,58 @@ async fn an_invalid_scope_is_the_servers_fault_and_nothing_runs() {
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 }
+
+/// A whole body is stored while the record has room for it with its head: the layer's
+/// own reckoning of the head costs it no more than a few bytes of a small store's room.
+#[tokio::test]
+async fn a_body_that_fits_a_small_records_room_is_stored_whole() {
+    let idem = Idempotency::builder(MemoryStore::new())
+        .lease(Duration::from_secs(30))
+        .max_response_bytes(4096)
+        .build()
+        .unwrap()
+        .into_dyn();
+    // `spare`: bytes of the room left over, asked in the request's body.
+    let handler = |idem: Idempotent, body: String| async move {
+        let spare: usize = body.trim().parse().unwrap();
+        // The one stored header's share of the record: its name, its value, 6 bytes.
+        let header = 6 + "content-type".len() + "text/plain".len();
+        let size = idem.room_for_plain_response() - header - spare;
+        ([("content-type", "text/plain")], "a".repeat(size))
+    };
+    let app = Router::new()
+        .route("/reports", post(handler))
+        .layer(IdempotencyLayer::new(idem, |parts| {
+            scope::operation("acct_42", parts)
+        }));
+    for (spare, whole) in [(64, true), (0, false)] {
+        let key = format!("k-{spare}");
+        let first = send_to(
+            &app,
+            Method::POST,
+            "/reports",
+            Some(&key),
+            &[],
+            &spare.to_string(),
+        )
+        .await;
+        let again = send_to(
+            &app,
+            Method::POST,
+            "/reports",
+            Some(&key),
+            &[],
+            &spare.to_string(),
+        )
+        .await;
+        assert!(again.replayed(), "{spare}");
+        assert_eq!(
+            again.headers.get("idempotent-body-not-stored").is_none(),
+            whole,
+            "{spare} bytes to spare"
+        );
+        if whole {
+            assert_eq!(again.body, first.body);
+        }
+    }
+}

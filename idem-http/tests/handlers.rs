@@ -582,25 +582,10 @@ async fn a_body_that_fits_a_small_records_room_is_stored_whole() {
             scope::operation("acct_42", parts)
         }));
     for (spare, whole) in [(64, true), (0, false)] {
-        let key = format!("k-{spare}");
-        let first = send_to(
-            &app,
-            Method::POST,
-            "/reports",
-            Some(&key),
-            &[],
-            &spare.to_string(),
-        )
-        .await;
-        let again = send_to(
-            &app,
-            Method::POST,
-            "/reports",
-            Some(&key),
-            &[],
-            &spare.to_string(),
-        )
-        .await;
+        let (key, body) = (format!("k-{spare}"), spare.to_string());
+        let send = || send_to(&app, Method::POST, "/reports", Some(&key), &[], &body);
+        let first = send().await;
+        let again = send().await;
         assert!(again.replayed(), "{spare}");
         assert_eq!(
             again.headers.get("idempotent-body-not-stored").is_none(),

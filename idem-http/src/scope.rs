@@ -310,6 +310,11 @@ mod tests {
             operation("acct\n42", &parts("/refunds")).unwrap(),
             "the route counts in the digest"
         );
+        assert_ne!(
+            past,
+            operation(format!("{at_limit}b"), &parts("/payments")).unwrap(),
+            "and the principal: two tenants never share a digest"
+        );
     }
 
     #[test]

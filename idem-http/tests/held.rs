@@ -158,27 +158,34 @@ async fn a_key_taken_over_elsewhere_is_no_longer_held_here() {
 async fn a_retry_while_a_held_answer_streams_is_told_it_is_held() {
     use axum::routing::post as route_post;
     let store = MemoryStore::new();
+    // The body's second part waits for the test's retry to be answered: the retry comes
+    // while the body streams, however slow the machine.
+    let go_on = std::sync::Arc::new(tokio::sync::Notify::new());
+    let released = std::sync::Arc::clone(&go_on);
     let app = axum::Router::new()
         .route(
             "/reports",
-            route_post(|headers: http::HeaderMap| async move {
+            route_post(move |headers: http::HeaderMap| async move {
                 let status = headers
                     .get("x-status")
                     .and_then(|v| v.to_str().ok()?.parse().ok())
                     .unwrap_or(200);
-                let frames = futures_util::stream::unfold(0, |step| async move {
-                    match step {
-                        0 => Some((
-                            Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(
-                                b"part 1\n",
+                let frames = futures_util::stream::unfold(0, move |step| {
+                    let released = std::sync::Arc::clone(&released);
+                    async move {
+                        match step {
+                            0 => Some((
+                                Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(
+                                    b"part 1\n",
+                                )),
+                                1,
                             )),
-                            1,
-                        )),
-                        1 => {
-                            tokio::time::sleep(Duration::from_millis(800)).await;
-                            Some((Ok(bytes::Bytes::from_static(b"part 2\n")), 2))
+                            1 => {
+                                released.notified().await;
+                                Some((Ok(bytes::Bytes::from_static(b"part 2\n")), 2))
+                            }
+                            _ => None,
                         }
-                        _ => None,
                     }
                 });
                 (
@@ -203,7 +210,7 @@ async fn a_retry_while_a_held_answer_streams_is_told_it_is_held() {
             .await
             .unwrap();
         assert_eq!(first.status().as_str(), status);
-        // The head is here; the body's second part is 800 ms away.
+        // The head is here; the body's second part waits for this retry.
         let retried = post(&http, &url, Some(&key), "{}", &[("x-status", status)]).await;
         assert_eq!(retried.status, 409, "{retried:?}");
         assert_eq!(
@@ -215,6 +222,7 @@ async fn a_retry_while_a_held_answer_streams_is_told_it_is_held() {
             true => assert!(retry_after(&retried) > 1, "{retried:?}"),
             false => assert_eq!(retry_after(&retried), 1, "{retried:?}"),
         }
+        go_on.notify_one();
         assert_eq!(first.text().await.unwrap(), "part 1\npart 2\n");
     }
 }

@@ -39,18 +39,16 @@ pub struct Handlers {
 
 impl Handlers {
     /// Waits until every handler detached so far (and any detached meanwhile) has
-    /// finished. One waiter at a time: a second, concurrent `wait` may not return until
-    /// the first has.
+    /// finished.
+    ///
+    /// - Several waits may run at once; each returns once no handler runs, and a wait
+    ///   cancelled (by a timeout, say) leaves the others waiting as before.
+    /// - The layer may serve on after a wait: handlers detached later are tracked and
+    ///   waited for by the next `wait`.
     pub async fn wait(&self) {
-        /// Opens the tracker again however the wait ends (a timeout may cancel it): the
-        /// layer may serve on after a wait.
-        struct Reopen<'a>(&'a TaskTracker);
-        impl Drop for Reopen<'_> {
-            fn drop(&mut self) {
-                self.0.reopen();
-            }
-        }
-        let _reopen = Reopen(&self.tracker);
+        // Closing only lets `wait` return once the tracker is empty: a closed tracker
+        // still tracks what is detached later, so it is never reopened (reopening under a
+        // second waiter would leave that waiter waiting forever).
         self.tracker.close();
         self.tracker.wait().await;
     }
@@ -94,5 +92,68 @@ impl Handlers {
             // held until its lease ends, then a retry takes over.
             Err(_) => tracing::warn!("no runtime to finish a handler whose client went away"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+
+    use super::Handlers;
+
+    /// Detaches a handler that runs until the returned sender is used or dropped.
+    fn detach_gated(handlers: &Handlers) -> oneshot::Sender<()> {
+        let (release, released) = oneshot::channel::<()>();
+        handlers.detach(async move {
+            let _ = released.await;
+        });
+        release
+    }
+
+    #[tokio::test]
+    async fn a_wait_cancelled_beside_another_leaves_the_other_to_return() {
+        let handlers = Handlers::default();
+        let release = detach_gated(&handlers);
+        let other = handlers.wait();
+        tokio::pin!(other);
+        // Both waits start while the handler runs; the first is then cancelled.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut other)
+                .await
+                .is_err()
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), handlers.wait())
+                .await
+                .is_err()
+        );
+        drop(release);
+        tokio::time::timeout(Duration::from_secs(10), other)
+            .await
+            .expect("the wait left running returns once the last handler ends");
+        assert_eq!(handlers.running(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_handler_detached_after_a_wait_is_waited_for_by_the_next() {
+        let handlers = Handlers::default();
+        tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+            .await
+            .expect("a wait with no handler returns at once");
+        let release = detach_gated(&handlers);
+        assert_eq!(handlers.running(), 1);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), handlers.wait())
+                .await
+                .is_err(),
+            "a wait returned while a handler still ran"
+        );
+        drop(release);
+        tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+            .await
+            .expect("the wait returns once the handler ends");
+        assert_eq!(handlers.running(), 0);
     }
 }

@@ -213,7 +213,15 @@ where
             false => disposition,
         };
         match disposition {
-            Disposition::Store => Ok(stored(status, headers.clone(), read, whole, &ctx, room)),
+            Disposition::Store => Ok(stored(
+                status,
+                headers.clone(),
+                read,
+                whole,
+                is_grpc,
+                &ctx,
+                room,
+            )),
             Disposition::Release => Err(WorkError::Retryable(Vec::new())),
             Disposition::Hold => Err(WorkError::Unknown(Vec::new())),
         }
@@ -392,12 +400,15 @@ fn keep(kept: &mut Read, frame: &Frame<Bytes>, storing: bool, room: usize) -> bo
 }
 
 /// The stored form of a response: whole when it fits the record, else its status and
-/// headers only.
+/// headers only. Trailers go with the body, but for a gRPC answer's, which hold its
+/// status: a body streamed past its room finishes its key before its trailers come, so a
+/// body too large that was read whole is stored without them as well.
 fn stored(
     status: StatusCode,
     headers: HeaderMap,
     read: &Read,
     whole: bool,
+    grpc: bool,
     ctx: &Context,
     room: usize,
 ) -> Vec<u8> {
@@ -407,17 +418,21 @@ fn stored(
         .filter(|(name, _)| !crate::layer::is_hop_by_hop(name))
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
+    let without_body = |headers: HeaderMap, trailers: HeaderMap| {
+        let response = StoredResponse::without_body(status, headers);
+        match grpc {
+            true => response.with_trailers(trailers),
+            false => response,
+        }
+        .encode()
+    };
     if !whole || read.size > room {
-        return StoredResponse::without_body(status, headers)
-            .with_trailers(trailers)
-            .encode();
+        return without_body(headers, trailers);
     }
     let response = StoredResponse::new(status, headers, read.data()).with_trailers(trailers);
     let bytes = response.encode();
     if !ctx.fits_response(&bytes) {
-        return StoredResponse::without_body(status, response.headers)
-            .with_trailers(response.trailers)
-            .encode();
+        return without_body(response.headers, response.trailers);
     }
     bytes
 }

@@ -415,3 +415,166 @@ async fn a_body_past_the_limit_streams_on_and_stops_when_its_client_leaves() {
         .await
         .expect("the rest stops with its client");
 }
+
+/// A body whose frames are always ready: `frames` data frames of `len` bytes each, then
+/// its trailers; counts the frames it made.
+struct AlwaysReady {
+    made: Arc<AtomicUsize>,
+    len: usize,
+    frames: usize,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl http_body::Body for AlwaysReady {
+    type Data = bytes::Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+        if self.made.load(Ordering::SeqCst) == self.frames {
+            return Poll::Ready(
+                self.trailers
+                    .take()
+                    .map(|t| Ok(http_body::Frame::trailers(t))),
+            );
+        }
+        self.made.fetch_add(1, Ordering::SeqCst);
+        Poll::Ready(Some(Ok(http_body::Frame::data(bytes::Bytes::from(vec![
+            b'a';
+            self.len
+        ])))))
+    }
+}
+
+/// A router whose `POST /ready` answers an [`AlwaysReady`] body made by `body`.
+fn always_ready(
+    layer: idem_http::IdempotencyLayer,
+    body: impl Fn() -> AlwaysReady + Clone + Send + Sync + 'static,
+) -> Router {
+    Router::new()
+        .route(
+            "/ready",
+            route_post(move || {
+                let body = body.clone();
+                async move { Response::new(axum::body::Body::new(body())) }
+            }),
+        )
+        .layer(layer)
+}
+
+fn ready_request(key: &str) -> http::Request<axum::body::Body> {
+    http::Request::post("/ready")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from("{}"))
+        .unwrap()
+}
+
+/// The head goes out once 1 024 frames of a ready body are read, or more than the
+/// response limit or 64 KiB (whichever is larger), whichever comes first: a body whose
+/// frames are always ready is neither held in memory nor read without end before its
+/// client hears anything. The client here never reads the body, so the frames read are
+/// those before the head and the few in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_body_is_read_at_most_64_kib_or_1024_frames_before_its_head_goes_out() {
+    use tower::ServiceExt as _;
+    // Empty frames never fill 64 KiB, and are stored whole; 10 000-byte frames pass it at
+    // the 7th (never totalling exactly 64 KiB), and are too large to store.
+    for (len, frames, before_head, whole) in [(0, 100_000, 1024, true), (10_000, 2_000, 7, false)] {
+        let layer = layer(idem(Duration::from_secs(1))).max_response_body(1000);
+        let handlers = layer.handlers();
+        let made = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&made);
+        let app = always_ready(layer, move || AlwaysReady {
+            made: Arc::clone(&counted),
+            len,
+            frames,
+            trailers: None,
+        });
+        let key = format!("k-ready-{len}");
+        let head = tokio::time::timeout(
+            Duration::from_secs(10),
+            app.clone().oneshot(ready_request(&key)),
+        )
+        .await
+        .expect("the head goes out")
+        .unwrap();
+        assert_eq!(head.status(), 200);
+        let read = made.load(Ordering::SeqCst);
+        assert!(
+            (before_head..=before_head + 16).contains(&read),
+            "{read} frames of {len} bytes read with the head out, not {before_head} and the few in flight"
+        );
+        // The client leaves: a body that fits is read on to its end for the record; one
+        // too large (its key finished already) stops.
+        drop(head);
+        tokio::time::timeout(Duration::from_secs(10), handlers.wait())
+            .await
+            .expect("the handler ends");
+        assert_eq!(made.load(Ordering::SeqCst) == frames, whole);
+        let replay = app.oneshot(ready_request(&key)).await.unwrap();
+        assert_eq!(
+            replay
+                .headers()
+                .get(idem_http::REPLAYED_HEADER)
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..])
+        );
+        assert_eq!(
+            !replay.headers().contains_key(BODY_NOT_STORED_HEADER),
+            whole
+        );
+    }
+}
+
+/// Trailers go with the body: a body too large to store is stored without its trailers,
+/// whether it was read whole before its head (under 64 KiB) or streamed past its room;
+/// its client gets them either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_too_large_to_store_is_stored_without_its_trailers_however_it_came() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-checksum", HeaderValue::from_static("abc"));
+    // 30 000 bytes are read whole before the head; 100 000 pass 64 KiB and stream.
+    for frames in [3, 10] {
+        let app = always_ready(
+            layer(idem(Duration::from_secs(30))).max_response_body(1000),
+            {
+                let trailers = trailers.clone();
+                move || AlwaysReady {
+                    made: Arc::new(AtomicUsize::new(0)),
+                    len: 10_000,
+                    frames,
+                    trailers: Some(trailers.clone()),
+                }
+            },
+        );
+        let key = format!("k-trailers-{frames}");
+        let first = app.clone().oneshot(ready_request(&key)).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), first.into_body().collect())
+            .await
+            .expect("the body ends")
+            .unwrap();
+        assert_eq!(first.trailers(), Some(&trailers), "the client gets them");
+        assert_eq!(first.to_bytes().len(), frames * 10_000);
+        let replay = app.oneshot(ready_request(&key)).await.unwrap();
+        assert_eq!(
+            replay
+                .headers()
+                .get(BODY_NOT_STORED_HEADER)
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..]),
+            "{frames} frames"
+        );
+        let replay = replay.into_body().collect().await.unwrap();
+        assert_eq!(
+            replay.trailers(),
+            None,
+            "{frames} frames: stored without them"
+        );
+        assert!(replay.to_bytes().is_empty());
+    }
+}

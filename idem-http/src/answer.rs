@@ -207,7 +207,7 @@ pub(crate) fn not_stored(
         headers.remove(&name);
     }
     headers.insert(BODY_NOT_STORED, HeaderValue::from_static("true"));
-    // A gRPC answer keeps its status, which travels in the trailers.
+    // Records written before trailers went with the body may still hold some.
     let mut response = Response::new(Body::replayed(bytes::Bytes::new(), trailers));
     *response.status_mut() = status;
     *response.headers_mut() = headers;

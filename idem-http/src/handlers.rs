@@ -38,8 +38,8 @@ pub struct Handlers {
 }
 
 impl Handlers {
-    /// Waits until every handler detached so far (and any detached meanwhile) has
-    /// finished.
+    /// Waits until the handlers detached so far have finished, and any detached while
+    /// one of them still runs.
     ///
     /// - Several waits may run at once; each returns once no handler runs, and a wait
     ///   cancelled (by a timeout, say) leaves the others waiting as before.
@@ -118,7 +118,7 @@ mod tests {
         let release = detach_gated(&handlers);
         let other = handlers.wait();
         tokio::pin!(other);
-        // Both waits start while the handler runs; the first is then cancelled.
+        // Both waits start while the handler runs; the second is then cancelled.
         assert!(
             tokio::time::timeout(Duration::from_millis(50), &mut other)
                 .await

@@ -79,7 +79,9 @@
 //! deriving keys, so that a refused request leaves nothing behind.
 //!
 //! Stored headers are an allowlist ([`DEFAULT_STORED_HEADERS`]); hop-by-hop headers never,
-//! `Set-Cookie` only when enabled; trailers are stored whole but for hop-by-hop names.
+//! `Set-Cookie` only when enabled; trailers are stored with the body, but for hop-by-hop
+//! names (a response stored without its body is stored without them, but for a gRPC
+//! answer's, which hold its status).
 //! Responses are stored as a compact binary encoding of status, headers, body and
 //! trailers ([`StoredResponse`]) through
 //! [`Idempotency::execute_bytes`](idem_core::Idempotency::execute_bytes). A replay can be
@@ -99,7 +101,8 @@
 //!   status, an empty body and [`BODY_NOT_STORED_HEADER`] without waiting for the stream
 //!   (an endless stream does not hold its key while it lasts). An error after that point
 //!   reaches the client but not the record. A gRPC answer waits for the `grpc-status` in
-//!   its trailers, and is then stored without its body, trailers kept, or held.
+//!   its trailers (also when its handler chose a [`Disposition`]), and is then stored
+//!   without its body, trailers kept, or held.
 //! - A client that goes away (before the response began, or while it streamed): the
 //!   body is read on for the record, for at most a lease. A stream that ends by then is
 //!   stored as above; one that does not finishes its key without the body (a gRPC
@@ -112,8 +115,9 @@
 //!   `idem proxy`), the head's disposition decides instead (a stored one is finished with
 //!   the status and headers, without the body), and the client's cut comes once the key
 //!   is finished.
-//! - Trailers reach the client and the record: a tonic gRPC service keeps its
-//!   `grpc-status`, fresh and replayed.
+//! - Trailers reach the client, and the record with the body: a tonic gRPC service keeps
+//!   its `grpc-status`, fresh and replayed, and a replay of one stored without its body
+//!   tells it.
 //!
 //! ## gRPC
 //!

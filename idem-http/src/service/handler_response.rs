@@ -261,10 +261,11 @@ where
         .gone
         .then(|| tokio::time::Instant::now() + config.idem.lease());
     loop {
-        if over && storing && !grpc {
+        if over && storing && !is_grpc {
             // Too large to store: the key is finished now, without the body, and the
             // rest streams on after it to a client still reading. (A gRPC answer waits
-            // for the status in its trailers, and is stored without its body then.)
+            // for the status in its trailers, and is stored without its body then, even
+            // when its handler chose to store it: a replay tells the first status.)
             if !client.gone {
                 *lock(&pump) = Some((Rest::Body(body), client.frames));
             }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::post as route_post;
 use http::{HeaderValue, Response};
-use idem_http::BODY_NOT_STORED_HEADER;
+use idem_http::{BODY_NOT_STORED_HEADER, GRPC_ORIGINAL_STATUS_HEADER};
 
 use crate::common::{self, Server, client, layer, post};
 use crate::support::{finished_after_leaving, idem, impatient, read_one_chunk_and_leave};
@@ -115,7 +115,16 @@ async fn a_large_grpc_stream_is_kept_or_held_by_the_status_in_its_trailers() {
                 } else {
                     "0"
                 };
-                async move { grpc_stream(status) }
+                let chosen = headers.contains_key("x-store");
+                async move {
+                    let mut response = grpc_stream(status);
+                    if chosen {
+                        response
+                            .extensions_mut()
+                            .insert(idem_http::Disposition::Store);
+                    }
+                    response
+                }
             }),
         )
         .layer(layer(idem(Duration::from_secs(30))).max_response_body(1500));
@@ -132,7 +141,17 @@ async fn a_large_grpc_stream_is_kept_or_held_by_the_status_in_its_trailers() {
     let replay = post(&client(), &url, Some("k-ok"), "{}", &[]).await;
     assert!(replay.replayed());
     assert_eq!(replay.header(BODY_NOT_STORED_HEADER), Some("true"));
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(replay.header(GRPC_ORIGINAL_STATUS_HEADER), Some("0"));
+    // UNAVAILABLE, but the handler chose to store it: kept without the body, and its
+    // status still waited for, so that the replay tells it.
+    let stored = [("x-fail", "1"), ("x-store", "1")];
+    let chosen = post(&client(), &url, Some("k-chosen"), "{}", &stored).await;
+    assert_eq!(chosen.body.len(), 3000);
+    let replay = post(&client(), &url, Some("k-chosen"), "{}", &stored).await;
+    assert!(replay.replayed(), "{replay:?}");
+    assert_eq!(replay.header(BODY_NOT_STORED_HEADER), Some("true"));
+    assert_eq!(replay.header(GRPC_ORIGINAL_STATUS_HEADER), Some("14"));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,15 +494,23 @@ fn ready_request(key: &str) -> http::Request<axum::body::Body> {
 /// The head goes out once 1 024 frames of a ready body are read, or more than the
 /// response limit or 64 KiB (whichever is larger), whichever comes first: a body whose
 /// frames are always ready is neither held in memory nor read without end before its
-/// client hears anything. The client here never reads the body, so the frames read are
-/// those before the head and the few in flight.
+/// client hears anything. The client here never reads the body: the frames read are
+/// those before the head, then the rest waits for the client (eight in flight, the
+/// ninth waiting to be sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_body_is_read_at_most_64_kib_or_1024_frames_before_its_head_goes_out() {
     use tower::ServiceExt as _;
-    // Empty frames never fill 64 KiB, and are stored whole; 10 000-byte frames pass it at
-    // the 7th (never totalling exactly 64 KiB), and are too large to store.
-    for (len, frames, before_head, whole) in [(0, 100_000, 1024, true), (10_000, 2_000, 7, false)] {
-        let layer = layer(idem(Duration::from_secs(1))).max_response_body(1000);
+    // Empty frames never fill 64 KiB, and are stored whole; 10 000-byte frames pass 64 KiB
+    // at the 7th (never totalling exactly 64 KiB), or a limit of 100 000 at the 11th, and
+    // are too large to store either way. Past the limit the key is finished and the rest
+    // read by another task, so the count goes on to the ninth meanwhile.
+    let cases: [(usize, usize, usize, std::ops::RangeInclusive<usize>, bool); 3] = [
+        (0, 2_000, 1000, 1024..=1024, true),
+        (10_000, 2_000, 1000, 7..=9, false),
+        (10_000, 2_000, 100_000, 11..=11, false),
+    ];
+    for (len, frames, limit, read_with_head, whole) in cases {
+        let layer = layer(idem(Duration::from_secs(30))).max_response_body(limit);
         let handlers = layer.handlers();
         let made = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&made);
@@ -493,7 +520,7 @@ async fn a_ready_body_is_read_at_most_64_kib_or_1024_frames_before_its_head_goes
             frames,
             trailers: None,
         });
-        let key = format!("k-ready-{len}");
+        let key = format!("k-ready-{len}-{limit}");
         let head = tokio::time::timeout(
             Duration::from_secs(10),
             app.clone().oneshot(ready_request(&key)),
@@ -504,8 +531,8 @@ async fn a_ready_body_is_read_at_most_64_kib_or_1024_frames_before_its_head_goes
         assert_eq!(head.status(), 200);
         let read = made.load(Ordering::SeqCst);
         assert!(
-            (before_head..=before_head + 16).contains(&read),
-            "{read} frames of {len} bytes read with the head out, not {before_head} and the few in flight"
+            read_with_head.contains(&read),
+            "{read} frames of {len} bytes read with the head out (limit {limit}), not {read_with_head:?}"
         );
         // The client leaves: a body that fits is read on to its end for the record; one
         // too large (its key finished already) stops.
@@ -525,6 +552,44 @@ async fn a_ready_body_is_read_at_most_64_kib_or_1024_frames_before_its_head_goes
         assert_eq!(
             !replay.headers().contains_key(BODY_NOT_STORED_HEADER),
             whole
+        );
+    }
+}
+
+/// A ready body of exactly 64 KiB is answered whole, its length told; a byte more and it
+/// streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_body_of_64_kib_is_answered_whole_and_a_byte_more_streams() {
+    use http_body::Body as _;
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+    for extra in [0, 1] {
+        let app = Router::new()
+            .route(
+                "/ready",
+                route_post(move || async move {
+                    let mut frames: Vec<_> = (0..8).map(|_| chunk(b'a', 8192)).collect();
+                    if extra > 0 {
+                        frames.push(chunk(b'b', extra));
+                    }
+                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(
+                        frames.into_iter().map(Ok::<_, Infallible>),
+                    ));
+                    Response::new(axum::body::Body::new(body))
+                }),
+            )
+            .layer(layer(idem(Duration::from_secs(30))).max_response_body(1000));
+        let head = tokio::time::timeout(Duration::from_secs(10), app.oneshot(ready_request("k")))
+            .await
+            .expect("the head goes out")
+            .unwrap();
+        let told = head.body().size_hint().exact();
+        let body = head.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.len(), 65_536 + extra);
+        assert_eq!(
+            told,
+            (extra == 0).then_some(65_536),
+            "{extra} byte(s) past 64 KiB"
         );
     }
 }

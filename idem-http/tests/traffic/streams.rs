@@ -643,3 +643,58 @@ async fn a_body_too_large_to_store_is_stored_without_its_trailers_however_it_cam
         assert!(replay.to_bytes().is_empty());
     }
 }
+
+/// A body of exactly the response limit is stored whole, whether it was ready at once or
+/// streamed; a byte more and it is stored without its body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_exactly_at_the_limit_is_stored_whole_and_a_byte_more_is_not() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+    for streamed in [false, true] {
+        for extra in [0, 1] {
+            let app = Router::new()
+                .route(
+                    "/ready",
+                    route_post(move || async move {
+                        let frames =
+                            vec![chunk(b'a', 500), chunk(b'b', 500), chunk(b'c', 500 + extra)];
+                        match streamed {
+                            true => Response::new(axum::body::Body::new(Staggered::new(frames))),
+                            false => {
+                                let body =
+                                    http_body_util::StreamBody::new(futures_util::stream::iter(
+                                        frames.into_iter().map(Ok::<_, Infallible>),
+                                    ));
+                                Response::new(axum::body::Body::new(body))
+                            }
+                        }
+                    }),
+                )
+                .layer(layer(idem(Duration::from_secs(30))).max_response_body(1500));
+            let what = format!("streamed {streamed}, {extra} byte(s) past the limit");
+            let first = app.clone().oneshot(ready_request("k-limit")).await.unwrap();
+            let first = tokio::time::timeout(Duration::from_secs(10), first.into_body().collect())
+                .await
+                .expect("the body ends")
+                .unwrap()
+                .to_bytes();
+            assert_eq!(first.len(), 1500 + extra, "{what}");
+            let replay = app.oneshot(ready_request("k-limit")).await.unwrap();
+            assert_eq!(
+                replay.headers().contains_key(BODY_NOT_STORED_HEADER),
+                extra > 0,
+                "{what}"
+            );
+            let replayed = replay.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(
+                replayed,
+                if extra == 0 {
+                    first
+                } else {
+                    bytes::Bytes::new()
+                },
+                "{what}"
+            );
+        }
+    }
+}

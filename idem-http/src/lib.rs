@@ -100,9 +100,10 @@
 //!   finished at once with the status and stored headers only, so retries get that
 //!   status, an empty body and [`BODY_NOT_STORED_HEADER`] without waiting for the stream
 //!   (an endless stream does not hold its key while it lasts). An error after that point
-//!   reaches the client but not the record. A gRPC answer waits for the `grpc-status` in
-//!   its trailers (also when its handler chose a [`Disposition`]), and is then stored
-//!   without its body, trailers kept, or held.
+//!   reaches the client but not the record. A gRPC answer whose status decides waits for
+//!   the `grpc-status` in its trailers, and is then stored without its body, trailers
+//!   kept, or held; one whose handler chose a [`Disposition`] is finished at once, like
+//!   any other.
 //! - A client that goes away (before the response began, or while it streamed): the
 //!   body is read on for the record, for at most a lease. A stream that ends by then is
 //!   stored as above; one that does not finishes its key without the body (a gRPC
@@ -117,7 +118,7 @@
 //!   is finished.
 //! - Trailers reach the client, and the record with the body: a tonic gRPC service keeps
 //!   its `grpc-status`, fresh and replayed, and a replay of one stored without its body
-//!   tells it.
+//!   tells it when it was known (in [`GRPC_ORIGINAL_STATUS_HEADER`]).
 //!
 //! ## gRPC
 //!

@@ -63,9 +63,17 @@ fn poll_frame<ResBody: ResponseBody>(
     }
 }
 
+/// Data frames shorter than this are kept for the record copied together, not one by one:
+/// a stream of tiny frames (events of a few bytes) would otherwise keep a frame each, many
+/// times its bytes, and hold on to the buffers they were cut from.
+const SMALL_FRAME: usize = 1024;
+
 /// A response's body as read so far: what the client gets, and what may be stored.
+#[derive(Default)]
 struct Read {
     frames: Vec<Frame<Bytes>>,
+    /// Small data frames kept after `frames`, copied together ([`keep`]).
+    small: BytesMut,
     /// Bytes of data read.
     size: usize,
     trailers: HeaderMap,
@@ -86,15 +94,19 @@ impl Read {
     fn data(&self) -> Bytes {
         let mut chunks = self.frames.iter().filter_map(Frame::data_ref);
         let Some(first) = chunks.next() else {
-            return Bytes::new();
+            return Bytes::copy_from_slice(&self.small);
         };
         let Some(second) = chunks.next() else {
-            return first.clone();
+            if self.small.is_empty() {
+                return first.clone();
+            }
+            return [&first[..], &self.small[..]].concat().into();
         };
         let mut all = BytesMut::with_capacity(self.size);
         all.extend_from_slice(first);
         all.extend_from_slice(second);
         chunks.for_each(|chunk| all.extend_from_slice(chunk));
+        all.extend_from_slice(&self.small);
         all.freeze()
     }
 }
@@ -178,11 +190,7 @@ where
     let room = config
         .max_response_body
         .min(ctx.room_for_plain_response().saturating_sub(head_size));
-    let mut read = Read {
-        frames: Vec::new(),
-        size: 0,
-        trailers: HeaderMap::new(),
-    };
+    let mut read = Read::default();
     // Whatever the body has ready now: most handlers answer a whole body at once, which
     // is stored before it is sent, as one response.
     // A body that broke off before the head went, when the head is the outcome: sent to
@@ -242,14 +250,10 @@ where
     if head_tx.send((parts, receiver)).is_err() {
         client.gone = true;
     }
-    let mut kept = Read {
-        frames: Vec::new(),
-        size: 0,
-        trailers: HeaderMap::new(),
-    };
+    let mut kept = Read::default();
     let mut over = false;
     for frame in read.frames {
-        over |= keep(&mut kept, &frame, storing, room);
+        over = keep(&mut kept, &frame, storing, over, room);
         client.send(Ok(frame)).await;
     }
     if let Some(err) = broke_off {
@@ -261,11 +265,11 @@ where
         .gone
         .then(|| tokio::time::Instant::now() + config.idem.lease());
     loop {
-        if over && storing && !is_grpc {
+        if over && storing && !grpc {
             // Too large to store: the key is finished now, without the body, and the
-            // rest streams on after it to a client still reading. (A gRPC answer waits
-            // for the status in its trailers, and is stored without its body then, even
-            // when its handler chose to store it: a replay tells the first status.)
+            // rest streams on after it to a client still reading. (A gRPC answer whose
+            // status decides waits for it in its trailers, and is stored without its body
+            // then; one whose handler chose to store it is finished now, like any other.)
             if !client.gone {
                 *lock(&pump) = Some((Rest::Body(body), client.frames));
             }
@@ -304,7 +308,7 @@ where
             Next::Gone => client.gone = true,
             Next::Frame(None) => break,
             Next::Frame(Some(Ok(frame))) => {
-                over |= keep(&mut kept, &frame, storing, room);
+                over = keep(&mut kept, &frame, storing, over, room);
                 client.send(Ok(frame)).await;
             }
             Next::Frame(Some(Err(err))) if final_head => {
@@ -383,21 +387,36 @@ impl Client {
     }
 }
 
-/// Keeps a copy of `frame` for the record while it fits; true once it no longer does.
-fn keep(kept: &mut Read, frame: &Frame<Bytes>, storing: bool, room: usize) -> bool {
+/// Keeps a copy of `frame` for the record while the body fits its room; true once it no
+/// longer does (`over`: nothing more of the body is kept then, only trailers).
+fn keep(kept: &mut Read, frame: &Frame<Bytes>, storing: bool, over: bool, room: usize) -> bool {
     if !storing {
         return false;
     }
     if let Some(data) = frame.data_ref() {
-        if kept.size.saturating_add(data.len()) > room {
-            kept.frames.clear();
+        if over {
             return true;
         }
-        kept.push(Frame::data(data.clone()));
+        if kept.size.saturating_add(data.len()) > room {
+            kept.frames = Vec::new();
+            kept.small = BytesMut::new();
+            return true;
+        }
+        kept.size += data.len();
+        if data.len() < SMALL_FRAME {
+            // An empty frame adds nothing.
+            kept.small.extend_from_slice(data);
+        } else {
+            if !kept.small.is_empty() {
+                let small = kept.small.split().freeze();
+                kept.frames.push(Frame::data(small));
+            }
+            kept.frames.push(Frame::data(data.clone()));
+        }
     } else if let Some(trailers) = frame.trailers_ref() {
         kept.trailers.extend(trailers.clone());
     }
-    false
+    over
 }
 
 /// The stored form of a response: whole when it fits the record, else its status and
@@ -436,4 +455,86 @@ fn stored(
         return without_body(response.headers, response.trailers);
     }
     bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http::HeaderMap;
+    use http_body::Frame;
+
+    use super::{Read, keep};
+
+    fn data(bytes: &'static [u8]) -> Frame<Bytes> {
+        Frame::data(Bytes::from_static(bytes))
+    }
+
+    #[test]
+    fn tiny_and_empty_frames_are_kept_copied_together_and_in_order() {
+        let mut kept = Read::default();
+        let large = vec![b'L'; 2000];
+        let mut expected = Vec::new();
+        for _ in 0..10_000 {
+            assert!(!keep(&mut kept, &data(b""), true, false, 1 << 20));
+            assert!(!keep(&mut kept, &data(b"e"), true, false, 1 << 20));
+            expected.push(b'e');
+        }
+        assert!(kept.frames.is_empty(), "no frame kept per tiny frame");
+        let frame = Frame::data(Bytes::from(large.clone()));
+        assert!(!keep(&mut kept, &frame, true, false, 1 << 20));
+        expected.extend_from_slice(&large);
+        assert!(!keep(&mut kept, &data(b"tail"), true, false, 1 << 20));
+        expected.extend_from_slice(b"tail");
+        assert_eq!(
+            kept.frames.len(),
+            2,
+            "the tiny ones as one frame, then the large one"
+        );
+        assert_eq!(kept.size, expected.len());
+        assert_eq!(kept.data(), expected);
+    }
+
+    #[test]
+    fn past_its_room_nothing_more_of_the_body_is_kept_but_trailers_are() {
+        let mut kept = Read::default();
+        assert!(!keep(&mut kept, &data(b"abc"), true, false, 5));
+        assert!(keep(&mut kept, &data(b"def"), true, false, 5));
+        assert!(kept.frames.is_empty() && kept.small.is_empty());
+        assert!(
+            keep(&mut kept, &data(b""), true, true, 5),
+            "over stays over"
+        );
+        assert!(keep(&mut kept, &data(b"g"), true, true, 5));
+        assert!(kept.small.is_empty());
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        assert!(keep(
+            &mut kept,
+            &Frame::trailers(trailers.clone()),
+            true,
+            true,
+            5
+        ));
+        assert_eq!(kept.trailers, trailers);
+        // Not storing: nothing kept, never over.
+        let mut skipped = Read::default();
+        assert!(!keep(&mut skipped, &data(b"too long"), false, false, 1));
+        assert_eq!(skipped.size, 0);
+    }
+
+    #[test]
+    fn one_large_frame_is_answered_without_a_copy() {
+        let mut kept = Read::default();
+        let frame = Frame::data(Bytes::from(vec![b'x'; 4096]));
+        keep(&mut kept, &frame, true, false, 1 << 20);
+        let whole = kept.data();
+        assert_eq!(whole.as_ptr(), frame.data_ref().unwrap().as_ptr());
+        keep(&mut kept, &data(b"!"), true, false, 1 << 20);
+        assert_eq!(kept.data().len(), 4097);
+        assert_eq!(kept.data().last(), Some(&b'!'));
+        let mut small = Read::default();
+        keep(&mut small, &data(b"only"), true, false, 1 << 20);
+        assert_eq!(small.data(), &b"only"[..]);
+        assert_eq!(Read::default().data(), Bytes::new());
+    }
 }

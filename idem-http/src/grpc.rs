@@ -196,7 +196,8 @@ pub const GRPC_ORIGINAL_STATUS_HEADER: &str = "idem-original-grpc-status";
 
 /// A replay of a gRPC answer whose message was too large to store: a trailers-only
 /// answer with `grpc-status` 6 ALREADY_EXISTS (the call was carried out; its message is
-/// not here), the first status in [`GRPC_ORIGINAL_STATUS_HEADER`], and
+/// not here), the first status in [`GRPC_ORIGINAL_STATUS_HEADER`] when the record has it
+/// (when its status decided, not a [`Disposition`](crate::Disposition) its handler chose), and
 /// `idempotent-body-not-stored`. Never OK without its message, which a client would
 /// decode as an empty one.
 pub(crate) fn not_stored(mut headers: HeaderMap, trailers: &HeaderMap) -> Response<Body> {

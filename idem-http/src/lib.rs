@@ -102,12 +102,12 @@
 //!   (an endless stream does not hold its key while it lasts). An error after that point
 //!   reaches the client but not the record. A gRPC answer whose status decides waits for
 //!   the `grpc-status` in its trailers, and is then stored without its body, trailers
-//!   kept, or held; one whose handler chose a [`Disposition`] is finished at once, like
-//!   any other.
+//!   kept, or held; one whose handler chose to store it is finished at once, like any
+//!   other, without its trailers.
 //! - A client that goes away (before the response began, or while it streamed): the
 //!   body is read on for the record, for at most a lease. A stream that ends by then is
 //!   stored as above; one that does not finishes its key without the body (a gRPC
-//!   answer, whose status is still to come, is held), so a stream that never ends never
+//!   answer whose status decides, still to come, is held), so a stream that never ends never
 //!   holds its key for long. A client that stays connected but stops reading holds it
 //!   while the connection lasts.
 //! - A body that breaks off before the record is finished is sent to the client as an
@@ -118,7 +118,7 @@
 //!   is finished.
 //! - Trailers reach the client, and the record with the body: a tonic gRPC service keeps
 //!   its `grpc-status`, fresh and replayed, and a replay of one stored without its body
-//!   tells it when it was known (in [`GRPC_ORIGINAL_STATUS_HEADER`]).
+//!   tells it when its status decided (in [`GRPC_ORIGINAL_STATUS_HEADER`]).
 //!
 //! ## gRPC
 //!
@@ -140,8 +140,9 @@
 //! - **Answers are kept by their `grpc-status`** ([`grpc_disposition`]), in the headers
 //!   of a trailers-only answer or in the trailers.
 //! - **A replay whose message was too large to store** is 6 ALREADY_EXISTS, the first
-//!   status in [`GRPC_ORIGINAL_STATUS_HEADER`]: never OK without its message, which a
-//!   client would decode as an empty one.
+//!   status in [`GRPC_ORIGINAL_STATUS_HEADER`] (when it decided, not a [`Disposition`] the
+//!   handler chose): never OK without its message, which a client would decode as an
+//!   empty one.
 //!
 //! ## What it survives
 //!

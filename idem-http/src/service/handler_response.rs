@@ -74,7 +74,7 @@ struct Read {
     frames: Vec<Frame<Bytes>>,
     /// Small data frames kept after `frames`, copied together ([`keep`]).
     small: BytesMut,
-    /// Bytes of data read.
+    /// Bytes of data read (kept, for the record's copy).
     size: usize,
     trailers: HeaderMap,
 }
@@ -226,7 +226,7 @@ where
                 headers.clone(),
                 read,
                 whole,
-                is_grpc,
+                grpc,
                 &ctx,
                 room,
             )),
@@ -420,9 +420,10 @@ fn keep(kept: &mut Read, frame: &Frame<Bytes>, storing: bool, over: bool, room: 
 }
 
 /// The stored form of a response: whole when it fits the record, else its status and
-/// headers only. Trailers go with the body, but for a gRPC answer's, which hold its
-/// status: a body streamed past its room finishes its key before its trailers come, so a
-/// body too large that was read whole is stored without them as well.
+/// headers only. Trailers go with the body, but for a gRPC answer whose status decides
+/// (`grpc`), which is waited for: any other body streamed past its room finishes its key
+/// before its trailers come, so one too large that was read whole is stored without them
+/// as well.
 fn stored(
     status: StatusCode,
     headers: HeaderMap,
@@ -520,6 +521,42 @@ mod tests {
         let mut skipped = Read::default();
         assert!(!keep(&mut skipped, &data(b"too long"), false, false, 1));
         assert_eq!(skipped.size, 0);
+    }
+
+    #[test]
+    fn a_body_of_every_frame_size_is_kept_in_order_until_it_passes_its_room() {
+        let sizes = [0, 1, 1023, 1024, 5000, 3, 0, 2048, 7, 1, 4096];
+        let frames: Vec<Frame<Bytes>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| Frame::data(Bytes::from(vec![b'a' + i as u8; len])))
+            .collect();
+        let whole: Vec<u8> = frames
+            .iter()
+            .flat_map(|f| f.data_ref().unwrap().to_vec())
+            .collect();
+        for room in [whole.len(), whole.len() - 1, 6000, 1030] {
+            let mut kept = Read::default();
+            let mut over = false;
+            let mut expected = Vec::new();
+            for frame in &frames {
+                over = keep(&mut kept, frame, true, over, room);
+                if !over {
+                    expected.extend_from_slice(frame.data_ref().unwrap());
+                }
+                if over {
+                    // Nothing of the body held once past its room, large frames included.
+                    assert!(
+                        kept.frames.is_empty() && kept.small.is_empty(),
+                        "room {room}"
+                    );
+                } else {
+                    assert_eq!(kept.size, expected.len(), "room {room}");
+                    assert_eq!(kept.data(), expected, "room {room}");
+                }
+            }
+            assert_eq!(over, room < whole.len(), "room {room}");
+        }
     }
 
     #[test]

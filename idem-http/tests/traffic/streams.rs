@@ -144,7 +144,7 @@ async fn a_large_grpc_stream_is_kept_or_held_by_the_status_in_its_trailers() {
     assert_eq!(replay.header(GRPC_ORIGINAL_STATUS_HEADER), Some("0"));
     // UNAVAILABLE, but the handler chose to store it: the handler decided, so the key is
     // finished as soon as the body passes the limit, as for any answer, before its status
-    // comes (a retry meanwhile is not held up by the stream).
+    // comes, and the record holds no first status.
     let stored = [("x-fail", "1"), ("x-store", "1")];
     let chosen = post(&client(), &url, Some("k-chosen"), "{}", &stored).await;
     assert_eq!(chosen.body.len(), 3000);
@@ -697,6 +697,97 @@ async fn a_body_exactly_at_the_limit_is_stored_whole_and_a_byte_more_is_not() {
                 },
                 "{what}"
             );
+        }
+    }
+}
+
+/// A gRPC answer read whole before its head: stored whole with its trailers when it fits;
+/// too large, stored with its status when its status decides, and without it (as when it
+/// streams past the limit) when its handler chose to store it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_grpc_answer_keeps_its_status_as_a_streamed_one_does() {
+    use http_body_util::BodyExt as _;
+    use tower::ServiceExt as _;
+    for (limit, chosen, original) in [
+        (1 << 20, false, None),
+        (1500, false, Some("0")),
+        (1500, true, None),
+    ] {
+        let app = Router::new()
+            .route(
+                "/svc/Call",
+                route_post(move || async move {
+                    let mut trailers = http::HeaderMap::new();
+                    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                    let frames = vec![
+                        chunk(b'x', 1000),
+                        chunk(b'y', 1000),
+                        chunk(b'z', 1000),
+                        http_body::Frame::trailers(trailers),
+                    ];
+                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(
+                        frames.into_iter().map(Ok::<_, Infallible>),
+                    ));
+                    let mut response = Response::new(axum::body::Body::new(body));
+                    response
+                        .headers_mut()
+                        .insert("content-type", HeaderValue::from_static("application/grpc"));
+                    if chosen {
+                        response
+                            .extensions_mut()
+                            .insert(idem_http::Disposition::Store);
+                    }
+                    response
+                }),
+            )
+            .layer(layer(idem(Duration::from_secs(30))).max_response_body(limit));
+        let call = || {
+            http::Request::post("/svc/Call")
+                .header("idempotency-key", "k-ready-grpc")
+                .header("content-type", "application/grpc")
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let what = format!("limit {limit}, chosen {chosen}");
+        let first = app.clone().oneshot(call()).await.unwrap();
+        let first = first.into_body().collect().await.unwrap();
+        assert_eq!(
+            first
+                .trailers()
+                .and_then(|t| t.get("grpc-status"))
+                .map(|v| v.as_bytes()),
+            Some(&b"0"[..]),
+            "{what}"
+        );
+        let replay = app.oneshot(call()).await.unwrap();
+        assert_eq!(
+            replay
+                .headers()
+                .get(idem_http::REPLAYED_HEADER)
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..]),
+            "{what}"
+        );
+        let told = replay
+            .headers()
+            .get(GRPC_ORIGINAL_STATUS_HEADER)
+            .map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(told.as_deref(), original, "{what}");
+        let replay = replay.into_body().collect().await.unwrap();
+        if limit > 3000 {
+            // Stored whole: the same bytes, in order, and the same trailers.
+            assert_eq!(
+                replay
+                    .trailers()
+                    .and_then(|t| t.get("grpc-status"))
+                    .map(|v| v.as_bytes()),
+                Some(&b"0"[..])
+            );
+            let expected: Vec<u8> = [b'x', b'y', b'z']
+                .iter()
+                .flat_map(|b| vec![*b; 1000])
+                .collect();
+            assert_eq!(replay.to_bytes(), expected);
         }
     }
 }

@@ -81,7 +81,7 @@
 //! Stored headers are an allowlist ([`DEFAULT_STORED_HEADERS`]); hop-by-hop headers never,
 //! `Set-Cookie` only when enabled; trailers are stored with the body, but for hop-by-hop
 //! names (a response stored without its body is stored without them, but for a gRPC
-//! answer's, which hold its status).
+//! answer whose status decides, whose trailers hold it).
 //! Responses are stored as a compact binary encoding of status, headers, body and
 //! trailers ([`StoredResponse`]) through
 //! [`Idempotency::execute_bytes`](idem_core::Idempotency::execute_bytes). A replay can be

@@ -541,15 +541,7 @@ async fn a_handlers_own_problem_is_the_same_grpc_status_fresh_and_replayed() {
             Ok::<_, std::convert::Infallible>(declined.into_http_response())
         },
     ));
-    let call = || {
-        http::Request::post("/pkg.Svc/Pay")
-            .header("content-type", "application/grpc")
-            .header("idempotency-key", "pay-1")
-            .body(idem_http::Body::from(bytes::Bytes::from_static(&[
-                0, 0, 0, 0, 0,
-            ])))
-            .unwrap()
-    };
+    let call = || unary_call("/pkg.Svc/Pay", "pay-1");
     let first = service.clone().oneshot(call()).await.unwrap();
     let again = service.clone().oneshot(call()).await.unwrap();
     for answer in [&first, &again] {
@@ -614,15 +606,7 @@ async fn a_trailers_only_replay_keeps_its_status_and_only_the_listed_headers() {
             Ok::<_, std::convert::Infallible>(answer)
         },
     ));
-    let call = || {
-        http::Request::post("/pkg.Svc/Create")
-            .header("content-type", "application/grpc")
-            .header("idempotency-key", "create-1")
-            .body(idem_http::Body::from(bytes::Bytes::from_static(&[
-                0, 0, 0, 0, 0,
-            ])))
-            .unwrap()
-    };
+    let call = || unary_call("/pkg.Svc/Create", "create-1");
     let first = service.clone().oneshot(call()).await.unwrap();
     assert_eq!(first.headers()["x-internal-id"], "node-7");
     let again = service.clone().oneshot(call()).await.unwrap();
@@ -630,4 +614,15 @@ async fn a_trailers_only_replay_keeps_its_status_and_only_the_listed_headers() {
     assert_eq!(again.headers()["grpc-status"], "6");
     assert_eq!(again.headers()["grpc-message"], "already there");
     assert_eq!(again.headers().get("x-internal-id"), None);
+}
+
+/// A unary gRPC call of an empty message to `path`, under `key`.
+fn unary_call(path: &str, key: &str) -> http::Request<idem_http::Body> {
+    http::Request::post(path)
+        .header("content-type", "application/grpc")
+        .header("idempotency-key", key)
+        .body(idem_http::Body::from(bytes::Bytes::from_static(&[
+            0, 0, 0, 0, 0,
+        ])))
+        .unwrap()
 }

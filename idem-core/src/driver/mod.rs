@@ -367,7 +367,8 @@ impl<S: Store + ?Sized + 'static> Idempotency<S> {
 
 /// A key's short hash for a span, computed only if the span is shown: with no tracing
 /// subscriber set, `tracing` evaluates a span's fields for `log` even when nothing logs
-/// them, and the hash (a SHA-256) is then a few percent of a replay's own cost.
+/// them, and the hash (a SHA-256) is then a few percent of a replay's own cost. (`Key`'s
+/// own `Display` is as lazy, but writes `#` before the hash, which the field never had.)
 struct HashedWhenShown<'a>(&'a Key);
 
 impl fmt::Display for HashedWhenShown<'_> {

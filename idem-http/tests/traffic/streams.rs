@@ -29,6 +29,15 @@ impl Staggered {
             frames: frames.into(),
         }
     }
+
+    /// The same frames, ready from the first poll (so the layer reads them whole before
+    /// the head, up to its bound).
+    fn ready(frames: Vec<http_body::Frame<bytes::Bytes>>) -> Self {
+        Self {
+            woke: true,
+            frames: frames.into(),
+        }
+    }
 }
 
 impl http_body::Body for Staggered {
@@ -86,9 +95,18 @@ async fn a_stream_that_ends_as_soon_as_it_starts_reaches_the_client_and_is_kept(
 }
 
 fn grpc_stream(status: &'static str) -> Response<axum::body::Body> {
+    grpc_answer(status, Staggered::new)
+}
+
+/// A gRPC answer of 3 000 bytes (x, y, z) and `status` in its trailers, its frames in the
+/// body `body` makes of them.
+fn grpc_answer(
+    status: &'static str,
+    body: fn(Vec<http_body::Frame<bytes::Bytes>>) -> Staggered,
+) -> Response<axum::body::Body> {
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static(status));
-    let body = Staggered::new(vec![
+    let body = body(vec![
         chunk(b'x', 1000),
         chunk(b'y', 1000),
         chunk(b'z', 1000),
@@ -574,10 +592,7 @@ async fn a_ready_body_of_64_kib_is_answered_whole_and_a_byte_more_streams() {
                     if extra > 0 {
                         frames.push(chunk(b'b', extra));
                     }
-                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(
-                        frames.into_iter().map(Ok::<_, Infallible>),
-                    ));
-                    Response::new(axum::body::Body::new(body))
+                    Response::new(axum::body::Body::new(Staggered::ready(frames)))
                 }),
             )
             .layer(layer(idem(Duration::from_secs(30))).max_response_body(1000));
@@ -662,13 +677,7 @@ async fn a_body_exactly_at_the_limit_is_stored_whole_and_a_byte_more_is_not() {
                             vec![chunk(b'a', 500), chunk(b'b', 500), chunk(b'c', 500 + extra)];
                         match streamed {
                             true => Response::new(axum::body::Body::new(Staggered::new(frames))),
-                            false => {
-                                let body =
-                                    http_body_util::StreamBody::new(futures_util::stream::iter(
-                                        frames.into_iter().map(Ok::<_, Infallible>),
-                                    ));
-                                Response::new(axum::body::Body::new(body))
-                            }
+                            false => Response::new(axum::body::Body::new(Staggered::ready(frames))),
                         }
                     }),
                 )
@@ -717,21 +726,7 @@ async fn a_ready_grpc_answer_keeps_its_status_as_a_streamed_one_does() {
             .route(
                 "/svc/Call",
                 route_post(move || async move {
-                    let mut trailers = http::HeaderMap::new();
-                    trailers.insert("grpc-status", HeaderValue::from_static("0"));
-                    let frames = vec![
-                        chunk(b'x', 1000),
-                        chunk(b'y', 1000),
-                        chunk(b'z', 1000),
-                        http_body::Frame::trailers(trailers),
-                    ];
-                    let body = http_body_util::StreamBody::new(futures_util::stream::iter(
-                        frames.into_iter().map(Ok::<_, Infallible>),
-                    ));
-                    let mut response = Response::new(axum::body::Body::new(body));
-                    response
-                        .headers_mut()
-                        .insert("content-type", HeaderValue::from_static("application/grpc"));
+                    let mut response = grpc_answer("0", Staggered::ready);
                     if chosen {
                         response
                             .extensions_mut()
@@ -773,6 +768,11 @@ async fn a_ready_grpc_answer_keeps_its_status_as_a_streamed_one_does() {
             .get(GRPC_ORIGINAL_STATUS_HEADER)
             .map(|v| v.to_str().unwrap().to_owned());
         assert_eq!(told.as_deref(), original, "{what}");
+        if limit < 3000 {
+            // Stored without its message: ALREADY_EXISTS, and said so.
+            assert_eq!(replay.headers()["grpc-status"], "6", "{what}");
+            assert_eq!(replay.headers()[BODY_NOT_STORED_HEADER], "true", "{what}");
+        }
         let replay = replay.into_body().collect().await.unwrap();
         if limit > 3000 {
             // Stored whole: the same bytes, in order, and the same trailers.

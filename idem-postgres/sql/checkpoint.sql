@@ -4,4 +4,4 @@ UPDATE {table}
 SET steps = steps || jsonb_build_object($5::text, encode($6::bytea, 'base64')),
     expires_at = GREATEST(expires_at, lease_until + $7::bigint * interval '1 millisecond')
 WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
-  AND state = 'in_progress' AND {present}
+  AND {in_progress} AND {present}

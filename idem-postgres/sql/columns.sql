@@ -1,5 +1,6 @@
 -- The columns every read returns. {steps_when} says when the steps are decoded: always
--- for get; for claim only while in progress (an owner needs them, a replay does not).
+-- for get; for claim only while in progress and any are set (an owner needs them, a replay
+-- does not).
 -- {response} is the response column, or nothing where an operator's listing leaves it out.
 state,
 token,

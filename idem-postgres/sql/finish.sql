@@ -21,7 +21,7 @@ finished AS (
     SET state = $6, response = $5,
         expires_at = GREATEST(expires_at, now() + $7::bigint * interval '1 millisecond')
     WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
-      AND state = 'in_progress' AND {present}
+      AND {in_progress} AND {present}
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM finished)

@@ -7,4 +7,4 @@ UPDATE {table}
 SET lease_until = LEAST(lease_until, now()),
     expires_at = CASE WHEN steps = '{}'::jsonb THEN now() ELSE expires_at END
 WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
-  AND state = 'in_progress' AND {present}
+  AND {in_progress} AND {present}

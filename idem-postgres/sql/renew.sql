@@ -6,5 +6,5 @@ SET lease_until = now() + $5::bigint * interval '1 millisecond',
     expires_at = GREATEST(expires_at,
                           now() + ($5::bigint + $6::bigint) * interval '1 millisecond')
 WHERE scope = $1 AND key = $2 AND token = $3 AND attempt = $4
-  AND state = 'in_progress' AND lease_until > now()
+  AND {in_progress} AND lease_until > now()
 RETURNING floor(extract(epoch FROM lease_until) * 1000)::bigint AS lease_until_ms

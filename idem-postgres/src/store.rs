@@ -129,6 +129,11 @@ impl PostgresStore {
         &self.queries
     }
 
+    #[cfg(test)]
+    pub(crate) fn table(&self) -> &TableName {
+        &self.table
+    }
+
     /// Creates the table and its indexes when missing (the DDL is in the crate docs), and
     /// the schema of a schema-qualified table (`billing.idem_records`) too. Idempotent,
     /// and safe to run from many processes at once: it holds a transaction advisory lock

@@ -22,9 +22,14 @@ if r == nil then
   -- No record, or an absent one (load deleted it): a fresh record, a new lifetime at token
   -- 1. A record that is merely expired while a live lease holds it is not absent.
   local l, e = now + lease, now + retention
+  local lease_text, expires_text = num(l), num(e)
   redis.call('HSET', key, 'f', fingerprint, 's', 'in_progress', 't', '1', 'a', attempt,
-    'l', num(l), 'c', num(now), 'e', num(e), 'z', '0')
-  keep_until(key, math.max(l, e), now)
+    'l', lease_text, 'c', num(now), 'e', expires_text)
+  if l > e then
+    keep_until(key, l, now, lease_text)
+  else
+    keep_until(key, e, now, expires_text)
+  end
   return { 'claimed', 1, l, 0, now }
 end
 if r.f ~= fingerprint then
@@ -48,6 +53,6 @@ end
 if r.t >= MAX_INTEGER then corrupt('token') end
 r.t, r.l = r.t + 1, now + lease
 r.e = math.max(r.e, math.min(r.l + retention, MAX_INTEGER))
-redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'e', num(r.e), 'z', '1')
+redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'e', num(r.e))
 keep(key, r, now)
 return claimed(r.t, r.l, 1, r.c, steps_of(key))

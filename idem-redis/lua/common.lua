@@ -1,13 +1,7 @@
 -- Helpers shared by every script; each script's file is appended to this one.
 --
 -- A record is one hash: f fingerprint, s state, t token, a attempt, l lease end (ms),
--- c created (ms), e expires (ms), r response, z 1 when the last claim was a takeover,
--- and one field "step:<name>" per checkpoint. Times are milliseconds on the server's clock.
-
--- Integers as text without an exponent (tostring(1.7e12) would give "1.7e+12").
-local function num(n)
-  return string.format('%.0f', n)
-end
+-- c created (ms), e expires (ms), r response, and one field "step:<name>" per checkpoint. Times are milliseconds on the server's clock.
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -31,6 +25,20 @@ end
 local STATES = { in_progress = true, completed = true, failed = true }
 -- 2^53 - 1: the largest integer a Lua number holds exactly (idem's MAX_TOKEN).
 local MAX_INTEGER = 9007199254740991
+
+-- Integers as text without an exponent (tostring(1.7e12) would give "1.7e+12"). '%d' is
+-- the cheapest exact form, but Lua formats it through a C long, 32 bits wide on some
+-- platforms: whether it holds every integer idem writes is checked on the first call.
+local long_holds_integers = nil
+local function num(n)
+  if long_holds_integers == nil then
+    long_holds_integers = string.format('%d', MAX_INTEGER) == '9007199254740991'
+  end
+  if long_holds_integers then
+    return string.format('%d', n)
+  end
+  return string.format('%.0f', n)
+end
 
 local function corrupt(what)
   return error(redis.error_reply('IDEM_CORRUPT ' .. what))
@@ -77,14 +85,14 @@ end
 -- to vanish has come but which Redis has not yet deleted: within the same millisecond, say). Steps are
 -- read separately (steps_of), only where an answer carries them.
 local function load(key, now)
-  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e', 'f', 'c', 'r', 'z')
+  local v = redis.call('HMGET', key, 's', 't', 'a', 'l', 'e', 'f', 'c', 'r')
   if not v[6] then
     refuse_fingerprintless(key)
     return nil
   end
   if string.len(v[6]) ~= 32 then corrupt('fingerprint') end
   local r = fenced_fields(v)
-  r.f, r.c, r.r, r.z = v[6], integer(v[7], 'created_at'), v[8] or nil, v[9]
+  r.f, r.c, r.r = v[6], integer(v[7], 'created_at'), v[8] or nil
   if absent(r, now) then
     redis.call('DEL', key)
     return nil
@@ -105,12 +113,13 @@ local function steps_of(key)
   return steps
 end
 
--- The key lives until until_ms: deleted now if that has come.
-local function keep_until(key, until_ms, now)
+-- The key lives until until_ms: deleted now if that has come. text, when given, is
+-- num(until_ms), already made for the record's own field.
+local function keep_until(key, until_ms, now, text)
   if until_ms <= now then
     redis.call('DEL', key)
   else
-    redis.call('PEXPIREAT', key, num(until_ms))
+    redis.call('PEXPIREAT', key, text or num(until_ms))
   end
 end
 
@@ -160,9 +169,10 @@ local function finish(key, token, attempt, response, terminal, retention)
   -- A result stored late (heartbeats or a takeover kept the work past the retention) is
   -- kept one whole retention (the lease's) after now, never less than before.
   e = math.max(e, math.min(now + retention, MAX_INTEGER))
-  redis.call('HSET', key, 's', terminal, 'r', response, 'e', num(e))
+  local expires = num(e)
+  redis.call('HSET', key, 's', terminal, 'r', response, 'e', expires)
   -- A finished record's key lives until its expiry: the lease no longer holds it.
-  keep_until(key, e, now)
+  keep_until(key, e, now, expires)
   return 1
 end
 

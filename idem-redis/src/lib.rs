@@ -66,10 +66,10 @@
 //!
 //! Record `(scope, key)` is the hash `<prefix>{<scope length>:<scope>:<key>}`: fields
 //! `f` fingerprint, `s` state, `t` token, `a` attempt, `l` lease end, `c` created,
-//! `e` expires (milliseconds), `r` response, `z` takeover flag, and `step:<name>` per
-//! checkpoint. The prefix may not hold `{`, so the first `{` ends it: two prefixes never
-//! share a key, even when one is a prefix of the other. A record lives until it expires or
-//! its lease ends, whichever is later; Redis deletes it then, so `purge_expired` returns 0,
+//! `e` expires (milliseconds), `r` response, and `step:<name>` per checkpoint (records
+//! written by earlier versions may also hold `z`, a takeover flag nothing reads). The
+//! prefix may not hold `{`, so the first `{` ends it: two prefixes never share a key, even
+//! when one is a prefix of the other. A record lives until it expires or its lease ends, whichever is later; Redis deletes it then, so `purge_expired` returns 0,
 //! and a key claimed again after its record vanished starts a new lifetime at token 1.
 //!
 //! ## Operating

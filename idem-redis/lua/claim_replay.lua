@@ -8,11 +8,11 @@
 -- else falls through to claim.lua, which reads the whole record.
 local peek = redis.call('HMGET', KEYS[1], 'f', 's', 'e', 'r')
 if peek[2] == 'completed' or peek[2] == 'failed' then
-  if not peek[1] or string.len(peek[1]) ~= 32 then
+  if not peek[1] or #peek[1] ~= 32 then
     return error(redis.error_reply('IDEM_CORRUPT fingerprint'))
   end
   local e = tonumber(peek[3])
-  if e == nil or e ~= math.floor(e) or e < 0 or e > 9007199254740991 then
+  if e == nil or e % 1 ~= 0 or e < 0 or e > 9007199254740991 then
     return error(redis.error_reply('IDEM_CORRUPT expires_at'))
   end
   if peek[1] ~= ARGV[1] then

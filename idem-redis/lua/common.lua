@@ -5,7 +5,8 @@
 
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local micros = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + (micros - micros % 1000) / 1000
 end
 
 -- A record is absent once it is expired and no live lease holds it (what purge_expired
@@ -46,7 +47,7 @@ end
 
 local function integer(value, what)
   local n = tonumber(value)
-  if n == nil or n ~= math.floor(n) or n < 0 or n > MAX_INTEGER then
+  if n == nil or n % 1 ~= 0 or n < 0 or n > MAX_INTEGER then
     corrupt(what)
   end
   return n
@@ -57,7 +58,7 @@ end
 -- fresh execution's path, builds no table.
 local function fenced_values(v)
   if not STATES[v[1]] then corrupt('state') end
-  if not v[3] or string.len(v[3]) ~= 16 then corrupt('attempt') end
+  if not v[3] or #v[3] ~= 16 then corrupt('attempt') end
   local t, l, e = integer(v[2], 'token'), integer(v[4], 'lease_until'),
     integer(v[5], 'expires_at')
   if t < 1 then corrupt('token') end
@@ -90,7 +91,7 @@ local function load(key, now)
     refuse_fingerprintless(key)
     return nil
   end
-  if string.len(v[6]) ~= 32 then corrupt('fingerprint') end
+  if #v[6] ~= 32 then corrupt('fingerprint') end
   local r = fenced_fields(v)
   r.f, r.c, r.r = v[6], integer(v[7], 'created_at'), v[8] or nil
   if absent(r, now) then

@@ -1,7 +1,6 @@
 //! JSON bodies read as serde_json reads them, each number kept as its text.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 /// A JSON value as the fingerprint reads it: a number keeps its text, since serde_json
 /// (without `arbitrary_precision`, which would change every crate's `Value`) parses
@@ -15,9 +14,56 @@ pub(super) enum Json<'a> {
     /// Borrowed from the body unless it has escapes.
     String(Cow<'a, str>),
     Array(Vec<Json<'a>>),
-    /// Sorted as `idem_core::Fingerprint::of_json` sorts; a repeated name keeps its last
-    /// value, as serde_json does.
-    Object(BTreeMap<Cow<'a, str>, Json<'a>>),
+    /// Sorted by name as `idem_core::Fingerprint::of_json` sorts, each name once: a
+    /// repeated name keeps its last value, as serde_json does. A sorted list, where a map
+    /// would allocate a node of more than a kilobyte for the few members of a request.
+    Object(Members<'a>),
+}
+
+/// An object's members, sorted by name, each name once.
+#[derive(Debug)]
+pub(super) struct Members<'a>(Vec<(Cow<'a, str>, Json<'a>)>);
+
+impl<'a> Members<'a> {
+    /// The members as they came: sorted, and a repeated name's last value kept.
+    fn from_read(mut members: Vec<(Cow<'a, str>, Json<'a>)>) -> Self {
+        if !members.windows(2).all(|pair| pair[0].0 < pair[1].0) {
+            // Stable: a repeated name's values stay in the order they came.
+            members.sort_by(|a, b| a.0.cmp(&b.0));
+            members.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    std::mem::swap(&mut later.1, &mut kept.1);
+                }
+                same
+            });
+        }
+        Self(members)
+    }
+
+    /// The members in name order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &(Cow<'a, str>, Json<'a>)> {
+        self.0.iter()
+    }
+
+    fn position(&self, name: &str) -> Option<usize> {
+        self.0
+            .binary_search_by(|(member, _)| member.as_ref().cmp(name))
+            .ok()
+    }
+
+    /// The value of `name`, to change.
+    pub(super) fn get_mut(&mut self, name: &str) -> Option<&mut Json<'a>> {
+        let at = self.position(name)?;
+        self.0.get_mut(at).map(|(_, value)| value)
+    }
+
+    /// Removes `name` and its value, if present.
+    pub(super) fn remove(&mut self, name: &str) {
+        if let Some(at) = self.position(name) {
+            self.0.remove(at);
+        }
+    }
 }
 
 /// Containers nested deeper than this are refused, as serde_json refuses them (its
@@ -101,10 +147,10 @@ impl<'a> Parser<'a> {
             b'{' => {
                 let depth = depth.checked_sub(1)?;
                 self.at += 1;
-                let mut members = BTreeMap::new();
+                let mut members = Vec::new();
                 self.skip_whitespace();
                 if self.eat(b'}') {
-                    return Some(Json::Object(members));
+                    return Some(Json::Object(Members::from_read(members)));
                 }
                 loop {
                     self.skip_whitespace();
@@ -116,10 +162,10 @@ impl<'a> Parser<'a> {
                     if !self.eat(b':') {
                         return None;
                     }
-                    members.insert(name, self.value(depth)?);
+                    members.push((name, self.value(depth)?));
                     self.skip_whitespace();
                     if self.eat(b'}') {
-                        return Some(Json::Object(members));
+                        return Some(Json::Object(Members::from_read(members)));
                     }
                     if !self.eat(b',') {
                         return None;

@@ -194,6 +194,9 @@ fn bodies_serde_json_reads_exactly_keep_their_fingerprint() {
         r#"{"s":"\u0041\n\t\b\f\r\u001f\u007f\"\\\/é😀","":null,"t":[true,false]}"#,
         r#"{"a":[{"x":1},{"y":2},{"z":3}],"b":{"c":[1,2,3]},"c/d":4,"c~d":[5,6]}"#,
         r#"{"a":1,"a":2}"#,
+        r#"{"b":1,"a":2,"b":3,"a":4,"c":{"y":1,"x":2,"y":3,"x":{"q":1,"p":2}},"a":5}"#,
+        r#"{"z":1,"y":2,"x":3,"w":4,"v":5,"u":6,"t":7,"s":8,"r":9,"q":10,"p":11,"o":12,"n":13}"#,
+        r#"{"":1,"a":2,"":3,"é":4,"e":5}"#,
         "  \n[]\t",
     ] {
         let parts = parts("POST", "/pay", "application/json");
@@ -360,4 +363,30 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn many_repeated_names_keep_their_last_values_as_serde_json_does() {
+    // Enough members that the sort is not a plain insertion sort: ten names, each five
+    // times with a different value, in an order that mixes them.
+    let members: Vec<String> = (0..50)
+        .map(|i| format!(r#""n{}":{i}"#, (i * 7) % 10))
+        .collect();
+    let body = format!("{{{}}}", members.join(","));
+    let parts = parts("POST", "/pay", "application/json");
+    let body_bytes = Bytes::copy_from_slice(body.as_bytes());
+    assert_eq!(
+        rule_of(&[]).fingerprint(&parts, &body_bytes),
+        before(&[], body.as_bytes()),
+        "{body}"
+    );
+    // Each name's last value counts, whatever came before it.
+    let last: Vec<String> = (40..50)
+        .map(|i| format!(r#""n{}":{i}"#, (i * 7) % 10))
+        .collect();
+    let rule = rule_of(&[]);
+    assert_eq!(
+        json_fp(&rule, &body),
+        json_fp(&rule, &format!("{{{}}}", last.join(",")))
+    );
 }

@@ -280,12 +280,30 @@ def stop_on_signal(number, _frame):
     raise SystemExit(128 + number)
 
 
+def line_ranges(spec):
+    """`NAME:FIRST[-LAST],...` as (name, first, last) triples; ValueError when malformed."""
+    ranges = []
+    for item in filter(None, spec.split(",")):
+        name, _, span = item.rpartition(":")
+        first, _, last = span.partition("-")
+        if not name:
+            raise ValueError(item)
+        ranges.append((name, int(first), int(last or first)))
+    return ranges
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("targets", nargs="+", choices=sorted(TARGETS))
     parser.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     parser.add_argument("--shard", default="0/1", help="K/N: run every Nth mutant from the Kth")
     parser.add_argument("--files", default="*", help="only files whose name matches one of these globs (comma separated)")
+    parser.add_argument(
+        "--lines",
+        default="",
+        help="only mutants on these lines: NAME:FIRST[-LAST],... (a file's name, as --files "
+        "matches it), say the lines a change touched",
+    )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
     parser.add_argument(
         "--iterate",
@@ -296,6 +314,10 @@ def main():
     shard, shards = (int(n) for n in args.shard.split("/"))
     if not 0 <= shard < shards:
         parser.error("--shard K/N needs 0 <= K < N")
+    try:
+        lines = line_ranges(args.lines)
+    except ValueError:
+        parser.error("--lines needs NAME:FIRST[-LAST],... with line numbers")
 
     # SIGTERM and SIGHUP unwind like an interrupt, so every file is restored.
     for number in (signal.SIGTERM, signal.SIGHUP):
@@ -309,6 +331,12 @@ def main():
             if any(fnmatch.fnmatch(p.name, pattern) for pattern in args.files.split(","))
         )
         mutants = [(f, *m) for f in files for m in mutants_of(f, suffix, comment)]
+        if lines:
+            mutants = [
+                m
+                for m in mutants
+                if any(m[0].name == name and first <= m[1] <= last for name, first, last in lines)
+            ]
         mutants = mutants[shard::shards]
         print(f"query mutants: {target}, {len(mutants)} mutant(s) in {len(files)} file(s)", flush=True)
         if args.list:

@@ -12,7 +12,8 @@ against each mutant, which is then:
   missed    every test passed: a behaviour nothing checks (or an equivalent mutant);
   timeout   the tests ran past the limit.
 
-    scripts/query_mutants.py TARGET... [--list] [--shard K/N] [--files GLOB,...] [--iterate]
+    scripts/query_mutants.py TARGET... [--list] [--shard K/N] [--files GLOB,...]
+                             [--lines NAME:FIRST[-LAST],...] [--iterate]
 
 Each mutant meets the backend's tests in three disjoint stages (the conformance suite,
 the rest but the explorer's sampled run, then that run, which takes most of the time),
@@ -286,9 +287,10 @@ def line_ranges(spec):
     for item in filter(None, spec.split(",")):
         name, _, span = item.rpartition(":")
         first, _, last = span.partition("-")
-        if not name:
+        first, last = int(first), int(last or first)
+        if not name or "/" in name or name != name.strip() or not 1 <= first <= last:
             raise ValueError(item)
-        ranges.append((name, int(first), int(last or first)))
+        ranges.append((name, first, last))
     return ranges
 
 
@@ -301,8 +303,8 @@ def main():
     parser.add_argument(
         "--lines",
         default="",
-        help="only mutants on these lines: NAME:FIRST[-LAST],... (a file's name, as --files "
-        "matches it), say the lines a change touched",
+        help="only mutants on these lines: NAME:FIRST[-LAST],... (NAME a file's name, such "
+        "as claim.lua), say the lines a change touched",
     )
     parser.add_argument("--timeout", type=int, default=900, help="seconds per mutant's tests")
     parser.add_argument(
@@ -317,7 +319,11 @@ def main():
     try:
         lines = line_ranges(args.lines)
     except ValueError:
-        parser.error("--lines needs NAME:FIRST[-LAST],... with line numbers")
+        parser.error("--lines needs NAME:FIRST[-LAST],... with a file's name and 1 <= FIRST <= LAST")
+    known = {p.name for directory, suffix, _, _ in TARGETS.values() for p in (ROOT / directory).glob("*" + suffix)}
+    unknown = sorted({name for name, _, _ in lines} - known)
+    if unknown:
+        parser.error(f"--lines names no file of a target: {', '.join(unknown)}")
 
     # SIGTERM and SIGHUP unwind like an interrupt, so every file is restored.
     for number in (signal.SIGTERM, signal.SIGHUP):

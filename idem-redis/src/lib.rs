@@ -69,8 +69,10 @@
 //! `e` expires (milliseconds), `r` response, and `step:<name>` per checkpoint (records
 //! written by earlier versions may also hold `z`, a takeover flag nothing reads). The
 //! prefix may not hold `{`, so the first `{` ends it: two prefixes never share a key, even
-//! when one is a prefix of the other. A record lives until it expires or its lease ends, whichever is later; Redis deletes it then, so `purge_expired` returns 0,
-//! and a key claimed again after its record vanished starts a new lifetime at token 1.
+//! when one is a prefix of the other. A record's key lives until the record expires or,
+//! while it is in progress, until its lease ends if that is later; Redis deletes it then,
+//! so `purge_expired` returns 0, and a key claimed again after its record vanished starts
+//! a new lifetime at token 1.
 //!
 //! ## Operating
 //!

@@ -110,6 +110,39 @@ async fn a_takeover_keeps_its_key_until_its_new_expiry() {
     );
 }
 
+/// A fresh claim's key lives until its lease ends or its record expires, whichever is
+/// later: a lease longer than the retention must not lose its key while it runs, and a
+/// key its owner never finishes must still go away on its own.
+#[tokio::test]
+async fn a_fresh_claim_keeps_its_key_until_its_lease_or_its_expiry_ends_whichever_is_later() {
+    let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
+        return;
+    };
+    let (store, prefix, conn) = common::standalone_and_connection(&url).await;
+    let (short, long) = (Duration::from_secs(60), Duration::from_secs(3600));
+    for (name, lease, retention) in [
+        ("lease-longer", long, short),
+        ("retention-longer", short, long),
+    ] {
+        let key = Key::new("expiry", name).unwrap();
+        let hash = format!("{prefix}{{6:expiry:{name}}}");
+        let request = ClaimRequest::new(key, Fingerprint::of_bytes("x"), lease, retention);
+        let ClaimOutcome::Claimed { lease: granted, .. } = store.claim(&request).await.unwrap()
+        else {
+            panic!("{name}: a fresh claim")
+        };
+        let (expires, key_expires) = expiries(conn.clone(), &hash).await;
+        let expires = expires.expect("the hash keeps its expiry");
+        let lease_ends = i64::try_from(granted.lease_until.as_unix_millis()).unwrap();
+        assert_eq!(
+            key_expires,
+            expires.max(lease_ends),
+            "{name}: the key lives until the later of the lease's end ({lease_ends}) and the \
+             expiry ({expires})"
+        );
+    }
+}
+
 /// The record's expiry as its hash holds it (`e`, if any) and the key's own
 /// (`PEXPIRETIME`), in Unix milliseconds.
 async fn expiries(mut conn: redis::aio::MultiplexedConnection, hash: &str) -> (Option<i64>, i64) {

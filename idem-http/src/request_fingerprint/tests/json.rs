@@ -340,6 +340,46 @@ proptest! {
         );
     }
 
+    /// Objects whose names repeat, in any order, some written with escapes that decode
+    /// to another member's name, fingerprint as serde_json reads them: each name once,
+    /// with its last value, ignored fields and all.
+    #[test]
+    fn repeated_and_escaped_names_read_as_serde_json_reads_them(
+        members in prop::collection::vec((0..8usize, 0..100u32, any::<bool>()), 0..40),
+    ) {
+        // Pairs of spellings of one name: plain, and with an escape.
+        const NAMES: [&str; 8] = ["a", "\\u0061", "b", "\\u0062", "c~d", "c~\\u0064", "é", "\\u00e9"];
+        let body = |nested: bool| {
+            let inner = members
+                .iter()
+                .map(|(name, value, object)| {
+                    if *object && nested {
+                        format!(r#""{}":{{"{}":{value},"a":[{value}]}}"#, NAMES[*name], NAMES[*value as usize % 8])
+                    } else {
+                        format!(r#""{}":{value}"#, NAMES[*name])
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            format!("{{{inner}}}")
+        };
+        let parts = parts("POST", "/pay", "application/json");
+        for nested in [false, true] {
+            let body = body(nested);
+            let bytes = Bytes::copy_from_slice(body.as_bytes());
+            prop_assert_eq!(
+                rule_of(&[]).fingerprint(&parts, &bytes),
+                before(&[], body.as_bytes()),
+                "{}", body
+            );
+            prop_assert_eq!(
+                rule_of(POINTERS).fingerprint(&parts, &bytes),
+                before(POINTERS, body.as_bytes()),
+                "{} without {:?}", body, POINTERS
+            );
+        }
+    }
+
     /// The parser takes what serde_json takes, but for numbers beyond an f64.
     #[test]
     fn parser_accepts_what_serde_json_accepts(

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Redis's own time per call of each system's Lua, alone: idem's claim of a new key, its
+# completion, its replay, and the same three for `idempotent`'s scripts, measured with
+# `redis-benchmark` (8 clients, 8 commands in flight each) and read from `INFO
+# commandstats` (usec_per_call). Alternates idem and the peer RUNS times (default 5) and
+# prints each run; BENCHMARKS.md reports the medians.
+#
+#   eval "$(scripts/services.sh start redis)"
+#   cargo build --release --ignore-rust-version --manifest-path idem-bench-peers/Cargo.toml
+#   bash idem-bench-peers/scripts/lua-costs.sh            # FLUSHALLs the server it is given
+#
+# The server must be one of its own on 127.0.0.1 (IDEM_TEST_REDIS_URL's port, or 56379).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PORT=${IDEM_TEST_REDIS_URL##*:}
+PORT=${PORT:-56379}
+RUNS=${RUNS:-5}
+R="redis-cli -h 127.0.0.1 -p $PORT"
+BENCH="redis-benchmark -h 127.0.0.1 -p $PORT -q -c 8 -P 8"
+PEER=$(ls -d ~/.cargo/registry/src/*/idempotent-2.0.0/valkey | head -1)
+FP=0123456789abcdef0123456789abcdef
+ATTEMPT=aaaaaaaaaaaaaaaa
+RECEIPT='{"charge":"ch_3PqX9","status":"ok"}'
+RECORDS=300000
+
+# idem's library as idem-redis builds it (src/scripts.rs), under a name of its own.
+library=$(python3 - "$ROOT/idem-redis/lua" <<'PY'
+import os, sys
+lua = sys.argv[1]
+read = lambda name: open(os.path.join(lua, name)).read()
+def function(name, *files):
+    return ("redis.register_function('lua_costs_%s', function(KEYS, ARGV)\n" % name
+            + "".join(read(f) + "\n" for f in files) + "end)\n")
+print("#!lua name=lua_costs\n" + read("common.lua") + "\n"
+      + function("claim", "claim_replay.lua", "claim.lua") + function("complete", "complete.lua"))
+PY
+)
+
+per_call() { $R info commandstats | grep "^cmdstat_$1:" | sed 's/.*usec_per_call=\([0-9.]*\).*/\1/'; }
+
+idem() {
+  $R flushall >/dev/null
+  printf '%s' "$library" | $R -x FUNCTION LOAD REPLACE >/dev/null
+  $R config resetstat >/dev/null
+  $BENCH -r 1000000000 -n 200000 FCALL lua_costs_claim 1 n:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
+  local claim; claim=$(per_call fcall)
+  # Records in progress under token 1 and this attempt, as a fresh claim leaves them.
+  $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'f', '$FP', 's', 'in_progress', 't', '1', 'a', '$ATTEMPT', 'l', '9999999999999', 'c', '1700000000000', 'e', '9999999999998') end" 0 >/dev/null
+  $R config resetstat >/dev/null
+  $BENCH -r $RECORDS -n $((RECORDS / 3)) FCALL lua_costs_complete 1 p:__rand_int__ 1 $ATTEMPT "$RECEIPT" 600000 >/dev/null
+  local complete; complete=$(per_call fcall)
+  $R eval "for i = 0, $RECORDS - 1 do local k = 'd:' .. string.format('%012d', i); redis.call('HSET', k, 'f', '$FP', 's', 'completed', 't', '1', 'a', '$ATTEMPT', 'l', '1', 'c', '1700000000000', 'e', '9999999999998', 'r', ARGV[1]); redis.call('PEXPIREAT', k, '9999999999998') end" 0 "$RECEIPT" >/dev/null
+  $R config resetstat >/dev/null
+  $BENCH -r $RECORDS -n 200000 FCALL lua_costs_claim 1 d:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
+  echo "idem        claim of a new key $claim  completion $complete  replay $(per_call fcall)"
+}
+
+peer() {
+  $R flushall >/dev/null
+  local claim_sha complete_sha
+  claim_sha=$($R script load "$(cat "$PEER/claim.lua")")
+  complete_sha=$($R script load "$(cat "$PEER/complete.lua")")
+  $R config resetstat >/dev/null
+  $BENCH -r 1000000000 -n 200000 EVALSHA "$claim_sha" 2 n:__rand_int__ counter '{"status":"in_progress"}' 30000 $FP >/dev/null
+  local claim; claim=$(per_call evalsha)
+  $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'status', 'in_progress', 'data', '{}', 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 >/dev/null
+  $R config resetstat >/dev/null
+  $BENCH -r $RECORDS -n $((RECORDS / 3)) EVALSHA "$complete_sha" 1 p:__rand_int__ "$RECEIPT" 0123456789abcdef 5 600000 $FP >/dev/null
+  local complete; complete=$(per_call evalsha)
+  $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'd:' .. string.format('%012d', i), 'status', 'complete', 'data', ARGV[1], 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 "$RECEIPT" >/dev/null
+  $R config resetstat >/dev/null
+  $BENCH -r $RECORDS -n 200000 EVALSHA "$claim_sha" 2 d:__rand_int__ counter x 30000 $FP >/dev/null
+  echo "idempotent  claim of a new key $claim  completion $complete  replay $(per_call evalsha)"
+}
+
+for _ in $(seq "$RUNS"); do
+  idem
+  peer
+done
+$R flushall >/dev/null

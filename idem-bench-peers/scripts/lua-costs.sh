@@ -3,7 +3,9 @@
 # completion, its replay, and the same three for `idempotent`'s scripts, measured with
 # `redis-benchmark` (8 clients, 8 commands in flight each) and read from `INFO
 # commandstats` (usec_per_call). Alternates idem and the peer RUNS times (default 5) and
-# prints each run; BENCHMARKS.md reports the medians.
+# prints each run; BENCHMARKS.md reports the medians. CLAIMS (default 200 000) new keys are
+# claimed per run, and RECORDS (default 300 000) records are written for the completions
+# (a third of them completed) and the replays; CI runs it small so that it cannot rot.
 #
 #   eval "$(scripts/services.sh start redis)"
 #   cargo build --release --ignore-rust-version --manifest-path idem-bench-peers/Cargo.toml
@@ -17,11 +19,17 @@ PORT=${PORT:-56379}
 RUNS=${RUNS:-5}
 R="redis-cli -h 127.0.0.1 -p $PORT"
 BENCH="redis-benchmark -h 127.0.0.1 -p $PORT -q -c 8 -P 8"
-PEER=$(ls -d ~/.cargo/registry/src/*/idempotent-2.0.0/valkey | head -1)
+# The peer's scripts, as Cargo unpacked its crate for idem-bench-peers's build.
+PEER=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/idempotent-2.0.0/valkey 2>/dev/null | head -1 || true)
+if [ -z "$PEER" ]; then
+  echo "lua-costs: idempotent 2.0's scripts are not unpacked; build idem-bench-peers first" >&2
+  exit 1
+fi
 FP=0123456789abcdef0123456789abcdef
 ATTEMPT=aaaaaaaaaaaaaaaa
 RECEIPT='{"charge":"ch_3PqX9","status":"ok"}'
-RECORDS=300000
+RECORDS=${RECORDS:-300000}
+CLAIMS=${CLAIMS:-200000}
 
 # idem's library as idem-redis builds it (src/scripts.rs), under a name of its own.
 library=$(python3 - "$ROOT/idem-redis/lua" <<'PY'
@@ -36,13 +44,26 @@ print("#!lua name=lua_costs\n" + read("common.lua") + "\n"
 PY
 )
 
-per_call() { $R info commandstats | grep "^cmdstat_$1:" | sed 's/.*usec_per_call=\([0-9.]*\).*/\1/'; }
+# Redis's time per call of the command $1 since the last reset; fails when no call was
+# counted or any failed (a script that did not load, an error reply).
+per_call() {
+  local stats
+  stats=$($R info commandstats | grep "^cmdstat_$1:" || true)
+  case "$stats" in
+    *:calls=0,*|"") echo "lua-costs: Redis counted no $1 call" >&2; exit 1 ;;
+  esac
+  case "$stats" in
+    *rejected_calls=0,failed_calls=0*) ;;
+    *) echo "lua-costs: some $1 calls failed: $stats" >&2; exit 1 ;;
+  esac
+  echo "$stats" | sed 's/.*usec_per_call=\([0-9.]*\).*/\1/'
+}
 
 idem() {
   $R flushall >/dev/null
   printf '%s' "$library" | $R -x FUNCTION LOAD REPLACE >/dev/null
   $R config resetstat >/dev/null
-  $BENCH -r 1000000000 -n 200000 FCALL lua_costs_claim 1 n:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
+  $BENCH -r 1000000000 -n $CLAIMS FCALL lua_costs_claim 1 n:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
   local claim; claim=$(per_call fcall)
   # Records in progress under token 1 and this attempt, as a fresh claim leaves them.
   $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'f', '$FP', 's', 'in_progress', 't', '1', 'a', '$ATTEMPT', 'l', '9999999999999', 'c', '1700000000000', 'e', '9999999999998') end" 0 >/dev/null
@@ -51,7 +72,7 @@ idem() {
   local complete; complete=$(per_call fcall)
   $R eval "for i = 0, $RECORDS - 1 do local k = 'd:' .. string.format('%012d', i); redis.call('HSET', k, 'f', '$FP', 's', 'completed', 't', '1', 'a', '$ATTEMPT', 'l', '1', 'c', '1700000000000', 'e', '9999999999998', 'r', ARGV[1]); redis.call('PEXPIREAT', k, '9999999999998') end" 0 "$RECEIPT" >/dev/null
   $R config resetstat >/dev/null
-  $BENCH -r $RECORDS -n 200000 FCALL lua_costs_claim 1 d:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
+  $BENCH -r $RECORDS -n $CLAIMS FCALL lua_costs_claim 1 d:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
   echo "idem        claim of a new key $claim  completion $complete  replay $(per_call fcall)"
 }
 
@@ -61,7 +82,7 @@ peer() {
   claim_sha=$($R script load "$(cat "$PEER/claim.lua")")
   complete_sha=$($R script load "$(cat "$PEER/complete.lua")")
   $R config resetstat >/dev/null
-  $BENCH -r 1000000000 -n 200000 EVALSHA "$claim_sha" 2 n:__rand_int__ counter '{"status":"in_progress"}' 30000 $FP >/dev/null
+  $BENCH -r 1000000000 -n $CLAIMS EVALSHA "$claim_sha" 2 n:__rand_int__ counter '{"status":"in_progress"}' 30000 $FP >/dev/null
   local claim; claim=$(per_call evalsha)
   $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'status', 'in_progress', 'data', '{}', 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 >/dev/null
   $R config resetstat >/dev/null
@@ -69,7 +90,7 @@ peer() {
   local complete; complete=$(per_call evalsha)
   $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'd:' .. string.format('%012d', i), 'status', 'complete', 'data', ARGV[1], 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 "$RECEIPT" >/dev/null
   $R config resetstat >/dev/null
-  $BENCH -r $RECORDS -n 200000 EVALSHA "$claim_sha" 2 d:__rand_int__ counter x 30000 $FP >/dev/null
+  $BENCH -r $RECORDS -n $CLAIMS EVALSHA "$claim_sha" 2 d:__rand_int__ counter x 30000 $FP >/dev/null
   echo "idempotent  claim of a new key $claim  completion $complete  replay $(per_call evalsha)"
 }
 

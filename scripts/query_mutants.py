@@ -286,7 +286,9 @@ def line_ranges(spec):
     ranges = []
     for item in filter(None, spec.split(",")):
         name, _, span = item.rpartition(":")
-        first, _, last = span.partition("-")
+        first, dash, last = span.partition("-")
+        if dash and not last:
+            raise ValueError(item)
         first, last = int(first), int(last or first)
         if not name or "/" in name or name != name.strip() or not 1 <= first <= last:
             raise ValueError(item)
@@ -302,7 +304,7 @@ def main():
     parser.add_argument("--files", default="*", help="only files whose name matches one of these globs (comma separated)")
     parser.add_argument(
         "--lines",
-        default="",
+        default=None,
         help="only mutants on these lines: NAME:FIRST[-LAST],... (NAME a file's name, such "
         "as claim.lua), say the lines a change touched",
     )
@@ -316,14 +318,24 @@ def main():
     shard, shards = (int(n) for n in args.shard.split("/"))
     if not 0 <= shard < shards:
         parser.error("--shard K/N needs 0 <= K < N")
-    try:
-        lines = line_ranges(args.lines)
-    except ValueError:
-        parser.error("--lines needs NAME:FIRST[-LAST],... with a file's name and 1 <= FIRST <= LAST")
-    known = {p.name for directory, suffix, _, _ in TARGETS.values() for p in (ROOT / directory).glob("*" + suffix)}
-    unknown = sorted({name for name, _, _ in lines} - known)
-    if unknown:
-        parser.error(f"--lines names no file of a target: {', '.join(unknown)}")
+    lines = None
+    if args.lines is not None:
+        try:
+            lines = line_ranges(args.lines)
+        except ValueError:
+            parser.error("--lines needs NAME:FIRST[-LAST],... with a file's name and 1 <= FIRST <= LAST")
+        if not lines:
+            # An empty list (a substitution that came out empty) must not mean "every line".
+            parser.error("--lines names no line")
+        known = {
+            p.name
+            for target in args.targets
+            for p in (ROOT / TARGETS[target][0]).glob("*" + TARGETS[target][1])
+            if any(fnmatch.fnmatch(p.name, pattern) for pattern in args.files.split(","))
+        }
+        unknown = sorted({name for name, _, _ in lines} - known)
+        if unknown:
+            parser.error(f"--lines names no file of these targets and --files: {', '.join(unknown)}")
 
     # SIGTERM and SIGHUP unwind like an interrupt, so every file is restored.
     for number in (signal.SIGTERM, signal.SIGHUP):
@@ -337,7 +349,7 @@ def main():
             if any(fnmatch.fnmatch(p.name, pattern) for pattern in args.files.split(","))
         )
         mutants = [(f, *m) for f in files for m in mutants_of(f, suffix, comment)]
-        if lines:
+        if lines is not None:
             mutants = [
                 m
                 for m in mutants

@@ -4,20 +4,30 @@
 # `redis-benchmark` (8 clients, 8 commands in flight each) and read from `INFO
 # commandstats` (usec_per_call). Alternates idem and the peer RUNS times (default 5) and
 # prints each run; BENCHMARKS.md reports the medians. CLAIMS (default 200 000) new keys are
-# claimed per run, and RECORDS (default 300 000) records are written for the completions
-# (a third of them completed) and the replays; CI runs it small so that it cannot rot.
+# claimed per run, and RECORDS (default 1 000 000) records are written for the completions
+# and for the replays. A tenth of the records in progress are completed, on keys drawn at
+# random, so about one completion in twenty finds its record already completed (a cheaper
+# path); the run fails if fewer than nine in ten wrote. CI runs it small so that it cannot
+# rot.
 #
 #   eval "$(scripts/services.sh start redis)"
 #   cargo build --release --ignore-rust-version --manifest-path idem-bench-peers/Cargo.toml
 #   bash idem-bench-peers/scripts/lua-costs.sh            # FLUSHALLs the server it is given
 #
-# The server must be one of its own on 127.0.0.1 (IDEM_TEST_REDIS_URL's port, or 56379).
+# The server must be one of its own on 127.0.0.1: IDEM_TEST_REDIS_URL's port (its host is
+# not read), or 56379.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-PORT=${IDEM_TEST_REDIS_URL##*:}
-PORT=${PORT:-56379}
+address=${IDEM_TEST_REDIS_URL:-redis://127.0.0.1:56379}
+address=${address#*://}
+address=${address%%/*}
+PORT=${address##*:}
+case "$PORT" in
+  ''|*[!0-9]*) echo "lua-costs: no port in IDEM_TEST_REDIS_URL ($IDEM_TEST_REDIS_URL)" >&2; exit 1 ;;
+esac
 RUNS=${RUNS:-5}
-R="redis-cli -h 127.0.0.1 -p $PORT"
+# -e: an error reply (a seeding that failed, a full server) fails the run.
+R="redis-cli -e -h 127.0.0.1 -p $PORT"
 BENCH="redis-benchmark -h 127.0.0.1 -p $PORT -q -c 8 -P 8"
 # The peer's scripts, as Cargo unpacked its crate for idem-bench-peers's build.
 PEER=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/idempotent-2.0.0/valkey 2>/dev/null | head -1 || true)
@@ -28,7 +38,7 @@ fi
 FP=0123456789abcdef0123456789abcdef
 ATTEMPT=aaaaaaaaaaaaaaaa
 RECEIPT='{"charge":"ch_3PqX9","status":"ok"}'
-RECORDS=${RECORDS:-300000}
+RECORDS=${RECORDS:-1000000}
 CLAIMS=${CLAIMS:-200000}
 
 # idem's library as idem-redis builds it (src/scripts.rs), under a name of its own.
@@ -59,6 +69,21 @@ per_call() {
   echo "$stats" | sed 's/.*usec_per_call=\([0-9.]*\).*/\1/'
 }
 
+# How many calls of the command $1 Redis counted since the last reset.
+calls_of() {
+  $R info commandstats | grep "^cmdstat_$1:" | sed 's/^[^:]*:calls=\([0-9]*\),.*/\1/' || true
+}
+
+# Fails unless nine in ten of the completions just measured wrote their result.
+completions_wrote() {
+  local wrote
+  wrote=$(calls_of hset)
+  if [ "${wrote:-0}" -lt $((RECORDS / 10 * 9 / 10)) ]; then
+    echo "lua-costs: $1: only ${wrote:-0} of $((RECORDS / 10)) completions wrote" >&2
+    exit 1
+  fi
+}
+
 idem() {
   $R flushall >/dev/null
   printf '%s' "$library" | $R -x FUNCTION LOAD REPLACE >/dev/null
@@ -68,12 +93,14 @@ idem() {
   # Records in progress under token 1 and this attempt, as a fresh claim leaves them.
   $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'f', '$FP', 's', 'in_progress', 't', '1', 'a', '$ATTEMPT', 'l', '9999999999999', 'c', '1700000000000', 'e', '9999999999998') end" 0 >/dev/null
   $R config resetstat >/dev/null
-  $BENCH -r $RECORDS -n $((RECORDS / 3)) FCALL lua_costs_complete 1 p:__rand_int__ 1 $ATTEMPT "$RECEIPT" 600000 >/dev/null
+  $BENCH -r $RECORDS -n $((RECORDS / 10)) FCALL lua_costs_complete 1 p:__rand_int__ 1 $ATTEMPT "$RECEIPT" 600000 >/dev/null
   local complete; complete=$(per_call fcall)
+  completions_wrote idem
   $R eval "for i = 0, $RECORDS - 1 do local k = 'd:' .. string.format('%012d', i); redis.call('HSET', k, 'f', '$FP', 's', 'completed', 't', '1', 'a', '$ATTEMPT', 'l', '1', 'c', '1700000000000', 'e', '9999999999998', 'r', ARGV[1]); redis.call('PEXPIREAT', k, '9999999999998') end" 0 "$RECEIPT" >/dev/null
   $R config resetstat >/dev/null
   $BENCH -r $RECORDS -n $CLAIMS FCALL lua_costs_claim 1 d:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
-  echo "idem        claim of a new key $claim  completion $complete  replay $(per_call fcall)"
+  local replay; replay=$(per_call fcall)
+  echo "idem        claim of a new key $claim  completion $complete  replay $replay"
 }
 
 peer() {
@@ -86,12 +113,14 @@ peer() {
   local claim; claim=$(per_call evalsha)
   $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'status', 'in_progress', 'data', '{}', 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 >/dev/null
   $R config resetstat >/dev/null
-  $BENCH -r $RECORDS -n $((RECORDS / 3)) EVALSHA "$complete_sha" 1 p:__rand_int__ "$RECEIPT" 0123456789abcdef 5 600000 $FP >/dev/null
+  $BENCH -r $RECORDS -n $((RECORDS / 10)) EVALSHA "$complete_sha" 1 p:__rand_int__ "$RECEIPT" 0123456789abcdef 5 600000 $FP >/dev/null
   local complete; complete=$(per_call evalsha)
+  completions_wrote idempotent
   $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'd:' .. string.format('%012d', i), 'status', 'complete', 'data', ARGV[1], 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 "$RECEIPT" >/dev/null
   $R config resetstat >/dev/null
   $BENCH -r $RECORDS -n $CLAIMS EVALSHA "$claim_sha" 2 d:__rand_int__ counter x 30000 $FP >/dev/null
-  echo "idempotent  claim of a new key $claim  completion $complete  replay $(per_call evalsha)"
+  local replay; replay=$(per_call evalsha)
+  echo "idempotent  claim of a new key $claim  completion $complete  replay $replay"
 }
 
 for _ in $(seq "$RUNS"); do

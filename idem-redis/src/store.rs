@@ -118,8 +118,9 @@ impl Connection {
 /// - Each record is one hash whose key carries a `{...}` hash tag, so every script touches
 ///   one key in one cluster slot.
 /// - Time is the server's (`TIME` inside the script), never the client's.
-/// - Retention is `PEXPIREAT`: a record lives until it expires, or until its lease ends if
-///   that is later (a live owner's record is never absent), and Redis deletes it then. A
+/// - Retention is `PEXPIREAT`: a record lives until it expires or, while in progress, until
+///   its lease ends if that is later (a live owner's record is never absent), and Redis
+///   deletes it then. A
 ///   result stored late moves the expiry (and the key's `PEXPIREAT`) to one retention
 ///   after it is stored. So
 ///   its [`Expiry`] is [`Expiry::Vanishes`]: `purge_expired` has nothing to do, and a key

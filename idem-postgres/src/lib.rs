@@ -86,7 +86,7 @@
 //! | operation | files |
 //! |---|---|
 //! | claim | `src/store.rs`; `sql/claim.sql` (falls back to `sql/select.sql`) |
-//! | complete, fail (and `complete_in`) | `src/store.rs`; `sql/finish.sql` |
+//! | complete, fail (and `complete_in`) | `src/store.rs`; `sql/finish.sql`, then `sql/finished.sql` when it wrote nothing |
 //! | release, renew, checkpoint | `src/store.rs`; `sql/release.sql`, `sql/renew.sql`, `sql/checkpoint.sql` |
 //! | get | `src/store.rs`; `sql/select.sql`, rows in `src/rows.rs` |
 //! | purge_expired | `src/store.rs`; `sql/purge.sql` |

@@ -12,6 +12,7 @@ const COLUMNS: &str = include_str!("../sql/columns.sql");
 const CLAIM: &str = include_str!("../sql/claim.sql");
 const SELECT: &str = include_str!("../sql/select.sql");
 const FINISH: &str = include_str!("../sql/finish.sql");
+const FINISHED: &str = include_str!("../sql/finished.sql");
 const RELEASE: &str = include_str!("../sql/release.sql");
 const RENEW: &str = include_str!("../sql/renew.sql");
 const CHECKPOINT: &str = include_str!("../sql/checkpoint.sql");
@@ -47,6 +48,8 @@ pub(crate) struct Queries {
     pub(crate) claim: Arc<str>,
     pub(crate) select: Arc<str>,
     pub(crate) finish: Arc<str>,
+    /// Whether a finish that wrote nothing finds its own result already stored.
+    pub(crate) finished: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) checkpoint: Arc<str>,
@@ -89,10 +92,11 @@ impl Queries {
             create_schema: table
                 .schema()
                 .map(|schema| CREATE_SCHEMA.replace("{schema}", schema).into()),
-            // A fresh claim's steps are empty: nothing to sort and decode.
+            // A fresh claim's steps are empty, and a replay needs none: nothing to send.
             claim: render(CLAIM, "state = 'in_progress' AND steps <> '{}'::jsonb"),
             select: render_all(SELECT),
             finish: render_all(FINISH),
+            finished: render_all(FINISHED),
             release: render_all(RELEASE),
             renew: render_all(RENEW),
             checkpoint: render_all(CHECKPOINT),

@@ -12,7 +12,7 @@ use idem_core::{
 };
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
-use sqlx::{Acquire, AssertSqlSafe, PgPool, Postgres, Row};
+use sqlx::{Acquire, AssertSqlSafe, PgConnection, PgPool, Postgres, Row};
 
 use crate::errors::map;
 use crate::queries::Queries;
@@ -229,14 +229,20 @@ impl PostgresStore {
     where
         A: Acquire<'c, Database = Postgres>,
     {
-        let failed = |err| map(Operation::Complete, err);
-        let mut conn = conn.acquire().await.map_err(failed)?;
-        let applied: bool = self
-            .finish_query(completion.lease(), completion.bytes(), "completed")
-            .fetch_one(&mut *conn)
+        let mut conn = conn
+            .acquire()
             .await
-            .and_then(|row| row.try_get("applied"))
-            .map_err(failed)?;
+            .map_err(|err| map(Operation::Complete, err))?;
+        let lease = completion.lease();
+        let applied = self
+            .finish_on(
+                &mut conn,
+                Operation::Complete,
+                lease,
+                completion.bytes(),
+                "completed",
+            )
+            .await?;
         if applied {
             completion.written();
             Ok(WriteOutcome::Applied)
@@ -253,16 +259,39 @@ impl PostgresStore {
             .bind(&lease.attempt.as_bytes()[..])
     }
 
-    fn finish_query<'q>(
+    /// Writes the result on `conn`, then, when that wrote nothing, reads whether this owner
+    /// already stored it: two statements, so that the usual case is one plain update.
+    async fn finish_on(
         &self,
-        lease: &'q Lease,
-        response: &'q [u8],
+        conn: &mut PgConnection,
+        operation: Operation,
+        lease: &Lease,
+        response: &[u8],
         state: &'static str,
-    ) -> Query<'q, Postgres, PgArguments> {
-        self.fenced(&self.queries.finish, lease)
+    ) -> Result<bool, StoreError> {
+        let failed = |err| map(operation, err).for_key(&lease.key);
+        let wrote = self
+            .fenced(&self.queries.finish, lease)
             .bind(response)
             .bind(state)
             .bind(millis(lease.retention))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(failed)?
+            .is_some();
+        if wrote {
+            return Ok(true);
+        }
+        match self
+            .fenced(&self.queries.finished, lease)
+            .bind(state)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(failed)?
+        {
+            Some(row) => row.try_get("applied").map_err(failed),
+            None => Ok(false),
+        }
     }
 
     async fn finish(
@@ -272,12 +301,14 @@ impl PostgresStore {
         response: &[u8],
         state: &'static str,
     ) -> Result<WriteOutcome, StoreError> {
-        let applied: bool = self
-            .finish_query(lease, response, state)
-            .fetch_one(&self.pool)
+        let mut conn = self
+            .pool
+            .acquire()
             .await
-            .and_then(|row| row.try_get("applied"))
             .map_err(|err| map(operation, err).for_key(&lease.key))?;
+        let applied = self
+            .finish_on(&mut conn, operation, lease, response, state)
+            .await?;
         Ok(if applied {
             WriteOutcome::Applied
         } else {

@@ -190,7 +190,7 @@ macro_rules! __with_cases {
             renew_extends_the_lease => RenewExtendsTheLease:
                 "renew sets the lease end to now + extend.";
             checkpoint_records_steps => CheckpointRecordsSteps:
-                "checkpoint sets one named step, replacing its earlier value.";
+                "checkpoint sets one named step, replacing its earlier value; empty and binary values and non-ASCII names read back exactly, from get and from a retried claim of the same attempt.";
             stale_owner_is_fenced_after_takeover => StaleOwnerIsFencedAfterTakeover:
                 "After a takeover, the stale owner's five writes are all fenced and the new result survives.";
             writes_after_the_end_are_fenced => WritesAfterTheEndAreFenced:

@@ -151,7 +151,8 @@ pub(crate) async fn renew_extends_the_lease(store: &dyn Store) {
 
 pub(crate) async fn checkpoint_records_steps(store: &dyn Store) {
     let k = key("orders", "k1");
-    let (lease, _, _) = claimed(store, &request(&k, "a", HOUR, HOUR)).await;
+    let req = request(&k, "a", HOUR, HOUR);
+    let (lease, _, _) = claimed(store, &req).await;
     for (name, value) in [("debit", &b"1"[..]), ("charge", b""), ("debit", b"2")] {
         assert_eq!(
             ok(
@@ -176,7 +177,14 @@ pub(crate) async fn checkpoint_records_steps(store: &dyn Store) {
             .await,
         "checkpoint",
     );
-    assert_eq!(get_some(store, &k).await.steps["zahlung-✓"], all_bytes);
+    let steps = get_some(store, &k).await.steps;
+    assert_eq!(steps["zahlung-✓"], all_bytes);
+    // A retried claim of the same attempt reads them back too, byte for byte.
+    let (_, _, reclaimed) = claimed(store, &req).await;
+    assert_eq!(
+        reclaimed, steps,
+        "a retried claim returns the steps get returns"
+    );
 }
 
 /// The four writes other than `complete` with `lease`, each of which must be refused.

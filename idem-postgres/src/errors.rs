@@ -51,8 +51,8 @@ pub(crate) fn map(operation: Operation, err: sqlx::Error) -> StoreError {
                 }
             } else if code.starts_with("22") {
                 // A data exception in idem's own statements: a stored value they cannot
-                // work on (steps that are not an object, a token at bigint's end), written
-                // by something other than idem.
+                // work on (a token at bigint's end, say), written by something other than
+                // idem.
                 StoreError::Corrupt {
                     key: None,
                     what: "a stored value idem's statements cannot work on",

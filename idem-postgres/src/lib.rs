@@ -80,8 +80,10 @@
 //!
 //! ## Where things live
 //!
-//! Every transition is one statement, in `sql/`, rendered for the table in
-//! `src/queries.rs`:
+//! Every write is one statement, in `sql/`, rendered for the table in `src/queries.rs`. A
+//! claim or a completion whose statement wrote nothing answers from one read after it: a
+//! record a call could not write never becomes writable by that call again (a takeover or
+//! an operator's release raises the token), so what the read finds is the answer.
 //!
 //! | operation | files |
 //! |---|---|

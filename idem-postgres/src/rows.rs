@@ -57,22 +57,100 @@ fn steps(text: Option<String>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
     let Some(text) = text else {
         return Ok(Vec::new());
     };
-    let corrupt = |what, source: Box<dyn std::error::Error + Send + Sync>| StoreError::Corrupt {
-        key: None,
-        what,
-        source: Some(source),
-    };
-    let encoded: BTreeMap<String, String> = serde_json::from_str(&text)
-        .map_err(|err| corrupt("steps that are not an object of texts", err.into()))?;
+    // serde_json's message can quote the value it refused, whole: keep only its kind.
+    let encoded: BTreeMap<String, String> =
+        serde_json::from_str(&text).map_err(|_| StoreError::Corrupt {
+            key: None,
+            what: "steps that are not an object of texts",
+            source: None,
+        })?;
     encoded
         .into_iter()
         .map(|(name, value)| {
             let mut value = value.into_bytes();
-            value.retain(|byte| !byte.is_ascii_whitespace());
+            // The whitespace PostgreSQL's decode skips, and no other.
+            value.retain(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'));
             STANDARD
                 .decode(&value)
                 .map(|value| (name, value))
-                .map_err(|err| corrupt("a step value that is not base64", err.into()))
+                .map_err(|err| StoreError::Corrupt {
+                    key: None,
+                    what: "a step value that is not base64",
+                    source: Some(err.into()),
+                })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steps;
+
+    fn decoded(text: &str) -> Vec<(String, Vec<u8>)> {
+        steps(Some(text.to_owned())).expect("decodable steps")
+    }
+
+    fn refused(text: &str) -> &'static str {
+        match steps(Some(text.to_owned())) {
+            Err(idem_core::StoreError::Corrupt { what, .. }) => what,
+            other => panic!("{text}: expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn steps_decode_as_checkpoint_sql_writes_them() {
+        assert!(steps(None).unwrap().is_empty(), "no column, no steps");
+        assert!(decoded("{}").is_empty());
+        // encode() breaks its base64 into lines of 76 characters.
+        let every_byte: Vec<u8> = (0..=255).collect();
+        let wrapped =
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &every_byte)
+                .as_bytes()
+                .chunks(76)
+                .map(|line| std::str::from_utf8(line).unwrap())
+                .collect::<Vec<_>>()
+                .join("\\n");
+        let text = format!(r#"{{"b": "{wrapped}", "a": "", "\u00e9": " AQ\r\n\tI= "}}"#);
+        assert_eq!(
+            decoded(&text),
+            vec![
+                ("a".to_owned(), vec![]),
+                ("b".to_owned(), every_byte),
+                ("\u{e9}".to_owned(), vec![1, 2]),
+            ]
+        );
+    }
+
+    #[test]
+    fn steps_that_are_not_texts_of_base64_are_corrupt() {
+        for text in [
+            "[1, 2]",
+            "null",
+            r#""a secret value""#,
+            r#"{"a": 7}"#,
+            r#"{"a": null}"#,
+        ] {
+            assert_eq!(
+                refused(text),
+                "steps that are not an object of texts",
+                "{text}"
+            );
+        }
+        // A form feed is not whitespace to PostgreSQL's decode either.
+        for text in [r#"{"a": "!!!"}"#, r#"{"a": "AQ\fI="}"#, r#"{"a": "AQ="}"#] {
+            assert_eq!(refused(text), "a step value that is not base64", "{text}");
+        }
+    }
+
+    #[test]
+    fn a_refused_value_is_not_quoted_in_the_error() {
+        let err = steps(Some(r#""a secret value""#.to_owned())).unwrap_err();
+        let mut chain = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(next) = source {
+            chain.push_str(&next.to_string());
+            source = next.source();
+        }
+        assert!(!chain.contains("secret"), "{chain}");
+    }
 }

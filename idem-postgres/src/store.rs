@@ -1,4 +1,4 @@
-//! `PostgresStore`: one statement per transition, times from the database clock.
+//! `PostgresStore`: one statement per write, times from the database clock.
 
 use std::fmt;
 use std::sync::Arc;
@@ -185,6 +185,9 @@ impl PostgresStore {
     ///   and the caller should roll back.
     /// - If the transaction rolls back, the record stays in progress under the lease and is
     ///   claimable again once the lease is released or expires.
+    /// - Any isolation level works. Under REPEATABLE READ or SERIALIZABLE, a completion that
+    ///   meets a concurrent write to its record (its own retry's, say) answers
+    ///   [`StoreError::Busy`], PostgreSQL's serialization failure: roll back and retry.
     ///
     /// ```no_run
     /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, store::WriteOutcome};
@@ -332,6 +335,24 @@ impl PostgresStore {
         })
     }
 
+    /// A claim that took a record over and committed before its row proved undecodable (a
+    /// record written by something other than idem): ends that lease at once, so that no
+    /// live lease that nobody holds stands on the record (operators' listings would show
+    /// it as work in flight). The takeover's token and expiry stay. Best effort: if this
+    /// fails too, the lease runs out by itself.
+    async fn end_undecodable_claim(&self, request: &ClaimRequest, row: &PgRow) {
+        let Ok(token) = row.try_get::<i64, _>("token") else {
+            return;
+        };
+        let _ = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.release)))
+            .bind(request.key.scope())
+            .bind(request.key.key())
+            .bind(token)
+            .bind(&request.attempt.as_bytes()[..])
+            .execute(&self.pool)
+            .await;
+    }
+
     async fn select(&self, key: &Key, operation: Operation) -> Result<Option<PgRow>, StoreError> {
         sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.select)))
             .bind(key.scope())
@@ -381,7 +402,15 @@ impl Store for PostgresStore {
                     None => continue, // purged meanwhile: claim again
                 },
             };
-            let decoded = rows::decode(key, &row, Operation::Claim)?;
+            let decoded = match rows::decode(key, &row, Operation::Claim) {
+                Ok(decoded) => decoded,
+                Err(err) => {
+                    if claimed {
+                        self.end_undecodable_claim(request, &row).await;
+                    }
+                    return Err(err);
+                }
+            };
             if claimed {
                 return Ok(ClaimOutcome::claimed(
                     machine::lease_of(&decoded.record, request.retention),

@@ -4,8 +4,11 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use idem_core::{Admin, Key};
+use idem_core::store::ClaimRequest;
+use idem_core::{Admin, Fingerprint, Heartbeat, Idempotency, Key, Store, StoreError, WorkError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_testkit::{Namespace, assert_foreign_record_is_refused};
 
@@ -65,4 +68,70 @@ async fn foreign_records_are_refused_not_absent() {
         .unwrap();
         assert_foreign_record_is_refused(Arc::clone(&store), &key, what).await;
     }
+}
+
+/// A record in flight under the claim's own fingerprint, its lease over, whose steps idem
+/// cannot read: the claim takes it over (the statement commits) before the row is decoded.
+/// Every claim answers Corrupt, no lease that nobody holds is left live on the record, and
+/// the work never runs.
+#[tokio::test]
+async fn a_takeover_of_undecodable_steps_is_refused_every_time() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 2).await;
+    let key = Key::new("foreign", "undecodable-steps").unwrap();
+    let fingerprint = Fingerprint::of_bytes("foreign");
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, steps)
+         VALUES ($1, $2, $3, 'in_progress', 1, decode(repeat('00', 16), 'hex'),
+                 now() - interval '1 hour', now() - interval '1 hour', now() + interval '1 day',
+                 '{{\"charge\": \"!!!\"}}'::jsonb)"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .bind(&fingerprint.as_bytes()[..])
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let hash = key.short_hash().to_string();
+    for attempt in 1..=3 {
+        let request = ClaimRequest::new(
+            key.clone(),
+            fingerprint,
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        );
+        match store.claim(&request).await {
+            Err(err @ StoreError::Corrupt { .. }) => {
+                assert!(err.to_string().contains(&hash), "{err}");
+            }
+            other => panic!("claim {attempt}: expected Corrupt, got {other:?}"),
+        }
+    }
+    let lease_over: bool = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT lease_until <= now() FROM \"{table}\" WHERE scope = $1 AND key = $2"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert!(
+        lease_over,
+        "no lease is left standing on a record idem cannot read"
+    );
+    let idem = Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let ran = AtomicBool::new(false);
+    let answer = idem
+        .execute(&key, fingerprint, |_ctx| async {
+            ran.store(true, Ordering::SeqCst);
+            Ok::<_, WorkError<String>>("charged".to_owned())
+        })
+        .await;
+    assert!(answer.is_err(), "execute answers an error: {answer:?}");
+    assert!(!ran.load(Ordering::SeqCst), "the work never runs");
 }

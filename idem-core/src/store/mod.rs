@@ -89,7 +89,7 @@ pub enum Expiry {
 ///    [`crate::machine`] function what to answer and what to write, and writes it, all
 ///    under one lock. Yours does the same inside one atomic operation of its backend;
 ///    `docs/DESIGN.md` §6 in the repository shows how SQLite (`BEGIN IMMEDIATE`),
-///    PostgreSQL (one statement), Redis (one Lua script) and DynamoDB (one conditional
+///    PostgreSQL (one statement per write), Redis (one Lua script) and DynamoDB (one conditional
 ///    write) do it.
 /// 2. Rebuild records you read with [`Record::parts`] (the validated decoder every
 ///    backend shares); take the helpers of [`crate::raw`] (bounds, storage names,

@@ -21,6 +21,12 @@ fn lookups(queries: &super::Queries) -> Vec<(&'static str, String, String)> {
             ", '\\x7b7d'::bytea, 'completed', 600000",
         ),
         (
+            "finished",
+            "(text, text, bigint, bytea, text)",
+            &queries.finished,
+            ", 'completed'",
+        ),
+        (
             "checkpoint",
             "(text, text, bigint, bytea, text, bytea, bigint)",
             &queries.checkpoint,

@@ -154,6 +154,53 @@ async fn complete_in_takes_a_plain_connection_too() {
     let _ = ledger;
 }
 
+/// Under REPEATABLE READ the completion lands, and the same completion again in that
+/// transaction (a retry after a lost answer) finds its own result and is Applied.
+#[tokio::test]
+async fn complete_in_works_under_repeatable_read() {
+    let Some(url) = common::url() else { return };
+    let (store, _ledger) = setup(&url).await;
+    let idem = Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let key = Key::new("shop/checkout", "order-rr").unwrap();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let store = store.clone();
+            async move {
+                let completion = ctx.prepare_completion(&receipt("order-rr"))?;
+                let mut tx = store.pool().begin().await.unwrap();
+                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
+                for attempt in ["first", "retried"] {
+                    assert_eq!(
+                        store.complete_in(&mut tx, &completion).await.unwrap(),
+                        WriteOutcome::Applied,
+                        "the {attempt} completion"
+                    );
+                }
+                tx.commit().await.unwrap();
+                Ok::<_, WorkError<String>>(receipt("order-rr"))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: receipt("order-rr"),
+            replayed: false
+        }
+    );
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().state,
+        State::Completed
+    );
+}
+
 #[tokio::test]
 async fn a_rollback_leaves_the_key_claimable_again() {
     let Some(url) = common::url() else { return };

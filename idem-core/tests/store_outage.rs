@@ -150,6 +150,44 @@ async fn a_checkpoint_is_stored_across_an_outage_shorter_than_the_lease() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn dropping_execute_while_the_result_write_backs_off_still_stores_it() {
+    // The caller gives up (a request timeout) while the driver waits between tries of
+    // the result's write: the write goes on by itself and lands, and the retry replays.
+    let idem = driver(5, Duration::from_secs(30));
+    let key = Key::new("payments", "dropped-in-backoff").unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let work = |_ctx| {
+        let runs = Arc::clone(&runs);
+        async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, WorkError<()>>(format!("charge-{n}"))
+        }
+    };
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(1),
+        idem.execute(&key, Fingerprint::of_bytes("r"), work),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the caller gave up first: {gave_up:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran");
+    assert!(
+        idem.store().failed.load(Ordering::SeqCst) >= 1,
+        "the caller gave up after a failed write, between tries"
+    );
+    // Long enough for the remaining tries and their backoff, well within the lease.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let record = idem.store().get(&key).await.unwrap().unwrap();
+    assert_eq!(record.state, idem_core::State::Completed);
+    let again = idem
+        .execute(&key, Fingerprint::of_bytes("r"), work)
+        .await
+        .unwrap();
+    assert!(again.replayed());
+    assert_eq!(again.value().as_deref(), Some("charge-0"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_outage_longer_than_the_lease_still_ends() {
     // The store stays down: the driver stops at the lease's end, and says why.
     let idem = driver(usize::MAX, Duration::from_millis(300));

@@ -163,4 +163,18 @@ mod tests {
         assert!(next_frame(&mut only).unwrap().is_trailers());
         assert!(only.is_end_stream());
     }
+
+    #[test]
+    fn a_replayed_body_with_trailers_claims_no_exact_size() {
+        // An exact size becomes a Content-Length on HTTP/1, where trailers then have no
+        // place to go (they need chunked encoding): the hint stays open. Without
+        // trailers the size is exact.
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().unwrap());
+        let body = Body::replayed(Bytes::from_static(b"data"), trailers);
+        assert_eq!(body.size_hint().exact(), None);
+        assert!(body.size_hint().lower() <= 4);
+        let plain = Body::replayed(Bytes::from_static(b"data"), HeaderMap::new());
+        assert_eq!(plain.size_hint().exact(), Some(4));
+    }
 }

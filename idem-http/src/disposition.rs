@@ -8,6 +8,10 @@ use http::StatusCode;
 /// ([`IdempotencyLayer::disposition`](crate::IdempotencyLayer::disposition)); a handler
 /// overrides it for one response by putting a `Disposition` in the response's extensions.
 ///
+/// The key is decided when the response's body ends: a response streamed to the client
+/// keeps its key in progress until its last frame, whichever disposition it carries (a
+/// retry meanwhile is told the request is in flight).
+///
 /// ```
 /// use http::{Response, StatusCode};
 /// use idem_http::Disposition;

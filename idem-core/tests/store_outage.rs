@@ -109,19 +109,19 @@ fn builder(outage: usize, lease: Duration, hang: bool) -> idem_core::Idempotency
         .heartbeat(Heartbeat::Off)
 }
 
+/// The work: counts its runs and answers `charge-N`, N the runs before it.
+async fn charge(runs: Arc<AtomicUsize>) -> Result<String, WorkError<()>> {
+    let n = runs.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("charge-{n}"))
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_result_is_stored_across_an_outage_shorter_than_the_lease() {
     // Eight failures in a row: the old three quick tries gave up after 75 ms.
     let idem = driver(8, Duration::from_secs(30));
     let key = Key::new("payments", "outage").unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
-    let work = |_ctx| {
-        let runs = Arc::clone(&runs);
-        async move {
-            let n = runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, WorkError<()>>(format!("charge-{n}"))
-        }
-    };
+    let work = |_ctx| charge(Arc::clone(&runs));
     let first = idem
         .execute(&key, Fingerprint::of_bytes("r"), work)
         .await
@@ -156,13 +156,7 @@ async fn dropping_execute_while_the_result_write_backs_off_still_stores_it() {
     let idem = driver(5, Duration::from_secs(30));
     let key = Key::new("payments", "dropped-in-backoff").unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
-    let work = |_ctx| {
-        let runs = Arc::clone(&runs);
-        async move {
-            let n = runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, WorkError<()>>(format!("charge-{n}"))
-        }
-    };
+    let work = |_ctx| charge(Arc::clone(&runs));
     let gave_up = tokio::time::timeout(
         Duration::from_millis(1),
         idem.execute(&key, Fingerprint::of_bytes("r"), work),

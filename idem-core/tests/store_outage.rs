@@ -164,9 +164,15 @@ async fn dropping_execute_while_the_result_write_backs_off_still_stores_it() {
     .await;
     assert!(gave_up.is_err(), "the caller gave up first: {gave_up:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran");
-    assert!(
-        idem.store().failed.load(Ordering::SeqCst) >= 1,
-        "the caller gave up after a failed write, between tries"
+    assert_eq!(
+        idem.store().failed.load(Ordering::SeqCst),
+        1,
+        "the caller gave up after one failed write, waiting before the next"
+    );
+    assert_eq!(
+        idem.store().get(&key).await.unwrap().unwrap().state,
+        idem_core::State::InProgress,
+        "nothing stored yet when the caller gave up"
     );
     // Long enough for the remaining tries and their backoff, well within the lease.
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -8,9 +8,12 @@ use http::StatusCode;
 /// ([`IdempotencyLayer::disposition`](crate::IdempotencyLayer::disposition)); a handler
 /// overrides it for one response by putting a `Disposition` in the response's extensions.
 ///
-/// The key is decided when the response's body ends: a response streamed to the client
+/// The key is decided when the handler's body ends: a response streamed to the client
 /// keeps its key in progress until its last frame, whichever disposition it carries (a
-/// retry meanwhile is told the request is in flight).
+/// retry meanwhile is told the request is in flight), unless it is stored and grows past
+/// [`max_response_body`](crate::IdempotencyLayer::max_response_body) (then it is
+/// finished without its body and the rest streams on) or its client has gone and it
+/// outlasts a lease.
 ///
 /// ```
 /// use http::{Response, StatusCode};

@@ -81,13 +81,15 @@
 //! ## Where things live
 //!
 //! Every write is one statement, in `sql/`, rendered for the table in `src/queries.rs`. A
-//! claim or a completion whose statement wrote nothing answers from one read after it: a
-//! record a call could not write never becomes writable by that call again (a takeover or
-//! an operator's release raises the token), so what the read finds is the answer.
+//! completion whose statement wrote nothing answers from one read after it: a record a
+//! lease could not finish never becomes finishable by that lease again (a takeover or an
+//! operator's release raises the token), so what the read finds is the answer. A claim
+//! whose statement wrote nothing answers from the row it read with the state machine, and
+//! runs the statement again when the machine says a write was due.
 //!
 //! | operation | files |
 //! |---|---|
-//! | claim | `src/store.rs`; `sql/claim.sql` (falls back to `sql/select.sql`) |
+//! | claim | `src/store.rs`; `sql/claim.sql` (falls back to `sql/select.sql`; `sql/end_lease.sql` when a record it took over cannot be read) |
 //! | complete, fail (and `complete_in`) | `src/store.rs`; `sql/finish.sql`, then `sql/finished.sql` when it wrote nothing |
 //! | release, renew, checkpoint | `src/store.rs`; `sql/release.sql`, `sql/renew.sql`, `sql/checkpoint.sql` |
 //! | get | `src/store.rs`; `sql/select.sql`, rows in `src/rows.rs` |

@@ -14,6 +14,7 @@ const SELECT: &str = include_str!("../sql/select.sql");
 const FINISH: &str = include_str!("../sql/finish.sql");
 const FINISHED: &str = include_str!("../sql/finished.sql");
 const RELEASE: &str = include_str!("../sql/release.sql");
+const END_LEASE: &str = include_str!("../sql/end_lease.sql");
 const RENEW: &str = include_str!("../sql/renew.sql");
 const CHECKPOINT: &str = include_str!("../sql/checkpoint.sql");
 const PURGE: &str = include_str!("../sql/purge.sql");
@@ -51,6 +52,8 @@ pub(crate) struct Queries {
     /// Whether a finish that wrote nothing finds its own result already stored.
     pub(crate) finished: Arc<str>,
     pub(crate) release: Arc<str>,
+    /// Ends a lease and changes nothing else.
+    pub(crate) end_lease: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) checkpoint: Arc<str>,
     pub(crate) purge: Arc<str>,
@@ -98,6 +101,7 @@ impl Queries {
             finish: render_all(FINISH),
             finished: render_all(FINISHED),
             release: render_all(RELEASE),
+            end_lease: render_all(END_LEASE),
             renew: render_all(RENEW),
             checkpoint: render_all(CHECKPOINT),
             purge: render_all(PURGE),

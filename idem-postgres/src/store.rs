@@ -185,9 +185,12 @@ impl PostgresStore {
     ///   and the caller should roll back.
     /// - If the transaction rolls back, the record stays in progress under the lease and is
     ///   claimable again once the lease is released or expires.
-    /// - Any isolation level works. Under REPEATABLE READ or SERIALIZABLE, a completion that
-    ///   meets a concurrent write to its record (its own retry's, say) answers
+    /// - Begin the transaction inside the work, after the claim. Under REPEATABLE READ or
+    ///   SERIALIZABLE its snapshot is taken at its first statement: one taken before the
+    ///   claim cannot see the lease, and the completion answers `Fenced`; a write to the
+    ///   record after the snapshot (a heartbeat's renewal, say) makes it answer
     ///   [`StoreError::Busy`], PostgreSQL's serialization failure: roll back and retry.
+    ///   Calling `complete_in` first in such a transaction keeps that window small.
     ///
     /// ```no_run
     /// use idem_core::{Fingerprint, Idempotency, Key, WorkError, store::WriteOutcome};
@@ -335,16 +338,17 @@ impl PostgresStore {
         })
     }
 
-    /// A claim that took a record over and committed before its row proved undecodable (a
-    /// record written by something other than idem): ends that lease at once, so that no
-    /// live lease that nobody holds stands on the record (operators' listings would show
-    /// it as work in flight). The takeover's token and expiry stay. Best effort: if this
-    /// fails too, the lease runs out by itself.
+    /// A claim whose statement wrote (a takeover, or an absent record claimed afresh) and
+    /// committed before its row proved undecodable (a record written by something other
+    /// than idem): ends that lease at once, so that no live lease that nobody holds stands
+    /// on the record (operators' listings would show it as work in flight). Only the lease
+    /// ends: the record stays present, and the next claim meets the same error. Best
+    /// effort: if this fails too, the lease runs out by itself.
     async fn end_undecodable_claim(&self, request: &ClaimRequest, row: &PgRow) {
         let Ok(token) = row.try_get::<i64, _>("token") else {
             return;
         };
-        let _ = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.release)))
+        let _ = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.end_lease)))
             .bind(request.key.scope())
             .bind(request.key.key())
             .bind(token)

@@ -70,68 +70,109 @@ async fn foreign_records_are_refused_not_absent() {
     }
 }
 
-/// A record in flight under the claim's own fingerprint, its lease over, whose steps idem
-/// cannot read: the claim takes it over (the statement commits) before the row is decoded.
-/// Every claim answers Corrupt, no lease that nobody holds is left live on the record, and
-/// the work never runs.
+/// A record in flight under the claim's own fingerprint, its lease over, that idem cannot
+/// read: the claim takes it over (the statement commits) before the row is decoded. Every
+/// claim answers Corrupt, under any fingerprint; each takeover leaves no live lease that
+/// nobody holds and the record present; and the work never runs. Two records: steps that
+/// are not base64, and no steps with a creation time before 1970 (a release there would
+/// have made the record absent, and the next claim fresh).
 #[tokio::test]
-async fn a_takeover_of_undecodable_steps_is_refused_every_time() {
+async fn a_takeover_of_an_undecodable_record_is_refused_every_time() {
     let Some(url) = common::url() else { return };
     let table = Namespace::fresh();
     let table = table.as_str();
     let store = common::store_in(&url, table, 2).await;
-    let key = Key::new("foreign", "undecodable-steps").unwrap();
     let fingerprint = Fingerprint::of_bytes("foreign");
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, steps)
-         VALUES ($1, $2, $3, 'in_progress', 1, decode(repeat('00', 16), 'hex'),
-                 now() - interval '1 hour', now() - interval '1 hour', now() + interval '1 day',
-                 '{{\"charge\": \"!!!\"}}'::jsonb)"
-    )))
-    .bind(key.scope())
-    .bind(key.key())
-    .bind(&fingerprint.as_bytes()[..])
-    .execute(store.pool())
-    .await
-    .unwrap();
-    let hash = key.short_hash().to_string();
-    for attempt in 1..=3 {
-        let request = ClaimRequest::new(
-            key.clone(),
-            fingerprint,
-            Duration::from_secs(60),
-            Duration::from_secs(3600),
-        );
-        match store.claim(&request).await {
-            Err(err @ StoreError::Corrupt { .. }) => {
-                assert!(err.to_string().contains(&hash), "{err}");
-            }
-            other => panic!("claim {attempt}: expected Corrupt, got {other:?}"),
-        }
-    }
-    let lease_over: bool = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT lease_until <= now() FROM \"{table}\" WHERE scope = $1 AND key = $2"
-    )))
-    .bind(key.scope())
-    .bind(key.key())
-    .fetch_one(store.pool())
-    .await
-    .unwrap();
-    assert!(
-        lease_over,
-        "no lease is left standing on a record idem cannot read"
-    );
-    let idem = Idempotency::builder(store.clone())
-        .heartbeat(Heartbeat::Off)
-        .build()
+    let cases = [
+        ("steps", "now() - interval '1 hour'", r#"{"charge": "!!!"}"#),
+        ("created", "'1960-01-01'::timestamptz", "{}"),
+    ];
+    for (name, created_at, steps) in cases {
+        let key = Key::new("foreign", format!("undecodable-{name}")).unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, steps)
+             VALUES ($1, $2, $3, 'in_progress', 1, decode(repeat('00', 16), 'hex'),
+                     now() - interval '1 hour', {created_at}, now() + interval '1 day', $4::jsonb)"
+        )))
+        .bind(key.scope())
+        .bind(key.key())
+        .bind(&fingerprint.as_bytes()[..])
+        .bind(steps)
+        .execute(store.pool())
+        .await
         .unwrap();
-    let ran = AtomicBool::new(false);
-    let answer = idem
-        .execute(&key, fingerprint, |_ctx| async {
-            ran.store(true, Ordering::SeqCst);
-            Ok::<_, WorkError<String>>("charged".to_owned())
-        })
-        .await;
-    assert!(answer.is_err(), "execute answers an error: {answer:?}");
-    assert!(!ran.load(Ordering::SeqCst), "the work never runs");
+        let hash = key.short_hash().to_string();
+        let request = |fingerprint| {
+            ClaimRequest::new(
+                key.clone(),
+                fingerprint,
+                Duration::from_secs(60),
+                Duration::from_secs(3600),
+            )
+        };
+        let mut last = request(fingerprint);
+        for attempt in 1..=3 {
+            last = request(fingerprint);
+            match store.claim(&last).await {
+                Err(err @ StoreError::Corrupt { .. }) => {
+                    assert!(err.to_string().contains(&hash), "{name}: {err}");
+                }
+                other => panic!("{name}, claim {attempt}: expected Corrupt, got {other:?}"),
+            }
+        }
+        // Each claim took the record over (the token rose) and ended its own lease; the
+        // steps and the expiry are as they were.
+        let (token, attempt, state, lease_over, kept, steps_now): (
+            i64,
+            Vec<u8>,
+            String,
+            bool,
+            bool,
+            String,
+        ) = sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT token, attempt, state, lease_until <= now(),
+                        expires_at > now() + interval '23 hours', steps::text
+                 FROM \"{table}\" WHERE scope = $1 AND key = $2"
+        )))
+        .bind(key.scope())
+        .bind(key.key())
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+        assert_eq!(token, 4, "{name}: three takeovers");
+        assert_eq!(
+            attempt,
+            last.attempt.as_bytes(),
+            "{name}: the last claim's attempt"
+        );
+        assert_eq!(state, "in_progress", "{name}");
+        assert!(lease_over, "{name}: no live lease that nobody holds");
+        assert!(kept, "{name}: the record keeps its expiry");
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&steps_now).unwrap(),
+            serde_json::from_str::<serde_json::Value>(steps).unwrap(),
+            "{name}: the steps are as they were"
+        );
+        // Another fingerprint does not find the record absent either.
+        match store.claim(&request(Fingerprint::of_bytes("other"))).await {
+            Err(StoreError::Corrupt { .. }) => {}
+            other => panic!("{name}: another fingerprint: expected Corrupt, got {other:?}"),
+        }
+        let idem = Idempotency::builder(store.clone())
+            .heartbeat(Heartbeat::Off)
+            .build()
+            .unwrap();
+        let ran = AtomicBool::new(false);
+        let answer = idem
+            .execute(&key, fingerprint, |_ctx| async {
+                ran.store(true, Ordering::SeqCst);
+                Ok::<_, WorkError<String>>("charged".to_owned())
+            })
+            .await;
+        assert!(
+            answer.is_err(),
+            "{name}: execute answers an error: {answer:?}"
+        );
+        assert!(!ran.load(Ordering::SeqCst), "{name}: the work never runs");
+    }
 }

@@ -201,6 +201,44 @@ async fn complete_in_works_under_repeatable_read() {
     );
 }
 
+/// The pitfall `complete_in`'s docs name: a REPEATABLE READ snapshot taken before the
+/// claim cannot see the lease, so the completion answers Fenced and writes nothing.
+#[tokio::test]
+async fn a_repeatable_read_snapshot_from_before_the_claim_is_fenced() {
+    let Some(url) = common::url() else { return };
+    let (store, _ledger) = setup(&url).await;
+    let idem = Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap();
+    let key = Key::new("shop/checkout", "order-early-snapshot").unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The snapshot is taken here, before the claim.
+    sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+    let answered = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let store = store.clone();
+            async move {
+                let completion = ctx.prepare_completion(&receipt("order-early-snapshot"))?;
+                let answer = store.complete_in(&mut tx, &completion).await.unwrap();
+                tx.rollback().await.unwrap();
+                Err::<Receipt, _>(WorkError::Retryable(format!("{answer:?}")))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(answered, Outcome::Retryable("Fenced".to_owned()));
+    assert_ne!(
+        store.get(&key).await.unwrap().map(|record| record.state),
+        Some(State::Completed),
+        "nothing was stored"
+    );
+}
+
 #[tokio::test]
 async fn a_rollback_leaves_the_key_claimable_again() {
     let Some(url) = common::url() else { return };

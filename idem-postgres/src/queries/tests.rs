@@ -39,6 +39,12 @@ fn lookups(queries: &super::Queries) -> Vec<(&'static str, String, String)> {
             "",
         ),
         (
+            "end_lease",
+            "(text, text, bigint, bytea)",
+            &queries.end_lease,
+            "",
+        ),
+        (
             "renew",
             "(text, text, bigint, bytea, bigint, bigint)",
             &queries.renew,

@@ -52,6 +52,24 @@ async fn debits(store: &PostgresStore, ledger: &str, order: &str) -> i64 {
     .unwrap()
 }
 
+/// A driver with no heartbeat: nothing but the test writes to the record.
+fn quiet(store: &PostgresStore) -> Idempotency<PostgresStore> {
+    Idempotency::builder(store.clone())
+        .heartbeat(Heartbeat::Off)
+        .build()
+        .unwrap()
+}
+
+/// A transaction at REPEATABLE READ; its snapshot is taken at its next statement.
+async fn repeatable_read(store: &PostgresStore) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = store.pool().begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx
+}
+
 /// What the work does in each test: debit the ledger and complete the key in one sqlx
 /// transaction; `pause` runs while the transaction (and the record's row lock) is held.
 async fn debit_in_one_transaction<F, Fut>(
@@ -160,21 +178,14 @@ async fn complete_in_takes_a_plain_connection_too() {
 async fn complete_in_works_under_repeatable_read() {
     let Some(url) = common::url() else { return };
     let (store, _ledger) = setup(&url).await;
-    let idem = Idempotency::builder(store.clone())
-        .heartbeat(Heartbeat::Off)
-        .build()
-        .unwrap();
+    let idem = quiet(&store);
     let key = Key::new("shop/checkout", "order-rr").unwrap();
     let outcome = idem
         .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
             let store = store.clone();
             async move {
                 let completion = ctx.prepare_completion(&receipt("order-rr"))?;
-                let mut tx = store.pool().begin().await.unwrap();
-                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    .execute(&mut *tx)
-                    .await
-                    .unwrap();
+                let mut tx = repeatable_read(&store).await;
                 for attempt in ["first", "retried"] {
                     assert_eq!(
                         store.complete_in(&mut tx, &completion).await.unwrap(),
@@ -207,16 +218,9 @@ async fn complete_in_works_under_repeatable_read() {
 async fn a_repeatable_read_snapshot_from_before_the_claim_is_fenced() {
     let Some(url) = common::url() else { return };
     let (store, _ledger) = setup(&url).await;
-    let idem = Idempotency::builder(store.clone())
-        .heartbeat(Heartbeat::Off)
-        .build()
-        .unwrap();
+    let idem = quiet(&store);
     let key = Key::new("shop/checkout", "order-early-snapshot").unwrap();
-    let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let mut tx = repeatable_read(&store).await;
     // The snapshot is taken here, before the claim.
     sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
     let answered = idem

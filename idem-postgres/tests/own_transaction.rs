@@ -229,7 +229,8 @@ async fn a_repeatable_read_snapshot_from_before_the_claim_is_fenced() {
             async move {
                 let completion = ctx.prepare_completion(&receipt("order-early-snapshot"))?;
                 let answer = store.complete_in(&mut tx, &completion).await.unwrap();
-                tx.rollback().await.unwrap();
+                // Committed, so that a completion the fence let through would show below.
+                tx.commit().await.unwrap();
                 Err::<Receipt, _>(WorkError::Retryable(format!("{answer:?}")))
             }
         })

@@ -19,7 +19,8 @@ if peek[2] == 'completed' or peek[2] == 'failed' then
     return { 'mismatch' }
   end
   if peek[2] == 'completed' then
-    return { 'replay', peek[4] or '' }
+    -- The response alone, not in a table (why: claim.lua's header).
+    return peek[4] or ''
   end
   return { 'replay_failure', peek[4] or '' }
 end

@@ -194,6 +194,24 @@ fn steps(pairs: impl Iterator<Item = Value>) -> Result<Steps, StoreError> {
     Ok(steps)
 }
 
+/// The lease of a claim that made a fresh record at the server's time `now`: token 1, no
+/// steps, its lease ending `request.lease` later, as claim.lua wrote it.
+fn fresh_claim(request: &ClaimRequest, now: i64) -> Result<ClaimOutcome, StoreError> {
+    let created_at = timestamp(now)?;
+    let lease_until = now
+        .checked_add_unsigned(millis(request.lease))
+        .ok_or_else(|| unexpected("a time past the largest a lease may end"))?;
+    let lease = Lease::new(
+        request.key.clone(),
+        1,
+        request.attempt,
+        timestamp(lease_until)?,
+        created_at,
+    )
+    .with_retention(request.retention);
+    Ok(ClaimOutcome::claimed(lease, false, Steps::new()))
+}
+
 fn array(value: Value) -> Result<Vec<Value>, StoreError> {
     match value {
         Value::Array(items) => Ok(items),
@@ -376,7 +394,14 @@ impl Store for RedisStore {
             .run(&self.connection, &self.scripts.claim, &call)
             .await
             .map_err(|err| map(Operation::Claim, err).for_key(&request.key))?;
-        let mut items = array(reply)?.into_iter();
+        // The two common answers come bare (claim.lua's header says why): a completed
+        // record's response, and the server's time when the claim made a fresh record.
+        let items = match reply {
+            Value::BulkString(response) => return Ok(ClaimOutcome::replay(response)),
+            Value::Int(now) => return fresh_claim(request, now),
+            other => array(other)?,
+        };
+        let mut items = items.into_iter();
         let kind = bytes(
             items
                 .next()
@@ -404,7 +429,6 @@ impl Store for RedisStore {
                 .with_retention(request.retention);
                 ClaimOutcome::claimed(lease, resumed, steps(items)?)
             }
-            b"replay" => ClaimOutcome::replay(bytes(next()?)?),
             b"replay_failure" => ClaimOutcome::replay_failure(bytes(next()?)?),
             b"in_flight" => {
                 let millis =

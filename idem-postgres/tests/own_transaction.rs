@@ -244,6 +244,71 @@ async fn a_repeatable_read_snapshot_from_before_the_claim_is_fenced() {
     );
 }
 
+/// The other case `complete_in`'s docs name: a write to the record after a REPEATABLE READ
+/// snapshot (here the lease's own renewal, as a heartbeat makes it) answers Busy; rolled
+/// back and run again in a new transaction, the completion lands once.
+#[tokio::test]
+async fn a_renewal_after_a_repeatable_read_snapshot_is_busy_and_a_retry_lands() {
+    let Some(url) = common::url() else { return };
+    let (store, ledger) = setup(&url).await;
+    let idem = quiet(&store);
+    let key = Key::new("shop/checkout", "order-renewed").unwrap();
+    let outcome = idem
+        .execute(&key, Fingerprint::of_bytes("500"), |ctx| {
+            let (store, ledger) = (store.clone(), ledger.clone());
+            async move {
+                let completion = ctx.prepare_completion(&receipt("order-renewed"))?;
+                let mut tx = repeatable_read(&store).await;
+                // The snapshot is taken here, after the claim, then the record is renewed.
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO {ledger} VALUES ('order-renewed', 500)"
+                )))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                let renewed = store.renew(&ctx.lease(), LEASE).await.unwrap();
+                assert!(
+                    matches!(renewed, idem_core::store::RenewOutcome::Renewed(_)),
+                    "{renewed:?}"
+                );
+                let busy = store.complete_in(&mut tx, &completion).await;
+                assert!(
+                    matches!(busy, Err(StoreError::Busy { .. })),
+                    "a row written after the snapshot: {busy:?}"
+                );
+                tx.rollback().await.unwrap();
+                // Run again, as the docs say: a new transaction sees the renewal.
+                let mut tx = repeatable_read(&store).await;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO {ledger} VALUES ('order-renewed', 500)"
+                )))
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+                assert_eq!(
+                    store.complete_in(&mut tx, &completion).await.unwrap(),
+                    WriteOutcome::Applied
+                );
+                tx.commit().await.unwrap();
+                Ok::<_, WorkError<String>>(receipt("order-renewed"))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: receipt("order-renewed"),
+            replayed: false
+        }
+    );
+    assert_eq!(debits(&store, &ledger, "order-renewed").await, 1);
+    assert_eq!(
+        store.get(&key).await.unwrap().unwrap().state,
+        State::Completed
+    );
+}
+
 #[tokio::test]
 async fn a_rollback_leaves_the_key_claimable_again() {
     let Some(url) = common::url() else { return };

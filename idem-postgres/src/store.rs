@@ -235,11 +235,11 @@ impl PostgresStore {
     where
         A: Acquire<'c, Database = Postgres>,
     {
+        let lease = completion.lease();
         let mut conn = conn
             .acquire()
             .await
-            .map_err(|err| map(Operation::Complete, err))?;
-        let lease = completion.lease();
+            .map_err(|err| map(Operation::Complete, err).for_key(&lease.key))?;
         let applied = self
             .finish_on(
                 &mut conn,

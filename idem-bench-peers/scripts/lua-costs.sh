@@ -7,8 +7,9 @@
 # claimed per run, and RECORDS (default 1 000 000) records are written for the completions
 # and for the replays. A tenth of the records in progress are completed, on keys drawn at
 # random, so about one completion in twenty finds its record already completed (a cheaper
-# path); the run fails if fewer than nine in ten wrote. CI runs it small so that it cannot
-# rot.
+# path); the run fails if fewer than nine in ten wrote. Every record has an expiry, as
+# both systems' claims and completions give it (a key with one costs a lookup more on each
+# access). CI runs it small so that it cannot rot.
 #
 #   eval "$(scripts/services.sh start redis)"
 #   cargo build --release --ignore-rust-version --manifest-path idem-bench-peers/Cargo.toml
@@ -91,7 +92,7 @@ idem() {
   $BENCH -r 1000000000 -n $CLAIMS FCALL lua_costs_claim 1 n:__rand_int__ $FP $ATTEMPT 30000 600000 >/dev/null
   local claim; claim=$(per_call fcall)
   # Records in progress under token 1 and this attempt, as a fresh claim leaves them.
-  $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'f', '$FP', 's', 'in_progress', 't', '1', 'a', '$ATTEMPT', 'l', '9999999999999', 'c', '1700000000000', 'e', '9999999999998') end" 0 >/dev/null
+  $R eval "for i = 0, $RECORDS - 1 do local k = 'p:' .. string.format('%012d', i); redis.call('HSET', k, 'f', '$FP', 's', 'in_progress', 't', '1', 'a', '$ATTEMPT', 'l', '9999999999999', 'c', '1700000000000', 'e', '9999999999998'); redis.call('PEXPIREAT', k, '9999999999999') end" 0 >/dev/null
   $R config resetstat >/dev/null
   $BENCH -r $RECORDS -n $((RECORDS / 10)) FCALL lua_costs_complete 1 p:__rand_int__ 1 $ATTEMPT "$RECEIPT" 600000 >/dev/null
   local complete; complete=$(per_call fcall)
@@ -111,12 +112,12 @@ peer() {
   $R config resetstat >/dev/null
   $BENCH -r 1000000000 -n $CLAIMS EVALSHA "$claim_sha" 2 n:__rand_int__ counter '{"status":"in_progress"}' 30000 $FP >/dev/null
   local claim; claim=$(per_call evalsha)
-  $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'p:' .. string.format('%012d', i), 'status', 'in_progress', 'data', '{}', 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 >/dev/null
+  $R eval "for i = 0, $RECORDS - 1 do local k = 'p:' .. string.format('%012d', i); redis.call('HSET', k, 'status', 'in_progress', 'data', '{}', 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP'); redis.call('PEXPIREAT', k, '9999999999999') end" 0 >/dev/null
   $R config resetstat >/dev/null
   $BENCH -r $RECORDS -n $((RECORDS / 10)) EVALSHA "$complete_sha" 1 p:__rand_int__ "$RECEIPT" 0123456789abcdef 5 600000 $FP >/dev/null
   local complete; complete=$(per_call evalsha)
   completions_wrote idempotent
-  $R eval "for i = 0, $RECORDS - 1 do redis.call('HSET', 'd:' .. string.format('%012d', i), 'status', 'complete', 'data', ARGV[1], 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP') end" 0 "$RECEIPT" >/dev/null
+  $R eval "for i = 0, $RECORDS - 1 do local k = 'd:' .. string.format('%012d', i); redis.call('HSET', k, 'status', 'complete', 'data', ARGV[1], 'run_id', '0123456789abcdef', 'ft', '5', 'fp', '$FP'); redis.call('PEXPIREAT', k, '9999999999998') end" 0 "$RECEIPT" >/dev/null
   $R config resetstat >/dev/null
   $BENCH -r $RECORDS -n $CLAIMS EVALSHA "$claim_sha" 2 d:__rand_int__ counter x 30000 $FP >/dev/null
   local replay; replay=$(per_call evalsha)

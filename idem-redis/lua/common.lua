@@ -177,8 +177,9 @@ local function finish(key, token, attempt, response, terminal, retention)
   return 1
 end
 
--- The claim's answer when it granted a lease: token, lease end, whether it resumed,
--- creation time, then the steps as name, value pairs.
+-- The claim's answer when it granted a lease other than a fresh record's (which answers
+-- the time alone: claim.lua): token, lease end, whether it resumed, creation time, then
+-- the steps as name, value pairs.
 local function claimed(token, lease_until, resumed, created, steps)
   local reply = { 'claimed', token, lease_until, resumed, created }
   for _, item in ipairs(steps) do

@@ -194,6 +194,54 @@ fn steps(pairs: impl Iterator<Item = Value>) -> Result<Steps, StoreError> {
     Ok(steps)
 }
 
+/// The claim's answer, from claim.lua's reply (its header lists the shapes).
+fn claim_answer(request: &ClaimRequest, reply: Value) -> Result<ClaimOutcome, StoreError> {
+    // The two common answers come bare (claim.lua's header says why): a completed
+    // record's response, and the server's time when the claim made a fresh record.
+    let items = match reply {
+        Value::BulkString(response) => return Ok(ClaimOutcome::replay(response)),
+        Value::Int(now) => return fresh_claim(request, now),
+        other => array(other)?,
+    };
+    let mut items = items.into_iter();
+    let kind = bytes(
+        items
+            .next()
+            .ok_or_else(|| unexpected("an empty claim reply"))?,
+    )?;
+    let mut next = || {
+        items
+            .next()
+            .ok_or_else(|| unexpected("a short claim reply"))
+    };
+    Ok(match kind.as_slice() {
+        b"claimed" => {
+            let token =
+                u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative token"))?;
+            let lease_until = timestamp(int(&next()?)?)?;
+            let resumed = int(&next()?)? == 1;
+            let created_at = timestamp(int(&next()?)?)?;
+            let lease = Lease::new(
+                request.key.clone(),
+                token,
+                request.attempt,
+                lease_until,
+                created_at,
+            )
+            .with_retention(request.retention);
+            ClaimOutcome::claimed(lease, resumed, steps(items)?)
+        }
+        b"replay_failure" => ClaimOutcome::replay_failure(bytes(next()?)?),
+        b"in_flight" => {
+            let millis =
+                u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative wait"))?;
+            ClaimOutcome::in_flight(Duration::from_millis(millis))
+        }
+        b"mismatch" => ClaimOutcome::Mismatch,
+        _ => return Err(unexpected("an unknown claim answer")),
+    })
+}
+
 /// The lease of a claim that made a fresh record at the server's time `now`: token 1, no
 /// steps, its lease ending `request.lease` later, as claim.lua wrote it.
 fn fresh_claim(request: &ClaimRequest, now: i64) -> Result<ClaimOutcome, StoreError> {
@@ -394,50 +442,7 @@ impl Store for RedisStore {
             .run(&self.connection, &self.scripts.claim, &call)
             .await
             .map_err(|err| map(Operation::Claim, err).for_key(&request.key))?;
-        // The two common answers come bare (claim.lua's header says why): a completed
-        // record's response, and the server's time when the claim made a fresh record.
-        let items = match reply {
-            Value::BulkString(response) => return Ok(ClaimOutcome::replay(response)),
-            Value::Int(now) => return fresh_claim(request, now),
-            other => array(other)?,
-        };
-        let mut items = items.into_iter();
-        let kind = bytes(
-            items
-                .next()
-                .ok_or_else(|| unexpected("an empty claim reply"))?,
-        )?;
-        let mut next = || {
-            items
-                .next()
-                .ok_or_else(|| unexpected("a short claim reply"))
-        };
-        Ok(match kind.as_slice() {
-            b"claimed" => {
-                let token =
-                    u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative token"))?;
-                let lease_until = timestamp(int(&next()?)?)?;
-                let resumed = int(&next()?)? == 1;
-                let created_at = timestamp(int(&next()?)?)?;
-                let lease = Lease::new(
-                    request.key.clone(),
-                    token,
-                    request.attempt,
-                    lease_until,
-                    created_at,
-                )
-                .with_retention(request.retention);
-                ClaimOutcome::claimed(lease, resumed, steps(items)?)
-            }
-            b"replay_failure" => ClaimOutcome::replay_failure(bytes(next()?)?),
-            b"in_flight" => {
-                let millis =
-                    u64::try_from(int(&next()?)?).map_err(|_| unexpected("a negative wait"))?;
-                ClaimOutcome::in_flight(Duration::from_millis(millis))
-            }
-            b"mismatch" => ClaimOutcome::Mismatch,
-            _ => return Err(unexpected("an unknown claim answer")),
-        })
+        claim_answer(request, reply).map_err(|err| err.for_key(&request.key))
     }
 
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
@@ -547,5 +552,142 @@ impl Store for RedisStore {
 
     fn expiry(&self) -> Expiry {
         Expiry::Vanishes
+    }
+}
+
+#[cfg(test)]
+mod claim_answer_tests {
+    use std::time::Duration;
+
+    use idem_core::store::{ClaimOutcome, ClaimRequest};
+    use idem_core::{Fingerprint, Key, StoreError, Timestamp};
+    use redis::Value;
+
+    use super::claim_answer;
+
+    fn request() -> ClaimRequest {
+        ClaimRequest::new(
+            Key::new("orders", "k1").unwrap(),
+            Fingerprint::of_bytes("a"),
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+        )
+    }
+
+    fn string(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_bare_string_is_a_replay_even_an_empty_one() {
+        for body in ["{\"ok\":true}", ""] {
+            match claim_answer(&request(), string(body)).unwrap() {
+                ClaimOutcome::Replay { response, .. } => assert_eq!(response, body.as_bytes()),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_bare_integer_is_a_fresh_claim_at_that_time() {
+        let request = request();
+        let now = 1_700_000_000_123;
+        match claim_answer(&request, Value::Int(now)).unwrap() {
+            ClaimOutcome::Claimed {
+                lease,
+                resumed,
+                steps,
+                ..
+            } => {
+                assert_eq!(lease.key, request.key);
+                assert_eq!(lease.token, 1);
+                assert_eq!(lease.attempt, request.attempt);
+                assert_eq!(
+                    lease.created_at,
+                    Timestamp::from_unix_millis(1_700_000_000_123)
+                );
+                assert_eq!(
+                    lease.lease_until,
+                    Timestamp::from_unix_millis(1_700_000_030_123),
+                    "the lease ends the request's lease after the server's time"
+                );
+                assert_eq!(lease.retention, request.retention);
+                assert!(!resumed);
+                assert!(steps.is_empty());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_time_no_lease_can_hold_is_refused() {
+        for now in [-1, i64::MAX] {
+            let answer = claim_answer(&request(), Value::Int(now));
+            assert!(
+                matches!(answer, Err(StoreError::Corrupt { .. })),
+                "{now}: {answer:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_other_answers_are_tables() {
+        let request = request();
+        let claimed = Value::Array(vec![
+            string("claimed"),
+            Value::Int(3),
+            Value::Int(2_000),
+            Value::Int(1),
+            Value::Int(1_000),
+            string("charge"),
+            string("ch_1"),
+        ]);
+        match claim_answer(&request, claimed).unwrap() {
+            ClaimOutcome::Claimed {
+                lease,
+                resumed,
+                steps,
+                ..
+            } => {
+                assert_eq!(lease.token, 3);
+                assert_eq!(lease.lease_until, Timestamp::from_unix_millis(2_000));
+                assert_eq!(lease.created_at, Timestamp::from_unix_millis(1_000));
+                assert!(resumed);
+                assert_eq!(steps.get("charge").map(Vec::as_slice), Some(&b"ch_1"[..]));
+            }
+            other => panic!("{other:?}"),
+        }
+        let failure = Value::Array(vec![string("replay_failure"), string("boom")]);
+        assert!(matches!(
+            claim_answer(&request, failure).unwrap(),
+            ClaimOutcome::ReplayFailure { response, .. } if response == b"boom"
+        ));
+        let in_flight = Value::Array(vec![string("in_flight"), Value::Int(1_500)]);
+        assert!(matches!(
+            claim_answer(&request, in_flight).unwrap(),
+            ClaimOutcome::InFlight { retry_after, .. } if retry_after == Duration::from_millis(1_500)
+        ));
+        let mismatch = Value::Array(vec![string("mismatch")]);
+        assert!(matches!(
+            claim_answer(&request, mismatch).unwrap(),
+            ClaimOutcome::Mismatch
+        ));
+    }
+
+    #[test]
+    fn anything_else_is_refused_as_corrupt() {
+        for reply in [
+            Value::Nil,
+            Value::Okay,
+            Value::Array(vec![]),
+            Value::Array(vec![string("replay"), string("body")]),
+            Value::Array(vec![string("claimed"), Value::Int(1)]),
+        ] {
+            let answer = claim_answer(&request(), reply.clone());
+            assert!(
+                matches!(answer, Err(StoreError::Corrupt { .. })),
+                "{reply:?}: {answer:?}"
+            );
+        }
     }
 }

@@ -152,7 +152,7 @@ pub trait Store: Send + Sync {
     ///   `release_lets_the_next_claim_take_over`, `no_lease_ends_at_the_retention_cliff`,
     ///   `a_live_lease_is_never_absent`, `lease_and_expiry_end_exactly`.
     /// - The lease answered carries the record's `created_at` and the request's
-    ///   `retention` ([`Lease::with_retention`]). Checked by
+    ///   `retention` ([`Lease::with_retention`]). Checked by `absent_key_is_claimed_fresh`,
     ///   `no_lease_ends_at_the_retention_cliff`, `matches_the_state_machine`.
     /// - Each (scope, key) is a record of its own (see the trait docs): the same key under
     ///   another scope, or another split of the same text into scope and key, is another

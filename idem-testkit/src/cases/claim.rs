@@ -27,6 +27,10 @@ pub(crate) async fn absent_key_is_claimed_fresh(store: &dyn Store) {
     assert_eq!(record.response, None);
     assert!(record.created_at < record.expires_at);
     assert_eq!(record.lease_until, lease.lease_until);
+    assert_eq!(
+        record.created_at, lease.created_at,
+        "the lease carries the record's creation time"
+    );
 }
 
 pub(crate) async fn absent_record_is_claimed_fresh(store: &dyn Store, caps: &Capabilities) {

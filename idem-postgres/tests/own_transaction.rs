@@ -52,6 +52,37 @@ async fn debits(store: &PostgresStore, ledger: &str, order: &str) -> i64 {
     .unwrap()
 }
 
+/// Debits `order` in the caller's transaction.
+async fn debit(tx: &mut sqlx::PgConnection, ledger: &str, order: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {ledger} VALUES ($1, 500)"
+    )))
+    .bind(order)
+    .execute(tx)
+    .await
+    .unwrap();
+}
+
+/// The execution ran the work once and its record is completed, with `order`'s receipt.
+async fn assert_completed_fresh(
+    store: &PostgresStore,
+    key: &Key,
+    outcome: Outcome<Receipt, String>,
+    order: &str,
+) {
+    assert_eq!(
+        outcome,
+        Outcome::Completed {
+            value: receipt(order),
+            replayed: false
+        }
+    );
+    assert_eq!(
+        store.get(key).await.unwrap().unwrap().state,
+        State::Completed
+    );
+}
+
 /// A driver with no heartbeat: nothing but the test writes to the record.
 fn quiet(store: &PostgresStore) -> Idempotency<PostgresStore> {
     Idempotency::builder(store.clone())
@@ -87,13 +118,7 @@ where
     let receipt = receipt(order);
     let completion = ctx.prepare_completion(&receipt)?;
     let mut tx = store.pool().begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {ledger} VALUES ($1, 500)"
-    )))
-    .bind(order)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    debit(&mut tx, ledger, order).await;
     match store.complete_in(&mut tx, &completion).await.unwrap() {
         WriteOutcome::Applied => {}
         WriteOutcome::Fenced => {
@@ -199,17 +224,7 @@ async fn complete_in_works_under_repeatable_read() {
         })
         .await
         .unwrap();
-    assert_eq!(
-        outcome,
-        Outcome::Completed {
-            value: receipt("order-rr"),
-            replayed: false
-        }
-    );
-    assert_eq!(
-        store.get(&key).await.unwrap().unwrap().state,
-        State::Completed
-    );
+    assert_completed_fresh(&store, &key, outcome, "order-rr").await;
 }
 
 /// The pitfall `complete_in`'s docs name: a REPEATABLE READ snapshot taken before the
@@ -260,12 +275,7 @@ async fn a_renewal_after_a_repeatable_read_snapshot_is_busy_and_a_retry_lands() 
                 let completion = ctx.prepare_completion(&receipt("order-renewed"))?;
                 let mut tx = repeatable_read(&store).await;
                 // The snapshot is taken here, after the claim, then the record is renewed.
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO {ledger} VALUES ('order-renewed', 500)"
-                )))
-                .execute(&mut *tx)
-                .await
-                .unwrap();
+                debit(&mut tx, &ledger, "order-renewed").await;
                 let renewed = store.renew(&ctx.lease(), LEASE).await.unwrap();
                 assert!(
                     matches!(renewed, idem_core::store::RenewOutcome::Renewed(_)),
@@ -279,12 +289,7 @@ async fn a_renewal_after_a_repeatable_read_snapshot_is_busy_and_a_retry_lands() 
                 tx.rollback().await.unwrap();
                 // Run again, as the docs say: a new transaction sees the renewal.
                 let mut tx = repeatable_read(&store).await;
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "INSERT INTO {ledger} VALUES ('order-renewed', 500)"
-                )))
-                .execute(&mut *tx)
-                .await
-                .unwrap();
+                debit(&mut tx, &ledger, "order-renewed").await;
                 assert_eq!(
                     store.complete_in(&mut tx, &completion).await.unwrap(),
                     WriteOutcome::Applied
@@ -295,18 +300,8 @@ async fn a_renewal_after_a_repeatable_read_snapshot_is_busy_and_a_retry_lands() 
         })
         .await
         .unwrap();
-    assert_eq!(
-        outcome,
-        Outcome::Completed {
-            value: receipt("order-renewed"),
-            replayed: false
-        }
-    );
+    assert_completed_fresh(&store, &key, outcome, "order-renewed").await;
     assert_eq!(debits(&store, &ledger, "order-renewed").await, 1);
-    assert_eq!(
-        store.get(&key).await.unwrap().unwrap().state,
-        State::Completed
-    );
 }
 
 #[tokio::test]

@@ -325,12 +325,13 @@ impl PostgresStore {
     async fn fenced_update(
         &self,
         operation: Operation,
+        lease: &Lease,
         query: Query<'_, Postgres, PgArguments>,
     ) -> Result<WriteOutcome, StoreError> {
         let done = query
             .execute(&self.pool)
             .await
-            .map_err(|err| map(operation, err))?;
+            .map_err(|err| map(operation, err).for_key(&lease.key))?;
         Ok(if done.rows_affected() == 1 {
             WriteOutcome::Applied
         } else {
@@ -447,7 +448,7 @@ impl Store for PostgresStore {
 
     async fn release(&self, lease: &Lease) -> Result<WriteOutcome, StoreError> {
         let query = self.fenced(&self.queries.release, lease);
-        self.fenced_update(Operation::Release, query).await
+        self.fenced_update(Operation::Release, lease, query).await
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<RenewOutcome, StoreError> {
@@ -457,14 +458,14 @@ impl Store for PostgresStore {
             .bind(millis(lease.retention))
             .fetch_optional(&self.pool)
             .await
-            .map_err(|err| map(Operation::Renew, err))?;
+            .map_err(|err| map(Operation::Renew, err).for_key(&lease.key))?;
         let Some(row) = row else {
             return Ok(RenewOutcome::Fenced);
         };
         let lease_until: i64 = row
             .try_get("lease_until_ms")
-            .map_err(|err| map(Operation::Renew, err))?;
-        let lease_until = rows::millis(lease_until)?;
+            .map_err(|err| map(Operation::Renew, err).for_key(&lease.key))?;
+        let lease_until = rows::millis(lease_until).map_err(|err| err.for_key(&lease.key))?;
         Ok(RenewOutcome::Renewed(
             lease.clone().with_lease_until(lease_until),
         ))
@@ -481,7 +482,8 @@ impl Store for PostgresStore {
             .bind(step.as_str())
             .bind(value)
             .bind(millis(lease.retention));
-        self.fenced_update(Operation::Checkpoint, query).await
+        self.fenced_update(Operation::Checkpoint, lease, query)
+            .await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {

@@ -176,3 +176,54 @@ async fn a_takeover_of_an_undecodable_record_is_refused_every_time() {
         assert!(!ran.load(Ordering::SeqCst), "{name}: the work never runs");
     }
 }
+
+/// A record whose lease end something other than idem moved to the end of timestamptz's
+/// range: a checkpoint's "one retention past the lease's end" overflows in PostgreSQL (a
+/// data exception), which the store answers as a corrupt record naming the key's hash, as
+/// every other write does, and nothing is written.
+#[tokio::test]
+async fn a_checkpoint_past_timestamptz_s_range_is_corrupt_and_names_its_key() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 2).await;
+    let key = Key::new("foreign", "lease-at-the-end-of-time").unwrap();
+    let request = ClaimRequest::new(
+        key.clone(),
+        Fingerprint::of_bytes("a"),
+        Duration::from_secs(60),
+        Duration::from_secs(3600),
+    );
+    let lease = match store.claim(&request).await.unwrap() {
+        idem_core::store::ClaimOutcome::Claimed { lease, .. } => lease,
+        other => panic!("a fresh key is claimed: {other:?}"),
+    };
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET lease_until = '294276-12-31 23:59:59+00'
+         WHERE scope = $1 AND key = $2"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let step = idem_core::key::StepName::new("charge").unwrap();
+    match store.checkpoint(&lease, &step, b"ch_1").await {
+        Err(err @ StoreError::Corrupt { .. }) => {
+            assert!(
+                err.to_string().contains(&key.short_hash().to_string()),
+                "{err}"
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let steps: String = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT steps::text FROM \"{table}\" WHERE scope = $1 AND key = $2"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(steps, "{}", "nothing was written");
+}

@@ -7,8 +7,9 @@
 -- record with its response alone and a failed one with {'replay_failure', response}.
 -- The two common answers are not tables: Redis converts a table reply by looking up each of
 -- its special keys (err, ok, double and the rest) before walking it, which cost a replay
--- 0.4-0.6 us of about 4 and a fresh claim 0.6 of about 7 (redis-benchmark, Redis 7.0). Every other answer must stay a table: the client
--- (store.rs) reads any bare string as a replay and any bare number as a fresh claim.
+-- 0.3-0.6 us of about 4 and a fresh claim 0.5-0.7 of about 7 (redis-benchmark, Redis
+-- 7.0). Every other answer must stay a table: the client (store.rs) reads any bare string
+-- as a replay and any bare number as a fresh claim.
 local key = KEYS[1]
 local fingerprint, attempt = ARGV[1], ARGV[2]
 local lease, retention = tonumber(ARGV[3]), tonumber(ARGV[4])

@@ -1,7 +1,8 @@
 -- Helpers shared by every script; each script's file is appended to this one.
 --
 -- A record is one hash: f fingerprint, s state, t token, a attempt, l lease end (ms),
--- c created (ms), e expires (ms), r response, and one field "step:<name>" per checkpoint. Times are milliseconds on the server's clock.
+-- c created (ms), e expires (ms), r response, and one field "step:<name>" per checkpoint.
+-- Times are milliseconds on the server's clock.
 
 local function now_ms()
   local t = redis.call('TIME')

@@ -649,14 +649,29 @@ mod claim_answer_tests {
                 steps,
                 ..
             } => {
+                assert_eq!(lease.key, request.key);
                 assert_eq!(lease.token, 3);
+                assert_eq!(lease.attempt, request.attempt);
                 assert_eq!(lease.lease_until, Timestamp::from_unix_millis(2_000));
                 assert_eq!(lease.created_at, Timestamp::from_unix_millis(1_000));
+                assert_eq!(lease.retention, request.retention);
                 assert!(resumed);
                 assert_eq!(steps.get("charge").map(Vec::as_slice), Some(&b"ch_1"[..]));
             }
             other => panic!("{other:?}"),
         }
+        // The same attempt's lease again: not resumed, no steps.
+        let again = Value::Array(vec![
+            string("claimed"),
+            Value::Int(1),
+            Value::Int(2_000),
+            Value::Int(0),
+            Value::Int(1_000),
+        ]);
+        assert!(matches!(
+            claim_answer(&request, again).unwrap(),
+            ClaimOutcome::Claimed { resumed: false, ref steps, .. } if steps.is_empty()
+        ));
         let failure = Value::Array(vec![string("replay_failure"), string("boom")]);
         assert!(matches!(
             claim_answer(&request, failure).unwrap(),
@@ -679,6 +694,7 @@ mod claim_answer_tests {
         for reply in [
             Value::Nil,
             Value::Okay,
+            Value::SimpleString("replay".to_owned()),
             Value::Array(vec![]),
             Value::Array(vec![string("replay"), string("body")]),
             Value::Array(vec![string("claimed"), Value::Int(1)]),

@@ -128,7 +128,7 @@ impl Admin for PostgresStore {
     }
 
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
-        let failed = |err| map(Operation::ReleaseKey, err);
+        let failed = |err| map(Operation::ReleaseKey, err).for_key(key);
         let attempt = AttemptId::random();
         let Some(row) = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries().admin_release)))
             .bind(key.scope())
@@ -150,15 +150,15 @@ impl Admin for PostgresStore {
             });
         }
         // Not released: the row was written back as it was, so `present` is what it was.
-        let state = State::parse(&state).ok_or(StoreError::Corrupt {
-            key: None,
+        let state = State::parse(&state).ok_or_else(|| StoreError::Corrupt {
+            key: Some(key.short_hash()),
             what: "an unknown state",
             source: None,
         })?;
         Ok(match (present, state) {
             (true, State::InProgress) => {
                 return Err(StoreError::Corrupt {
-                    key: None,
+                    key: Some(key.short_hash()),
                     what: "a present in-progress record the release left alone",
                     source: None,
                 });
@@ -174,7 +174,7 @@ impl Admin for PostgresStore {
             .bind(key.key())
             .execute(self.pool())
             .await
-            .map_err(|err| map(Operation::Delete, err))?;
+            .map_err(|err| map(Operation::Delete, err).for_key(key))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -184,11 +184,11 @@ impl Admin for PostgresStore {
             .bind(key.key())
             .fetch_optional(self.pool())
             .await
-            .map_err(|err| map(Operation::Get, err))?;
+            .map_err(|err| map(Operation::Get, err).for_key(key))?;
         let Some(row) = row else {
             return Ok(None);
         };
-        let read = |err| map(Operation::Get, err);
+        let read = |err| map(Operation::Get, err).for_key(key);
         let fields: String = row.try_get("fields").map_err(read)?;
         let response_len: Option<i32> = row.try_get("response_len").map_err(read)?;
         let fields: serde_json::Map<String, serde_json::Value> =

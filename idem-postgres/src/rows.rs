@@ -29,7 +29,7 @@ pub(crate) fn millis(value: i64) -> Result<Timestamp, StoreError> {
 }
 
 pub(crate) fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded, StoreError> {
-    let column = |err| map(operation, err);
+    let column = |err| map(operation, err).for_key(key);
     let steps = steps(row.try_get("steps").map_err(column)?).map_err(|err| err.for_key(key))?;
     let mut parts = Record::parts(key.clone())
         .fingerprint(&row.try_get::<Vec<u8>, _>("fingerprint").map_err(column)?)
@@ -46,7 +46,7 @@ pub(crate) fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<Dec
     Ok(Decoded {
         record: parts.build()?,
         resumed: row.try_get("resumed").map_err(column)?,
-        now: millis(row.try_get("now_ms").map_err(column)?)?,
+        now: millis(row.try_get("now_ms").map_err(column)?).map_err(|err| err.for_key(key))?,
     })
 }
 

@@ -227,3 +227,44 @@ async fn a_checkpoint_past_timestamptz_s_range_is_corrupt_and_names_its_key() {
     .unwrap();
     assert_eq!(steps, "{}", "nothing was written");
 }
+
+/// An operator's release of a record at bigint's last token: the release's next token
+/// overflows in PostgreSQL, which the store answers as a corrupt record naming the key's
+/// hash, and the record is left as it was.
+#[tokio::test]
+async fn an_operator_s_release_at_the_last_token_is_corrupt_and_names_its_key() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 2).await;
+    let key = Key::new("foreign", "last-token").unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at)
+         VALUES ($1, $2, decode(repeat('00', 32), 'hex'), 'in_progress', 9223372036854775807,
+                 decode(repeat('00', 16), 'hex'), now() + interval '1 hour', now(), now() + interval '1 day')"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .execute(store.pool())
+    .await
+    .unwrap();
+    match store.release_key(&key).await {
+        Err(err @ StoreError::Corrupt { .. }) => {
+            assert!(
+                err.to_string().contains(&key.short_hash().to_string()),
+                "{err}"
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let (token, live): (i64, bool) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT token, lease_until > now() FROM \"{table}\" WHERE scope = $1 AND key = $2"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(token, i64::MAX, "the token is as it was");
+    assert!(live, "the lease is as it was");
+}

@@ -12,6 +12,20 @@ use idem_core::{Admin, Fingerprint, Heartbeat, Idempotency, Key, Store, StoreErr
 use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_testkit::{Namespace, assert_foreign_record_is_refused};
 
+/// The answer is a corrupt record whose error names `key`'s hash.
+#[track_caller]
+fn assert_corrupt_naming<T: std::fmt::Debug>(key: &Key, answer: Result<T, StoreError>) {
+    match answer {
+        Err(err @ StoreError::Corrupt { .. }) => {
+            assert!(
+                err.to_string().contains(&key.short_hash().to_string()),
+                "{err}"
+            );
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn foreign_records_are_refused_not_absent() {
     let Some(url) = common::url() else { return };
@@ -208,15 +222,7 @@ async fn a_checkpoint_past_timestamptz_s_range_is_corrupt_and_names_its_key() {
     .await
     .unwrap();
     let step = idem_core::key::StepName::new("charge").unwrap();
-    match store.checkpoint(&lease, &step, b"ch_1").await {
-        Err(err @ StoreError::Corrupt { .. }) => {
-            assert!(
-                err.to_string().contains(&key.short_hash().to_string()),
-                "{err}"
-            );
-        }
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
+    assert_corrupt_naming(&key, store.checkpoint(&lease, &step, b"ch_1").await);
     let steps: String = sqlx::query_scalar(AssertSqlSafe(format!(
         "SELECT steps::text FROM \"{table}\" WHERE scope = $1 AND key = $2"
     )))
@@ -248,15 +254,7 @@ async fn an_operator_s_release_at_the_last_token_is_corrupt_and_names_its_key() 
     .execute(store.pool())
     .await
     .unwrap();
-    match store.release_key(&key).await {
-        Err(err @ StoreError::Corrupt { .. }) => {
-            assert!(
-                err.to_string().contains(&key.short_hash().to_string()),
-                "{err}"
-            );
-        }
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
+    assert_corrupt_naming(&key, store.release_key(&key).await);
     let (token, live): (i64, bool) = sqlx::query_as(AssertSqlSafe(format!(
         "SELECT token, lease_until > now() FROM \"{table}\" WHERE scope = $1 AND key = $2"
     )))

@@ -574,6 +574,21 @@ mod claim_answer_tests {
         )
     }
 
+    /// The lease, whether it resumed, and the steps of a `Claimed` answer.
+    fn claimed(
+        answer: Result<ClaimOutcome, StoreError>,
+    ) -> (idem_core::record::Lease, bool, idem_core::record::Steps) {
+        match answer.unwrap() {
+            ClaimOutcome::Claimed {
+                lease,
+                resumed,
+                steps,
+                ..
+            } => (lease, resumed, steps),
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn string(text: &str) -> Value {
         Value::BulkString(text.as_bytes().to_vec())
     }
@@ -592,31 +607,22 @@ mod claim_answer_tests {
     fn a_bare_integer_is_a_fresh_claim_at_that_time() {
         let request = request();
         let now = 1_700_000_000_123;
-        match claim_answer(&request, Value::Int(now)).unwrap() {
-            ClaimOutcome::Claimed {
-                lease,
-                resumed,
-                steps,
-                ..
-            } => {
-                assert_eq!(lease.key, request.key);
-                assert_eq!(lease.token, 1);
-                assert_eq!(lease.attempt, request.attempt);
-                assert_eq!(
-                    lease.created_at,
-                    Timestamp::from_unix_millis(1_700_000_000_123)
-                );
-                assert_eq!(
-                    lease.lease_until,
-                    Timestamp::from_unix_millis(1_700_000_030_123),
-                    "the lease ends the request's lease after the server's time"
-                );
-                assert_eq!(lease.retention, request.retention);
-                assert!(!resumed);
-                assert!(steps.is_empty());
-            }
-            other => panic!("{other:?}"),
-        }
+        let (lease, resumed, steps) = claimed(claim_answer(&request, Value::Int(now)));
+        assert_eq!(lease.key, request.key);
+        assert_eq!(lease.token, 1);
+        assert_eq!(lease.attempt, request.attempt);
+        assert_eq!(
+            lease.created_at,
+            Timestamp::from_unix_millis(1_700_000_000_123)
+        );
+        assert_eq!(
+            lease.lease_until,
+            Timestamp::from_unix_millis(1_700_000_030_123),
+            "the lease ends the request's lease after the server's time"
+        );
+        assert_eq!(lease.retention, request.retention);
+        assert!(!resumed);
+        assert!(steps.is_empty());
     }
 
     #[test]
@@ -633,7 +639,7 @@ mod claim_answer_tests {
     #[test]
     fn the_other_answers_are_tables() {
         let request = request();
-        let claimed = Value::Array(vec![
+        let taken_over = Value::Array(vec![
             string("claimed"),
             Value::Int(3),
             Value::Int(2_000),
@@ -642,24 +648,15 @@ mod claim_answer_tests {
             string("charge"),
             string("ch_1"),
         ]);
-        match claim_answer(&request, claimed).unwrap() {
-            ClaimOutcome::Claimed {
-                lease,
-                resumed,
-                steps,
-                ..
-            } => {
-                assert_eq!(lease.key, request.key);
-                assert_eq!(lease.token, 3);
-                assert_eq!(lease.attempt, request.attempt);
-                assert_eq!(lease.lease_until, Timestamp::from_unix_millis(2_000));
-                assert_eq!(lease.created_at, Timestamp::from_unix_millis(1_000));
-                assert_eq!(lease.retention, request.retention);
-                assert!(resumed);
-                assert_eq!(steps.get("charge").map(Vec::as_slice), Some(&b"ch_1"[..]));
-            }
-            other => panic!("{other:?}"),
-        }
+        let (lease, resumed, steps) = claimed(claim_answer(&request, taken_over));
+        assert_eq!(lease.key, request.key);
+        assert_eq!(lease.token, 3);
+        assert_eq!(lease.attempt, request.attempt);
+        assert_eq!(lease.lease_until, Timestamp::from_unix_millis(2_000));
+        assert_eq!(lease.created_at, Timestamp::from_unix_millis(1_000));
+        assert_eq!(lease.retention, request.retention);
+        assert!(resumed);
+        assert_eq!(steps.get("charge").map(Vec::as_slice), Some(&b"ch_1"[..]));
         // The same attempt's lease again: not resumed, no steps.
         let again = Value::Array(vec![
             string("claimed"),

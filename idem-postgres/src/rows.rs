@@ -28,9 +28,14 @@ pub(crate) fn millis(value: i64) -> Result<Timestamp, StoreError> {
         })
 }
 
+/// The record in `row`; a row it cannot read is a corrupt record naming `key`.
 pub(crate) fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded, StoreError> {
-    let column = |err| map(operation, err).for_key(key);
-    let steps = steps(row.try_get("steps").map_err(column)?).map_err(|err| err.for_key(key))?;
+    decode_fields(key, row, operation).map_err(|err| err.for_key(key))
+}
+
+fn decode_fields(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded, StoreError> {
+    let column = |err| map(operation, err);
+    let steps = steps(row.try_get("steps").map_err(column)?)?;
     let mut parts = Record::parts(key.clone())
         .fingerprint(&row.try_get::<Vec<u8>, _>("fingerprint").map_err(column)?)
         .state(row.try_get::<String, _>("state").map_err(column)?)
@@ -46,7 +51,7 @@ pub(crate) fn decode(key: &Key, row: &PgRow, operation: Operation) -> Result<Dec
     Ok(Decoded {
         record: parts.build()?,
         resumed: row.try_get("resumed").map_err(column)?,
-        now: millis(row.try_get("now_ms").map_err(column)?).map_err(|err| err.for_key(key))?,
+        now: millis(row.try_get("now_ms").map_err(column)?)?,
     })
 }
 

@@ -7,14 +7,18 @@
 -- changed after the read): this statement sees only the record it read, so the client
 -- reads it anew and answers with the state machine. A takeover keeps the record one
 -- retention past its new lease; the attempt whose lease ended takes nothing over (a late
--- copy of a claim it already won), so it is read and answered in flight.
+-- copy of a claim it already won), so it is read and answered in flight. A row that idem
+-- did not write (an unknown state, say: `valid` in queries.rs) is never written here,
+-- present or not: it is read, and the client refuses it as corrupt.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
 WITH settled AS (
     SELECT {columns}
     FROM {table}
-    WHERE scope = $1 AND key = $2 AND {present}
-      AND NOT (state = 'in_progress' AND lease_until <= now() AND fingerprint = $3::bytea
-               AND attempt <> $4::bytea)
+    WHERE scope = $1 AND key = $2
+      AND (NOT {valid}
+           OR ({present}
+               AND NOT (state = 'in_progress' AND lease_until <= now()
+                        AND fingerprint = $3::bytea AND attempt <> $4::bytea)))
 ),
 claimed AS (
     INSERT INTO {table} AS r
@@ -39,11 +43,12 @@ claimed AS (
         response    = CASE WHEN NOT {r.present} THEN NULL ELSE r.response END,
         steps       = CASE WHEN NOT {r.present} THEN '{}'::jsonb ELSE r.steps END,
         resumed     = {r.present}
-    WHERE NOT {r.present}
-       OR (r.fingerprint = excluded.fingerprint
-           AND r.state = 'in_progress'
-           AND r.lease_until <= now()
-           AND r.attempt <> excluded.attempt)
+    WHERE {r.valid}
+      AND (NOT {r.present}
+           OR (r.fingerprint = excluded.fingerprint
+               AND r.state = 'in_progress'
+               AND r.lease_until <= now()
+               AND r.attempt <> excluded.attempt))
     RETURNING {columns}
 )
 SELECT false AS claimed, * FROM settled

@@ -1,13 +1,18 @@
 -- idem's table. {table} is the configured (validated, quoted) table name; index names are
 -- derived from it (`"<table>-<what>"`, which no table name idem accepts can equal). Every statement is idempotent: migrate() may run at every
 -- start, from many processes at once (it runs under an advisory lock).
+-- No CHECK constraints: PostgreSQL prepares each one's expression again on every insert and
+-- update. What they held (a known state, a 32-byte fingerprint and a 16-byte attempt, a
+-- token of at least 1) idem's statements test instead (`valid` in queries.rs), and every
+-- read refuses a row without it. A table made by an older idem keeps its constraints,
+-- which change no answer; dropping them is the operator's choice (CHANGELOG.md).
 CREATE TABLE IF NOT EXISTS {table} (
     scope       text        NOT NULL,
     key         text        NOT NULL,
-    fingerprint bytea       NOT NULL CHECK (octet_length(fingerprint) = 32),
-    state       text        NOT NULL CHECK (state IN ('in_progress', 'completed', 'failed')),
-    token       bigint      NOT NULL CHECK (token >= 1),
-    attempt     bytea       NOT NULL CHECK (octet_length(attempt) = 16),
+    fingerprint bytea       NOT NULL,
+    state       text        NOT NULL,
+    token       bigint      NOT NULL,
+    attempt     bytea       NOT NULL,
     lease_until timestamptz NOT NULL,
     created_at  timestamptz NOT NULL,
     expires_at  timestamptz NOT NULL,

@@ -44,7 +44,10 @@
 //! Records stay until [`Store::purge_expired`](idem_core::Store::purge_expired) deletes
 //! them (batches of 1 000, `SKIP LOCKED`, safe from many processes); run an
 //! `idem_core::Purger` (idem-core's driver) beside the application. A record counts as absent only when it is
-//! expired and no live lease holds it, and the purge deletes only those.
+//! expired and no live lease holds it, and the purge deletes only those. A row that idem
+//! did not write (an unknown state or a short fingerprint, from a hand edit) is never
+//! absent: claims and reads answer [`StoreError::Corrupt`](idem_core::StoreError::Corrupt)
+//! naming its key, and the purge leaves it for an operator to read and delete.
 //!
 //! ## Errors
 //!

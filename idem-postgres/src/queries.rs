@@ -33,6 +33,22 @@ fn present(row: &str) -> String {
     )
 }
 
+/// That the row holds values idem writes: a known state, a 32-byte fingerprint, a 16-byte
+/// attempt and a token of at least 1. The table has no `CHECK` constraints for these
+/// (PostgreSQL prepares each one's expression again on every insert and update: a fifth
+/// or more of a fresh key's engine time, BENCHMARKS.md). idem binds only such values,
+/// every read refuses a row without them as corrupt, and the two statements that decide
+/// on a row they do not return (the claim taking it for absent, the purge deleting it)
+/// test this first, so that a row written by hand is never taken for absent. As
+/// `{valid}`, or `{r.valid}` for the row aliased `r`.
+fn valid(row: &str) -> String {
+    format!(
+        "({row}state IN ('in_progress', 'completed', 'failed') \
+         AND octet_length({row}fingerprint) = 32 AND octet_length({row}attempt) = 16 \
+         AND {row}token >= 1)"
+    )
+}
+
 /// That the row is in progress, in the statements that find their row by key. Written so
 /// that the planner cannot prove the stuck-work index's predicate (`state =
 /// 'in_progress'`) from it: that index has no key column, so a lookup through it reads
@@ -78,6 +94,8 @@ impl Queries {
                 .replace("{response}", response)
                 .replace("{r.present}", &present("r."))
                 .replace("{present}", &present(""))
+                .replace("{r.valid}", &valid("r."))
+                .replace("{valid}", &valid(""))
                 .replace("{in_progress}", IN_PROGRESS)
                 .replace("{table}", table.qualified())
                 .replace("{index_expires_at}", &table.index("expires_at"))

@@ -33,13 +33,6 @@ async fn foreign_records_are_refused_not_absent() {
     let store = common::store_in(&url, table, 4).await;
     let pool = store.pool().clone();
     let store: Arc<dyn Admin> = Arc::new(store);
-    // An older schema, or a hand edit, without the state check.
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "ALTER TABLE \"{table}\" DROP CONSTRAINT IF EXISTS \"{table}_state_check\""
-    )))
-    .execute(&pool)
-    .await
-    .unwrap();
     let cases = [
         ("an unknown state", "'paused'", "1", "'{}'"),
         (
@@ -247,4 +240,227 @@ async fn an_operator_s_release_at_the_last_token_is_corrupt_and_names_its_key() 
     .unwrap();
     assert_eq!(token, i64::MAX, "the token is as it was");
     assert!(live, "the lease is as it was");
+}
+
+/// What a row holds that decides whether idem may act on it without reading it: state,
+/// token, attempt, fingerprint, expiry (compared in SQL).
+async fn row_as_stored(store: &idem_postgres::PostgresStore, table: &str, key: &Key) -> String {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT concat_ws(' ', state, token, encode(attempt, 'hex'), encode(fingerprint, 'hex'),
+                          expires_at, lease_until)
+         FROM \"{table}\" WHERE scope = $1 AND key = $2"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .fetch_one(store.pool())
+    .await
+    .expect("the planted row is still there")
+}
+
+/// The table has no CHECK constraints, so a hand edit can store any value. Each value idem
+/// never writes is refused by every door, whether the record is present or long expired:
+/// no claim takes it for absent (an unknown state may hide a live lease), none takes it
+/// over (the attempt case: in progress under the claim's own fingerprint, its lease over),
+/// the purge leaves it for an operator, and the row is unchanged afterwards.
+#[tokio::test]
+async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 4).await;
+    assert_eq!(
+        check_constraints(&store, table).await,
+        0,
+        "migrate makes a table without CHECK constraints"
+    );
+    let admin: Arc<dyn Admin> = Arc::new(store.clone());
+    let foreign = hex(Fingerprint::of_bytes("foreign").as_bytes());
+    // (what, state, token, attempt bytes, fingerprint as hex)
+    let cases = [
+        ("an unknown state", "'paused'", "1", 16, foreign.clone()),
+        (
+            "a state in capitals",
+            "'IN_PROGRESS'",
+            "1",
+            16,
+            foreign.clone(),
+        ),
+        ("a token of 0", "'completed'", "0", 16, foreign.clone()),
+        (
+            "a negative token",
+            "'in_progress'",
+            "-7",
+            16,
+            foreign.clone(),
+        ),
+        (
+            "an attempt of 15 bytes",
+            "'in_progress'",
+            "1",
+            15,
+            foreign.clone(),
+        ),
+        (
+            "a fingerprint of 31 bytes",
+            "'in_progress'",
+            "1",
+            16,
+            foreign[..62].to_owned(),
+        ),
+    ];
+    let mut planted = Vec::new();
+    for (n, (what, state, token, attempt, fingerprint)) in cases.into_iter().enumerate() {
+        // Present (expires tomorrow), then expired an hour ago; either way its lease, if
+        // it had one, ended an hour ago, and the hand edit below keeps one live for the
+        // state in capitals.
+        for (when, expires) in [
+            ("present", "now() + interval '1 day'"),
+            ("expired", "now() - interval '1 hour'"),
+        ] {
+            let key = Key::new("foreign", format!("never-written-{n}-{when}")).unwrap();
+            let lease_until = if state == "'IN_PROGRESS'" {
+                "now() + interval '1 hour'"
+            } else {
+                "now() - interval '1 hour'"
+            };
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at)
+                 VALUES ($1, $2, decode('{fingerprint}', 'hex'), {state}, {token},
+                         decode(repeat('ab', {attempt}), 'hex'), {lease_until}, now() - interval '2 hours', {expires})"
+            )))
+            .bind(key.scope())
+            .bind(key.key())
+            .execute(store.pool())
+            .await
+            .unwrap();
+            let before = row_as_stored(&store, table, &key).await;
+            let what = format!("{what}, {when}");
+            assert_foreign_record_is_refused(Arc::clone(&admin), &key, &what).await;
+            assert_eq!(
+                row_as_stored(&store, table, &key).await,
+                before,
+                "{what}: the row changed"
+            );
+            planted.push((key, before, what));
+        }
+    }
+    let purged = store.purge_expired(1000).await.unwrap();
+    assert_eq!(purged, 0, "the purge deleted a row it cannot read");
+    for (key, before, what) in &planted {
+        assert_eq!(
+            &row_as_stored(&store, table, key).await,
+            before,
+            "{what}: the purge changed the row"
+        );
+    }
+}
+
+/// A table made by an older idem keeps its CHECK constraints: migrate leaves them, and the
+/// statements work on it as on a new table.
+#[tokio::test]
+async fn a_table_with_the_older_check_constraints_keeps_them_and_works() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 2).await;
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "ALTER TABLE \"{table}\"
+            ADD CHECK (octet_length(fingerprint) = 32),
+            ADD CHECK (state IN ('in_progress', 'completed', 'failed')),
+            ADD CHECK (token >= 1),
+            ADD CHECK (octet_length(attempt) = 16)"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    assert_eq!(
+        check_constraints(&store, table).await,
+        4,
+        "migrate dropped an operator's constraints"
+    );
+    let idem = idem_core::Idempotency::new(store);
+    let key = Key::new("older", "order-1").unwrap();
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    for replayed in [false, true] {
+        let outcome = idem
+            .execute(&key, Fingerprint::of_bytes("a"), |_ctx| async {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok::<_, idem_core::WorkError<()>>(7_u32)
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, idem_core::Outcome::Completed { value: 7, replayed: r, .. } if r == replayed),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// How many CHECK constraints `table` has.
+async fn check_constraints(store: &idem_postgres::PostgresStore, table: &str) -> i64 {
+    sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM pg_constraint WHERE conrelid = '\"{table}\"'::regclass AND contype = 'c'"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A hand edit that commits while a claim of the same key waits on it: the claim did not
+/// see the row when it read, and its upsert meets it only as a conflict. The upsert's own
+/// test refuses it as well: the claim writes nothing and answers Corrupt.
+#[tokio::test]
+async fn a_row_idem_never_writes_committed_under_a_waiting_claim_is_refused() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 4).await;
+    let key = Key::new("foreign", "planted-under-a-claim").unwrap();
+    let mut editor = store.pool().begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at)
+         VALUES ($1, $2, decode(repeat('00', 32), 'hex'), 'paused', 1, decode(repeat('00', 16), 'hex'),
+                 now() + interval '1 hour', now() - interval '2 hours', now() - interval '1 hour')"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .execute(&mut *editor)
+    .await
+    .unwrap();
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *editor)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .claim(&ClaimRequest::new(
+                    key,
+                    Fingerprint::of_bytes("a"),
+                    Duration::from_secs(60),
+                    Duration::from_secs(3600),
+                ))
+                .await
+        }
+    });
+    common::wait_until_blocked_by(&store, holder).await;
+    editor.commit().await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), claim)
+        .await
+        .expect("the claim answers once the edit commits")
+        .unwrap();
+    assert_corrupt_naming(&key, answer);
+    assert!(
+        row_as_stored(&store, table, &key)
+            .await
+            .starts_with("paused 1 "),
+        "the claim wrote over the planted row"
+    );
 }

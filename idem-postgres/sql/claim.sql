@@ -29,20 +29,25 @@ claimed AS (
            now() + $6::bigint * interval '1 millisecond', NULL, '{}'::jsonb, false
     WHERE NOT EXISTS (SELECT 1 FROM settled)
     ON CONFLICT (scope, key) DO UPDATE SET
-        -- An absent record is replaced by a fresh one; a takeover keeps what it had.
-        fingerprint = CASE WHEN NOT {r.present} THEN excluded.fingerprint ELSE r.fingerprint END,
+        -- An absent record is replaced by a fresh one; a takeover keeps what it had. A row
+        -- this sets passed the WHERE below: absent, or in progress with its lease over, and
+        -- for both, present means unexpired (no live lease holds it). So the shorter test,
+        -- r.expires_at > now(), stands for the presence test here, and PostgreSQL sets up
+        -- less for each run of the statement.
+        fingerprint = CASE WHEN r.expires_at > now() THEN r.fingerprint ELSE excluded.fingerprint END,
         state       = 'in_progress',
         token       = r.token + 1,
         attempt     = excluded.attempt,
         lease_until = excluded.lease_until,
-        created_at  = CASE WHEN NOT {r.present} THEN excluded.created_at ELSE r.created_at END,
-        expires_at  = CASE WHEN NOT {r.present} THEN excluded.expires_at
-                           ELSE GREATEST(r.expires_at,
+        created_at  = CASE WHEN r.expires_at > now() THEN r.created_at ELSE excluded.created_at END,
+        expires_at  = CASE WHEN r.expires_at > now()
+                           THEN GREATEST(r.expires_at,
                                          excluded.lease_until + $6::bigint * interval '1 millisecond')
+                           ELSE excluded.expires_at
                       END,
-        response    = CASE WHEN NOT {r.present} THEN NULL ELSE r.response END,
-        steps       = CASE WHEN NOT {r.present} THEN '{}'::jsonb ELSE r.steps END,
-        resumed     = {r.present}
+        response    = CASE WHEN r.expires_at > now() THEN r.response END,
+        steps       = CASE WHEN r.expires_at > now() THEN r.steps ELSE '{}'::jsonb END,
+        resumed     = r.expires_at > now()
     WHERE {r.valid}
       AND (NOT {r.present}
            OR (r.fingerprint = excluded.fingerprint

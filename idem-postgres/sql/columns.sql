@@ -2,16 +2,18 @@
 -- for get; for claim only while in progress and any are set (an owner needs them, a replay
 -- does not).
 -- {response} is the response column, or nothing where an operator's listing leaves it out.
+-- Times go out as timestamptz, which the client turns into milliseconds (rows.rs): cheaper
+-- than computing each here. read_at is the statement's now().
 state,
 token,
 attempt,
 fingerprint,
-floor(extract(epoch FROM lease_until) * 1000)::bigint AS lease_until_ms,
-floor(extract(epoch FROM created_at) * 1000)::bigint AS created_at_ms,
-floor(extract(epoch FROM expires_at) * 1000)::bigint AS expires_at_ms,
+lease_until,
+created_at,
+expires_at,
 {response} AS response,
 resumed,
 -- The steps as jsonb's text, decoded by the client: a sorted subquery here would be set up
 -- on every run of the statement, steps or not.
 CASE WHEN {steps_when} THEN steps::text END AS steps,
-floor(extract(epoch FROM now()) * 1000)::bigint AS now_ms
+now() AS read_at

@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use idem_core::{Key, Record, StoreError, Timestamp, store::Operation};
-use sqlx::Row;
-use sqlx::postgres::PgRow;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::types::Oid;
+use sqlx::postgres::{PgRow, PgTypeInfo, PgValueFormat, PgValueRef, Postgres};
+use sqlx::{Decode, Row, Type};
 
 use crate::errors::map;
 
@@ -41,9 +43,21 @@ fn decode_fields(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded
         .state(row.try_get::<String, _>("state").map_err(column)?)
         .token(row.try_get::<i64, _>("token").map_err(column)?)
         .attempt(&row.try_get::<Vec<u8>, _>("attempt").map_err(column)?)
-        .lease_until_millis(row.try_get::<i64, _>("lease_until_ms").map_err(column)?)
-        .created_at_millis(row.try_get::<i64, _>("created_at_ms").map_err(column)?)
-        .expires_at_millis(row.try_get::<i64, _>("expires_at_ms").map_err(column)?)
+        .lease_until_millis(
+            row.try_get::<UnixMillis, _>("lease_until")
+                .map_err(column)?
+                .0,
+        )
+        .created_at_millis(
+            row.try_get::<UnixMillis, _>("created_at")
+                .map_err(column)?
+                .0,
+        )
+        .expires_at_millis(
+            row.try_get::<UnixMillis, _>("expires_at")
+                .map_err(column)?
+                .0,
+        )
         .response(row.try_get("response").map_err(column)?);
     for (name, value) in steps {
         parts = parts.step(name, value);
@@ -51,8 +65,46 @@ fn decode_fields(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded
     Ok(Decoded {
         record: parts.build()?,
         resumed: row.try_get("resumed").map_err(column)?,
-        now: millis(row.try_get("now_ms").map_err(column)?)?,
+        now: millis(row.try_get::<UnixMillis, _>("read_at").map_err(column)?.0)?,
     })
+}
+
+/// A `timestamptz` column as whole milliseconds since 1970, rounded down: decoded from
+/// PostgreSQL's binary form (microseconds since 2000 as a big-endian `i64`), where the
+/// statement computing `floor(extract(epoch ...) * 1000)` for each column costed more than
+/// the rest of its projection. `infinity` and `-infinity` (which idem never writes) fail to
+/// decode, so a row holding one reads as corrupt.
+struct UnixMillis(i64);
+
+/// `timestamptz`'s type OID.
+const TIMESTAMPTZ: Oid = Oid(1184);
+
+/// Milliseconds from 1970-01-01 to 2000-01-01, PostgreSQL's epoch.
+const POSTGRES_EPOCH_MILLIS: i64 = 946_684_800_000;
+
+impl Type<Postgres> for UnixMillis {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_oid(TIMESTAMPTZ)
+    }
+
+    fn compatible(ty: &PgTypeInfo) -> bool {
+        ty.oid() == Some(TIMESTAMPTZ)
+    }
+}
+
+impl Decode<'_, Postgres> for UnixMillis {
+    fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
+        if value.format() != PgValueFormat::Binary {
+            return Err("a timestamptz in text form".into());
+        }
+        let micros = i64::from_be_bytes(value.as_bytes()?.try_into()?);
+        if micros == i64::MAX || micros == i64::MIN {
+            return Err("an infinite timestamptz".into());
+        }
+        // Within timestamptz's range (4713 BC to 294276 AD) this neither overflows nor
+        // rounds: every value fits an i64 of milliseconds.
+        Ok(Self(micros.div_euclid(1000) + POSTGRES_EPOCH_MILLIS))
+    }
 }
 
 /// The steps column as `checkpoint.sql` writes it: a JSON object of step names to the
@@ -89,7 +141,59 @@ fn steps(text: Option<String>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::steps;
+    use super::{UnixMillis, steps};
+
+    /// The client's milliseconds equal what the statements computed before,
+    /// `floor(extract(epoch ...) * 1000)`, on either side of both epochs and of a
+    /// millisecond, and at the ends of timestamptz's range (exactly, where PostgreSQL's
+    /// own arithmetic rounds); infinities do not decode.
+    #[tokio::test]
+    async fn times_decode_as_the_server_floors_them() {
+        let Some(url) = idem_testkit::service_url("IDEM_TEST_POSTGRES_URL") else {
+            return;
+        };
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+            .await
+            .expect("connect to the test PostgreSQL");
+        let times = [
+            "1970-01-01 00:00:00+00",
+            "1969-12-31 23:59:59.999999+00",
+            "1969-12-31 23:59:59.9995+00",
+            "2000-01-01 00:00:00+00",
+            "1999-12-31 23:59:59.999001+00",
+            "2000-01-01 00:00:00.000999+00",
+            "2026-12-07 10:00:00.123999+00",
+            "4713-11-24 00:00:00+00 BC",
+        ];
+        for time in times {
+            let (decoded, floored): (UnixMillis, i64) = sqlx::query_as(
+                "SELECT $1::timestamptz, floor(extract(epoch FROM $1::timestamptz) * 1000)::bigint",
+            )
+            .bind(time)
+            .fetch_one(&mut conn)
+            .await
+            .expect("both forms of the time");
+            assert_eq!(decoded.0, floored, "{time}");
+        }
+        // The last instant timestamptz holds. PostgreSQL's own extract rounds there (it
+        // divides as numeric past the top of its fast path); the decoded value is exact.
+        let (last,): (UnixMillis,) =
+            sqlx::query_as("SELECT '294276-12-31 23:59:59.999999+00'::timestamptz")
+                .fetch_one(&mut conn)
+                .await
+                .expect("the last instant");
+        assert_eq!(last.0, 9_224_318_015_999_999);
+        for infinite in ["infinity", "-infinity"] {
+            let decoded = sqlx::query_scalar::<_, UnixMillis>("SELECT $1::timestamptz")
+                .bind(infinite)
+                .fetch_one(&mut conn)
+                .await;
+            assert!(
+                matches!(decoded, Err(sqlx::Error::ColumnDecode { .. })),
+                "{infinite} decoded"
+            );
+        }
+    }
 
     fn decoded(text: &str) -> Vec<(String, Vec<u8>)> {
         steps(Some(text.to_owned())).expect("decodable steps")

@@ -464,3 +464,54 @@ async fn a_row_idem_never_writes_committed_under_a_waiting_claim_is_refused() {
         "the claim wrote over the planted row"
     );
 }
+
+/// `infinity` in a time column (a hand edit; idem writes only finite times) is a corrupt
+/// record naming the key, at every door: PostgreSQL refuses to turn it into milliseconds,
+/// so the client decodes the times itself and refuses it there.
+#[tokio::test]
+async fn infinite_times_are_corrupt_and_name_their_key() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 4).await;
+    let admin: Arc<dyn Admin> = Arc::new(store.clone());
+    // (what, state, lease_until, created_at, expires_at)
+    let cases = [
+        (
+            "an expiry at infinity",
+            "'completed'",
+            "now()",
+            "now()",
+            "'infinity'",
+        ),
+        (
+            "a live lease to infinity",
+            "'in_progress'",
+            "'infinity'",
+            "now()",
+            "now() - interval '1 hour'",
+        ),
+        (
+            "a creation at minus infinity",
+            "'completed'",
+            "now()",
+            "'-infinity'",
+            "now() + interval '1 day'",
+        ),
+    ];
+    for (n, (what, state, lease_until, created_at, expires_at)) in cases.into_iter().enumerate() {
+        let key = Key::new("foreign", format!("infinite-{n}")).unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response)
+             VALUES ($1, $2, decode(repeat('00', 32), 'hex'), {state}, 1, decode(repeat('00', 16), 'hex'),
+                     {lease_until}, {created_at}, {expires_at}, '\\x22616222')"
+        )))
+        .bind(key.scope())
+        .bind(key.key())
+        .execute(store.pool())
+        .await
+        .unwrap();
+        assert_foreign_record_is_refused(Arc::clone(&admin), &key, what).await;
+    }
+    assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
+}

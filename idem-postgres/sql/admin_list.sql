@@ -2,8 +2,7 @@
 -- $1 state, $2 stuck for (ms), $3 scope prefix, $4 $5 $6 the cursor (created, in
 -- microseconds since the epoch, scope, key), $7 limit, $8 whether to return responses
 SELECT scope, key, {columns},
-       octet_length(r.response) AS response_len,
-       (extract(epoch FROM created_at) * 1000000)::bigint AS created_us
+       octet_length(r.response) AS response_len
 FROM {table} AS r
 WHERE ($1::text IS NULL OR state = $1)
   AND ($2::bigint IS NULL

@@ -5,11 +5,12 @@
 -- is settled by the row lock: once it holds the lock, PostgreSQL evaluates the CASEs on
 -- the newest committed row, never on a stale snapshot (a separate SELECT could report a
 -- record "in progress" that a worker had just completed). A row that is not released is
--- written back unchanged. `released` tells the two apart (the attempt is fresh random
--- bytes); for a row not released, `present` is as it was before.
+-- written back unchanged, and so is a row that idem did not write (`valid` in queries.rs):
+-- the client refuses it as corrupt. `released` tells the two apart (the attempt is fresh
+-- random bytes); for a row not released, `present` is as it was before.
 UPDATE {table}
-SET token = CASE WHEN state = 'in_progress' AND {present} THEN token + 1 ELSE token END,
-    attempt = CASE WHEN state = 'in_progress' AND {present} THEN $3 ELSE attempt END,
-    lease_until = CASE WHEN state = 'in_progress' AND {present} THEN now() ELSE lease_until END
+SET token = CASE WHEN state = 'in_progress' AND {present} AND {valid} THEN token + 1 ELSE token END,
+    attempt = CASE WHEN state = 'in_progress' AND {present} AND {valid} THEN $3 ELSE attempt END,
+    lease_until = CASE WHEN state = 'in_progress' AND {present} AND {valid} THEN now() ELSE lease_until END
 WHERE scope = $1 AND key = $2
 RETURNING token, state, attempt = $3 AS released, {present} AS present

@@ -1,9 +1,10 @@
 -- What the table holds at now(), in one statement so that every figure comes from one
 -- snapshot, and in one pass over the table (grouped by scope, then summed): totals by
 -- state, live leases, ended leases of present records (abandoned work a retry would take
--- over), absent records (expired, no live lease), the oldest present in-progress
--- record's creation, and the $1 largest scopes. One row per top scope (the totals
--- repeated on each), or one row with a NULL scope when there is none to show.
+-- over), absent records (expired, no live lease, and idem's: what the purge deletes), the
+-- oldest present in-progress record's creation, and the $1 largest scopes. One row per
+-- top scope (the totals repeated on each), or one row with a NULL scope when there is
+-- none to show.
 WITH per_scope AS MATERIALIZED (
     SELECT scope,
            count(*) AS total,
@@ -13,7 +14,7 @@ WITH per_scope AS MATERIALIZED (
            count(*) FILTER (WHERE state = 'in_progress' AND lease_until > now()) AS live,
            count(*) FILTER (WHERE state = 'in_progress' AND lease_until <= now()
                                   AND expires_at > now()) AS lease_ended,
-           count(*) FILTER (WHERE NOT {present}) AS absent,
+           count(*) FILTER (WHERE NOT {present} AND {valid}) AS absent,
            min(created_at) FILTER (WHERE state = 'in_progress' AND {present}) AS oldest
     FROM {table}
     GROUP BY scope
@@ -26,8 +27,8 @@ totals AS (
            coalesce(sum(live), 0)::bigint AS live,
            coalesce(sum(lease_ended), 0)::bigint AS lease_ended,
            coalesce(sum(absent), 0)::bigint AS absent,
-           floor(extract(epoch FROM min(oldest)) * 1000)::bigint AS oldest_ms,
-           floor(extract(epoch FROM now()) * 1000)::bigint AS now_ms
+           min(oldest) AS oldest,
+           now() AS read_at
     FROM per_scope
 ),
 top AS (

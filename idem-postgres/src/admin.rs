@@ -11,7 +11,7 @@ use idem_core::{
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::errors::map;
-use crate::rows;
+use crate::rows::{self, PgTime};
 use crate::store::PostgresStore;
 
 /// A listing's cursor here: [`Cursor::at`] the creation time in microseconds (the
@@ -74,9 +74,15 @@ impl Admin for PostgresStore {
             let response_len: Option<i32> = row
                 .try_get("response_len")
                 .map_err(|err| map(Operation::List, err))?;
-            let created_us: i64 = row
-                .try_get("created_us")
-                .map_err(|err| map(Operation::List, err))?;
+            let created_us = row
+                .try_get::<PgTime, _>("created_at")
+                .map_err(|err| map(Operation::List, err))?
+                .unix_micros()
+                .ok_or_else(|| StoreError::Corrupt {
+                    key: Some(key.short_hash()),
+                    what: "a creation time past what a cursor holds",
+                    source: None,
+                })?;
             let mut entry = Listed::new(decoded.record, query.with_responses);
             entry.response_len = response_len.map(|n| n.max(0) as usize);
             positions.push(created_us);
@@ -112,11 +118,15 @@ impl Admin for PostgresStore {
         stats.in_progress_lease_ended = count(row, "lease_ended")?;
         stats.absent = count(row, "absent")?;
         stats.oldest_in_progress = row
-            .try_get::<Option<i64>, _>("oldest_ms")
+            .try_get::<Option<PgTime>, _>("oldest")
             .map_err(get)?
-            .map(rows::millis)
+            .map(|time| rows::millis(time.unix_millis()))
             .transpose()?;
-        stats.now = rows::millis(row.try_get("now_ms").map_err(get)?)?;
+        stats.now = rows::millis(
+            row.try_get::<PgTime, _>("read_at")
+                .map_err(get)?
+                .unix_millis(),
+        )?;
         for row in &rows {
             let scope: Option<String> = row.try_get("scope").map_err(get)?;
             let records: Option<i64> = row.try_get("records").map_err(get)?;

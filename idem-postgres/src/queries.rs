@@ -26,7 +26,8 @@ const ADMIN_RAW: &str = include_str!("../sql/admin_raw.sql");
 
 /// When a row counts as present (docs/DESIGN.md §4): unexpired, or held by a live lease.
 /// Every statement that decides between "there is a record" and "there is none" uses it,
-/// as `{present}`, or `{r.present}` for the row aliased `r`.
+/// as `{present}`, or `{r.present}` for the row aliased `r` (the claim's takeover, once
+/// its condition holds, tests the expiry alone: claim.sql says why).
 fn present(row: &str) -> String {
     format!(
         "({row}expires_at > now() OR ({row}state = 'in_progress' AND {row}lease_until > now()))"
@@ -34,18 +35,18 @@ fn present(row: &str) -> String {
 }
 
 /// That the row holds values idem writes: a known state, a 32-byte fingerprint, a 16-byte
-/// attempt and a token of at least 1. The table has no `CHECK` constraints for these
+/// attempt and a token from 1 to 2^53 - 1 (idem's `MAX_TOKEN`). The table has no `CHECK` constraints for these
 /// (PostgreSQL prepares each one's expression again on every insert and update: a fifth
 /// or more of a fresh key's engine time, BENCHMARKS.md). idem binds only such values,
-/// every read refuses a row without them as corrupt, and the two statements that decide
-/// on a row they do not return (the claim taking it for absent, the purge deleting it)
-/// test this first, so that a row written by hand is never taken for absent. As
+/// every read refuses a row without them as corrupt, and the statements that decide on
+/// a row they do not return (the claim taking it for absent, the purge deleting it, an
+/// operator's release taking it over, `stats` counting it absent) test this first, so that a row written by hand is never taken for absent. As
 /// `{valid}`, or `{r.valid}` for the row aliased `r`.
 fn valid(row: &str) -> String {
     format!(
         "({row}state IN ('in_progress', 'completed', 'failed') \
          AND octet_length({row}fingerprint) = 32 AND octet_length({row}attempt) = 16 \
-         AND {row}token >= 1)"
+         AND {row}token BETWEEN 1 AND 9007199254740991)"
     )
 }
 

@@ -44,19 +44,19 @@ fn decode_fields(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded
         .token(row.try_get::<i64, _>("token").map_err(column)?)
         .attempt(&row.try_get::<Vec<u8>, _>("attempt").map_err(column)?)
         .lease_until_millis(
-            row.try_get::<UnixMillis, _>("lease_until")
+            row.try_get::<PgTime, _>("lease_until")
                 .map_err(column)?
-                .0,
+                .unix_millis(),
         )
         .created_at_millis(
-            row.try_get::<UnixMillis, _>("created_at")
+            row.try_get::<PgTime, _>("created_at")
                 .map_err(column)?
-                .0,
+                .unix_millis(),
         )
         .expires_at_millis(
-            row.try_get::<UnixMillis, _>("expires_at")
+            row.try_get::<PgTime, _>("expires_at")
                 .map_err(column)?
-                .0,
+                .unix_millis(),
         )
         .response(row.try_get("response").map_err(column)?);
     for (name, value) in steps {
@@ -65,16 +65,22 @@ fn decode_fields(key: &Key, row: &PgRow, operation: Operation) -> Result<Decoded
     Ok(Decoded {
         record: parts.build()?,
         resumed: row.try_get("resumed").map_err(column)?,
-        now: millis(row.try_get::<UnixMillis, _>("read_at").map_err(column)?.0)?,
+        now: millis(
+            row.try_get::<PgTime, _>("read_at")
+                .map_err(column)?
+                .unix_millis(),
+        )?,
     })
 }
 
-/// A `timestamptz` column as whole milliseconds since 1970, rounded down: decoded from
-/// PostgreSQL's binary form (microseconds since 2000 as a big-endian `i64`), where the
-/// statement computing `floor(extract(epoch ...) * 1000)` for each column costed more than
-/// the rest of its projection. `infinity` and `-infinity` (which idem never writes) fail to
-/// decode, so a row holding one reads as corrupt.
-struct UnixMillis(i64);
+/// A `timestamptz` column, decoded by the client from PostgreSQL's binary form
+/// (microseconds since 2000 as a big-endian `i64`): a statement computing
+/// `floor(extract(epoch ...) * 1000)` for each column cost more than the rest of its
+/// projection. `infinity` and `-infinity` (which idem never writes) fail to decode, so a
+/// row holding one reads as corrupt.
+pub(crate) struct PgTime {
+    micros_since_2000: i64,
+}
 
 /// `timestamptz`'s type OID.
 const TIMESTAMPTZ: Oid = Oid(1184);
@@ -82,7 +88,22 @@ const TIMESTAMPTZ: Oid = Oid(1184);
 /// Milliseconds from 1970-01-01 to 2000-01-01, PostgreSQL's epoch.
 const POSTGRES_EPOCH_MILLIS: i64 = 946_684_800_000;
 
-impl Type<Postgres> for UnixMillis {
+impl PgTime {
+    /// Whole milliseconds since 1970, rounded down. Within timestamptz's range (4714 BC
+    /// to 294276 AD) this neither overflows nor rounds otherwise.
+    pub(crate) fn unix_millis(&self) -> i64 {
+        self.micros_since_2000.div_euclid(1000) + POSTGRES_EPOCH_MILLIS
+    }
+
+    /// Microseconds since 1970; `None` in the last 30 years of timestamptz's range, which
+    /// an `i64` of them cannot reach.
+    pub(crate) fn unix_micros(&self) -> Option<i64> {
+        self.micros_since_2000
+            .checked_add(POSTGRES_EPOCH_MILLIS * 1000)
+    }
+}
+
+impl Type<Postgres> for PgTime {
     fn type_info() -> PgTypeInfo {
         PgTypeInfo::with_oid(TIMESTAMPTZ)
     }
@@ -92,18 +113,16 @@ impl Type<Postgres> for UnixMillis {
     }
 }
 
-impl Decode<'_, Postgres> for UnixMillis {
+impl Decode<'_, Postgres> for PgTime {
     fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
         if value.format() != PgValueFormat::Binary {
             return Err("a timestamptz in text form".into());
         }
-        let micros = i64::from_be_bytes(value.as_bytes()?.try_into()?);
-        if micros == i64::MAX || micros == i64::MIN {
+        let micros_since_2000 = i64::from_be_bytes(value.as_bytes()?.try_into()?);
+        if micros_since_2000 == i64::MAX || micros_since_2000 == i64::MIN {
             return Err("an infinite timestamptz".into());
         }
-        // Within timestamptz's range (4713 BC to 294276 AD) this neither overflows nor
-        // rounds: every value fits an i64 of milliseconds.
-        Ok(Self(micros.div_euclid(1000) + POSTGRES_EPOCH_MILLIS))
+        Ok(Self { micros_since_2000 })
     }
 }
 
@@ -141,7 +160,7 @@ fn steps(text: Option<String>) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{UnixMillis, steps};
+    use super::{PgTime, steps};
 
     /// The client's milliseconds equal what the statements computed before,
     /// `floor(extract(epoch ...) * 1000)`, on either side of both epochs and of a
@@ -163,28 +182,33 @@ mod tests {
             "1999-12-31 23:59:59.999001+00",
             "2000-01-01 00:00:00.000999+00",
             "2026-12-07 10:00:00.123999+00",
-            "4713-11-24 00:00:00+00 BC",
+            "4714-11-24 00:00:00+00 BC",
         ];
         for time in times {
-            let (decoded, floored): (UnixMillis, i64) = sqlx::query_as(
+            let (decoded, floored): (PgTime, i64) = sqlx::query_as(
                 "SELECT $1::timestamptz, floor(extract(epoch FROM $1::timestamptz) * 1000)::bigint",
             )
             .bind(time)
             .fetch_one(&mut conn)
             .await
             .expect("both forms of the time");
-            assert_eq!(decoded.0, floored, "{time}");
+            assert_eq!(decoded.unix_millis(), floored, "{time}");
         }
         // The last instant timestamptz holds. PostgreSQL's own extract rounds there (it
         // divides as numeric past the top of its fast path); the decoded value is exact.
-        let (last,): (UnixMillis,) =
+        let (last,): (PgTime,) =
             sqlx::query_as("SELECT '294276-12-31 23:59:59.999999+00'::timestamptz")
                 .fetch_one(&mut conn)
                 .await
                 .expect("the last instant");
-        assert_eq!(last.0, 9_224_318_015_999_999);
+        assert_eq!(last.unix_millis(), 9_224_318_015_999_999);
+        assert_eq!(
+            last.unix_micros(),
+            None,
+            "past an i64 of microseconds since 1970"
+        );
         for infinite in ["infinity", "-infinity"] {
-            let decoded = sqlx::query_scalar::<_, UnixMillis>("SELECT $1::timestamptz")
+            let decoded = sqlx::query_scalar::<_, PgTime>("SELECT $1::timestamptz")
                 .bind(infinite)
                 .fetch_one(&mut conn)
                 .await;

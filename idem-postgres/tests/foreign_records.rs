@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::admin::ReleaseKeyOutcome;
 use idem_core::store::ClaimRequest;
 use idem_core::{Admin, Fingerprint, Key, Store, StoreError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
@@ -307,6 +308,13 @@ async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged(
             16,
             foreign[..62].to_owned(),
         ),
+        (
+            "a token past 2^53 - 1",
+            "'in_progress'",
+            "9007199254740992",
+            16,
+            foreign.clone(),
+        ),
     ];
     let mut planted = Vec::new();
     for (n, (what, state, token, attempt, fingerprint)) in cases.into_iter().enumerate() {
@@ -336,6 +344,11 @@ async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged(
             let before = row_as_stored(&store, table, &key).await;
             let what = format!("{what}, {when}");
             assert_foreign_record_is_refused(Arc::clone(&admin), &key, &what).await;
+            let released = admin.release_key(&key).await;
+            assert!(
+                !matches!(released, Ok(ReleaseKeyOutcome::Released { .. })),
+                "{what}: an operator's release took it over: {released:?}"
+            );
             assert_eq!(
                 row_as_stored(&store, table, &key).await,
                 before,
@@ -363,16 +376,7 @@ async fn a_table_with_the_older_check_constraints_keeps_them_and_works() {
     let table = Namespace::fresh();
     let table = table.as_str();
     let store = common::store_in(&url, table, 2).await;
-    sqlx::raw_sql(AssertSqlSafe(format!(
-        "ALTER TABLE \"{table}\"
-            ADD CHECK (octet_length(fingerprint) = 32),
-            ADD CHECK (state IN ('in_progress', 'completed', 'failed')),
-            ADD CHECK (token >= 1),
-            ADD CHECK (octet_length(attempt) = 16)"
-    )))
-    .execute(store.pool())
-    .await
-    .unwrap();
+    common::add_older_checks(&store, table).await;
     store.migrate().await.unwrap();
     assert_eq!(
         check_constraints(&store, table).await,
@@ -492,9 +496,9 @@ async fn infinite_times_are_corrupt_and_name_their_key() {
             "now() - interval '1 hour'",
         ),
         (
-            "a creation at minus infinity",
-            "'completed'",
-            "now()",
+            "a live lease created at minus infinity",
+            "'in_progress'",
+            "now() + interval '1 hour'",
             "'-infinity'",
             "now() + interval '1 day'",
         ),
@@ -512,6 +516,27 @@ async fn infinite_times_are_corrupt_and_name_their_key() {
         .await
         .unwrap();
         assert_foreign_record_is_refused(Arc::clone(&admin), &key, what).await;
+        // The operator's listing and counts refuse it too (the stuck-work listing and the
+        // oldest record in flight read the creation time), naming what they can.
+        let listed = admin.list(&idem_core::admin::ListQuery::default()).await;
+        assert!(
+            matches!(&listed, Err(StoreError::Corrupt { .. })),
+            "{what}: list answered {listed:?}"
+        );
+        if created_at == "'-infinity'" {
+            let stats = admin.stats(5).await;
+            assert!(
+                matches!(&stats, Err(StoreError::Corrupt { .. })),
+                "{what}: stats answered {stats:?}"
+            );
+        }
+        sqlx::query(AssertSqlSafe(format!(
+            "DELETE FROM \"{table}\" WHERE scope = $1 AND key = $2"
+        )))
+        .bind(key.scope())
+        .bind(key.key())
+        .execute(store.pool())
+        .await
+        .unwrap();
     }
-    assert_eq!(store.purge_expired(1000).await.unwrap(), 0);
 }

@@ -26,17 +26,42 @@ pub(crate) async fn store_in(url: &str, table: &str, connections: u32) -> Postgr
         .table(table)
         .expect("a valid table name")
         .build();
-    let quoted: String = table
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {}",
+        quoted(table)
+    )))
+    .execute(store.pool())
+    .await
+    .expect("drop a stale table");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// `table`'s name as SQL, each part quoted.
+fn quoted(table: &str) -> String {
+    table
         .split('.')
         .map(|part| format!("\"{part}\""))
         .collect::<Vec<_>>()
-        .join(".");
-    sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE IF EXISTS {quoted}")))
-        .execute(store.pool())
-        .await
-        .expect("drop a stale table");
-    store.migrate().await.expect("migrate");
-    store
+        .join(".")
+}
+
+/// Adds the four CHECK constraints that tables made by an older idem carry (a known
+/// state, a 32-byte fingerprint, a 16-byte attempt, a token of at least 1): a statement
+/// that wrote a value idem never writes fails on such a table.
+#[allow(dead_code)]
+pub(crate) async fn add_older_checks(store: &PostgresStore, table: &str) {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "ALTER TABLE {}
+            ADD CHECK (octet_length(fingerprint) = 32),
+            ADD CHECK (state IN ('in_progress', 'completed', 'failed')),
+            ADD CHECK (token >= 1),
+            ADD CHECK (octet_length(attempt) = 16)",
+        quoted(table)
+    )))
+    .execute(store.pool())
+    .await
+    .expect("add the older CHECK constraints");
 }
 
 /// A store on a table no other test uses.

@@ -359,6 +359,12 @@ async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged(
     }
     let purged = store.purge_expired(1000).await.unwrap();
     assert_eq!(purged, 0, "the purge deleted a row it cannot read");
+    let stats = admin.stats(5).await.unwrap();
+    assert_eq!(stats.total, planted.len() as u64);
+    assert_eq!(
+        stats.absent, 0,
+        "stats counts as absent what the purge never deletes"
+    );
     for (key, before, what) in &planted {
         assert_eq!(
             &row_as_stored(&store, table, key).await,

@@ -9,13 +9,16 @@
 -- retention past its new lease; the attempt whose lease ended takes nothing over (a late
 -- copy of a claim it already won), so it is read and answered in flight. A row that idem
 -- did not write (an unknown state, say: `valid` in queries.rs) is never written here,
--- present or not: it is read, and the client refuses it as corrupt.
+-- present or not: it is read, and the client refuses it as corrupt. Nor is a row at the
+-- last token: no next token could fence its owner, so it is read, and the client refuses
+-- a takeover or a replacement of it as corrupt (a replay of it is answered).
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
 WITH settled AS (
     SELECT {columns}
     FROM {table}
     WHERE scope = $1 AND key = $2
       AND (NOT {valid}
+           OR token >= {max_token}
            OR ({present}
                AND NOT (state = 'in_progress' AND lease_until <= now()
                         AND fingerprint = $3::bytea AND attempt <> $4::bytea)))
@@ -49,6 +52,7 @@ claimed AS (
         steps       = CASE WHEN r.expires_at > now() THEN r.steps ELSE '{}'::jsonb END,
         resumed     = r.expires_at > now()
     WHERE {r.valid}
+      AND r.token < {max_token}
       AND (NOT {r.present}
            OR (r.fingerprint = excluded.fingerprint
                AND r.state = 'in_progress'

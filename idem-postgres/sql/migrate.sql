@@ -4,8 +4,9 @@
 -- No CHECK constraints: PostgreSQL prepares each one's expression again on every insert and
 -- update. What they held (a known state, a 32-byte fingerprint and a 16-byte attempt, a
 -- token of at least 1) idem's own statements test before they act on a row they do not
--- return, and every read refuses a row without it as corrupt. A table made by an older idem keeps its constraints,
--- which change no answer; dropping them is the operator's choice (CHANGELOG.md).
+-- decode, and every read refuses a row without it as corrupt. A table made by an older
+-- idem keeps its constraints, which change no answer; dropping them is the operator's
+-- choice (CHANGELOG.md).
 CREATE TABLE IF NOT EXISTS {table} (
     scope       text        NOT NULL,
     key         text        NOT NULL,

@@ -154,9 +154,19 @@ impl Admin for PostgresStore {
         let state: String = row.try_get("state").map_err(failed)?;
         let released: bool = row.try_get("released").map_err(failed)?;
         let present: bool = row.try_get("present").map_err(failed)?;
+        let valid: bool = row.try_get("valid").map_err(failed)?;
         if released {
             return Ok(ReleaseKeyOutcome::Released {
                 token: u64::try_from(token).unwrap_or_default(),
+            });
+        }
+        // A row idem did not write is never released, finished or absent to an operator:
+        // `get` and claims refuse it too.
+        if !valid {
+            return Err(StoreError::Corrupt {
+                key: Some(key.short_hash()),
+                what: "a record idem did not write",
+                source: None,
             });
         }
         // Not released: the row was written back as it was, so `present` is what it was.

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use idem_core::raw::MAX_TOKEN;
+
 use crate::table::TableName;
 
 const MIGRATE: &str = include_str!("../sql/migrate.sql");
@@ -35,18 +37,19 @@ fn present(row: &str) -> String {
 }
 
 /// That the row holds values idem writes: a known state, a 32-byte fingerprint, a 16-byte
-/// attempt and a token from 1 to 2^53 - 1 (idem's `MAX_TOKEN`). The table has no `CHECK` constraints for these
-/// (PostgreSQL prepares each one's expression again on every insert and update: a fifth
-/// or more of a fresh key's engine time, BENCHMARKS.md). idem binds only such values,
-/// every read refuses a row without them as corrupt, and the statements that decide on
-/// a row they do not return (the claim taking it for absent, the purge deleting it, an
-/// operator's release taking it over, `stats` counting it absent) test this first, so that a row written by hand is never taken for absent. As
-/// `{valid}`, or `{r.valid}` for the row aliased `r`.
+/// attempt and a token from 1 to `MAX_TOKEN`. The table has no `CHECK` constraints for
+/// these (PostgreSQL prepares each one's expression again on every insert and update: a
+/// fifth or more of a fresh key's engine time, BENCHMARKS.md). idem binds only such
+/// values, every read refuses a row without them as corrupt, and the statements that
+/// decide on a row without decoding it (the claim taking it for absent, the purge deleting
+/// it, an operator's release, `stats` counting it absent) test this first, so that a row
+/// written by hand is never taken for absent. As `{valid}`, or `{r.valid}` for the row
+/// aliased `r`.
 fn valid(row: &str) -> String {
     format!(
         "({row}state IN ('in_progress', 'completed', 'failed') \
          AND octet_length({row}fingerprint) = 32 AND octet_length({row}attempt) = 16 \
-         AND {row}token BETWEEN 1 AND 9007199254740991)"
+         AND {row}token BETWEEN 1 AND {MAX_TOKEN})"
     )
 }
 
@@ -97,6 +100,7 @@ impl Queries {
                 .replace("{present}", &present(""))
                 .replace("{r.valid}", &valid("r."))
                 .replace("{valid}", &valid(""))
+                .replace("{max_token}", &MAX_TOKEN.to_string())
                 .replace("{in_progress}", IN_PROGRESS)
                 .replace("{table}", table.qualified())
                 .replace("{index_expires_at}", &table.index("expires_at"))

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Key, Record, Store, StoreError, key::StepName, machine, raw::duration_millis, record::Lease,
-    store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Operation,
+    Key, Record, Store, StoreError, key::StepName, machine, raw::MAX_TOKEN, raw::duration_millis,
+    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Operation,
     store::RenewOutcome, store::WriteOutcome,
 };
 use sqlx::postgres::{PgArguments, PgRow};
@@ -428,6 +428,16 @@ impl Store for PostgresStore {
             let answer = machine::claim(Some(&decoded.record), request, decoded.now);
             if answer.write.is_none() {
                 return Ok(answer.outcome);
+            }
+            // claim.sql never writes a row at the last token (no next token could fence its
+            // owner) and returns it instead: a takeover or a replacement of it is refused,
+            // as Redis's script does.
+            if decoded.record.token >= MAX_TOKEN {
+                return Err(StoreError::Corrupt {
+                    key: Some(key.short_hash()),
+                    what: "a token at its limit, which no takeover can pass",
+                    source: None,
+                });
             }
         }
         Err(StoreError::Busy {

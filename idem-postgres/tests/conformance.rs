@@ -36,4 +36,17 @@ mod with_older_checks {
             store
         }
     );
+
+    mod admin {
+        use idem_testkit::Namespace;
+
+        idem_testkit::admin_conformance_tests!(
+            service: "IDEM_TEST_POSTGRES_URL",
+            |url: String, namespace: Namespace| async move {
+                let store = super::super::common::store_in(&url, namespace.as_str(), 16).await;
+                super::super::common::add_older_checks(&store, namespace.as_str()).await;
+                store
+            }
+        );
+    }
 }

@@ -6,7 +6,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::admin::ReleaseKeyOutcome;
 use idem_core::store::ClaimRequest;
 use idem_core::{Admin, Fingerprint, Key, Store, StoreError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
@@ -344,11 +343,8 @@ async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged(
             let before = row_as_stored(&store, table, &key).await;
             let what = format!("{what}, {when}");
             assert_foreign_record_is_refused(Arc::clone(&admin), &key, &what).await;
-            let released = admin.release_key(&key).await;
-            assert!(
-                !matches!(released, Ok(ReleaseKeyOutcome::Released { .. })),
-                "{what}: an operator's release took it over: {released:?}"
-            );
+            // An operator's release neither takes it over nor calls it finished or absent.
+            assert_corrupt_naming(&key, admin.release_key(&key).await);
             assert_eq!(
                 row_as_stored(&store, table, &key).await,
                 before,
@@ -524,10 +520,14 @@ async fn infinite_times_are_corrupt_and_name_their_key() {
         assert_foreign_record_is_refused(Arc::clone(&admin), &key, what).await;
         // The operator's listing and counts refuse it too (the stuck-work listing and the
         // oldest record in flight read the creation time), naming what they can.
-        let listed = admin.list(&idem_core::admin::ListQuery::default()).await;
-        assert!(
-            matches!(&listed, Err(StoreError::Corrupt { .. })),
-            "{what}: list answered {listed:?}"
+        assert_corrupt_naming(
+            &key,
+            admin.list(&idem_core::admin::ListQuery::default()).await,
+        );
+        assert_eq!(
+            store.purge_expired(1000).await.unwrap(),
+            0,
+            "{what}: purged"
         );
         if created_at == "'-infinity'" {
             let stats = admin.stats(5).await;
@@ -545,4 +545,73 @@ async fn infinite_times_are_corrupt_and_name_their_key() {
         .await
         .unwrap();
     }
+}
+
+/// A record at the last token idem gives out (2^53 - 1, hand-planted): readable, so a
+/// replay of it is answered, but no claim takes it over or replaces it (no next token
+/// could fence its owner) and no operator's release does: each answers Corrupt naming the
+/// key and leaves the row as it was. The purge still deletes it once it is absent.
+#[tokio::test]
+async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 4).await;
+    let fingerprint = Fingerprint::of_bytes("foreign");
+    let plant = |name: &'static str, state: &'static str, expires: &'static str| {
+        let store = store.clone();
+        async move {
+            let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response)
+                 VALUES ($1, $2, $3, '{state}', 9007199254740991, decode(repeat('00', 16), 'hex'),
+                         now() - interval '1 hour', now() - interval '2 hours', {expires}, '\\x227061696422'::bytea)"
+            )))
+            .bind(key.scope())
+            .bind(key.key())
+            .bind(&fingerprint.as_bytes()[..])
+            .execute(store.pool())
+            .await
+            .unwrap();
+            key
+        }
+    };
+    let request = |key: &Key| {
+        ClaimRequest::new(
+            key.clone(),
+            fingerprint,
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        )
+    };
+    // A replay of a completed one is answered.
+    let replayed = plant("completed", "completed", "now() + interval '1 day'").await;
+    assert!(matches!(
+        store.claim(&request(&replayed)).await,
+        Ok(idem_core::store::ClaimOutcome::Replay { .. })
+    ));
+    // A takeover (in progress, its lease over) and a replacement (expired) are refused.
+    let taken = plant("in-progress", "in_progress", "now() + interval '1 day'").await;
+    let replaced = plant("expired", "in_progress", "now() - interval '1 hour'").await;
+    for key in [&taken, &replaced] {
+        let before = row_as_stored(&store, table, key).await;
+        assert_corrupt_naming(key, store.claim(&request(key)).await);
+        assert_eq!(
+            row_as_stored(&store, table, key).await,
+            before,
+            "the claim wrote"
+        );
+    }
+    let before = row_as_stored(&store, table, &taken).await;
+    assert_corrupt_naming(&taken, store.release_key(&taken).await);
+    assert_eq!(
+        row_as_stored(&store, table, &taken).await,
+        before,
+        "the release wrote"
+    );
+    assert_eq!(
+        store.purge_expired(1000).await.unwrap(),
+        1,
+        "the absent one is purged"
+    );
 }

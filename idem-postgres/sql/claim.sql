@@ -9,16 +9,18 @@
 -- retention past its new lease; the attempt whose lease ended takes nothing over (a late
 -- copy of a claim it already won), so it is read and answered in flight. A row that idem
 -- did not write (an unknown state, say: `valid` in queries.rs) is never written here,
--- present or not: it is read, and the client refuses it as corrupt. Nor is a row at the
--- last token: no next token could fence its owner, so it is read, and the client refuses
--- a takeover or a replacement of it as corrupt (a replay of it is answered).
+-- present or not: it is read, and the client refuses it as corrupt. Nor is a present row
+-- at the last token: no next token could fence its owner, so it is read, and the client
+-- refuses a takeover of it as corrupt (a replay of it is answered), as Redis's script
+-- does. An absent one is replaced starting again at token 1, as on Redis (no lease holds
+-- it, and every attempt is fresh random bytes, so no old owner's write can match).
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
 WITH settled AS (
     SELECT {columns}
     FROM {table}
     WHERE scope = $1 AND key = $2
       AND (NOT {valid}
-           OR token >= {max_token}
+           OR (token >= {max_token} AND {present})
            OR ({present}
                AND NOT (state = 'in_progress' AND lease_until <= now()
                         AND fingerprint = $3::bytea AND attempt <> $4::bytea)))
@@ -39,7 +41,7 @@ claimed AS (
         -- less for each run of the statement.
         fingerprint = CASE WHEN r.expires_at > now() THEN r.fingerprint ELSE excluded.fingerprint END,
         state       = 'in_progress',
-        token       = r.token + 1,
+        token       = CASE WHEN r.token < {max_token} THEN r.token + 1 ELSE 1 END,
         attempt     = excluded.attempt,
         lease_until = excluded.lease_until,
         created_at  = CASE WHEN r.expires_at > now() THEN r.created_at ELSE excluded.created_at END,
@@ -52,7 +54,7 @@ claimed AS (
         steps       = CASE WHEN r.expires_at > now() THEN r.steps ELSE '{}'::jsonb END,
         resumed     = r.expires_at > now()
     WHERE {r.valid}
-      AND r.token < {max_token}
+      AND (r.token < {max_token} OR NOT {r.present})
       AND (NOT {r.present}
            OR (r.fingerprint = excluded.fingerprint
                AND r.state = 'in_progress'

@@ -429,10 +429,12 @@ impl Store for PostgresStore {
             if answer.write.is_none() {
                 return Ok(answer.outcome);
             }
-            // claim.sql never writes a row at the last token (no next token could fence its
-            // owner) and returns it instead: a takeover or a replacement of it is refused,
-            // as Redis's script does.
-            if decoded.record.token >= MAX_TOKEN {
+            // claim.sql never takes over a present row at the last token (no next token
+            // could fence its owner) and returns it instead: the takeover is refused, as
+            // Redis's script does. An absent one is replaced by the statement run again.
+            if decoded.record.token >= MAX_TOKEN
+                && machine::visible(Some(&decoded.record), decoded.now).is_some()
+            {
                 return Err(StoreError::Corrupt {
                     key: Some(key.short_hash()),
                     what: "a token at its limit, which no takeover can pass",

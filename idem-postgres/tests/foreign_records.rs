@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::ClaimRequest;
+use idem_core::store::{ClaimOutcome, ClaimRequest};
 use idem_core::{Admin, Fingerprint, Key, Store, StoreError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_testkit::{Namespace, assert_foreign_record_is_refused};
@@ -209,9 +209,10 @@ async fn a_checkpoint_past_timestamptz_s_range_is_corrupt_and_names_its_key() {
     assert_eq!(steps, "{}", "nothing was written");
 }
 
-/// An operator's release of a record at bigint's last token: the release's next token
-/// overflows in PostgreSQL, which the store answers as a corrupt record naming the key's
-/// hash, and the record is left as it was.
+/// An operator's release of a record at bigint's last token (past idem's, so not a row
+/// idem writes): the release leaves it as it was and answers a corrupt record naming the
+/// key's hash (before the release tested the row, its next token overflowed in
+/// PostgreSQL, with the same answer).
 #[tokio::test]
 async fn an_operator_s_release_at_the_last_token_is_corrupt_and_names_its_key() {
     let Some(url) = common::url() else { return };
@@ -524,11 +525,6 @@ async fn infinite_times_are_corrupt_and_name_their_key() {
             &key,
             admin.list(&idem_core::admin::ListQuery::default()).await,
         );
-        assert_eq!(
-            store.purge_expired(1000).await.unwrap(),
-            0,
-            "{what}: purged"
-        );
         if created_at == "'-infinity'" {
             let stats = admin.stats(5).await;
             assert!(
@@ -547,10 +543,11 @@ async fn infinite_times_are_corrupt_and_name_their_key() {
     }
 }
 
-/// A record at the last token idem gives out (2^53 - 1, hand-planted): readable, so a
-/// replay of it is answered, but no claim takes it over or replaces it (no next token
-/// could fence its owner) and no operator's release does: each answers Corrupt naming the
-/// key and leaves the row as it was. The purge still deletes it once it is absent.
+/// A record at the last token idem gives out (2^53 - 1, hand-planted), as Redis's script
+/// treats one: readable, so a replay and an in-flight answer are given, but no claim
+/// takes it over and no operator's release passes it (no next token could fence its
+/// owner): each answers Corrupt naming the key and leaves the row as it was. Once absent
+/// it is replaced starting again at token 1, or purged.
 #[tokio::test]
 async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
     let Some(url) = common::url() else { return };
@@ -558,14 +555,17 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
     let table = table.as_str();
     let store = common::store_in(&url, table, 4).await;
     let fingerprint = Fingerprint::of_bytes("foreign");
-    let plant = |name: &'static str, state: &'static str, expires: &'static str| {
+    let plant = |name: &'static str,
+                 state: &'static str,
+                 lease: &'static str,
+                 expires: &'static str| {
         let store = store.clone();
         async move {
             let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
             sqlx::query(AssertSqlSafe(format!(
                 "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response)
                  VALUES ($1, $2, $3, '{state}', 9007199254740991, decode(repeat('00', 16), 'hex'),
-                         now() - interval '1 hour', now() - interval '2 hours', {expires}, '\\x227061696422'::bytea)"
+                         {lease}, now() - interval '2 hours', {expires}, '\\x227061696422'::bytea)"
             )))
             .bind(key.scope())
             .bind(key.key())
@@ -584,31 +584,52 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
             Duration::from_secs(3600),
         )
     };
-    // A replay of a completed one is answered.
-    let replayed = plant("completed", "completed", "now() + interval '1 day'").await;
-    assert!(matches!(
-        store.claim(&request(&replayed)).await,
-        Ok(idem_core::store::ClaimOutcome::Replay { .. })
-    ));
-    // A takeover (in progress, its lease over) and a replacement (expired) are refused.
-    let taken = plant("in-progress", "in_progress", "now() + interval '1 day'").await;
-    let replaced = plant("expired", "in_progress", "now() - interval '1 hour'").await;
-    for key in [&taken, &replaced] {
-        let before = row_as_stored(&store, table, key).await;
-        assert_corrupt_naming(key, store.claim(&request(key)).await);
-        assert_eq!(
-            row_as_stored(&store, table, key).await,
-            before,
-            "the claim wrote"
-        );
-    }
+    let (ended, tomorrow) = ("now() - interval '1 hour'", "now() + interval '1 day'");
+    let replayed = plant("completed", "completed", ended, tomorrow).await;
+    let answer = store.claim(&request(&replayed)).await;
+    assert!(
+        matches!(answer, Ok(ClaimOutcome::Replay { .. })),
+        "a completed record is replayed: {answer:?}"
+    );
+    let held = plant("held", "in_progress", "now() + interval '1 hour'", tomorrow).await;
+    let answer = store.claim(&request(&held)).await;
+    assert!(
+        matches!(answer, Ok(ClaimOutcome::InFlight { .. })),
+        "a live lease is in flight: {answer:?}"
+    );
+    let taken = plant("in-progress", "in_progress", ended, tomorrow).await;
     let before = row_as_stored(&store, table, &taken).await;
+    match store.claim(&request(&taken)).await {
+        Err(err @ StoreError::Corrupt { .. }) => {
+            assert!(err.to_string().contains("limit"), "{err}");
+            assert!(
+                err.to_string().contains(&taken.short_hash().to_string()),
+                "{err}"
+            );
+        }
+        other => panic!("the takeover must be refused as Corrupt: {other:?}"),
+    }
+    assert_eq!(
+        row_as_stored(&store, table, &taken).await,
+        before,
+        "the claim wrote"
+    );
     assert_corrupt_naming(&taken, store.release_key(&taken).await);
     assert_eq!(
         row_as_stored(&store, table, &taken).await,
         before,
         "the release wrote"
     );
+    // Absent: replaced from token 1, as Redis's script writes a fresh record.
+    let replaced = plant("expired", "in_progress", ended, ended).await;
+    match store.claim(&request(&replaced)).await {
+        Ok(ClaimOutcome::Claimed { lease, resumed, .. }) => {
+            assert_eq!(lease.token, 1);
+            assert!(!resumed);
+        }
+        other => panic!("an absent record is replaced: {other:?}"),
+    }
+    plant("purged", "completed", ended, ended).await;
     assert_eq!(
         store.purge_expired(1000).await.unwrap(),
         1,

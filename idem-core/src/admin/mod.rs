@@ -76,10 +76,8 @@ pub trait Admin: Store {
     ///   on, and the next claim takes over at once.
     /// - Completed or failed: [`ReleaseKeyOutcome::Finished`], nothing changes.
     /// - No record, or an absent one: [`ReleaseKeyOutcome::NotFound`].
-    /// - A record the store cannot read (written by something other than idem), or one in
-    ///   progress at the last token ([`MAX_TOKEN`](crate::raw::MAX_TOKEN), whose next
-    ///   token no lease could carry): [`StoreError::Corrupt`] naming the key, nothing
-    ///   changes.
+    /// - A record the store cannot read (written by something other than idem):
+    ///   [`StoreError::Corrupt`] naming the key; nothing changes.
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError>;
 
     /// Deletes the record of `key`, whatever its state. True when there was one.

@@ -12,8 +12,9 @@
 -- present or not: it is read, and the client refuses it as corrupt. Nor is a present row
 -- at the last token: no next token could fence its owner, so it is read, and the client
 -- refuses a takeover of it as corrupt (a replay of it is answered), as Redis's script
--- does. An absent one is replaced starting again at token 1, as on Redis (no lease holds
--- it, and every attempt is fresh random bytes, so no old owner's write can match).
+-- does. An absent one is replaced starting again at token 1, as on Redis: no lease holds
+-- it, and every write is fenced by token and attempt, so an old owner's (at the last
+-- token) matches none of the new lifetime's until it has counted up again.
 -- $1 scope, $2 key, $3 fingerprint, $4 attempt, $5 lease (ms), $6 retention (ms)
 WITH settled AS (
     SELECT {columns}

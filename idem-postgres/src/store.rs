@@ -431,7 +431,8 @@ impl Store for PostgresStore {
             }
             // claim.sql never takes over a present row at the last token (no next token
             // could fence its owner) and returns it instead: the takeover is refused, as
-            // Redis's script does. An absent one is replaced by the statement run again.
+            // Redis's script does. An absent one is replaced by the statement itself; only
+            // a row read anew just as it became absent reaches here, and runs it again.
             if decoded.record.token >= MAX_TOKEN
                 && machine::visible(Some(&decoded.record), decoded.now).is_some()
             {

@@ -473,7 +473,7 @@ async fn a_row_idem_never_writes_committed_under_a_waiting_claim_is_refused() {
 }
 
 /// `infinity` in a time column (a hand edit; idem writes only finite times) is a corrupt
-/// record naming the key, at every door: PostgreSQL refuses to turn it into milliseconds,
+/// record naming the key wherever the row is read: PostgreSQL refuses to turn it into milliseconds,
 /// so the client decodes the times itself and refuses it there.
 #[tokio::test]
 async fn infinite_times_are_corrupt_and_name_their_key() {
@@ -614,21 +614,59 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
         before,
         "the claim wrote"
     );
-    assert_corrupt_naming(&taken, store.release_key(&taken).await);
+    match store.release_key(&taken).await {
+        Err(err @ StoreError::Corrupt { .. }) => {
+            assert!(err.to_string().contains("limit"), "{err}");
+            assert!(
+                err.to_string().contains(&taken.short_hash().to_string()),
+                "{err}"
+            );
+        }
+        other => panic!("the release must be refused as Corrupt: {other:?}"),
+    }
     assert_eq!(
         row_as_stored(&store, table, &taken).await,
         before,
         "the release wrote"
     );
-    // Absent: replaced from token 1, as Redis's script writes a fresh record.
+    // Absent: replaced from token 1, as Redis's script writes a fresh record: under
+    // another fingerprint, its step and its creation time are gone.
     let replaced = plant("expired", "in_progress", ended, ended).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET fingerprint = decode(repeat('11', 32), 'hex'),
+                steps = '{{\"charge\": \"Y2hfMQ==\"}}'::jsonb
+         WHERE scope = $1 AND key = $2"
+    )))
+    .bind(replaced.scope())
+    .bind(replaced.key())
+    .execute(store.pool())
+    .await
+    .unwrap();
     match store.claim(&request(&replaced)).await {
-        Ok(ClaimOutcome::Claimed { lease, resumed, .. }) => {
+        Ok(ClaimOutcome::Claimed {
+            lease,
+            resumed,
+            steps,
+            ..
+        }) => {
             assert_eq!(lease.token, 1);
             assert!(!resumed);
+            assert!(steps.is_empty(), "{steps:?}");
+            let age = idem_core::Timestamp::now().saturating_duration_since(lease.created_at);
+            assert!(age < Duration::from_secs(600), "created {age:?} ago");
         }
         other => panic!("an absent record is replaced: {other:?}"),
     }
+    let (stored_fingerprint, stored_steps): (Vec<u8>, String) = sqlx::query_as(AssertSqlSafe(
+        format!("SELECT fingerprint, steps::text FROM \"{table}\" WHERE scope = $1 AND key = $2"),
+    ))
+    .bind(replaced.scope())
+    .bind(replaced.key())
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(stored_fingerprint, fingerprint.as_bytes().to_vec());
+    assert_eq!(stored_steps, "{}");
     plant("purged", "completed", ended, ended).await;
     assert_eq!(
         store.purge_expired(1000).await.unwrap(),

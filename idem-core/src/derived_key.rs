@@ -59,9 +59,9 @@ impl Record {
     ///
     /// let key = Key::new("acct_42/charge", "order-7781")?;
     /// let request = ClaimRequest::new(key, Fingerprint::of_bytes("req"), Duration::from_secs(30), Duration::from_secs(60));
-    /// let record = machine::claim(None, &request, Timestamp::from_unix_millis(5)).write.unwrap();
+    /// let record = machine::claim(None, &request, Timestamp::from_unix_millis(5))?.write.unwrap();
     /// assert!(record.derive("charge").starts_with("idem-"));
-    /// # Ok::<(), idem_core::key::KeyError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn derive(&self, label: &str) -> String {
         derive_key(&self.key, &self.fingerprint, self.created_at, label)

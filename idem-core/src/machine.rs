@@ -18,7 +18,7 @@
 //!
 //! | existing record | outcome | write | checked by (`idem-testkit`) |
 //! |---|---|---|---|
-//! | none, or absent (expired, no live lease) | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1); steps cleared | `cases::claim::absent_key_is_claimed_fresh`, `cases::claim::absent_record_is_claimed_fresh`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::lifetimes_are_told_apart` |
+//! | none, or absent (expired, no live lease) | `Claimed { resumed: false }` | fresh in-progress record; token = old token + 1 (or 1, also after [`MAX_TOKEN`]); steps cleared | `cases::claim::absent_key_is_claimed_fresh`, `cases::claim::absent_record_is_claimed_fresh`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::retention::lifetimes_are_told_apart` |
 //! | fingerprint differs | `Mismatch` | none (checked first for any record that is not absent) | `cases::claim::different_fingerprint_is_a_mismatch`, `cases::fencing::fingerprint_survives_completion`, `cases::retention::a_live_lease_is_never_absent` |
 //! | Completed | `Replay(response)` | none | `cases::claim::completed_record_replays`, `cases::payloads::replays_are_byte_exact`, `cases::fencing::fingerprint_survives_completion` |
 //! | Failed | `ReplayFailure(response)` | none | `cases::claim::failed_record_replays_failure`, `cases::payloads::replays_are_byte_exact` |
@@ -26,6 +26,7 @@
 //! | InProgress, lease ended, same attempt id (a late copy of a claim it won) | `InFlight { retry_after: 0 }` | none | `cases::long_work::a_late_claim_of_the_same_attempt_takes_nothing_over` |
 //! | InProgress, lease live | `InFlight { retry_after }` | none | `cases::claim::live_lease_is_in_flight`, `cases::retention::a_live_lease_is_never_absent`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_claims_have_one_winner` |
 //! | InProgress, lease expired | `Claimed { resumed: true }` (takeover; steps kept) | token + 1, new attempt, new lease, `expires_at = max(expires_at, lease_until + retention)` ([`kept_past`]) | `cases::claim::expired_lease_is_taken_over`, `cases::long_work::no_lease_ends_at_the_retention_cliff`, `cases::claim::tokens_strictly_increase`, `cases::edges::lease_and_expiry_end_exactly`, `cases::concurrency::concurrent_takeovers_have_one_winner` |
+//! | InProgress, lease expired, token at [`MAX_TOKEN`] (only by hand, or after 2^53 − 1 claims) | error [`TokenAtLimit`]: no next token could fence the owner | none | `idem_testkit::assert_the_last_token_is_never_passed` |
 //!
 //! # Fenced writes
 //!
@@ -66,9 +67,48 @@
 use std::time::Duration;
 
 use crate::{
-    Record, State, Timestamp, key::StepName, raw::clamp_duration, record::AttemptId, record::Lease,
-    store::ClaimOutcome, store::ClaimRequest, store::RenewOutcome, store::WriteOutcome,
+    Record, State, StoreError, Timestamp, key::StepName, raw::MAX_TOKEN, raw::clamp_duration,
+    record::AttemptId, record::Lease, store::ClaimOutcome, store::ClaimRequest,
+    store::RenewOutcome, store::WriteOutcome,
 };
+
+/// A takeover or an operator's release the machine refuses: the record's fencing token is
+/// at [`MAX_TOKEN`], so no next token could fence its owner. Only a record written by
+/// hand, or 2^53 − 1 claims of one key, gets there. A store answers it as
+/// [`StoreError::Corrupt`] naming the key, and changes nothing:
+///
+/// ```
+/// use idem_core::{machine::TokenAtLimit, Key, StoreError};
+///
+/// let key = Key::new("payments", "order-1187")?;
+/// let err = StoreError::from(TokenAtLimit).for_key(&key);
+/// assert!(matches!(err, StoreError::Corrupt { .. }));
+/// assert!(err.to_string().contains(&key.short_hash().to_string()));
+/// # Ok::<(), idem_core::key::KeyError>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the record's fencing token is at its limit ({MAX_TOKEN}): no takeover or release can pass it"
+)]
+pub struct TokenAtLimit;
+
+impl From<TokenAtLimit> for StoreError {
+    fn from(refusal: TokenAtLimit) -> Self {
+        StoreError::Corrupt {
+            what: "a token at its limit, which no takeover or release can pass",
+            key: None,
+            source: Some(Box::new(refusal)),
+        }
+    }
+}
+
+/// The token after `token`, or the refusal at [`MAX_TOKEN`].
+fn next_token(token: u64) -> Result<u64, TokenAtLimit> {
+    token
+        .checked_add(1)
+        .filter(|next| *next <= MAX_TOKEN)
+        .ok_or(TokenAtLimit)
+}
 
 /// An outcome and the record to write for it (`None`: write nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,13 +147,20 @@ pub fn is_purgeable(record: &Record, now: Timestamp) -> bool {
 }
 
 /// Claim (first table of the module docs).
+///
+/// # Errors
+/// [`TokenAtLimit`] for a takeover of a record at [`MAX_TOKEN`]: no next token could fence
+/// its owner. Its replay, mismatch and in-flight answers are as for any record, and an
+/// absent one is replaced starting again at token 1 (no lease holds it, and every write
+/// is fenced by token and attempt id, so an old owner's writes match none of the new
+/// lifetime's).
 pub fn claim(
     existing: Option<&Record>,
     request: &ClaimRequest,
     now: Timestamp,
-) -> Transition<ClaimOutcome> {
+) -> Result<Transition<ClaimOutcome>, TokenAtLimit> {
     let Some(record) = visible(existing, now) else {
-        let token = existing.map_or(1, |old| old.token.saturating_add(1));
+        let token = existing.map_or(1, |old| next_token(old.token).unwrap_or(1));
         let lease_until = now.saturating_add(clamp_duration(request.lease));
         let fresh = Record {
             key: request.key.clone(),
@@ -132,12 +179,12 @@ pub fn claim(
             false,
             Default::default(),
         );
-        return Transition::write(outcome, fresh);
+        return Ok(Transition::write(outcome, fresh));
     };
     if record.fingerprint != request.fingerprint {
-        return Transition::answer(ClaimOutcome::Mismatch);
+        return Ok(Transition::answer(ClaimOutcome::Mismatch));
     }
-    match record.state {
+    Ok(match record.state {
         State::Completed => Transition::answer(ClaimOutcome::replay(
             record.response.clone().unwrap_or_default(),
         )),
@@ -167,7 +214,7 @@ pub fn claim(
         State::InProgress => {
             let lease_until = now.saturating_add(clamp_duration(request.lease));
             let taken = Record {
-                token: record.token.saturating_add(1),
+                token: next_token(record.token)?,
                 attempt: request.attempt,
                 lease_until,
                 expires_at: kept_past(record.expires_at, lease_until, request.retention),
@@ -180,7 +227,7 @@ pub fn claim(
             );
             Transition::write(outcome, taken)
         }
-    }
+    })
 }
 
 /// Complete: store the response as the result.
@@ -293,19 +340,23 @@ pub fn kept_past(expires_at: Timestamp, lease_until: Timestamp, retention: Durat
 /// | none, or absent | `NotFound` | none | `cases::admin::release_key_fences_the_owner` |
 /// | Completed or Failed | `Finished(state)` | none | `cases::admin::release_key_fences_the_owner`, `cases::admin::release_key_races_the_owners_complete` |
 /// | InProgress | `Released { token: token + 1 }` | token + 1, `attempt`, `lease_until = now`; steps kept | `cases::admin::release_key_fences_the_owner`, `cases::admin::release_key_races_the_owners_complete` |
+/// | InProgress at [`MAX_TOKEN`] | [`TokenAtLimit`] | none | `idem_testkit::assert_the_last_token_is_never_passed` |
+///
+/// # Errors
+/// [`TokenAtLimit`] for a record in progress at [`MAX_TOKEN`].
 pub fn release_key(
     existing: Option<&Record>,
     attempt: AttemptId,
     now: Timestamp,
-) -> Transition<crate::admin::ReleaseKeyOutcome> {
-    match visible(existing, now) {
+) -> Result<Transition<crate::admin::ReleaseKeyOutcome>, TokenAtLimit> {
+    Ok(match visible(existing, now) {
         None => Transition::answer(crate::admin::ReleaseKeyOutcome::NotFound),
         Some(record) if record.state != State::InProgress => {
             Transition::answer(crate::admin::ReleaseKeyOutcome::Finished(record.state))
         }
         Some(record) => {
             let mut released = record.clone();
-            released.token = record.token.saturating_add(1);
+            released.token = next_token(record.token)?;
             released.attempt = attempt;
             released.lease_until = now;
             Transition::write(
@@ -315,7 +366,7 @@ pub fn release_key(
                 released,
             )
         }
-    }
+    })
 }
 
 /// The lease a record grants to its current owner, claimed with `retention` (the claim

@@ -129,6 +129,20 @@ impl MemoryStore {
         key: &Key,
         transition: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
     ) -> O {
+        match self.try_apply(key, |record, now| {
+            Ok::<_, std::convert::Infallible>(transition(record, now))
+        }) {
+            Ok(outcome) => outcome,
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`Self::apply`] for a transition the machine may refuse: a refusal writes nothing.
+    fn try_apply<O, E>(
+        &self,
+        key: &Key,
+        transition: impl FnOnce(Option<&Record>, Timestamp) -> Result<Transition<O>, E>,
+    ) -> Result<O, E> {
         let (hash, shard) = self.locate(key);
         let mut records = lock(shard);
         let now = self.clock.now();
@@ -136,18 +150,18 @@ impl MemoryStore {
         let rehash = |record: &Record| self.hasher.hash_one(&record.key);
         match records.entry(hash, |record| record.key == *key, rehash) {
             Entry::Occupied(mut entry) => {
-                let Transition { outcome, write } = transition(Some(entry.get()), now);
+                let Transition { outcome, write } = transition(Some(entry.get()), now)?;
                 if let Some(record) = write {
                     *entry.get_mut() = record;
                 }
-                outcome
+                Ok(outcome)
             }
             Entry::Vacant(entry) => {
-                let Transition { outcome, write } = transition(None, now);
+                let Transition { outcome, write } = transition(None, now)?;
                 if let Some(record) = write {
                     entry.insert(record);
                 }
-                outcome
+                Ok(outcome)
             }
         }
     }
@@ -177,9 +191,10 @@ impl fmt::Debug for MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        Ok(self.apply(&request.key, |record, now| {
+        self.try_apply(&request.key, |record, now| {
             machine::claim(record, request, now)
-        }))
+        })
+        .map_err(|refusal| StoreError::from(refusal).for_key(&request.key))
     }
 
     async fn complete(&self, lease: &Lease, response: &[u8]) -> Result<WriteOutcome, StoreError> {
@@ -266,9 +281,10 @@ impl crate::Admin for MemoryStore {
 
     async fn release_key(&self, key: &Key) -> Result<crate::admin::ReleaseKeyOutcome, StoreError> {
         let attempt = crate::record::AttemptId::random();
-        Ok(self.apply(key, |record, now| {
+        self.try_apply(key, |record, now| {
             machine::release_key(record, attempt, now)
-        }))
+        })
+        .map_err(|refusal| StoreError::from(refusal).for_key(key))
     }
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {

@@ -16,8 +16,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
     Admin, Key, Record, State, StoreError, admin::ListQuery, admin::Page, admin::ReleaseKeyOutcome,
-    admin::Stats, raw::PageSelector, raw::Tally, raw::storage_name, record::AttemptId,
-    store::Operation,
+    admin::Stats, machine, raw::MAX_TOKEN, raw::PageSelector, raw::Tally, raw::storage_name,
+    record::AttemptId, store::Operation,
 };
 
 use crate::errors::map;
@@ -117,7 +117,8 @@ impl Admin for DynamoDbStore {
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
         // The fence's presence test, without the owner's token: any in-progress owner.
-        let condition = "#st = :in_progress AND (#ea > :now OR #lu > :cutoff)";
+        // Below the last token, which no release can pass.
+        let condition = "#st = :in_progress AND (#ea > :now OR #lu > :cutoff) AND #tk < :max_token";
         let update = "SET #tk = #tk + :one, #at = :at, #lu = :now";
         for _ in 0..RELEASE_ATTEMPTS {
             let now = self.clock_now();
@@ -133,6 +134,7 @@ impl Admin for DynamoDbStore {
                 .expression_attribute_values(":now", n(now.as_unix_millis()))
                 .expression_attribute_values(":cutoff", n(self.cutoff_at(now)))
                 .expression_attribute_values(":one", n(1))
+                .expression_attribute_values(":max_token", n(MAX_TOKEN))
                 .expression_attribute_values(":at", b(attempt.as_bytes()))
                 .return_values(ReturnValue::AllNew)
                 .return_values_on_condition_check_failure(
@@ -172,13 +174,14 @@ impl Admin for DynamoDbStore {
             };
             let (mut record, _) = item::decode(key, &old)?;
             record.lease_until = record.lease_until.saturating_add(self.skew_margin_value());
-            if record.is_absent(now) {
-                return Ok(ReleaseKeyOutcome::NotFound);
+            match machine::release_key(Some(&record), attempt, now)
+                .map_err(|refusal| StoreError::from(refusal).for_key(key))?
+                .outcome
+            {
+                // In progress and present after all: the item changed under the condition.
+                ReleaseKeyOutcome::Released { .. } => {}
+                answer => return Ok(answer),
             }
-            if record.state != State::InProgress {
-                return Ok(ReleaseKeyOutcome::Finished(record.state));
-            }
-            // In progress and present after all: the item changed under the condition.
         }
         Err(StoreError::Busy {
             operation: Operation::ReleaseKey,

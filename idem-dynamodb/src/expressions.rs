@@ -7,9 +7,10 @@ use crate::item::NAMES;
 
 /// Claim of a key with no record or an absent one (expired, and no lease live within the
 /// skew margin): a fresh record. `ADD` continues the token of an absent record still
-/// stored, or starts it at 1.
+/// stored, or starts it at 1. An absent record at the last token (`:max_token`) fails the
+/// condition: the claim deletes it first, and the fresh record starts at 1.
 pub(crate) const FRESH_CONDITION: &str = "attribute_not_exists(#pk) \
-     OR (#ea <= :now AND NOT (#st = :in_progress AND #lu > :cutoff))";
+     OR (#ea <= :now AND NOT (#st = :in_progress AND #lu > :cutoff) AND #tk < :max_token)";
 pub(crate) const FRESH_UPDATE: &str = "SET #fp = :fp, #st = :in_progress, #at = :at, #lu = :lu, \
      #ca = :now, #ea = :ea, #ttl = :ttl, #stp = :no_steps, #rz = :false \
      ADD #tk :one REMOVE #rs";

@@ -89,6 +89,7 @@ mod tests {
             Duration::from_secs(3600),
         );
         let record = machine::claim(None, &request, T0)
+            .expect("a first claim is never refused")
             .write
             .expect("a fresh claim");
         let lease = machine::lease_of(&record, Duration::from_secs(3600));

@@ -10,6 +10,40 @@ use idem_dynamodb::aws_sdk_dynamodb::primitives::Blob;
 use idem_dynamodb::aws_sdk_dynamodb::types::AttributeValue;
 use idem_testkit::assert_foreign_record_is_refused;
 
+/// A store on `prefix` with no skew margin whose claims read first, or not: the two claim
+/// paths, which must refuse alike.
+fn store_on(
+    client: &idem_dynamodb::aws_sdk_dynamodb::Client,
+    prefix: &str,
+    reads_first: bool,
+) -> idem_dynamodb::DynamoDbStore {
+    idem_dynamodb::DynamoDbStore::builder(client.clone(), &common::table())
+        .unwrap()
+        .prefix(prefix)
+        .unwrap()
+        .skew_margin(std::time::Duration::ZERO)
+        .claim_reads_first(reads_first)
+        .build()
+}
+
+/// Puts an item of these attributes under `key`, by hand.
+async fn put(
+    client: &idem_dynamodb::aws_sdk_dynamodb::Client,
+    prefix: &str,
+    key: &Key,
+    attributes: Vec<(&str, AttributeValue)>,
+) {
+    let pk = storage_name::namespaced_key_name(prefix, key);
+    let mut put = client
+        .put_item()
+        .table_name(common::table())
+        .item("pk", AttributeValue::S(pk));
+    for (name, value) in attributes {
+        put = put.item(name, value);
+    }
+    put.send().await.unwrap();
+}
+
 #[tokio::test]
 async fn foreign_items_are_refused_not_absent() {
     let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
@@ -20,15 +54,7 @@ async fn foreign_items_are_refused_not_absent() {
     let client = store.client().clone();
     let store: Arc<dyn Admin> = Arc::new(store);
     // The same checks through claims that read first: both paths refuse alike.
-    let reads_first: Arc<dyn Admin> = Arc::new(
-        idem_dynamodb::DynamoDbStore::builder(client.clone(), &common::table())
-            .unwrap()
-            .prefix(&prefix)
-            .unwrap()
-            .skew_margin(std::time::Duration::ZERO)
-            .claim_reads_first(true)
-            .build(),
-    );
+    let reads_first: Arc<dyn Admin> = Arc::new(store_on(&client, &prefix, true));
     let n = |v: &str| AttributeValue::N(v.to_owned());
     let b = |v: Vec<u8>| AttributeValue::B(Blob::new(v));
     let s = |v: &str| AttributeValue::S(v.to_owned());
@@ -61,15 +87,7 @@ async fn foreign_items_are_refused_not_absent() {
     ];
     for (i, (what, attributes)) in cases.into_iter().enumerate() {
         let key = Key::new("foreign", format!("case-{i}")).unwrap();
-        let pk = storage_name::namespaced_key_name(&prefix, &key);
-        let mut put = client
-            .put_item()
-            .table_name(common::table())
-            .item("pk", s(&pk));
-        for (name, value) in attributes {
-            put = put.item(name, value);
-        }
-        put.send().await.unwrap();
+        put(&client, &prefix, &key, attributes).await;
         assert_foreign_record_is_refused(Arc::clone(&store), &key, what).await;
         assert_foreign_record_is_refused(Arc::clone(&reads_first), &key, what).await;
     }
@@ -121,29 +139,16 @@ async fn an_expired_unreadable_item_is_claimed_afresh_on_both_paths() {
     let store = common::store_in(&endpoint, &prefix).await;
     let client = store.client().clone();
     for read_first in [false, true] {
-        let store = idem_dynamodb::DynamoDbStore::builder(client.clone(), &common::table())
-            .unwrap()
-            .prefix(&prefix)
-            .unwrap()
-            .skew_margin(std::time::Duration::ZERO)
-            .claim_reads_first(read_first)
-            .build();
+        let store = store_on(&client, &prefix, read_first);
         let key = Key::new("foreign", format!("expired-{read_first}")).unwrap();
-        client
-            .put_item()
-            .table_name(common::table())
-            .item(
-                "pk",
-                AttributeValue::S(storage_name::namespaced_key_name(&prefix, &key)),
-            )
-            .item("st", AttributeValue::S("completed".into()))
-            .item("tk", AttributeValue::N("1".into()))
-            .item("ea", AttributeValue::N("1".into()))
-            .item("lu", AttributeValue::N("1".into()))
-            .item("fp", AttributeValue::S("not binary".into()))
-            .send()
-            .await
-            .unwrap();
+        let attributes = vec![
+            ("st", AttributeValue::S("completed".into())),
+            ("tk", AttributeValue::N("1".into())),
+            ("ea", AttributeValue::N("1".into())),
+            ("lu", AttributeValue::N("1".into())),
+            ("fp", AttributeValue::S("not binary".into())),
+        ];
+        put(&client, &prefix, &key, attributes).await;
         let request = idem_core::store::ClaimRequest::new(
             key,
             idem_core::Fingerprint::of_bytes("fresh"),
@@ -155,5 +160,72 @@ async fn an_expired_unreadable_item_is_claimed_afresh_on_both_paths() {
             matches!(claimed, Ok(idem_core::store::ClaimOutcome::Claimed { .. })),
             "read first: {read_first}: {claimed:?}"
         );
+    }
+}
+
+/// Items at the last token (2^53 - 1, put by hand): read, replayed and answered in flight,
+/// but never taken over or released; once absent, claimed afresh from token 1, through
+/// both claim paths.
+#[tokio::test]
+async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
+    use idem_testkit::{
+        LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords,
+        assert_the_last_token_is_never_passed,
+    };
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let client = common::store_in(&endpoint, &prefix).await.client().clone();
+    let now = idem_core::Timestamp::now().as_unix_millis();
+    let hour = 3_600_000;
+    let fingerprint = idem_core::Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT);
+    let n = |v: u64| AttributeValue::N(v.to_string());
+    let blob = |v: &[u8]| AttributeValue::B(Blob::new(v.to_vec()));
+    let plant = async |name: String, state: &str, lease_until: u64, expires_at: u64| {
+        let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
+        let steps = [("charge".to_owned(), blob(&[0]))].into();
+        let attributes = vec![
+            ("fp", blob(fingerprint.as_bytes())),
+            ("st", AttributeValue::S(state.to_owned())),
+            ("tk", n(idem_core::raw::MAX_TOKEN)),
+            ("at", blob(&[0; 16])),
+            ("lu", n(lease_until)),
+            ("ca", n(now - 2 * hour)),
+            ("ea", n(expires_at)),
+            ("rs", blob(LAST_TOKEN_RESPONSE)),
+            ("stp", AttributeValue::M(steps)),
+        ];
+        put(&client, &prefix, &key, attributes).await;
+        key
+    };
+    let (ended, tomorrow) = (now - hour, now + 24 * hour);
+    for reads_first in [false, true] {
+        let planted = LastTokenRecords {
+            completed: plant(
+                format!("{reads_first}-completed"),
+                "completed",
+                ended,
+                tomorrow,
+            )
+            .await,
+            held: plant(
+                format!("{reads_first}-held"),
+                "in_progress",
+                now + hour,
+                tomorrow,
+            )
+            .await,
+            ended: plant(
+                format!("{reads_first}-ended"),
+                "in_progress",
+                ended,
+                tomorrow,
+            )
+            .await,
+            absent: plant(format!("{reads_first}-absent"), "in_progress", ended, ended).await,
+        };
+        let store = store_on(&client, &prefix, reads_first);
+        assert_the_last_token_is_never_passed(Arc::new(store), &planted).await;
     }
 }

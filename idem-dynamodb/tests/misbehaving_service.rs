@@ -102,6 +102,7 @@ fn a_lease() -> idem_core::record::Lease {
         Duration::from_secs(3600),
     );
     let record = machine::claim(None, &request, Timestamp::now())
+        .expect("a first claim is never refused")
         .write
         .expect("a fresh claim");
     machine::lease_of(&record, Duration::from_secs(3600))

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use idem_core::{
     Admin, Key, State, StoreError, Timestamp, admin::Cursor, admin::ListQuery, admin::Listed,
-    admin::Page, admin::ReleaseKeyOutcome, admin::Stats, raw::MAX_TOKEN, raw::duration_millis,
-    record::AttemptId, store::Operation,
+    admin::Page, admin::ReleaseKeyOutcome, admin::Stats, machine, raw::MAX_TOKEN,
+    raw::duration_millis, record::AttemptId, store::Operation,
 };
 use sqlx::{AssertSqlSafe, Row};
 
@@ -177,11 +177,7 @@ impl Admin for PostgresStore {
         })?;
         Ok(match (present, state) {
             (true, State::InProgress) if u64::try_from(token).is_ok_and(|t| t >= MAX_TOKEN) => {
-                return Err(StoreError::Corrupt {
-                    key: Some(key.short_hash()),
-                    what: "a token at its limit, which no release can pass",
-                    source: None,
-                });
+                return Err(StoreError::from(machine::TokenAtLimit).for_key(key));
             }
             (true, State::InProgress) => {
                 return Err(StoreError::Corrupt {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{
-    Key, Record, Store, StoreError, key::StepName, machine, raw::MAX_TOKEN, raw::duration_millis,
-    record::Lease, store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Operation,
+    Key, Record, Store, StoreError, key::StepName, machine, raw::duration_millis, record::Lease,
+    store::ClaimOutcome, store::ClaimRequest, store::Completion, store::Operation,
     store::RenewOutcome, store::WriteOutcome,
 };
 use sqlx::postgres::{PgArguments, PgRow};
@@ -423,25 +423,17 @@ impl Store for PostgresStore {
                     decoded.record.steps,
                 ));
             }
-            // The record as it is: the state machine answers for it. If it says a write
-            // was due, the row changed since it was read: run the statement again.
-            let answer = machine::claim(Some(&decoded.record), request, decoded.now);
+            // The record as it is: the state machine answers for it. claim.sql never takes over a present row at the last token (no next token
+            // could fence its owner) and returns it instead: the machine refuses the
+            // takeover, as Redis's script does. An absent one is replaced by the statement
+            // itself from token 1; only a row read anew just as it became absent reaches
+            // the loop below, and runs the statement again.
+            let answer = machine::claim(Some(&decoded.record), request, decoded.now)
+                .map_err(|refusal| StoreError::from(refusal).for_key(key))?;
             if answer.write.is_none() {
                 return Ok(answer.outcome);
             }
-            // claim.sql never takes over a present row at the last token (no next token
-            // could fence its owner) and returns it instead: the takeover is refused, as
-            // Redis's script does. An absent one is replaced by the statement itself; only
-            // a row read anew just as it became absent reaches here, and runs it again.
-            if decoded.record.token >= MAX_TOKEN
-                && machine::visible(Some(&decoded.record), decoded.now).is_some()
-            {
-                return Err(StoreError::Corrupt {
-                    key: Some(key.short_hash()),
-                    what: "a token at its limit, which no takeover can pass",
-                    source: None,
-                });
-            }
+            // Otherwise a write was due: the row changed since it was read. Run it again.
         }
         Err(StoreError::Busy {
             operation: Operation::Claim,

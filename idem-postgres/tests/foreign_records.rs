@@ -6,10 +6,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::{ClaimOutcome, ClaimRequest};
+use idem_core::store::ClaimRequest;
 use idem_core::{Admin, Fingerprint, Key, Store, StoreError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
-use idem_testkit::{Namespace, assert_foreign_record_is_refused};
+use idem_testkit::{
+    LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords, Namespace,
+    assert_foreign_record_is_refused, assert_the_last_token_is_never_passed,
+};
 
 /// The answer is a corrupt record whose error names `key`'s hash.
 #[track_caller]
@@ -554,7 +557,7 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
     let table = Namespace::fresh();
     let table = table.as_str();
     let store = common::store_in(&url, table, 4).await;
-    let fingerprint = Fingerprint::of_bytes("foreign");
+    let fingerprint = Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT);
     let plant = |name: &'static str,
                  state: &'static str,
                  lease: &'static str,
@@ -563,110 +566,45 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
         async move {
             let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
             sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response)
+                "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response, steps)
                  VALUES ($1, $2, $3, '{state}', 9007199254740991, decode(repeat('00', 16), 'hex'),
-                         {lease}, now() - interval '2 hours', {expires}, '\\x227061696422'::bytea)"
+                         {lease}, now() - interval '2 hours', {expires}, $4,
+                         '{{\"charge\": \"Y2hfMQ==\"}}'::jsonb)"
             )))
             .bind(key.scope())
             .bind(key.key())
             .bind(&fingerprint.as_bytes()[..])
+            .bind(LAST_TOKEN_RESPONSE)
             .execute(store.pool())
             .await
             .unwrap();
             key
         }
     };
-    let request = |key: &Key| {
-        ClaimRequest::new(
-            key.clone(),
-            fingerprint,
-            Duration::from_secs(60),
-            Duration::from_secs(3600),
-        )
-    };
     let (ended, tomorrow) = ("now() - interval '1 hour'", "now() + interval '1 day'");
-    let replayed = plant("completed", "completed", ended, tomorrow).await;
-    let answer = store.claim(&request(&replayed)).await;
-    assert!(
-        matches!(answer, Ok(ClaimOutcome::Replay { .. })),
-        "a completed record is replayed: {answer:?}"
-    );
-    let held = plant("held", "in_progress", "now() + interval '1 hour'", tomorrow).await;
-    let answer = store.claim(&request(&held)).await;
-    assert!(
-        matches!(answer, Ok(ClaimOutcome::InFlight { .. })),
-        "a live lease is in flight: {answer:?}"
-    );
-    let taken = plant("in-progress", "in_progress", ended, tomorrow).await;
-    let before = row_as_stored(&store, table, &taken).await;
-    match store.claim(&request(&taken)).await {
-        Err(err @ StoreError::Corrupt { .. }) => {
-            assert!(err.to_string().contains("limit"), "{err}");
-            assert!(
-                err.to_string().contains(&taken.short_hash().to_string()),
-                "{err}"
-            );
-        }
-        other => panic!("the takeover must be refused as Corrupt: {other:?}"),
-    }
+    let planted = LastTokenRecords {
+        completed: plant("completed", "completed", ended, tomorrow).await,
+        held: plant("held", "in_progress", "now() + interval '1 hour'", tomorrow).await,
+        ended: plant("in-progress", "in_progress", ended, tomorrow).await,
+        absent: plant("expired", "in_progress", ended, ended).await,
+    };
+    let before = row_as_stored(&store, table, &planted.ended).await;
+    assert_the_last_token_is_never_passed(Arc::new(store.clone()), &planted).await;
     assert_eq!(
-        row_as_stored(&store, table, &taken).await,
+        row_as_stored(&store, table, &planted.ended).await,
         before,
-        "the claim wrote"
+        "a refused takeover or release wrote"
     );
-    match store.release_key(&taken).await {
-        Err(err @ StoreError::Corrupt { .. }) => {
-            assert!(err.to_string().contains("limit"), "{err}");
-            assert!(
-                err.to_string().contains(&taken.short_hash().to_string()),
-                "{err}"
-            );
-        }
-        other => panic!("the release must be refused as Corrupt: {other:?}"),
-    }
-    assert_eq!(
-        row_as_stored(&store, table, &taken).await,
-        before,
-        "the release wrote"
-    );
-    // Absent: replaced from token 1, as Redis's script writes a fresh record: under
-    // another fingerprint, its step and its creation time are gone.
-    let replaced = plant("expired", "in_progress", ended, ended).await;
-    sqlx::query(AssertSqlSafe(format!(
-        "UPDATE \"{table}\" SET fingerprint = decode(repeat('11', 32), 'hex'),
-                steps = '{{\"charge\": \"Y2hfMQ==\"}}'::jsonb
-         WHERE scope = $1 AND key = $2"
+    // The replacement's row: a fresh record, without the old one's steps.
+    let (stored_token, stored_steps): (i64, String) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT token, steps::text FROM \"{table}\" WHERE scope = $1 AND key = $2"
     )))
-    .bind(replaced.scope())
-    .bind(replaced.key())
-    .execute(store.pool())
-    .await
-    .unwrap();
-    match store.claim(&request(&replaced)).await {
-        Ok(ClaimOutcome::Claimed {
-            lease,
-            resumed,
-            steps,
-            ..
-        }) => {
-            assert_eq!(lease.token, 1);
-            assert!(!resumed);
-            assert!(steps.is_empty(), "{steps:?}");
-            let age = idem_core::Timestamp::now().saturating_duration_since(lease.created_at);
-            assert!(age < Duration::from_secs(600), "created {age:?} ago");
-        }
-        other => panic!("an absent record is replaced: {other:?}"),
-    }
-    let (stored_fingerprint, stored_steps): (Vec<u8>, String) = sqlx::query_as(AssertSqlSafe(
-        format!("SELECT fingerprint, steps::text FROM \"{table}\" WHERE scope = $1 AND key = $2"),
-    ))
-    .bind(replaced.scope())
-    .bind(replaced.key())
+    .bind(planted.absent.scope())
+    .bind(planted.absent.key())
     .fetch_one(store.pool())
     .await
     .unwrap();
-    assert_eq!(stored_fingerprint, fingerprint.as_bytes().to_vec());
-    assert_eq!(stored_steps, "{}");
+    assert_eq!((stored_token, stored_steps.as_str()), (1, "{}"));
     plant("purged", "completed", ended, ended).await;
     assert_eq!(
         store.purge_expired(1000).await.unwrap(),

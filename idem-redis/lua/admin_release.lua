@@ -9,6 +9,8 @@ end
 if r.s ~= 'in_progress' then
   return { 'finished', r.s }
 end
+-- At the last token no next token could fence the owner: refused, as a claim's takeover.
+if r.t >= MAX_INTEGER then token_at_limit() end
 -- A fenced takeover on the operator's behalf: the next token, an attempt no worker holds,
 -- the lease ended now; steps kept, so the next claim takes over at once and resumes.
 r.t, r.l = r.t + 1, now

@@ -57,7 +57,7 @@ if r.a == attempt then
 end
 -- Takeover of an expired lease: next token, new attempt and lease, steps kept, and the
 -- record kept one retention past the new lease's end.
-if r.t >= MAX_INTEGER then corrupt('token') end
+if r.t >= MAX_INTEGER then token_at_limit() end
 r.t, r.l = r.t + 1, now + lease
 r.e = math.max(r.e, math.min(r.l + retention, MAX_INTEGER))
 redis.call('HSET', key, 't', num(r.t), 'a', attempt, 'l', num(r.l), 'e', num(r.e))

@@ -46,6 +46,12 @@ local function corrupt(what)
   return error(redis.error_reply('IDEM_CORRUPT ' .. what))
 end
 
+-- A takeover or an operator's release of a record at the last token: no next token could
+-- fence its owner (idem's machine::TokenAtLimit).
+local function token_at_limit()
+  return error(redis.error_reply('IDEM_TOKEN_LIMIT the token is at its limit'))
+end
+
 local function integer(value, what)
   local n = tonumber(value)
   if n == nil or n % 1 ~= 0 or n < 0 or n > MAX_INTEGER then

@@ -443,7 +443,7 @@ impl Admin for RedisStore {
         let reply: Value = scripts
             .run(self.connection(), &scripts.admin_release, &call)
             .await
-            .map_err(|err| map(Operation::ReleaseKey, err))?;
+            .map_err(|err| map(Operation::ReleaseKey, err).for_key(key))?;
         release_answer(reply)
     }
 

@@ -12,6 +12,10 @@ pub(crate) fn map(operation: Operation, err: RedisError) -> StoreError {
             source: Some(err.into()),
         };
     }
+    if err.code() == Some("IDEM_TOKEN_LIMIT") {
+        // A takeover or release of a record at the last token (common.lua).
+        return StoreError::from(idem_core::machine::TokenAtLimit);
+    }
     match err.kind() {
         ErrorKind::AuthenticationFailed
         | ErrorKind::InvalidClientConfig

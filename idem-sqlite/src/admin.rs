@@ -130,7 +130,7 @@ impl Admin for SqliteStore {
     async fn release_key(&self, key: &Key) -> Result<ReleaseKeyOutcome, StoreError> {
         let attempt = AttemptId::random();
         self.transition(Operation::ReleaseKey, key, move |record, now| {
-            machine::release_key(record, attempt, now)
+            machine::release_key(record, attempt, now).map_err(StoreError::from)
         })
         .await
     }

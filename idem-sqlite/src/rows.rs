@@ -18,10 +18,10 @@ pub(crate) fn apply<O>(
     conn: &Connection,
     key: &Key,
     now: Timestamp,
-    step: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
+    step: impl FnOnce(Option<&Record>, Timestamp) -> Result<Transition<O>, StoreError>,
 ) -> Result<O, RowError> {
     let existing = read(conn, key)?;
-    let Transition { outcome, write } = step(existing.as_ref(), now);
+    let Transition { outcome, write } = step(existing.as_ref(), now)?;
     if let Some(record) = write {
         self::write(conn, &record, existing.as_ref())?;
     }

@@ -259,7 +259,7 @@ impl SqliteStore {
     ) -> Result<WriteOutcome, StoreError> {
         let lease = completion.lease();
         let outcome = rows::apply(tx, &lease.key, self.clock.now(), |record, now| {
-            machine::complete(record, lease, completion.bytes(), now)
+            Ok(machine::complete(record, lease, completion.bytes(), now))
         })
         .map_err(|err| err.into_store_error(Operation::Complete))?;
         if outcome == WriteOutcome::Applied {
@@ -291,7 +291,7 @@ impl SqliteStore {
     ) -> Result<O, StoreError>
     where
         O: Send + 'static,
-        F: FnOnce(Option<&Record>, Timestamp) -> Transition<O> + Send + 'static,
+        F: FnOnce(Option<&Record>, Timestamp) -> Result<Transition<O>, StoreError> + Send + 'static,
     {
         let (key, clock) = (key.clone(), Arc::clone(&self.clock));
         self.connection
@@ -309,7 +309,7 @@ fn apply_locked<O>(
     operation: Operation,
     key: &Key,
     clock: &dyn Clock,
-    step: impl FnOnce(Option<&Record>, Timestamp) -> Transition<O>,
+    step: impl FnOnce(Option<&Record>, Timestamp) -> Result<Transition<O>, StoreError>,
 ) -> Result<O, StoreError> {
     let run = || -> Result<O, RowError> {
         let tx = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -349,7 +349,8 @@ impl Store for SqliteStore {
                     let tx = connection.transaction()?;
                     let existing = rows::read(&tx, &key)?;
                     let Transition { outcome, write } =
-                        machine::claim(existing.as_ref(), &request, clock.now());
+                        machine::claim(existing.as_ref(), &request, clock.now())
+                            .map_err(StoreError::from)?;
                     Ok(write.is_none().then_some(outcome))
                 };
                 match answer() {
@@ -364,7 +365,9 @@ impl Store for SqliteStore {
                     Operation::Claim,
                     &key,
                     &*clock,
-                    move |record, now| machine::claim(record, &request, now),
+                    move |record, now| {
+                        machine::claim(record, &request, now).map_err(StoreError::from)
+                    },
                 )
             })
             .await
@@ -374,7 +377,7 @@ impl Store for SqliteStore {
         let (lease, response) = (lease.clone(), response.to_vec());
         let key = lease.key.clone();
         self.transition(Operation::Complete, &key, move |record, now| {
-            machine::complete(record, &lease, &response, now)
+            Ok(machine::complete(record, &lease, &response, now))
         })
         .await
     }
@@ -383,7 +386,7 @@ impl Store for SqliteStore {
         let (lease, response) = (lease.clone(), response.to_vec());
         let key = lease.key.clone();
         self.transition(Operation::Fail, &key, move |record, now| {
-            machine::fail(record, &lease, &response, now)
+            Ok(machine::fail(record, &lease, &response, now))
         })
         .await
     }
@@ -392,7 +395,7 @@ impl Store for SqliteStore {
         let lease = lease.clone();
         let key = lease.key.clone();
         self.transition(Operation::Release, &key, move |record, now| {
-            machine::release(record, &lease, now)
+            Ok(machine::release(record, &lease, now))
         })
         .await
     }
@@ -401,7 +404,7 @@ impl Store for SqliteStore {
         let lease = lease.clone();
         let key = lease.key.clone();
         self.transition(Operation::Renew, &key, move |record, now| {
-            machine::renew(record, &lease, extend, now)
+            Ok(machine::renew(record, &lease, extend, now))
         })
         .await
     }
@@ -415,7 +418,7 @@ impl Store for SqliteStore {
         let (lease, step, value) = (lease.clone(), step.clone(), value.to_vec());
         let key = lease.key.clone();
         self.transition(Operation::Checkpoint, &key, move |record, now| {
-            machine::checkpoint(record, &lease, &step, &value, now)
+            Ok(machine::checkpoint(record, &lease, &step, &value, now))
         })
         .await
     }

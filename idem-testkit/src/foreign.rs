@@ -1,15 +1,16 @@
 //! Records the store did not write: what a human, a script or an older version left in
 //! the store's tables or keys. A store test plants one with its own client, then runs
-//! [`assert_foreign_record_is_refused`].
+//! [`assert_foreign_record_is_refused`]; records at the last token, then
+//! [`assert_the_last_token_is_never_passed`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    Admin, Error, Fingerprint, Idempotency, Key, Store, StoreError, Timestamp, WorkError,
-    key::StepName, record::AttemptId, record::Lease, store::ClaimOutcome, store::ClaimRequest,
-    store::WriteOutcome,
+    Admin, Error, Fingerprint, Idempotency, Key, State, Store, StoreError, Timestamp, WorkError,
+    admin::ReleaseKeyOutcome, key::StepName, record::AttemptId, record::Lease, store::ClaimOutcome,
+    store::ClaimRequest, store::WriteOutcome,
 };
 
 /// Checks a store's answers for the record planted under `key`, which the store cannot
@@ -91,4 +92,139 @@ pub async fn assert_foreign_record_is_refused(store: Arc<dyn Admin>, key: &Key, 
         matches!(&shown, Ok(Some(fields)) if !fields.is_empty()),
         "{what}: raw must still show what is stored, not {shown:?}"
     );
+}
+
+/// The fingerprint of the records a store test plants for
+/// [`assert_the_last_token_is_never_passed`]: `Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT)`.
+pub const LAST_TOKEN_FINGERPRINT: &str = "at the last token";
+
+/// The response of [`LastTokenRecords::completed`], byte for byte.
+pub const LAST_TOKEN_RESPONSE: &[u8] = b"\"paid\"";
+
+/// Records at the last token ([`MAX_TOKEN`](idem_core::raw::MAX_TOKEN)) that a store test
+/// planted with its own client, each under its own key, all with the fingerprint
+/// [`LAST_TOKEN_FINGERPRINT`] and an attempt id of its choice, created a while ago.
+///
+/// ```
+/// use idem_core::Key;
+/// use idem_testkit::LastTokenRecords;
+///
+/// let planted = LastTokenRecords {
+///     completed: Key::new("last-token", "completed")?,
+///     held: Key::new("last-token", "held")?,
+///     ended: Key::new("last-token", "ended")?,
+///     absent: Key::new("last-token", "absent")?,
+/// };
+/// # let _ = planted;
+/// # Ok::<(), idem_core::key::KeyError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct LastTokenRecords {
+    /// Completed with [`LAST_TOKEN_RESPONSE`], its lease ended, unexpired.
+    pub completed: Key,
+    /// In progress, its lease live for another hour or more.
+    pub held: Key,
+    /// In progress, its lease ended, unexpired: present, so a claim would take it over.
+    pub ended: Key,
+    /// In progress, its lease ended and expired: absent, so a claim starts afresh.
+    pub absent: Key,
+}
+
+/// Checks a store's answers for records at the last token
+/// ([`MAX_TOKEN`](idem_core::raw::MAX_TOKEN)), as the state machine gives them
+/// ([`idem_core::machine::TokenAtLimit`]):
+///
+/// - a present record there is read as any other: replayed when finished, in flight while
+///   its lease lives, a mismatch under another fingerprint;
+/// - but never taken over, and never released by an operator: no next token could fence
+///   its owner. Both answer [`StoreError::Corrupt`] naming the key's short hash, and the
+///   record is unchanged ([`Admin::raw`] shows the same fields before and after);
+/// - an absent one is claimed afresh from token 1, without its steps.
+///
+/// Only records written by hand, or 2^53 − 1 claims of one key, get there.
+///
+/// # Panics
+/// When the store breaks one of these rules.
+pub async fn assert_the_last_token_is_never_passed(
+    store: Arc<dyn Admin>,
+    planted: &LastTokenRecords,
+) {
+    let request = |key: &Key, fingerprint: &str| {
+        ClaimRequest::new(
+            key.clone(),
+            Fingerprint::of_bytes(fingerprint),
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+        )
+    };
+    let same = |key: &Key| request(key, LAST_TOKEN_FINGERPRINT);
+    let answer = store.claim(&same(&planted.completed)).await;
+    assert!(
+        matches!(&answer, Ok(ClaimOutcome::Replay { response, .. }) if response == LAST_TOKEN_RESPONSE),
+        "a completed record at the last token is replayed: {answer:?}"
+    );
+    let released = store.release_key(&planted.completed).await;
+    assert!(
+        matches!(released, Ok(ReleaseKeyOutcome::Finished(State::Completed))),
+        "an operator's release of a completed record answers Finished: {released:?}"
+    );
+    let answer = store.claim(&same(&planted.held)).await;
+    assert!(
+        matches!(answer, Ok(ClaimOutcome::InFlight { .. })),
+        "a live lease at the last token is in flight: {answer:?}"
+    );
+    let answer = store
+        .claim(&request(&planted.ended, "another request"))
+        .await;
+    assert!(
+        matches!(answer, Ok(ClaimOutcome::Mismatch)),
+        "another fingerprint is a mismatch, at the last token too: {answer:?}"
+    );
+    let hash = planted.ended.short_hash().to_string();
+    let before = store
+        .raw(&planted.ended)
+        .await
+        .expect("raw reads the record");
+    let refused = |what: &str, answer: Result<String, StoreError>| match answer {
+        Err(err @ StoreError::Corrupt { .. }) => assert!(
+            err.to_string().contains(&hash) && err.to_string().contains("limit"),
+            "{what}: the error must name the key's hash #{hash} and the limit: {err}"
+        ),
+        other => panic!("{what} at the last token must answer Corrupt, not {other:?}"),
+    };
+    refused(
+        "a takeover",
+        store
+            .claim(&same(&planted.ended))
+            .await
+            .map(|answer| format!("{answer:?}")),
+    );
+    refused(
+        "an operator's release",
+        store
+            .release_key(&planted.ended)
+            .await
+            .map(|answer| format!("{answer:?}")),
+    );
+    assert_eq!(
+        store
+            .raw(&planted.ended)
+            .await
+            .expect("raw reads the record"),
+        before,
+        "a refused takeover or release changes nothing"
+    );
+    match store.claim(&same(&planted.absent)).await {
+        Ok(ClaimOutcome::Claimed {
+            lease,
+            resumed,
+            steps,
+            ..
+        }) => {
+            assert_eq!(lease.token, 1, "an absent record starts again from token 1");
+            assert!(!resumed, "a fresh claim resumes nothing");
+            assert!(steps.is_empty(), "a fresh claim keeps no step: {steps:?}");
+        }
+        other => panic!("an absent record at the last token is claimed afresh: {other:?}"),
+    }
 }

@@ -3,6 +3,24 @@
 use super::*;
 use crate::{Fingerprint, Key};
 
+/// [`super::claim`] below the last token, where it never refuses.
+fn claim(
+    existing: Option<&Record>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Transition<ClaimOutcome> {
+    super::claim(existing, request, now).expect("no token at its limit here")
+}
+
+/// [`super::release_key`] below the last token, where it never refuses.
+fn release_key(
+    existing: Option<&Record>,
+    attempt: AttemptId,
+    now: Timestamp,
+) -> Transition<crate::admin::ReleaseKeyOutcome> {
+    super::release_key(existing, attempt, now).expect("no token at its limit here")
+}
+
 const HOUR: Duration = Duration::from_secs(3600);
 const T0: Timestamp = Timestamp::from_unix_millis(1_000_000);
 
@@ -446,5 +464,55 @@ fn durations_past_the_maximum_count_as_the_maximum() {
     assert_eq!(
         renewed.lease_until,
         T0.saturating_add(crate::raw::MAX_DURATION)
+    );
+}
+
+#[test]
+fn the_last_token_is_never_passed() {
+    let (_, _, mut record) = claimed(claim(None, &request("a"), T0));
+    record.token = MAX_TOKEN;
+    let later = T0.saturating_add(2 * HOUR);
+    // A takeover and an operator's release would need the token after the last.
+    assert_eq!(
+        super::claim(Some(&record), &request("a"), later),
+        Err(TokenAtLimit)
+    );
+    assert_eq!(
+        super::release_key(Some(&record), AttemptId::random(), T0),
+        Err(TokenAtLimit)
+    );
+    // Every answer that writes nothing is as for any record.
+    assert_eq!(
+        claim(Some(&record), &request("b"), later).outcome,
+        ClaimOutcome::Mismatch
+    );
+    assert!(matches!(
+        claim(Some(&record), &request("a"), T0).outcome,
+        ClaimOutcome::InFlight { .. }
+    ));
+    let mut finished = record.clone();
+    finished.state = State::Completed;
+    finished.response = Some(b"paid".to_vec());
+    assert_eq!(
+        claim(Some(&finished), &request("a"), later).outcome,
+        ClaimOutcome::replay(b"paid".to_vec())
+    );
+    assert_eq!(
+        release_key(Some(&finished), AttemptId::random(), later).outcome,
+        crate::admin::ReleaseKeyOutcome::Finished(State::Completed)
+    );
+    // Absent: a new lifetime, from token 1 again.
+    let gone = record.expires_at.saturating_add(HOUR);
+    let (lease, resumed, fresh) = claimed(claim(Some(&record), &request("b"), gone));
+    assert_eq!((lease.token, resumed, fresh.token), (1, false, 1));
+    assert!(fresh.steps.is_empty());
+    // The token before the last still has one after it.
+    record.token = MAX_TOKEN - 1;
+    let (lease, resumed, _) = claimed(claim(Some(&record), &request("a"), later));
+    assert_eq!((lease.token, resumed), (MAX_TOKEN, true));
+    let released = release_key(Some(&record), AttemptId::random(), T0);
+    assert_eq!(
+        released.outcome,
+        crate::admin::ReleaseKeyOutcome::Released { token: MAX_TOKEN }
     );
 }

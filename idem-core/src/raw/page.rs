@@ -39,7 +39,7 @@ pub fn select_page(
 ///     let at = Timestamp::from_unix_millis(i as u64);
 ///     let request = ClaimRequest::new(Key::new("s", name)?, Fingerprint::of_bytes(name),
 ///         Duration::from_secs(10), Duration::from_secs(60));
-///     let write = machine::claim(None, &request, at).write.expect("a new record");
+///     let write = machine::claim(None, &request, at)?.write.expect("a new record");
 ///     selector.offer(write);
 /// }
 /// let page = selector.finish();
@@ -247,7 +247,7 @@ impl PagePlan {
 /// let now = Timestamp::from_unix_millis(1_000);
 /// let request = ClaimRequest::new(Key::new("s", "k")?, Fingerprint::of_bytes("r"),
 ///     Duration::from_secs(10), Duration::from_secs(60));
-/// let record = machine::claim(None, &request, now).write.expect("a new record");
+/// let record = machine::claim(None, &request, now)?.write.expect("a new record");
 /// let mut tally = Tally::new(now);
 /// tally.add(&record);
 /// let stats = tally.finish(5);
@@ -339,6 +339,7 @@ mod tests {
         );
         let at = Timestamp::from_unix_millis(created);
         let mut record = machine::claim(None, &request, at)
+            .expect("a first claim is never refused")
             .write
             .expect("a new record");
         if finished {

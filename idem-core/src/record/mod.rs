@@ -136,11 +136,11 @@ impl Record {
     /// let now = Timestamp::from_unix_millis(1_000);
     /// // A one-minute lease on a record kept for zero seconds.
     /// let request = ClaimRequest::new(Key::new("s", "k")?, Fingerprint::of_bytes("r"), Duration::from_secs(60), Duration::ZERO);
-    /// let record = machine::claim(None, &request, now).write.unwrap();
+    /// let record = machine::claim(None, &request, now)?.write.unwrap();
     /// assert!(record.is_expired(now));
     /// assert!(!record.is_absent(now), "the live lease holds it");
     /// assert!(record.is_absent(record.lease_until));
-    /// # Ok::<(), idem_core::key::KeyError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn is_absent(&self, now: Timestamp) -> bool {
         self.is_expired(now) && !self.lease_is_live(now)

@@ -116,7 +116,8 @@ pub trait Store: Send + Sync {
     ///
     /// - No record, or an absent one (expired, no live lease): writes a fresh in-progress
     ///   record (the request's fingerprint and attempt; token = the old record's token + 1,
-    ///   or 1 where none is stored; `created_at = now`; `lease_until = now + lease`;
+    ///   or 1 where none is stored or the old one is at
+    ///   [`MAX_TOKEN`](crate::raw::MAX_TOKEN); `created_at = now`; `lease_until = now + lease`;
     ///   `expires_at = now + retention`; no response; steps cleared) and answers
     ///   [`ClaimOutcome::Claimed`] with `resumed: false`. Checked by
     ///   `absent_key_is_claimed_fresh`, `absent_record_is_claimed_fresh`,
@@ -151,6 +152,12 @@ pub trait Store: Send + Sync {
     ///   `expired_lease_is_taken_over`, `tokens_strictly_increase`,
     ///   `release_lets_the_next_claim_take_over`, `no_lease_ends_at_the_retention_cliff`,
     ///   `a_live_lease_is_never_absent`, `lease_and_expiry_end_exactly`.
+    /// - In progress with an ended lease at [`MAX_TOKEN`](crate::raw::MAX_TOKEN) (a hand
+    ///   edit, or 2^53 − 1 claims): no next token could fence the owner, so no takeover:
+    ///   [`StoreError::Corrupt`] naming the key, writing nothing
+    ///   ([`machine::TokenAtLimit`](crate::machine::TokenAtLimit)). Checked by
+    ///   `idem_testkit::assert_the_last_token_is_never_passed`, on records the store's
+    ///   own test plants.
     /// - The lease answered carries the record's `created_at` and the request's
     ///   `retention` ([`Lease::with_retention`]). Checked by `absent_key_is_claimed_fresh`,
     ///   `no_lease_ends_at_the_retention_cliff`, `matches_the_state_machine`.

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue, ReturnValuesOnConditionCheckFailure};
 use idem_core::{
-    Record, State, StoreError, Timestamp, machine, store::ClaimOutcome, store::ClaimRequest,
-    store::Operation,
+    Record, State, StoreError, Timestamp, machine, raw::MAX_TOKEN, store::ClaimOutcome,
+    store::ClaimRequest, store::Operation,
 };
 
 use super::DynamoDbStore;
@@ -45,7 +45,8 @@ impl DynamoDbStore {
             let lease_until = seen.lease_until;
             // The skew margin: to the state machine, the lease lasts that much longer.
             seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
-            let answer = machine::claim(Some(&seen), request, now);
+            let answer = machine::claim(Some(&seen), request, now)
+                .map_err(|refusal| StoreError::from(refusal).for_key(&request.key))?;
             match (answer.outcome, answer.write) {
                 (ClaimOutcome::Claimed { resumed: true, .. }, Some(_)) => {
                     seen.lease_until = lease_until;
@@ -68,6 +69,16 @@ impl DynamoDbStore {
                         resumed,
                         steps,
                     ));
+                }
+                // An absent record at the last token, which `ADD` cannot start again at
+                // 1: deleted first, as a purge would (unless it changed meanwhile), so
+                // that the fresh write on the next turn starts at 1.
+                (ClaimOutcome::Claimed { resumed: false, .. }, Some(_))
+                    if seen.token >= MAX_TOKEN =>
+                {
+                    let cutoff = self.cutoff(now);
+                    self.delete_if_purgeable(&self.pk(&request.key), &n(seen.token), now, cutoff)
+                        .await?;
                 }
                 // A fresh claim was due, yet the condition failed: the item changed.
                 (_, Some(_)) => {}
@@ -101,7 +112,10 @@ impl DynamoDbStore {
             return Ok(None);
         }
         seen.lease_until = seen.lease_until.saturating_add(self.skew_margin);
-        let answer = machine::claim(Some(&seen), request, self.now());
+        // A finished record: never refused (only a takeover is).
+        let Ok(answer) = machine::claim(Some(&seen), request, self.now()) else {
+            return Ok(None);
+        };
         Ok(match (answer.outcome, answer.write) {
             (
                 outcome @ (ClaimOutcome::Replay { .. }
@@ -133,6 +147,7 @@ impl DynamoDbStore {
             .expression_attribute_values(":no_steps", AttributeValue::M(HashMap::new()))
             .expression_attribute_values(":false", AttributeValue::Bool(false))
             .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":max_token", n(MAX_TOKEN))
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .send()

@@ -111,7 +111,7 @@ impl DynamoDbStore {
 
     /// Deletes the item `pk` if it is still absent and was not claimed again since the
     /// scan saw `token`; answers whether it did.
-    async fn delete_if_purgeable(
+    pub(super) async fn delete_if_purgeable(
         &self,
         pk: &AttributeValue,
         token: &AttributeValue,

@@ -13,7 +13,7 @@ use idem_core::{
 };
 
 use super::flaw::Flaw;
-use super::flawed_store::{FlawedStore, steps_size};
+use super::flawed_store::{FlawedStore, machine_claim, steps_size};
 
 #[async_trait]
 impl Store for FlawedStore {
@@ -24,7 +24,7 @@ impl Store for FlawedStore {
         }
         if self.has(Flaw::ExpiryIgnoresTheLease) {
             return Ok(self.apply(&request.key, |r, now| {
-                let mut step = machine::claim(r, request, now);
+                let mut step = machine_claim(r, request, now);
                 if let (Some(written), Some(before)) = (step.write.as_mut(), r)
                     && !before.is_absent(now)
                 {
@@ -34,7 +34,7 @@ impl Store for FlawedStore {
             }));
         }
         if self.has(Flaw::LeaseWithoutRetention) {
-            let outcome = self.apply(&request.key, |r, now| machine::claim(r, request, now));
+            let outcome = self.apply(&request.key, |r, now| machine_claim(r, request, now));
             return Ok(match outcome {
                 ClaimOutcome::Claimed {
                     lease,
@@ -58,14 +58,14 @@ impl Store for FlawedStore {
                     Some(record) => {
                         let mut other = record.clone();
                         other.attempt = AttemptId::from_bytes([0xee; 16]);
-                        machine::claim(Some(&other), request, now)
+                        machine_claim(Some(&other), request, now)
                     }
-                    None => machine::claim(r, request, now),
+                    None => machine_claim(r, request, now),
                 }
             }));
         }
         if self.has(Flaw::TakeoverForgetsSteps) {
-            let outcome = self.apply(&request.key, |r, now| machine::claim(r, request, now));
+            let outcome = self.apply(&request.key, |r, now| machine_claim(r, request, now));
             return Ok(match outcome {
                 ClaimOutcome::Claimed {
                     lease,
@@ -76,7 +76,7 @@ impl Store for FlawedStore {
             });
         }
         if !self.has(Flaw::NonAtomicClaim) {
-            return Ok(self.apply(&request.key, |r, now| machine::claim(r, request, now)));
+            return Ok(self.apply(&request.key, |r, now| machine_claim(r, request, now)));
         }
         let name = self.name(&request.key);
         let existing = self
@@ -87,7 +87,7 @@ impl Store for FlawedStore {
             .cloned();
         tokio::task::yield_now().await;
         let Transition { outcome, write } =
-            machine::claim(existing.as_ref(), request, self.clock.now());
+            machine_claim(existing.as_ref(), request, self.clock.now());
         if let Some(record) = write {
             self.backend
                 .lock()

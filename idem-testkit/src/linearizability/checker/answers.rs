@@ -30,7 +30,8 @@ pub(super) fn apply(operation: &Operation, record: &State, now: Timestamp) -> Op
     }
     match (&operation.call, &operation.answer) {
         (Call::Claim(request), Answer::Claim(actual)) => {
-            let transition = machine::claim(existing, request, now);
+            // A refusal (a token at its limit) answers an error, not a claim's outcome.
+            let transition = machine::claim(existing, request, now).ok()?;
             if !same_claim(actual, &transition.outcome) {
                 return None;
             }
@@ -76,10 +77,14 @@ pub(super) fn apply(operation: &Operation, record: &State, now: Timestamp) -> Op
             }
             Some(write.or_else(unchanged))
         }
-        (Call::Claim(request), answer) => write!(
-            machine::claim(existing, request, now),
-            |model: &ClaimOutcome| matches!(answer, Answer::Claim(actual) if same_claim(actual, model))
-        ),
+        (Call::Claim(request), answer) => match machine::claim(existing, request, now) {
+            Ok(transition) => write!(
+                transition,
+                |model: &ClaimOutcome| matches!(answer, Answer::Claim(actual) if same_claim(actual, model))
+            ),
+            // Refused: nothing written, whatever the store answered.
+            Err(_) => Some(unchanged()),
+        },
         (Call::Complete(lease, bytes), answer) => write!(
             machine::complete(existing, lease, bytes, now),
             |model: &_| matches!(answer, Answer::Write(actual) if actual == model)

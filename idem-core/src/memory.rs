@@ -305,3 +305,66 @@ impl crate::Admin for MemoryStore {
         Ok(self.find(&records, hash, key).map(crate::raw::raw_of))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{Admin, Fingerprint, State, admin::ReleaseKeyOutcome, raw::MAX_TOKEN};
+
+    /// The memory store applies the machine as it is, refusals included: a record planted
+    /// at the last token is never taken over or released, and the refusal writes nothing.
+    #[tokio::test]
+    async fn the_last_token_is_never_passed() {
+        let store = MemoryStore::new();
+        let request = |fingerprint: &str| {
+            ClaimRequest::new(
+                Key::new("s", "last-token").unwrap(),
+                Fingerprint::of_bytes(fingerprint),
+                Duration::from_secs(60),
+                Duration::from_secs(3600),
+            )
+        };
+        let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&request("a")).await else {
+            panic!("a fresh key is claimed");
+        };
+        let key = lease.key.clone();
+        // Planted: the owner's lease over, the token at its limit.
+        let now = store.clock.now();
+        store.apply(&key, |record, _| {
+            let mut record = record.expect("claimed above").clone();
+            record.token = MAX_TOKEN;
+            record.lease_until = now;
+            Transition {
+                outcome: (),
+                write: Some(record),
+            }
+        });
+        let planted = store.get(&key).await.unwrap();
+        for answer in [
+            store.claim(&request("a")).await.map(|a| format!("{a:?}")),
+            store.release_key(&key).await.map(|a| format!("{a:?}")),
+        ] {
+            let err = answer.expect_err("refused");
+            assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
+            assert!(
+                err.to_string().contains(&key.short_hash().to_string()),
+                "{err}"
+            );
+        }
+        assert_eq!(store.get(&key).await.unwrap(), planted, "nothing written");
+        let Some(mut finished) = planted else {
+            panic!("still present");
+        };
+        finished.state = State::Completed;
+        store.apply(&key, |_, _| Transition {
+            outcome: (),
+            write: Some(finished),
+        });
+        assert_eq!(
+            store.release_key(&key).await.unwrap(),
+            ReleaseKeyOutcome::Finished(State::Completed)
+        );
+    }
+}

@@ -224,6 +224,7 @@ async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
             )
             .await,
             absent: plant(format!("{reads_first}-absent"), "in_progress", ended, ended).await,
+            attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
         };
         let store = store_on(&client, &prefix, reads_first);
         assert_the_last_token_is_never_passed(Arc::new(store), &planted).await;

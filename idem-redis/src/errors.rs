@@ -102,6 +102,21 @@ mod tests {
     }
 
     #[test]
+    fn the_last_token_is_a_corrupt_record_never_retried() {
+        let mapped = map(
+            Operation::Claim,
+            server_error(
+                "IDEM_TOKEN_LIMIT the token is at its limit script: 1a2b, on @user_script:9.",
+            ),
+        );
+        assert!(
+            matches!(mapped, StoreError::Corrupt { key: None, .. }) && !mapped.is_retryable(),
+            "{mapped:?}"
+        );
+        assert!(mapped.to_string().contains("limit"), "{mapped}");
+    }
+
+    #[test]
     fn out_of_memory_is_retryable() {
         assert_transient(
             "OOM command not allowed when used memory > 'maxmemory'. script: 1a2b, on @user_script:9.",

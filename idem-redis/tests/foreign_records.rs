@@ -363,6 +363,7 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
         held: plant("held", "in_progress", now + hour, tomorrow).await,
         ended: plant("ended", "in_progress", ended, tomorrow).await,
         absent: plant("absent", "in_progress", ended, ended).await,
+        attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
     };
     assert_the_last_token_is_never_passed(Arc::new(store), &planted).await;
 }

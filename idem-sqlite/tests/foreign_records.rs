@@ -140,6 +140,7 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
         held: plant("held", "in_progress", now + hour, tomorrow),
         ended: plant("ended", "in_progress", ended, tomorrow),
         absent: plant("absent", "in_progress", ended, ended),
+        attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
     };
     assert_the_last_token_is_never_passed(store, &planted).await;
 }

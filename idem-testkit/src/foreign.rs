@@ -103,10 +103,11 @@ pub const LAST_TOKEN_RESPONSE: &[u8] = b"\"paid\"";
 
 /// Records at the last token ([`MAX_TOKEN`](idem_core::raw::MAX_TOKEN)) that a store test
 /// planted with its own client, each under its own key, all with the fingerprint
-/// [`LAST_TOKEN_FINGERPRINT`] and an attempt id of its choice, created a while ago.
+/// [`LAST_TOKEN_FINGERPRINT`] and the attempt id `attempt`, created an hour or more ago,
+/// each holding a step where the store can plant one.
 ///
 /// ```
-/// use idem_core::Key;
+/// use idem_core::{record::AttemptId, Key};
 /// use idem_testkit::LastTokenRecords;
 ///
 /// let planted = LastTokenRecords {
@@ -114,6 +115,7 @@ pub const LAST_TOKEN_RESPONSE: &[u8] = b"\"paid\"";
 ///     held: Key::new("last-token", "held")?,
 ///     ended: Key::new("last-token", "ended")?,
 ///     absent: Key::new("last-token", "absent")?,
+///     attempt: AttemptId::from_bytes([0; 16]),
 /// };
 /// # let _ = planted;
 /// # Ok::<(), idem_core::key::KeyError>(())
@@ -128,6 +130,9 @@ pub struct LastTokenRecords {
     pub ended: Key,
     /// In progress, its lease ended and expired: absent, so a claim starts afresh.
     pub absent: Key,
+    /// The attempt id every planted record carries: the owner's, with the token, in the
+    /// lease that fences its writes.
+    pub attempt: AttemptId,
 }
 
 /// Checks a store's answers for records at the last token
@@ -136,12 +141,37 @@ pub struct LastTokenRecords {
 ///
 /// - a present record there is read as any other: replayed when finished, in flight while
 ///   its lease lives, a mismatch under another fingerprint;
-/// - but never taken over, and never released by an operator: no next token could fence
-///   its owner. Both answer [`StoreError::Corrupt`] naming the key's short hash, and the
-///   record is unchanged ([`Admin::raw`] shows the same fields before and after);
-/// - an absent one is claimed afresh from token 1, without its steps.
+/// - a late copy of the owner's own claim after its lease ended is in flight with no time
+///   left, as at any token;
+/// - but never taken over, and never released by an operator, live lease or not: no next
+///   token could fence its owner. Both answer [`StoreError::Corrupt`] naming the key's
+///   short hash, and the record is unchanged ([`Admin::raw`] shows the same fields
+///   before and after, a mismatch's claim included);
+/// - its owner still stores its result there: the fence holds;
+/// - an absent one is claimed afresh from token 1, under any fingerprint, without its
+///   steps and with a new creation time, and its old owner's writes are fenced from the
+///   new lifetime.
 ///
 /// Only records written by hand, or 2^53 − 1 claims of one key, get there.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use idem_core::{record::AttemptId, Admin, Key};
+/// use idem_testkit::{assert_the_last_token_is_never_passed, LastTokenRecords};
+///
+/// # async fn check(store: Arc<dyn Admin>) -> Result<(), idem_core::key::KeyError> {
+/// // Plant the four records with the store's own client first (see the fields' docs).
+/// let planted = LastTokenRecords {
+///     completed: Key::new("foreign", "last-token-completed")?,
+///     held: Key::new("foreign", "last-token-held")?,
+///     ended: Key::new("foreign", "last-token-ended")?,
+///     absent: Key::new("foreign", "last-token-absent")?,
+///     attempt: AttemptId::from_bytes([0; 16]),
+/// };
+/// assert_the_last_token_is_never_passed(store, &planted).await;
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// # Panics
 /// When the store breaks one of these rules.
@@ -158,6 +188,16 @@ pub async fn assert_the_last_token_is_never_passed(
         )
     };
     let same = |key: &Key| request(key, LAST_TOKEN_FINGERPRINT);
+    // The owner's lease: the fence reads the token and the attempt id, not the times.
+    let owners = |key: &Key| {
+        Lease::new(
+            key.clone(),
+            idem_core::raw::MAX_TOKEN,
+            planted.attempt,
+            Timestamp::now(),
+            Timestamp::now(),
+        )
+    };
     let answer = store.claim(&same(&planted.completed)).await;
     assert!(
         matches!(&answer, Ok(ClaimOutcome::Replay { response, .. }) if response == LAST_TOKEN_RESPONSE),
@@ -173,6 +213,40 @@ pub async fn assert_the_last_token_is_never_passed(
         matches!(answer, Ok(ClaimOutcome::InFlight { .. })),
         "a live lease at the last token is in flight: {answer:?}"
     );
+    let hash = |key: &Key| key.short_hash().to_string();
+    let refused = |what: &str, key: &Key, answer: Result<String, StoreError>| match answer {
+        Err(err @ StoreError::Corrupt { .. }) => assert!(
+            err.to_string().contains(&hash(key)) && err.to_string().contains("limit"),
+            "{what}: the error must name the key's hash #{} and the limit: {err}",
+            hash(key)
+        ),
+        other => panic!("{what} at the last token must answer Corrupt, not {other:?}"),
+    };
+    let before = store
+        .raw(&planted.held)
+        .await
+        .expect("raw reads the record");
+    refused(
+        "an operator's release of a live lease",
+        &planted.held,
+        store
+            .release_key(&planted.held)
+            .await
+            .map(|answer| format!("{answer:?}")),
+    );
+    assert_eq!(
+        store
+            .raw(&planted.held)
+            .await
+            .expect("raw reads the record"),
+        before,
+        "a refused release changes nothing"
+    );
+    let before = store
+        .raw(&planted.ended)
+        .await
+        .expect("raw reads the record");
+    assert!(before.is_some(), "raw shows the planted record");
     let answer = store
         .claim(&request(&planted.ended, "another request"))
         .await;
@@ -180,20 +254,15 @@ pub async fn assert_the_last_token_is_never_passed(
         matches!(answer, Ok(ClaimOutcome::Mismatch)),
         "another fingerprint is a mismatch, at the last token too: {answer:?}"
     );
-    let hash = planted.ended.short_hash().to_string();
-    let before = store
-        .raw(&planted.ended)
-        .await
-        .expect("raw reads the record");
-    let refused = |what: &str, answer: Result<String, StoreError>| match answer {
-        Err(err @ StoreError::Corrupt { .. }) => assert!(
-            err.to_string().contains(&hash) && err.to_string().contains("limit"),
-            "{what}: the error must name the key's hash #{hash} and the limit: {err}"
-        ),
-        other => panic!("{what} at the last token must answer Corrupt, not {other:?}"),
-    };
+    let late = same(&planted.ended).with_attempt(planted.attempt);
+    let answer = store.claim(&late).await;
+    assert!(
+        matches!(answer, Ok(ClaimOutcome::InFlight { retry_after, .. }) if retry_after.is_zero()),
+        "the owner's own late claim after its lease ended is in flight with no time left: {answer:?}"
+    );
     refused(
         "a takeover",
+        &planted.ended,
         store
             .claim(&same(&planted.ended))
             .await
@@ -201,6 +270,7 @@ pub async fn assert_the_last_token_is_never_passed(
     );
     refused(
         "an operator's release",
+        &planted.ended,
         store
             .release_key(&planted.ended)
             .await
@@ -212,9 +282,23 @@ pub async fn assert_the_last_token_is_never_passed(
             .await
             .expect("raw reads the record"),
         before,
-        "a refused takeover or release changes nothing"
+        "a mismatch, a late claim, a refused takeover or release changes nothing"
     );
-    match store.claim(&same(&planted.absent)).await {
+    let completed = store.complete(&owners(&planted.ended), b"\"late\"").await;
+    assert!(
+        matches!(completed, Ok(WriteOutcome::Applied)),
+        "the owner at the last token still stores its result: {completed:?}"
+    );
+    let answer = store.claim(&same(&planted.ended)).await;
+    assert!(
+        matches!(&answer, Ok(ClaimOutcome::Replay { response, .. }) if response == b"\"late\""),
+        "and it is replayed: {answer:?}"
+    );
+    let started = Timestamp::now();
+    let new_lease = match store
+        .claim(&request(&planted.absent, "a new request"))
+        .await
+    {
         Ok(ClaimOutcome::Claimed {
             lease,
             resumed,
@@ -224,7 +308,46 @@ pub async fn assert_the_last_token_is_never_passed(
             assert_eq!(lease.token, 1, "an absent record starts again from token 1");
             assert!(!resumed, "a fresh claim resumes nothing");
             assert!(steps.is_empty(), "a fresh claim keeps no step: {steps:?}");
+            let age = started.saturating_duration_since(lease.created_at);
+            assert!(
+                age < Duration::from_secs(60),
+                "a fresh claim has a new creation time, not the old one ({age:?} before the claim)"
+            );
+            lease
         }
         other => panic!("an absent record at the last token is claimed afresh: {other:?}"),
-    }
+    };
+    let record = store
+        .get(&planted.absent)
+        .await
+        .expect("get reads the new record")
+        .expect("the new record is present");
+    assert_eq!(
+        (record.token, record.fingerprint, record.steps.len()),
+        (1, Fingerprint::of_bytes("a new request"), 0),
+        "the new lifetime keeps nothing of the old"
+    );
+    let fenced = store.complete(&owners(&planted.absent), b"\"stale\"").await;
+    assert!(
+        matches!(fenced, Ok(WriteOutcome::Fenced)),
+        "the old owner's write is fenced from the new lifetime: {fenced:?}"
+    );
+    // The token fences too, not the attempt alone: the new attempt at the old token.
+    let old_token = Lease::new(
+        planted.absent.clone(),
+        idem_core::raw::MAX_TOKEN,
+        new_lease.attempt,
+        new_lease.lease_until,
+        new_lease.created_at,
+    );
+    let fenced = store.complete(&old_token, b"\"stale\"").await;
+    assert!(
+        matches!(fenced, Ok(WriteOutcome::Fenced)),
+        "a lease at the old token is fenced from the new lifetime: {fenced:?}"
+    );
+    let applied = store.complete(&new_lease, b"\"new\"").await;
+    assert!(
+        matches!(applied, Ok(WriteOutcome::Applied)),
+        "the new owner stores its result: {applied:?}"
+    );
 }

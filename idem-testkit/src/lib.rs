@@ -74,7 +74,7 @@
 //!   that explains them (`workload.rs`, `history.rs`, `checker.rs`: the search, with
 //!   `checker/nodes.rs`, `checker/moves.rs` and `checker/answers.rs`).
 //! - `races.rs`: [`execute_races`]; `services.rs`: [`service_url`]; `foreign.rs`: records
-//!   idem did not write; `fuzz.rs`, `namespace.rs`, `quiet.rs`, `support.rs`: helpers.
+//!   idem did not write, and records at the last token; `fuzz.rs`, `namespace.rs`, `quiet.rs`, `support.rs`: helpers.
 
 #![warn(missing_docs)]
 

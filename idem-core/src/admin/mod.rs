@@ -74,7 +74,7 @@ pub trait Admin: Store {
     /// - In progress (and present): token + 1, a new attempt id that no worker holds,
     ///   `lease_until = now`; steps kept. The attempt that held the key is fenced from then
     ///   on, and the next claim takes over at once.
-    /// - In progress at [`MAX_TOKEN`](crate::raw::MAX_TOKEN): [`StoreError::Corrupt`]
+    /// - In progress and present at [`MAX_TOKEN`](crate::raw::MAX_TOKEN): [`StoreError::Corrupt`]
     ///   naming the key, nothing changes (no next token could fence the owner;
     ///   [`machine::TokenAtLimit`](crate::machine::TokenAtLimit)).
     /// - Completed or failed: [`ReleaseKeyOutcome::Finished`], nothing changes.

@@ -4,8 +4,11 @@ use std::time::Duration;
 
 /// The largest fencing token a record may hold: 2^53 - 1, the largest integer every
 /// backend represents exactly (Redis's Lua counts in doubles). No key reaches it by
-/// takeovers (one a millisecond would take 285 000 years); a stored token beyond it was
-/// not written by idem, and the record is refused as corrupt rather than fenced wrongly.
+/// takeovers (one a millisecond would take 285 000 years). The state machine hands out
+/// none past it: at it, a takeover or an operator's release is refused
+/// ([`TokenAtLimit`](crate::machine::TokenAtLimit)). A stored token beyond it was not
+/// written by this version of idem, and the record is refused as corrupt rather than
+/// fenced wrongly.
 pub const MAX_TOKEN: u64 = (1 << 53) - 1;
 
 /// The longest lease, retention or renewal idem accepts: 100 years of 365 days.

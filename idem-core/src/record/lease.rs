@@ -105,7 +105,8 @@ pub struct Lease {
     pub key: Key,
     /// The fencing token: 1 at the first claim of a record, one more at every takeover or
     /// re-claim of it. Tokens strictly increase within one record's lifetime; a record
-    /// that expired and was deleted starts again (see [`Lease::created_at`]).
+    /// that expired and was deleted starts again at 1, as does one re-claimed after it
+    /// expired at [`MAX_TOKEN`](crate::raw::MAX_TOKEN) (see [`Lease::created_at`]).
     pub token: u64,
     /// The attempt that holds the lease.
     pub attempt: AttemptId,

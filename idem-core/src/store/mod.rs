@@ -148,16 +148,15 @@ pub trait Store: Send + Sync {
     ///   `lease_until = now + lease`,
     ///   `expires_at = max(expires_at, lease_until + retention)`
     ///   ([`machine::kept_past`](crate::machine::kept_past)); fingerprint, `created_at`
-    ///   and steps kept; `Claimed` with `resumed: true` and the steps. Checked by
+    ///   and steps kept; `Claimed` with `resumed: true` and the steps. At
+    ///   [`MAX_TOKEN`](crate::raw::MAX_TOKEN) (a hand edit, or 2^53 − 1 claims) no next
+    ///   token could fence the owner, so no takeover: [`StoreError::Corrupt`] naming the
+    ///   key, writing nothing ([`machine::TokenAtLimit`](crate::machine::TokenAtLimit);
+    ///   records planted there are checked with
+    ///   `idem_testkit::assert_the_last_token_is_never_passed`). Checked by
     ///   `expired_lease_is_taken_over`, `tokens_strictly_increase`,
     ///   `release_lets_the_next_claim_take_over`, `no_lease_ends_at_the_retention_cliff`,
     ///   `a_live_lease_is_never_absent`, `lease_and_expiry_end_exactly`.
-    /// - In progress with an ended lease at [`MAX_TOKEN`](crate::raw::MAX_TOKEN) (a hand
-    ///   edit, or 2^53 − 1 claims): no next token could fence the owner, so no takeover:
-    ///   [`StoreError::Corrupt`] naming the key, writing nothing
-    ///   ([`machine::TokenAtLimit`](crate::machine::TokenAtLimit)). Checked by
-    ///   `idem_testkit::assert_the_last_token_is_never_passed`, on records the store's
-    ///   own test plants.
     /// - The lease answered carries the record's `created_at` and the request's
     ///   `retention` ([`Lease::with_retention`]). Checked by `absent_key_is_claimed_fresh`,
     ///   `no_lease_ends_at_the_retention_cliff`, `matches_the_state_machine`.

@@ -77,8 +77,14 @@ impl DynamoDbStore {
                     if seen.token >= MAX_TOKEN =>
                 {
                     let cutoff = self.cutoff(now);
-                    self.delete_if_purgeable(&self.pk(&request.key), &n(seen.token), now, cutoff)
-                        .await?;
+                    self.delete_if_purgeable(
+                        Operation::Claim,
+                        &self.pk(&request.key),
+                        &n(seen.token),
+                        now,
+                        cutoff,
+                    )
+                    .await?;
                 }
                 // A fresh claim was due, yet the condition failed: the item changed.
                 (_, Some(_)) => {}

@@ -76,9 +76,9 @@ impl DynamoDbStore {
                 if batch.is_empty() {
                     break;
                 }
-                let deletes = batch
-                    .iter()
-                    .map(|(pk, token)| self.delete_if_purgeable(pk, token, now, cutoff));
+                let deletes = batch.iter().map(|(pk, token)| {
+                    self.delete_if_purgeable(Operation::PurgeExpired, pk, token, now, cutoff)
+                });
                 for deleted in futures_util::future::join_all(deletes).await {
                     if deleted? {
                         purged += 1;
@@ -110,9 +110,10 @@ impl DynamoDbStore {
     }
 
     /// Deletes the item `pk` if it is still absent and was not claimed again since the
-    /// scan saw `token`; answers whether it did.
+    /// scan (or the claim: `operation`) saw `token`; answers whether it did.
     pub(super) async fn delete_if_purgeable(
         &self,
+        operation: Operation,
         pk: &AttributeValue,
         token: &AttributeValue,
         now: Timestamp,
@@ -142,7 +143,7 @@ impl DynamoDbStore {
             {
                 Ok(false)
             }
-            Err(err) => Err(map(Operation::PurgeExpired, err)),
+            Err(err) => Err(map(operation, err)),
         }
     }
 }

@@ -168,8 +168,9 @@ impl Context {
     /// The fencing token: strictly greater for every later owner of this key within the
     /// record's lifetime. Pass it to downstream systems that reject writes carrying a lower
     /// token than they have seen, for a resource named with [`Context::derive`]: a record
-    /// that expired and was deleted starts a new lifetime whose tokens start again, and
-    /// whose derived keys differ.
+    /// that expired and was deleted (or expired at the last token,
+    /// [`MAX_TOKEN`](crate::raw::MAX_TOKEN)) starts a new lifetime whose tokens start
+    /// again, and whose derived keys differ.
     pub fn token(&self) -> u64 {
         self.lease().token
     }

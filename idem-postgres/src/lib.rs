@@ -88,11 +88,12 @@
 //! lease could not finish never becomes finishable by that lease again (a takeover or an
 //! operator's release raises the token), so what the read finds is the answer. A claim
 //! whose statement wrote nothing answers from the row it read with the state machine, and
-//! runs the statement again when the machine says a write was due.
+//! runs the statement's second form (which may write over a row) when the machine says a
+//! write was due.
 //!
 //! | operation | files |
 //! |---|---|
-//! | claim | `src/store.rs`; `sql/claim.sql` (falls back to `sql/select.sql`; `sql/end_lease.sql` when a record it took over cannot be read) |
+//! | claim | `src/store.rs`; `sql/claim.sql`, its conflict clause `DO NOTHING` and then `sql/claim_update.sql` (falls back to `sql/select.sql`; `sql/end_lease.sql` when a record it took over cannot be read) |
 //! | complete, fail (and `complete_in`) | `src/store.rs`; `sql/finish.sql`, then `sql/finished.sql` when it wrote nothing |
 //! | release, renew, checkpoint | `src/store.rs`; `sql/release.sql`, `sql/renew.sql`, `sql/checkpoint.sql` |
 //! | get | `src/store.rs`; `sql/select.sql`, rows in `src/rows.rs` |

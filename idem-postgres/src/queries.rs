@@ -12,6 +12,7 @@ const CREATE_SCHEMA: &str = include_str!("../sql/create_schema.sql");
 pub(crate) const SCHEMA_EXISTS: &str = include_str!("../sql/schema_exists.sql");
 const COLUMNS: &str = include_str!("../sql/columns.sql");
 const CLAIM: &str = include_str!("../sql/claim.sql");
+const CLAIM_UPDATE: &str = include_str!("../sql/claim_update.sql");
 const SELECT: &str = include_str!("../sql/select.sql");
 const FINISH: &str = include_str!("../sql/finish.sql");
 const FINISHED: &str = include_str!("../sql/finished.sql");
@@ -60,13 +61,24 @@ fn valid(row: &str) -> String {
 /// look the cheaper path. The state is never NULL, so `IS TRUE` changes no answer.
 const IN_PROGRESS: &str = "(state = 'in_progress') IS TRUE";
 
+/// `sql` without its whole-line comments, for a fragment spliced into a statement.
+fn without_comments(sql: &str) -> String {
+    sql.lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Every statement the store runs, for one table.
 #[derive(Debug)]
 pub(crate) struct Queries {
     pub(crate) migrate: Arc<str>,
     /// `CREATE SCHEMA IF NOT EXISTS` for a schema-qualified table.
     pub(crate) create_schema: Option<Arc<str>>,
+    /// A claim that writes only a new row: every answer but a takeover or a replacement.
     pub(crate) claim: Arc<str>,
+    /// A claim that also writes over an absent row or takes an ended lease over.
+    pub(crate) claim_update: Arc<str>,
     pub(crate) select: Arc<str>,
     pub(crate) finish: Arc<str>,
     /// Whether a finish that wrote nothing finds its own result already stored.
@@ -88,11 +100,7 @@ impl Queries {
     pub(crate) fn for_table(table: &TableName) -> Self {
         // Only validated identifiers are spliced in; every value is a bind parameter.
         let render_with = |sql: &str, steps_when: &str, response: &str| -> Arc<str> {
-            let columns = COLUMNS
-                .lines()
-                .filter(|line| !line.starts_with("--"))
-                .collect::<Vec<_>>()
-                .join("\n");
+            let columns = without_comments(COLUMNS);
             sql.replace("{columns}", columns.trim_end())
                 .replace("{steps_when}", steps_when)
                 .replace("{response}", response)
@@ -112,6 +120,8 @@ impl Queries {
                 .into()
         };
         let render = |sql: &str, steps_when: &str| render_with(sql, steps_when, "response");
+        let claim = |on_conflict: &str| CLAIM.replace("{on_conflict}", on_conflict.trim_end());
+        let claim_steps = "state = 'in_progress' AND steps <> '{}'::jsonb";
         let render_all = |sql: &str| render(sql, "true");
         Self {
             migrate: render_all(MIGRATE),
@@ -119,7 +129,15 @@ impl Queries {
                 .schema()
                 .map(|schema| CREATE_SCHEMA.replace("{schema}", schema).into()),
             // A fresh claim's steps are empty, and a replay needs none: nothing to send.
-            claim: render(CLAIM, "state = 'in_progress' AND steps <> '{}'::jsonb"),
+            claim: render(&claim("DO NOTHING"), claim_steps),
+            // Its own first line, so that pg_stat_statements tells the two forms apart.
+            claim_update: render(
+                &format!(
+                    "-- The claim's second form: ON CONFLICT DO UPDATE.\n{}",
+                    claim(&without_comments(CLAIM_UPDATE))
+                ),
+                claim_steps,
+            ),
             select: render_all(SELECT),
             finish: render_all(FINISH),
             finished: render_all(FINISHED),

@@ -23,10 +23,13 @@ use crate::table::{DEFAULT_TABLE, TableName, TableNameError};
 /// short transactions.
 const PURGE_BATCH: usize = 1_000;
 
-/// How many times the claim statement runs at most: it runs again when the record read
-/// after it still calls for a write (it changed once more, or was purged meanwhile), or
-/// when its lease end or expiry falls within the millisecond of `now()` (SQL compares
-/// microseconds, the state machine whole milliseconds) until that millisecond passes.
+/// How many claim statements run at most (the first form once, then the second; each
+/// second form that writes nothing is followed by one read): the second form runs when the
+/// first neither read nor wrote a row (a takeover, an absent record still stored, a row
+/// inserted after its snapshot), and again when the record read still calls for a write
+/// (it changed once more, or was purged meanwhile), or when its lease end or expiry falls
+/// within the millisecond of `now()` (SQL compares microseconds, the state machine whole
+/// milliseconds) until that millisecond passes.
 const CLAIM_ATTEMPTS: usize = 8;
 
 /// Milliseconds for SQL: clamped to `MAX_DURATION`, so no interval ever leaves
@@ -43,11 +46,13 @@ fn token(lease: &Lease) -> i64 {
 
 /// An idem [`Store`] in a PostgreSQL table, over an sqlx [`PgPool`].
 ///
-/// - `claim` is one statement, so a replay, a mismatch or an in-flight answer costs one
-///   round trip: it reads a present completed or failed record and answers from it
-///   without writing or locking (every replay); otherwise one
-///   `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ... RETURNING`. When that writes
-///   nothing (the record changed under the statement), one more read answers.
+/// - A replay, a mismatch, an in-flight answer and a fresh key's claim cost one statement,
+///   one round trip: it reads a present record it will not write and answers from it
+///   without writing or locking (every replay), or inserts a new row
+///   (`INSERT ... ON CONFLICT DO NOTHING ... RETURNING`). A takeover or a record absent
+///   but still stored takes a second, `INSERT ... ON CONFLICT ... DO UPDATE ... WHERE ...
+///   RETURNING`; when that writes nothing (the record changed under the statement), one
+///   more read answers.
 /// - Every fenced write is one `UPDATE ... WHERE scope = $1 AND key = $2 AND token = $3
 ///   AND attempt = $4 AND state = 'in_progress'`.
 /// - All times come from the database's `now()`, never from the client.
@@ -381,8 +386,16 @@ impl fmt::Debug for PostgresStore {
 impl Store for PostgresStore {
     async fn claim(&self, request: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let key = &request.key;
-        for _ in 0..CLAIM_ATTEMPTS {
-            let row = sqlx::query(AssertSqlSafe(Arc::clone(&self.queries.claim)))
+        for round in 0..CLAIM_ATTEMPTS {
+            // The first form writes only a new row, and PostgreSQL sets it up for less
+            // (claim.sql); every later turn runs the second, which may write over a row.
+            let first = round == 0;
+            let statement = if first {
+                &self.queries.claim
+            } else {
+                &self.queries.claim_update
+            };
+            let row = sqlx::query(AssertSqlSafe(Arc::clone(statement)))
                 .bind(key.scope())
                 .bind(key.key())
                 .bind(&request.fingerprint.as_bytes()[..])
@@ -392,9 +405,12 @@ impl Store for PostgresStore {
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|err| map(Operation::Claim, err).for_key(key))?;
-            // No row: the record changed under the statement (a concurrent transaction
-            // inserted or wrote it after the statement's snapshot was taken, and the
-            // upsert's condition refused the committed row). One more read sees it.
+            // No row from the first form: a row is there that it may not write (absent, or
+            // an ended lease to take over), or one inserted after its snapshot: the second
+            // form decides. No row from the second: the record changed under it (a
+            // concurrent transaction inserted or wrote it after the statement's snapshot
+            // was taken, and the upsert's condition refused the committed row). One more
+            // read sees it.
             let (claimed, row) = match row {
                 Some(row) => {
                     let claimed: bool = row
@@ -402,6 +418,7 @@ impl Store for PostgresStore {
                         .map_err(|err| map(Operation::Claim, err).for_key(key))?;
                     (claimed, row)
                 }
+                None if first => continue,
                 None => match self.select(key, Operation::Claim).await? {
                     Some(row) => (false, row),
                     None => continue, // purged meanwhile: claim again
@@ -423,17 +440,17 @@ impl Store for PostgresStore {
                     decoded.record.steps,
                 ));
             }
-            // The record as it is: the state machine answers for it. claim.sql never takes over a present row at the last token (no next token
-            // could fence its owner) and returns it instead: the machine refuses the
-            // takeover, as Redis's script does. An absent one is replaced by the statement
-            // itself from token 1; only a row read anew just as it became absent reaches
-            // the loop below, and runs the statement again.
+            // The record as it is: the state machine answers for it. claim.sql never takes
+            // over a present row at the last token (no next token could fence its owner)
+            // and returns it instead: the machine refuses the takeover. An absent one is
+            // replaced by the statement's second form from token 1.
             let answer = machine::claim(Some(&decoded.record), request, decoded.now)
                 .map_err(|refusal| StoreError::from(refusal).for_key(key))?;
             if answer.write.is_none() {
                 return Ok(answer.outcome);
             }
-            // Otherwise a write was due: the row changed since it was read. Run it again.
+            // Otherwise a write was due (the first form writes no takeover, or the row
+            // changed since it was read): the next turn runs the second form.
         }
         Err(StoreError::Busy {
             operation: Operation::Claim,

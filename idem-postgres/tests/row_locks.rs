@@ -156,3 +156,65 @@ async fn a_takeover_that_loses_to_a_completion_answers_that_records_result() {
         "the completed record's result: {answer:?}"
     );
 }
+
+/// A fresh key that another transaction inserted and has not committed: the claim's first
+/// form (`ON CONFLICT DO NOTHING`) waits for that transaction. Committed, the row is there
+/// and the claim's second form answers it in flight, leaving it as written; rolled back,
+/// the key is fresh and the claim takes it at token 1.
+#[tokio::test]
+async fn a_fresh_key_inserted_under_the_claim_is_answered_once_it_commits_or_rolls_back() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh().as_str().to_owned();
+    let store = common::store_in(&url, &table, 4).await;
+    for commit in [true, false] {
+        let name = format!("inserted-{commit}");
+        let mut other = store.pool().begin().await.unwrap();
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at)
+             VALUES ('race', $1, $2, 'in_progress', 1, decode(repeat('ab', 16), 'hex'),
+                     now() + interval '1 hour', now(), now() + interval '1 day')"
+        )))
+        .bind(&name)
+        .bind(&Fingerprint::of_bytes("500").as_bytes()[..])
+        .execute(&mut *other)
+        .await
+        .unwrap();
+        let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *other)
+            .await
+            .unwrap();
+        let claim = tokio::spawn({
+            let store = store.clone();
+            async move { store.claim(&request("race", &name, HOUR)).await }
+        });
+        common::wait_until_blocked_by(&store, holder).await;
+        if commit {
+            other.commit().await.unwrap();
+        } else {
+            other.rollback().await.unwrap();
+        }
+        let answer = tokio::time::timeout(PATIENCE, claim)
+            .await
+            .expect("the claim answers once the other transaction ends")
+            .unwrap()
+            .unwrap();
+        match (commit, &answer) {
+            (true, ClaimOutcome::InFlight { .. }) => {
+                let attempt: Vec<u8> = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "SELECT attempt FROM \"{table}\" WHERE scope = 'race' AND key = $1"
+                )))
+                .bind(format!("inserted-{commit}"))
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+                assert_eq!(
+                    attempt,
+                    vec![0xab; 16],
+                    "the committed row is as it was written"
+                );
+            }
+            (false, ClaimOutcome::Claimed { lease, .. }) => assert_eq!(lease.token, 1),
+            _ => panic!("committed {commit}: {answer:?}"),
+        }
+    }
+}

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::ClaimRequest;
+use idem_core::store::{ClaimOutcome, ClaimRequest};
 use idem_core::{Admin, Fingerprint, Key, Store, StoreError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_testkit::{
@@ -278,45 +278,28 @@ async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged(
         "migrate makes a table without CHECK constraints"
     );
     let admin: Arc<dyn Admin> = Arc::new(store.clone());
-    let foreign = hex(Fingerprint::of_bytes("foreign").as_bytes());
-    // (what, state, token, attempt bytes, fingerprint as hex)
+    let foreign = Fingerprint::of_bytes("foreign");
+    let foreign = &foreign.as_bytes()[..];
+    // (what, state, token, attempt bytes, fingerprint)
     let cases = [
-        ("an unknown state", "'paused'", "1", 16, foreign.clone()),
-        (
-            "a state in capitals",
-            "'IN_PROGRESS'",
-            "1",
-            16,
-            foreign.clone(),
-        ),
-        ("a token of 0", "'completed'", "0", 16, foreign.clone()),
-        (
-            "a negative token",
-            "'in_progress'",
-            "-7",
-            16,
-            foreign.clone(),
-        ),
-        (
-            "an attempt of 15 bytes",
-            "'in_progress'",
-            "1",
-            15,
-            foreign.clone(),
-        ),
+        ("an unknown state", "'paused'", "1", 16, foreign),
+        ("a state in capitals", "'IN_PROGRESS'", "1", 16, foreign),
+        ("a token of 0", "'completed'", "0", 16, foreign),
+        ("a negative token", "'in_progress'", "-7", 16, foreign),
+        ("an attempt of 15 bytes", "'in_progress'", "1", 15, foreign),
         (
             "a fingerprint of 31 bytes",
             "'in_progress'",
             "1",
             16,
-            foreign[..62].to_owned(),
+            &foreign[..31],
         ),
         (
             "a token past 2^53 - 1",
             "'in_progress'",
             "9007199254740992",
             16,
-            foreign.clone(),
+            foreign,
         ),
     ];
     let mut planted = Vec::new();
@@ -336,11 +319,12 @@ async fn rows_idem_never_writes_are_refused_present_or_expired_and_never_purged(
             };
             sqlx::query(AssertSqlSafe(format!(
                 "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at)
-                 VALUES ($1, $2, decode('{fingerprint}', 'hex'), {state}, {token},
+                 VALUES ($1, $2, $3, {state}, {token},
                          decode(repeat('ab', {attempt}), 'hex'), {lease_until}, now() - interval '2 hours', {expires})"
             )))
             .bind(key.scope())
             .bind(key.key())
+            .bind(fingerprint)
             .execute(store.pool())
             .await
             .unwrap();
@@ -418,13 +402,9 @@ async fn check_constraints(store: &idem_postgres::PostgresStore, table: &str) ->
     .unwrap()
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A hand edit that commits while a claim of the same key waits on it: the claim did not
-/// see the row when it read, and its upsert meets it only as a conflict. The upsert's own
-/// test refuses it as well: the claim writes nothing and answers Corrupt.
+/// A hand edit that commits while a claim of the same key waits on it: the claim's first
+/// form did not see the row when it read, and meets it only as a conflict; its second form
+/// reads it and refuses it: the claim writes nothing and answers Corrupt.
 #[tokio::test]
 async fn a_row_idem_never_writes_committed_under_a_waiting_claim_is_refused() {
     let Some(url) = common::url() else { return };
@@ -472,6 +452,69 @@ async fn a_row_idem_never_writes_committed_under_a_waiting_claim_is_refused() {
             .await
             .starts_with("paused 1 "),
         "the claim wrote over the planted row"
+    );
+}
+
+/// A hand edit that makes a row one idem never writes (an attempt of 15 bytes, in progress
+/// under the claim's own fingerprint) while a takeover waits for its row lock: the claim's
+/// second form read the row as valid, and its upsert meets the edited row only once the
+/// lock is granted. The upsert's own test (`{r.valid}` in
+/// claim_update.sql) refuses it: the claim writes nothing and answers Corrupt.
+#[tokio::test]
+async fn a_row_made_foreign_under_a_waiting_takeover_is_refused() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh();
+    let table = table.as_str();
+    let store = common::store_in(&url, table, 4).await;
+    let request = |lease| {
+        ClaimRequest::new(
+            Key::new("foreign", "edited-under-a-takeover").unwrap(),
+            Fingerprint::of_bytes("a"),
+            lease,
+            Duration::from_secs(3600),
+        )
+    };
+    // An owner whose lease has ended: the next claim takes it over.
+    let first = store.claim(&request(Duration::ZERO)).await.unwrap();
+    assert!(matches!(first, ClaimOutcome::Claimed { .. }), "{first:?}");
+    let key = request(Duration::ZERO).key;
+    let mut editor = store.pool().begin().await.unwrap();
+    sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM \"{table}\" WHERE scope = $1 AND key = $2 FOR UPDATE"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .execute(&mut *editor)
+    .await
+    .unwrap();
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *editor)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        let request = request(Duration::from_secs(60));
+        async move { store.claim(&request).await }
+    });
+    common::wait_until_blocked_by(&store, holder).await;
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET attempt = decode(repeat('ab', 15), 'hex') WHERE scope = $1 AND key = $2"
+    )))
+    .bind(key.scope())
+    .bind(key.key())
+    .execute(&mut *editor)
+    .await
+    .unwrap();
+    editor.commit().await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(30), claim)
+        .await
+        .expect("the claim answers once the edit commits")
+        .unwrap();
+    assert_corrupt_naming(&key, answer);
+    let stored = row_as_stored(&store, table, &key).await;
+    assert!(
+        stored.starts_with(&format!("in_progress 1 {} ", "ab".repeat(15))),
+        "the claim wrote over the edited row: {stored}"
     );
 }
 

@@ -74,8 +74,9 @@ use crate::{
 
 /// A takeover or an operator's release the machine refuses: the record's fencing token is
 /// at [`MAX_TOKEN`], so no next token could fence its owner. Only a record written by
-/// hand, or 2^53 − 1 claims of one key, gets there. A store answers it as
-/// [`StoreError::Corrupt`] naming the key, and changes nothing:
+/// hand, or 2^53 − 1 claims of one key, gets there. A unit value: the key is the caller's,
+/// and the token is always [`MAX_TOKEN`]. A store answers it as [`StoreError::Corrupt`]
+/// naming the key, and changes nothing:
 ///
 /// ```
 /// use idem_core::{machine::TokenAtLimit, Key, StoreError};

@@ -168,10 +168,7 @@ async fn an_expired_unreadable_item_is_claimed_afresh_on_both_paths() {
 /// both claim paths.
 #[tokio::test]
 async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
-    use idem_testkit::{
-        LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords,
-        assert_the_last_token_is_never_passed,
-    };
+    use idem_testkit::{LastTokenRecords, assert_the_last_token_is_never_passed};
     let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
         return;
     };
@@ -179,11 +176,10 @@ async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
     let client = common::store_in(&endpoint, &prefix).await.client().clone();
     let now = idem_core::Timestamp::now().as_unix_millis();
     let hour = 3_600_000;
-    let fingerprint = idem_core::Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT);
+    let fingerprint = LastTokenRecords::fingerprint();
     let n = |v: u64| AttributeValue::N(v.to_string());
     let blob = |v: &[u8]| AttributeValue::B(Blob::new(v.to_vec()));
-    let plant = async |name: String, state: &str, lease_until: u64, expires_at: u64| {
-        let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
+    let plant = async |key: &Key, state: &str, lease_until: u64, expires_at: u64| {
         let steps = [("charge".to_owned(), blob(&[0]))].into();
         let attributes = vec![
             ("fp", blob(fingerprint.as_bytes())),
@@ -193,39 +189,23 @@ async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
             ("lu", n(lease_until)),
             ("ca", n(now - 2 * hour)),
             ("ea", n(expires_at)),
-            ("rs", blob(LAST_TOKEN_RESPONSE)),
+            ("rs", blob(LastTokenRecords::RESPONSE)),
             ("stp", AttributeValue::M(steps)),
         ];
-        put(&client, &prefix, &key, attributes).await;
-        key
+        put(&client, &prefix, key, attributes).await;
     };
     let (ended, tomorrow) = (now - hour, now + 24 * hour);
     for reads_first in [false, true] {
-        let planted = LastTokenRecords {
-            completed: plant(
-                format!("{reads_first}-completed"),
-                "completed",
-                ended,
-                tomorrow,
-            )
-            .await,
-            held: plant(
-                format!("{reads_first}-held"),
-                "in_progress",
-                now + hour,
-                tomorrow,
-            )
-            .await,
-            ended: plant(
-                format!("{reads_first}-ended"),
-                "in_progress",
-                ended,
-                tomorrow,
-            )
-            .await,
-            absent: plant(format!("{reads_first}-absent"), "in_progress", ended, ended).await,
-            attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
-        };
+        // A scope for each claim path, so that each plants records of its own.
+        let planted = LastTokenRecords::under(
+            &format!("foreign-{reads_first}"),
+            idem_core::record::AttemptId::from_bytes([0; 16]),
+        )
+        .unwrap();
+        plant(&planted.completed, "completed", ended, tomorrow).await;
+        plant(&planted.held, "in_progress", now + hour, tomorrow).await;
+        plant(&planted.ended, "in_progress", ended, tomorrow).await;
+        plant(&planted.absent, "in_progress", ended, ended).await;
         let store = store_on(&client, &prefix, reads_first);
         assert_the_last_token_is_never_passed(Arc::new(store), &planted).await;
     }

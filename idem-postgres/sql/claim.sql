@@ -1,8 +1,8 @@
 -- The claim, rendered twice (queries.rs): first with `DO NOTHING` on a conflict, then,
 -- when that neither read nor wrote a row, or read one the state machine says to write,
--- with claim_update.sql's `DO UPDATE`. PostgreSQL sets up a statement's whole plan on every run, its conflict
--- clause included, so the first form costs less for the claims that do not need the
--- second: every fresh key and every answer without a write.
+-- with claim_update.sql's `DO UPDATE`. PostgreSQL sets up a statement's whole plan on
+-- every run, its conflict clause included, so the first form costs less for the claims
+-- that do not need the second: every fresh key and every answer without a write.
 --
 -- A present record that this claim will not write is read and answered as it is: no
 -- write and no row lock. That is every replay (a finished record), every in-flight answer

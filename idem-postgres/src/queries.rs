@@ -130,7 +130,8 @@ impl Queries {
                 .map(|schema| CREATE_SCHEMA.replace("{schema}", schema).into()),
             // A fresh claim's steps are empty, and a replay needs none: nothing to send.
             claim: render(&claim("DO NOTHING"), claim_steps),
-            // Its own first line, so that pg_stat_statements tells the two forms apart.
+            // Its own first line, so that the two forms' texts in pg_stat_statements read
+            // apart at a glance (their query ids differ anyway).
             claim_update: render(
                 &format!(
                     "-- The claim's second form: ON CONFLICT DO UPDATE.\n{}",

@@ -10,8 +10,8 @@ use idem_core::store::{ClaimOutcome, ClaimRequest};
 use idem_core::{Admin, Fingerprint, Key, Store, StoreError};
 use idem_postgres::sqlx::{self, AssertSqlSafe};
 use idem_testkit::{
-    LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords, Namespace,
-    assert_foreign_record_is_refused, assert_the_last_token_is_never_passed,
+    LastTokenRecords, Namespace, assert_foreign_record_is_refused,
+    assert_the_last_token_is_never_passed,
 };
 
 /// The answer is a corrupt record whose error names `key`'s hash.
@@ -600,14 +600,10 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
     let table = Namespace::fresh();
     let table = table.as_str();
     let store = common::store_in(&url, table, 4).await;
-    let fingerprint = Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT);
-    let plant = |name: &'static str,
-                 state: &'static str,
-                 lease: &'static str,
-                 expires: &'static str| {
+    let fingerprint = LastTokenRecords::fingerprint();
+    let plant = |key: Key, state: &'static str, lease: &'static str, expires: &'static str| {
         let store = store.clone();
         async move {
-            let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
             sqlx::query(AssertSqlSafe(format!(
                 "INSERT INTO \"{table}\" (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response, steps)
                  VALUES ($1, $2, $3, '{state}', 9007199254740991, decode(repeat('00', 16), 'hex'),
@@ -617,21 +613,21 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
             .bind(key.scope())
             .bind(key.key())
             .bind(&fingerprint.as_bytes()[..])
-            .bind(LAST_TOKEN_RESPONSE)
+            .bind(LastTokenRecords::RESPONSE)
             .execute(store.pool())
             .await
             .unwrap();
-            key
         }
     };
     let (ended, tomorrow) = ("now() - interval '1 hour'", "now() + interval '1 day'");
-    let planted = LastTokenRecords {
-        completed: plant("completed", "completed", ended, tomorrow).await,
-        held: plant("held", "in_progress", "now() + interval '1 hour'", tomorrow).await,
-        ended: plant("in-progress", "in_progress", ended, tomorrow).await,
-        absent: plant("expired", "in_progress", ended, ended).await,
-        attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
-    };
+    let planted =
+        LastTokenRecords::under("foreign", idem_core::record::AttemptId::from_bytes([0; 16]))
+            .unwrap();
+    plant(planted.completed.clone(), "completed", ended, tomorrow).await;
+    let held = "now() + interval '1 hour'";
+    plant(planted.held.clone(), "in_progress", held, tomorrow).await;
+    plant(planted.ended.clone(), "in_progress", ended, tomorrow).await;
+    plant(planted.absent.clone(), "in_progress", ended, ended).await;
     assert_the_last_token_is_never_passed(Arc::new(store.clone()), &planted).await;
     // The replacement's row holds no step.
     let stored_steps: String = sqlx::query_scalar(AssertSqlSafe(format!(
@@ -643,7 +639,8 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
     .await
     .unwrap();
     assert_eq!(stored_steps, "{}");
-    plant("purged", "completed", ended, ended).await;
+    let purged = Key::new("foreign", "last-token-purged").unwrap();
+    plant(purged, "completed", ended, ended).await;
     assert_eq!(
         store.purge_expired(1000).await.unwrap(),
         1,

@@ -325,19 +325,15 @@ async fn an_expired_in_progress_record_redis_still_holds_is_claimed_afresh_witho
 /// flight, but never taken over or released; once absent, claimed afresh from token 1.
 #[tokio::test]
 async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
-    use idem_testkit::{
-        LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords,
-        assert_the_last_token_is_never_passed,
-    };
+    use idem_testkit::{LastTokenRecords, assert_the_last_token_is_never_passed};
     let Some(url) = idem_testkit::service_url(common::STANDALONE) else {
         return;
     };
     let (store, prefix, mut conn) = common::standalone_and_connection(&url).await;
     let now = idem_core::Timestamp::now().as_unix_millis();
     let hour = 3_600_000;
-    let fingerprint = idem_core::Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT);
-    let mut plant = async |name: &str, state: &str, lease_until: u64, expires_at: u64| {
-        let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
+    let fingerprint = LastTokenRecords::fingerprint();
+    let mut plant = async |key: &Key, state: &str, lease_until: u64, expires_at: u64| {
         let fields: Vec<(&str, Vec<u8>)> = vec![
             ("f", fingerprint.as_bytes().to_vec()),
             ("s", state.as_bytes().to_vec()),
@@ -346,24 +342,23 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
             ("l", lease_until.to_string().into_bytes()),
             ("c", (now - 2 * hour).to_string().into_bytes()),
             ("e", expires_at.to_string().into_bytes()),
-            ("r", LAST_TOKEN_RESPONSE.to_vec()),
+            ("r", LastTokenRecords::RESPONSE.to_vec()),
             ("step:charge", vec![0]),
         ];
         let _: () = redis::cmd("HSET")
-            .arg(format!("{prefix}{{7:foreign:last-token-{name}}}"))
+            .arg(format!("{prefix}{{7:foreign:{}}}", key.key()))
             .arg(fields)
             .query_async(&mut conn)
             .await
             .unwrap();
-        key
     };
     let (ended, tomorrow) = (now - hour, now + 24 * hour);
-    let planted = LastTokenRecords {
-        completed: plant("completed", "completed", ended, tomorrow).await,
-        held: plant("held", "in_progress", now + hour, tomorrow).await,
-        ended: plant("ended", "in_progress", ended, tomorrow).await,
-        absent: plant("absent", "in_progress", ended, ended).await,
-        attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
-    };
+    let planted =
+        LastTokenRecords::under("foreign", idem_core::record::AttemptId::from_bytes([0; 16]))
+            .unwrap();
+    plant(&planted.completed, "completed", ended, tomorrow).await;
+    plant(&planted.held, "in_progress", now + hour, tomorrow).await;
+    plant(&planted.ended, "in_progress", ended, tomorrow).await;
+    plant(&planted.absent, "in_progress", ended, ended).await;
     assert_the_last_token_is_never_passed(Arc::new(store), &planted).await;
 }

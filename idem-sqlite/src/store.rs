@@ -344,13 +344,17 @@ impl Store for SqliteStore {
                 // retried claim's own lease) is answered from it without waiting for the
                 // write lock another process may hold. The clock is read after the
                 // snapshot began, and no lease or retention seen live at that later time
-                // can have ended before it.
+                // can have ended before it. A refusal (a takeover at the last token) is
+                // about a lease seen ended, which another process may have renewed or
+                // finished since the snapshot: the locked read decides it.
                 let mut answer = || -> Result<Option<ClaimOutcome>, RowError> {
                     let tx = connection.transaction()?;
                     let existing = rows::read(&tx, &key)?;
-                    let Transition { outcome, write } =
+                    let Ok(Transition { outcome, write }) =
                         machine::claim(existing.as_ref(), &request, clock.now())
-                            .map_err(StoreError::from)?;
+                    else {
+                        return Ok(None);
+                    };
                     Ok(write.is_none().then_some(outcome))
                 };
                 match answer() {

@@ -98,20 +98,13 @@ async fn foreign_records_are_refused_not_absent() {
 /// flight, but never taken over or released; once absent, claimed afresh from token 1.
 #[tokio::test]
 async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
-    use idem_testkit::{
-        LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords,
-        assert_the_last_token_is_never_passed,
-    };
+    use idem_testkit::{LastTokenRecords, assert_the_last_token_is_never_passed};
     let path = common::fresh_db_path();
     let store: Arc<dyn Admin> = Arc::new(SqliteStore::open(&path).unwrap());
     let conn = rusqlite::Connection::open(&path).unwrap();
     let now = i64::try_from(idem_core::Timestamp::now().as_unix_millis()).unwrap();
-    let (hour, fingerprint) = (
-        3_600_000,
-        idem_core::Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT),
-    );
-    let plant = |name: &str, state: &str, lease_until: i64, expires_at: i64| {
-        let key = Key::new("foreign", format!("last-token-{name}")).unwrap();
+    let (hour, fingerprint) = (3_600_000, LastTokenRecords::fingerprint());
+    let plant = |key: &Key, state: &str, lease_until: i64, expires_at: i64| {
         conn.execute(
             "INSERT INTO idem_records (scope, key, fingerprint, state, token, attempt, lease_until, created_at, expires_at, response)
              VALUES (?1, ?2, ?3, ?4, 9007199254740991, zeroblob(16), ?5, ?6, ?7, ?8)",
@@ -123,7 +116,7 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
                 lease_until,
                 now - 2 * hour,
                 expires_at,
-                LAST_TOKEN_RESPONSE,
+                LastTokenRecords::RESPONSE,
             ],
         )
         .unwrap();
@@ -132,15 +125,14 @@ async fn a_record_at_the_last_token_is_read_but_never_taken_over() {
             [key.scope(), key.key()],
         )
         .unwrap();
-        key
     };
     let (ended, tomorrow) = (now - hour, now + 24 * hour);
-    let planted = LastTokenRecords {
-        completed: plant("completed", "completed", ended, tomorrow),
-        held: plant("held", "in_progress", now + hour, tomorrow),
-        ended: plant("ended", "in_progress", ended, tomorrow),
-        absent: plant("absent", "in_progress", ended, ended),
-        attempt: idem_core::record::AttemptId::from_bytes([0; 16]),
-    };
+    let planted =
+        LastTokenRecords::under("foreign", idem_core::record::AttemptId::from_bytes([0; 16]))
+            .unwrap();
+    plant(&planted.completed, "completed", ended, tomorrow);
+    plant(&planted.held, "in_progress", now + hour, tomorrow);
+    plant(&planted.ended, "in_progress", ended, tomorrow);
+    plant(&planted.absent, "in_progress", ended, ended);
     assert_the_last_token_is_never_passed(store, &planted).await;
 }

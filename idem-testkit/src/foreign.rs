@@ -94,35 +94,26 @@ pub async fn assert_foreign_record_is_refused(store: Arc<dyn Admin>, key: &Key, 
     );
 }
 
-/// The fingerprint of the records a store test plants for
-/// [`assert_the_last_token_is_never_passed`]: `Fingerprint::of_bytes(LAST_TOKEN_FINGERPRINT)`.
-pub const LAST_TOKEN_FINGERPRINT: &str = "at the last token";
-
-/// The response of [`LastTokenRecords::completed`], byte for byte.
-pub const LAST_TOKEN_RESPONSE: &[u8] = b"\"paid\"";
-
-/// Records at the last token ([`MAX_TOKEN`](idem_core::raw::MAX_TOKEN)) that a store test
-/// planted with its own client, each under its own key, all with the fingerprint
-/// [`LAST_TOKEN_FINGERPRINT`] and the attempt id `attempt`, created an hour or more ago,
-/// each holding a step where the store can plant one.
+/// Records at the last token ([`MAX_TOKEN`](idem_core::raw::MAX_TOKEN)), for
+/// [`assert_the_last_token_is_never_passed`]: the keys a store test plants them under with
+/// its own client. Each is at the last token, with the fingerprint
+/// [`LastTokenRecords::fingerprint`] and the attempt id `attempt`, created an hour or more
+/// ago, and holds a step where the store can plant one. Leases that ended did so an hour or
+/// more ago (more than any clock-skew margin the store allows for).
 ///
 /// ```
-/// use idem_core::{record::AttemptId, Key};
+/// use idem_core::record::AttemptId;
 /// use idem_testkit::LastTokenRecords;
 ///
-/// let planted = LastTokenRecords {
-///     completed: Key::new("last-token", "completed")?,
-///     held: Key::new("last-token", "held")?,
-///     ended: Key::new("last-token", "ended")?,
-///     absent: Key::new("last-token", "absent")?,
-///     attempt: AttemptId::from_bytes([0; 16]),
-/// };
-/// # let _ = planted;
+/// let planted = LastTokenRecords::under("foreign", AttemptId::from_bytes([0; 16]))?;
+/// assert_eq!(planted.completed.key(), "last-token-completed");
+/// // Plant each record with the store's own client, then run the check.
 /// # Ok::<(), idem_core::key::KeyError>(())
 /// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LastTokenRecords {
-    /// Completed with [`LAST_TOKEN_RESPONSE`], its lease ended, unexpired.
+    /// Completed with [`LastTokenRecords::RESPONSE`], its lease ended, unexpired.
     pub completed: Key,
     /// In progress, its lease live for another hour or more.
     pub held: Key,
@@ -133,6 +124,52 @@ pub struct LastTokenRecords {
     /// The attempt id every planted record carries: the owner's, with the token, in the
     /// lease that fences its writes.
     pub attempt: AttemptId,
+}
+
+impl LastTokenRecords {
+    /// The stored response of [`LastTokenRecords::completed`], byte for byte.
+    ///
+    /// ```
+    /// assert_eq!(idem_testkit::LastTokenRecords::RESPONSE, b"\"paid\"");
+    /// ```
+    pub const RESPONSE: &'static [u8] = b"\"paid\"";
+
+    /// The keys `last-token-completed`, `last-token-held`, `last-token-ended` and
+    /// `last-token-absent` under `scope`, for records whose attempt id is `attempt`.
+    ///
+    /// # Errors
+    /// A `scope` that is no valid key part.
+    ///
+    /// ```
+    /// use idem_core::record::AttemptId;
+    /// use idem_testkit::LastTokenRecords;
+    ///
+    /// let planted = LastTokenRecords::under("s", AttemptId::from_bytes([7; 16]))?;
+    /// assert_eq!((planted.absent.scope(), planted.absent.key()), ("s", "last-token-absent"));
+    /// # Ok::<(), idem_core::key::KeyError>(())
+    /// ```
+    pub fn under(scope: &str, attempt: AttemptId) -> Result<Self, idem_core::key::KeyError> {
+        let key = |name: &str| Key::new(scope, format!("last-token-{name}"));
+        Ok(Self {
+            completed: key("completed")?,
+            held: key("held")?,
+            ended: key("ended")?,
+            absent: key("absent")?,
+            attempt,
+        })
+    }
+
+    /// The fingerprint every planted record carries, and the check's claims ask with.
+    ///
+    /// ```
+    /// use idem_testkit::LastTokenRecords;
+    ///
+    /// assert_eq!(LastTokenRecords::fingerprint(), LastTokenRecords::fingerprint());
+    /// assert_eq!(LastTokenRecords::fingerprint().as_bytes().len(), 32);
+    /// ```
+    pub fn fingerprint() -> Fingerprint {
+        Fingerprint::of_bytes("at the last token")
+    }
 }
 
 /// Checks a store's answers for records at the last token
@@ -156,18 +193,12 @@ pub struct LastTokenRecords {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use idem_core::{record::AttemptId, Admin, Key};
+/// use idem_core::{record::AttemptId, Admin};
 /// use idem_testkit::{assert_the_last_token_is_never_passed, LastTokenRecords};
 ///
 /// # async fn check(store: Arc<dyn Admin>) -> Result<(), idem_core::key::KeyError> {
+/// let planted = LastTokenRecords::under("foreign", AttemptId::from_bytes([0; 16]))?;
 /// // Plant the four records with the store's own client first (see the fields' docs).
-/// let planted = LastTokenRecords {
-///     completed: Key::new("foreign", "last-token-completed")?,
-///     held: Key::new("foreign", "last-token-held")?,
-///     ended: Key::new("foreign", "last-token-ended")?,
-///     absent: Key::new("foreign", "last-token-absent")?,
-///     attempt: AttemptId::from_bytes([0; 16]),
-/// };
 /// assert_the_last_token_is_never_passed(store, &planted).await;
 /// # Ok(())
 /// # }
@@ -179,15 +210,15 @@ pub async fn assert_the_last_token_is_never_passed(
     store: Arc<dyn Admin>,
     planted: &LastTokenRecords,
 ) {
-    let request = |key: &Key, fingerprint: &str| {
+    let request = |key: &Key, fingerprint: Fingerprint| {
         ClaimRequest::new(
             key.clone(),
-            Fingerprint::of_bytes(fingerprint),
+            fingerprint,
             Duration::from_secs(60),
             Duration::from_secs(3600),
         )
     };
-    let same = |key: &Key| request(key, LAST_TOKEN_FINGERPRINT);
+    let same = |key: &Key| request(key, LastTokenRecords::fingerprint());
     // The owner's lease: the fence reads the token and the attempt id, not the times.
     let owners = |key: &Key| {
         Lease::new(
@@ -200,7 +231,7 @@ pub async fn assert_the_last_token_is_never_passed(
     };
     let answer = store.claim(&same(&planted.completed)).await;
     assert!(
-        matches!(&answer, Ok(ClaimOutcome::Replay { response, .. }) if response == LAST_TOKEN_RESPONSE),
+        matches!(&answer, Ok(ClaimOutcome::Replay { response, .. }) if response == LastTokenRecords::RESPONSE),
         "a completed record at the last token is replayed: {answer:?}"
     );
     let released = store.release_key(&planted.completed).await;
@@ -248,7 +279,10 @@ pub async fn assert_the_last_token_is_never_passed(
         .expect("raw reads the record");
     assert!(before.is_some(), "raw shows the planted record");
     let answer = store
-        .claim(&request(&planted.ended, "another request"))
+        .claim(&request(
+            &planted.ended,
+            Fingerprint::of_bytes("another request"),
+        ))
         .await;
     assert!(
         matches!(answer, Ok(ClaimOutcome::Mismatch)),
@@ -296,7 +330,10 @@ pub async fn assert_the_last_token_is_never_passed(
     );
     let started = Timestamp::now();
     let new_lease = match store
-        .claim(&request(&planted.absent, "a new request"))
+        .claim(&request(
+            &planted.absent,
+            Fingerprint::of_bytes("a new request"),
+        ))
         .await
     {
         Ok(ClaimOutcome::Claimed {

@@ -96,8 +96,7 @@ mod support;
 pub use admin_suite::{AdminCase, AdminSuite};
 pub use capabilities::Capabilities;
 pub use foreign::{
-    LAST_TOKEN_FINGERPRINT, LAST_TOKEN_RESPONSE, LastTokenRecords,
-    assert_foreign_record_is_refused, assert_the_last_token_is_never_passed,
+    LastTokenRecords, assert_foreign_record_is_refused, assert_the_last_token_is_never_passed,
 };
 pub use fuzz::fuzz_config;
 pub use namespace::Namespace;

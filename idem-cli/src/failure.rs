@@ -68,7 +68,7 @@ fn hint(error: &StoreError) -> &'static str {
             "; if the table or schema does not exist yet, run `idem migrate`; otherwise check the URL, --table, --prefix and the credentials"
         }
         StoreError::Corrupt { .. } => {
-            "; the record was written by something other than idem, or by a newer version: `idem inspect` it, and `idem delete` it if it cannot be read"
+            "; the record was written by something other than idem or by a newer version, or its fencing token is at the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and `idem delete` it if it cannot be read, or once no worker still runs it"
         }
         _ if error.is_retryable() => "; the store may be down or overloaded: try again shortly",
         _ => "",
@@ -167,6 +167,15 @@ mod tests {
         };
         assert!(down.to_string().contains("try again"), "{down}");
         assert_eq!(down.exit_code(), ExitCode::from(code::RETRYABLE));
+        // A release refused at the last token: the operator learns why, and what to do.
+        let at_limit = Failure::Store {
+            backend: "SQLite",
+            source: StoreError::from(idem_core::machine::TokenAtLimit),
+        };
+        let said = at_limit.to_string();
+        assert!(said.contains("a token at its limit"), "{said}");
+        assert!(said.contains("last one (2^53 - 1)"), "{said}");
+        assert!(said.contains("once no worker still runs it"), "{said}");
     }
 
     #[test]

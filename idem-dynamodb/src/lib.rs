@@ -39,6 +39,37 @@
 //! | `rz` | BOOL | whether the last claim was a takeover |
 //! | `ttl` | N | TTL: epoch seconds, the later of expiry and lease end plus the skew margin |
 //!
+//! ## Permissions
+//!
+//! The IAM actions each user of the table needs, on the table itself
+//! (`arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE`); the store uses no index and no stream.
+//! A refused action is `StoreError::Misconfigured` naming the operation, with DynamoDB's
+//! own words.
+//!
+//! | who | actions | what for |
+//! |---|---|---|
+//! | a service running work ([`DynamoDbStore`] as a `Store`) | `dynamodb:UpdateItem`, `dynamodb:GetItem`, `dynamodb:DeleteItem` | every claim and write is an `UpdateItem`; `GetItem` reads a record (`get`, claims that read first, and a refused write that DynamoDB answered without the item); `DeleteItem` only when a claim finds an expired record at the last fencing token, which it deletes before it starts the key again at token 1 |
+//! | a purger (`purge_expired`, `idem purge`) | `dynamodb:Scan`, `dynamodb:DeleteItem` | a scan of the prefix, then a conditional delete per expired item |
+//! | an operator (`Admin`: `idem stats`, `list`, `inspect`, `release`, `delete`) | `dynamodb:Scan`, `dynamodb:GetItem`, `dynamodb:UpdateItem`, `dynamodb:DeleteItem` | listing and counting scan, and a listing reads each record of its page whole; `inspect` reads; `release` updates; `delete` deletes |
+//! | whoever creates the table ([`create_table`], `idem migrate`) | `dynamodb:CreateTable`, `dynamodb:DescribeTable`, `dynamodb:UpdateTimeToLive` | creates it, waits until it is active, turns TTL on |
+//!
+//! A service's policy, for a table named `idem`:
+//!
+//! ```json
+//! {
+//!   "Version": "2012-10-17",
+//!   "Statement": [{
+//!     "Effect": "Allow",
+//!     "Action": ["dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:DeleteItem"],
+//!     "Resource": "arn:aws:dynamodb:eu-west-1:123456789012:table/idem"
+//!   }]
+//! }
+//! ```
+//!
+//! Without `dynamodb:DeleteItem` a service works until a key's token reaches the last one
+//! (2^53 − 1, which takeovers alone never reach in practice); that key's next claim is then
+//! refused as misconfigured, and nothing is written.
+//!
 //! ## Limits
 //!
 //! DynamoDB refuses items over 400 KB, so a record's response and checkpoints together are

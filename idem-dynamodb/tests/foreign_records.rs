@@ -210,3 +210,73 @@ async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
         assert_the_last_token_is_never_passed(Arc::new(store), &planted).await;
     }
 }
+
+/// Claims racing for an absent item at the last token, through both claim paths: each
+/// that finds it deletes it first (conditionally, as a purge does) and then writes a fresh
+/// item, so a delete can meet another claimant's fresh item or its delete. Exactly one
+/// claim takes the key, at token 1; every other is answered in flight by that new owner's
+/// lease; the item is the winner's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_racing_for_an_absent_item_at_the_last_token_take_it_once() {
+    use idem_core::Store;
+    use idem_core::store::{ClaimOutcome, ClaimRequest};
+    let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
+        return;
+    };
+    let prefix = common::unique_prefix();
+    let client = common::store_in(&endpoint, &prefix).await.client().clone();
+    let now = idem_core::Timestamp::now().as_unix_millis();
+    let hour = 3_600_000;
+    let fingerprint = idem_core::Fingerprint::of_bytes("racing");
+    const CLAIMANTS: usize = 8;
+    for reads_first in [false, true] {
+        let key = Key::new("race", format!("last-token-{reads_first}")).unwrap();
+        let n = |v: u64| AttributeValue::N(v.to_string());
+        let blob = |v: &[u8]| AttributeValue::B(Blob::new(v.to_vec()));
+        // Absent: its lease and its retention both over.
+        let attributes = vec![
+            ("fp", blob(fingerprint.as_bytes())),
+            ("st", AttributeValue::S("completed".to_owned())),
+            ("tk", n(idem_core::raw::MAX_TOKEN)),
+            ("at", blob(&[0; 16])),
+            ("lu", n(now - 2 * hour)),
+            ("ca", n(now - 3 * hour)),
+            ("ea", n(now - hour)),
+            ("rs", blob(b"the old lifetime's")),
+        ];
+        put(&client, &prefix, &key, attributes).await;
+        let store = Arc::new(store_on(&client, &prefix, reads_first));
+        let mut claims = tokio::task::JoinSet::new();
+        for _ in 0..CLAIMANTS {
+            let (store, key) = (Arc::clone(&store), key.clone());
+            claims.spawn(async move {
+                let hour = std::time::Duration::from_secs(3600);
+                store
+                    .claim(&ClaimRequest::new(key, fingerprint, hour, hour))
+                    .await
+            });
+        }
+        let mut winners = Vec::new();
+        let mut in_flight = 0;
+        while let Some(joined) = claims.join_next().await {
+            match joined.unwrap() {
+                Ok(ClaimOutcome::Claimed { lease, resumed, .. }) => {
+                    assert!(!resumed, "reads_first {reads_first}: a new lifetime");
+                    winners.push(lease);
+                }
+                Ok(ClaimOutcome::InFlight { .. }) => in_flight += 1,
+                other => panic!("reads_first {reads_first}: {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "reads_first {reads_first}: one owner");
+        assert_eq!(in_flight, CLAIMANTS - 1, "reads_first {reads_first}");
+        let winner = &winners[0];
+        assert_eq!(winner.token, 1, "reads_first {reads_first}: from token 1");
+        let stored = store.get(&key).await.unwrap().expect("the new record");
+        assert_eq!(
+            (stored.token, stored.attempt),
+            (1, winner.attempt),
+            "reads_first {reads_first}: the item is the winner's"
+        );
+    }
+}

@@ -218,3 +218,77 @@ async fn a_fresh_key_inserted_under_the_claim_is_answered_once_it_commits_or_rol
         }
     }
 }
+
+/// An absent record (retention over, no live lease) that a purge deletes while the claim
+/// waits for its row lock: the claim's first form stops at the row, its second form waits
+/// to write over it, and once the delete commits, PostgreSQL inserts anew. The claim takes
+/// the key at token 1, a new lifetime, with nothing of the deleted record.
+#[tokio::test]
+async fn a_record_purged_while_a_claim_waits_for_its_row_lock_is_claimed_afresh() {
+    let Some(url) = common::url() else { return };
+    let table = Namespace::fresh().as_str().to_owned();
+    let store = common::store_in(&url, &table, 4).await;
+    completed(&store, "race", "purged", HOUR, b"the old lifetime's").await;
+    // Its retention over: absent, and a purge would delete it.
+    let aged = sqlx::query(AssertSqlSafe(format!(
+        "UPDATE \"{table}\" SET token = 7, \
+         expires_at = now() - interval '1 hour', lease_until = now() - interval '1 hour' \
+         WHERE scope = 'race' AND key = 'purged'"
+    )))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(aged.rows_affected(), 1);
+    let mut purger = store.pool().begin().await.unwrap();
+    let locked = sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM \"{table}\" WHERE scope = 'race' AND key = 'purged' FOR UPDATE"
+    )))
+    .execute(&mut *purger)
+    .await
+    .unwrap();
+    assert_eq!(locked.rows_affected(), 1, "the row is locked");
+    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *purger)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim(&request("race", "purged", HOUR)).await }
+    });
+    common::wait_until_blocked_by(&store, holder).await;
+    let deleted = sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM \"{table}\" WHERE scope = 'race' AND key = 'purged'"
+    )))
+    .execute(&mut *purger)
+    .await
+    .unwrap();
+    assert_eq!(deleted.rows_affected(), 1);
+    purger.commit().await.unwrap();
+    let answer = tokio::time::timeout(PATIENCE, claim)
+        .await
+        .expect("the claim answers once the purge commits")
+        .unwrap()
+        .unwrap();
+    let ClaimOutcome::Claimed {
+        lease,
+        resumed,
+        steps,
+        ..
+    } = answer
+    else {
+        panic!("a fresh claim once the record is gone: {answer:?}")
+    };
+    assert_eq!(lease.token, 1, "a new lifetime starts at token 1");
+    assert!(
+        !resumed && steps.is_empty(),
+        "nothing of the deleted record"
+    );
+    let (token, state, response): (i64, String, Option<Vec<u8>>) =
+        sqlx::query_as(AssertSqlSafe(format!(
+            "SELECT token, state, response FROM \"{table}\" WHERE scope = 'race' AND key = 'purged'"
+        )))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!((token, state.as_str(), response), (1, "in_progress", None));
+}

@@ -44,6 +44,28 @@ async fn put(
     put.send().await.unwrap();
 }
 
+/// An item at the last token (2^53 - 1) as idem would write it: `state` under
+/// `fingerprint`, owned by the all-zero attempt, its times in ms since the epoch.
+fn at_last_token(
+    fingerprint: &idem_core::Fingerprint,
+    state: &str,
+    (lease_until, created_at, expires_at): (u64, u64, u64),
+    response: &[u8],
+) -> Vec<(&'static str, AttributeValue)> {
+    let n = |v: u64| AttributeValue::N(v.to_string());
+    let blob = |v: &[u8]| AttributeValue::B(Blob::new(v.to_vec()));
+    vec![
+        ("fp", blob(fingerprint.as_bytes())),
+        ("st", AttributeValue::S(state.to_owned())),
+        ("tk", n(idem_core::raw::MAX_TOKEN)),
+        ("at", blob(&[0; 16])),
+        ("lu", n(lease_until)),
+        ("ca", n(created_at)),
+        ("ea", n(expires_at)),
+        ("rs", blob(response)),
+    ]
+}
+
 #[tokio::test]
 async fn foreign_items_are_refused_not_absent() {
     let Some(endpoint) = idem_testkit::service_url(common::ENDPOINT) else {
@@ -177,21 +199,11 @@ async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
     let now = idem_core::Timestamp::now().as_unix_millis();
     let hour = 3_600_000;
     let fingerprint = LastTokenRecords::fingerprint();
-    let n = |v: u64| AttributeValue::N(v.to_string());
-    let blob = |v: &[u8]| AttributeValue::B(Blob::new(v.to_vec()));
     let plant = async |key: &Key, state: &str, lease_until: u64, expires_at: u64| {
-        let steps = [("charge".to_owned(), blob(&[0]))].into();
-        let attributes = vec![
-            ("fp", blob(fingerprint.as_bytes())),
-            ("st", AttributeValue::S(state.to_owned())),
-            ("tk", n(idem_core::raw::MAX_TOKEN)),
-            ("at", blob(&[0; 16])),
-            ("lu", n(lease_until)),
-            ("ca", n(now - 2 * hour)),
-            ("ea", n(expires_at)),
-            ("rs", blob(LastTokenRecords::RESPONSE)),
-            ("stp", AttributeValue::M(steps)),
-        ];
+        let times = (lease_until, now - 2 * hour, expires_at);
+        let mut attributes = at_last_token(&fingerprint, state, times, LastTokenRecords::RESPONSE);
+        let steps = [("charge".to_owned(), AttributeValue::B(Blob::new(vec![0])))];
+        attributes.push(("stp", AttributeValue::M(steps.into())));
         put(&client, &prefix, key, attributes).await;
     };
     let (ended, tomorrow) = (now - hour, now + 24 * hour);
@@ -231,19 +243,9 @@ async fn claims_racing_for_an_absent_item_at_the_last_token_take_it_once() {
     const CLAIMANTS: usize = 8;
     for reads_first in [false, true] {
         let key = Key::new("race", format!("last-token-{reads_first}")).unwrap();
-        let n = |v: u64| AttributeValue::N(v.to_string());
-        let blob = |v: &[u8]| AttributeValue::B(Blob::new(v.to_vec()));
         // Absent: its lease and its retention both over.
-        let attributes = vec![
-            ("fp", blob(fingerprint.as_bytes())),
-            ("st", AttributeValue::S("completed".to_owned())),
-            ("tk", n(idem_core::raw::MAX_TOKEN)),
-            ("at", blob(&[0; 16])),
-            ("lu", n(now - 2 * hour)),
-            ("ca", n(now - 3 * hour)),
-            ("ea", n(now - hour)),
-            ("rs", blob(b"the old lifetime's")),
-        ];
+        let times = (now - 2 * hour, now - 3 * hour, now - hour);
+        let attributes = at_last_token(&fingerprint, "completed", times, b"the old lifetime's");
         put(&client, &prefix, &key, attributes).await;
         let store = Arc::new(store_on(&client, &prefix, reads_first));
         let mut claims = tokio::task::JoinSet::new();

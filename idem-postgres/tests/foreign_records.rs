@@ -423,10 +423,7 @@ async fn a_row_idem_never_writes_committed_under_a_waiting_claim_is_refused() {
     .execute(&mut *editor)
     .await
     .unwrap();
-    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *editor)
-        .await
-        .unwrap();
+    let holder = common::backend_pid(&mut editor).await;
     let claim = tokio::spawn({
         let (store, key) = (store.clone(), key.clone());
         async move {
@@ -478,19 +475,7 @@ async fn a_row_made_foreign_under_a_waiting_takeover_is_refused() {
     let first = store.claim(&request(Duration::ZERO)).await.unwrap();
     assert!(matches!(first, ClaimOutcome::Claimed { .. }), "{first:?}");
     let key = request(Duration::ZERO).key;
-    let mut editor = store.pool().begin().await.unwrap();
-    sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM \"{table}\" WHERE scope = $1 AND key = $2 FOR UPDATE"
-    )))
-    .bind(key.scope())
-    .bind(key.key())
-    .execute(&mut *editor)
-    .await
-    .unwrap();
-    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *editor)
-        .await
-        .unwrap();
+    let (mut editor, holder) = common::lock_row(&store, table, key.scope(), key.key()).await;
     let claim = tokio::spawn({
         let store = store.clone();
         let request = request(Duration::from_secs(60));

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use idem_core::{Fingerprint, Heartbeat, Idempotency, Key, Outcome, State, Store, WorkError};
 use idem_core::{StoreError, store::WriteOutcome};
-use idem_postgres::{PostgresStore, sqlx};
+use idem_postgres::PostgresStore;
 
 /// Runs the work: complete inside a transaction holding the row lock, the same complete
 /// retried on another connection meanwhile, then `commit` or roll back the first. Answers
@@ -32,10 +32,7 @@ async fn retry_beside_an_open_first_try(commit: bool) -> (PostgresStore, Key, Wr
                     store.complete_in(&mut tx, &completion).await.unwrap(),
                     WriteOutcome::Applied
                 );
-                let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                    .fetch_one(&mut *tx)
-                    .await
-                    .unwrap();
+                let holder = common::backend_pid(&mut tx).await;
                 // ...while the same complete, retried on another connection (its first
                 // answer lost, say), waits for that lock.
                 let retry = tokio::spawn({

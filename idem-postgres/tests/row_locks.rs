@@ -117,18 +117,7 @@ async fn a_takeover_that_loses_to_a_completion_answers_that_records_result() {
     else {
         panic!("a fresh claim")
     };
-    let mut owner = store.pool().begin().await.unwrap();
-    let locked = sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM \"{table}\" WHERE scope = 'race' AND key = 'k' FOR UPDATE"
-    )))
-    .execute(&mut *owner)
-    .await
-    .unwrap();
-    assert_eq!(locked.rows_affected(), 1, "the row is locked");
-    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *owner)
-        .await
-        .unwrap();
+    let (mut owner, holder) = common::lock_row(&store, &table, "race", "k").await;
     let takeover = tokio::spawn({
         let store = store.clone();
         async move { store.claim(&request("race", "k", HOUR)).await }
@@ -179,10 +168,7 @@ async fn a_fresh_key_inserted_under_the_claim_is_answered_once_it_commits_or_rol
         .execute(&mut *other)
         .await
         .unwrap();
-        let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *other)
-            .await
-            .unwrap();
+        let holder = common::backend_pid(&mut other).await;
         let claim = tokio::spawn({
             let store = store.clone();
             async move { store.claim(&request("race", &name, HOUR)).await }
@@ -239,18 +225,7 @@ async fn a_record_purged_while_a_claim_waits_for_its_row_lock_is_claimed_afresh(
     .await
     .unwrap();
     assert_eq!(aged.rows_affected(), 1);
-    let mut purger = store.pool().begin().await.unwrap();
-    let locked = sqlx::query(AssertSqlSafe(format!(
-        "SELECT 1 FROM \"{table}\" WHERE scope = 'race' AND key = 'purged' FOR UPDATE"
-    )))
-    .execute(&mut *purger)
-    .await
-    .unwrap();
-    assert_eq!(locked.rows_affected(), 1, "the row is locked");
-    let holder: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *purger)
-        .await
-        .unwrap();
+    let (mut purger, holder) = common::lock_row(&store, &table, "race", "purged").await;
     let claim = tokio::spawn({
         let store = store.clone();
         async move { store.claim(&request("race", "purged", HOUR)).await }

@@ -89,3 +89,40 @@ pub(crate) async fn wait_until_blocked_by(store: &PostgresStore, holder: i32) {
     }
     panic!("no session waited for the lock that session {holder} holds");
 }
+
+/// The process id of `session`'s backend, for [`wait_until_blocked_by`].
+#[allow(dead_code)]
+pub(crate) async fn backend_pid(session: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(session)
+        .await
+        .expect("read the backend's process id")
+}
+
+/// A transaction that holds the row lock of `scope`/`key` in `table` (as a session that
+/// is about to write the row holds it), and its backend's process id.
+#[allow(dead_code)]
+pub(crate) async fn lock_row(
+    store: &PostgresStore,
+    table: &str,
+    scope: &str,
+    key: &str,
+) -> (sqlx::Transaction<'static, sqlx::Postgres>, i32) {
+    let mut holder = store.pool().begin().await.expect("begin");
+    let locked = sqlx::query(AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE scope = $1 AND key = $2 FOR UPDATE",
+        quoted(table)
+    )))
+    .bind(scope)
+    .bind(key)
+    .execute(&mut *holder)
+    .await
+    .expect("lock the row");
+    assert_eq!(
+        locked.rows_affected(),
+        1,
+        "{scope}/{key}: the row is locked"
+    );
+    let pid = backend_pid(&mut holder).await;
+    (holder, pid)
+}

@@ -106,7 +106,9 @@ pub enum StoreError {
         limit: usize,
     },
     /// A stored record could not be read back (a hand-edited row, a schema from another
-    /// version). Not retryable.
+    /// version), or sits at the last fencing token, where no takeover or release can
+    /// fence its owner (`what` says which; [`TokenAtLimit`](crate::machine::TokenAtLimit)
+    /// gives "a token at its limit"). Not retryable.
     #[error("a stored record{} is corrupt ({what}); inspect it (`idem inspect`) or delete it", key.map(|key| format!(" of key #{key}")).unwrap_or_default())]
     Corrupt {
         /// Which field was unreadable.

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # idem's fresh execution (claim.sql's first form, then finish.sql, rendered for pgbench)
-# on four copies of its table, one client; prints each statement's mean engine time from
-# pg_stat_statements. Needs the extension, as scripts/services.sh starts PostgreSQL.
+# on four copies of its table, and the benchmark's raw loop on its own (traw), one client;
+# prints each statement's mean engine time from
+# pg_stat_statements (created by tables.sql; the server must preload it, as the one
+# scripts/services.sh starts does). The scripts carry literals where idem binds
+# parameters, and pgbench's own client stands in for sqlx.
 #   bash benchmarks/pgbench-claim/run.sh postgres://postgres@127.0.0.1:55432/postgres
 set -euo pipefail
 url=${1:?the server URL}
 here=$(dirname "$0")
-pgbench=$(ls /usr/lib/postgresql/*/bin/pgbench | tail -1)
-psql -q "$url" -f "$here/tables.sql"
-for table in ta tb tc td; do
-    psql -qAt "$url" -c "SELECT pg_stat_statements_reset()" > /dev/null
+pgbench=$(command -v pgbench || ls /usr/lib/postgresql/*/bin/pgbench | sort -V | tail -1)
+psql -q -v ON_ERROR_STOP=1 "$url" -f "$here/tables.sql"
+for table in ta tb tc td traw; do
+    psql -qAt -v ON_ERROR_STOP=1 "$url" -c "SELECT pg_stat_statements_reset()" > /dev/null
     "$pgbench" -n -M prepared -c 1 -T "${SECONDS_EACH:-8}" -f "$here/fresh_$table.pgb" "$url" \
         | grep "latency average"
     echo "[$table] calls | mean µs | statement"

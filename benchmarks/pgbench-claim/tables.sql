@@ -1,6 +1,7 @@
 -- Four copies of idem's table for benchmarks/pgbench-claim/run.sh: ta as idem makes it
 -- (primary key, expiry, listing and stuck-work indexes), tb with the listing index on
 -- created_at alone, tc without the listing index, td without the stuck-work index.
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
 DROP TABLE IF EXISTS ta, tb, tc, td;
 CREATE TABLE ta (scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL,
     state text NOT NULL, token bigint NOT NULL, attempt bytea NOT NULL,
@@ -21,3 +22,6 @@ CREATE INDEX ON td (created_at, scope, key);
 CREATE INDEX ON ta (lease_until) WHERE state = 'in_progress';
 CREATE INDEX ON tb (lease_until) WHERE state = 'in_progress';
 CREATE INDEX ON tc (lease_until) WHERE state = 'in_progress';
+-- The benchmark's raw loop's table (idem-bench's RawPostgres), for fresh_raw.pgb.
+DROP TABLE IF EXISTS traw;
+CREATE TABLE traw (k text PRIMARY KEY, state text NOT NULL, response bytea);

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 use idem_core::connect::{Location, OpenError, UrlError};
+use idem_core::machine::TokenAtLimit;
 use idem_core::{StoreError, key::KeyError};
 
 /// The exit codes `idem --help` documents.
@@ -65,10 +66,16 @@ pub(crate) enum Failure {
 fn hint(error: &StoreError) -> &'static str {
     match error {
         StoreError::Misconfigured { .. } => {
-            "; if the table or schema does not exist yet, run `idem migrate`; otherwise check the URL, --table, --prefix and the credentials"
+            "; if the table or schema does not exist yet, run `idem migrate`; otherwise check the URL, --table, --prefix and the credentials (on DynamoDB, the IAM policy: idem-dynamodb's docs list the actions each command needs)"
+        }
+        StoreError::Corrupt {
+            source: Some(source),
+            ..
+        } if source.is::<TokenAtLimit>() => {
+            "; its fencing token is the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and once no worker runs it, `idem delete` it (the next request starts it again at token 1)"
         }
         StoreError::Corrupt { .. } => {
-            "; the record was written by something other than idem or by a newer version, or its fencing token is at the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and `idem delete` it if it cannot be read, or once no worker still runs it"
+            "; the record was written by something other than idem, or by a newer version: `idem inspect` it, and `idem delete` it if it cannot be read"
         }
         _ if error.is_retryable() => "; the store may be down or overloaded: try again shortly",
         _ => "",
@@ -174,8 +181,22 @@ mod tests {
         };
         let said = at_limit.to_string();
         assert!(said.contains("a token at its limit"), "{said}");
-        assert!(said.contains("last one (2^53 - 1)"), "{said}");
-        assert!(said.contains("once no worker still runs it"), "{said}");
+        assert!(said.contains("the last one (2^53 - 1)"), "{said}");
+        assert!(said.contains("once no worker runs it"), "{said}");
+        assert!(!said.contains("something other than idem"), "{said}");
+        assert_eq!(at_limit.exit_code(), ExitCode::from(code::SETUP));
+        // Any other corrupt record keeps the hint for a record idem cannot read.
+        let unreadable = Failure::Store {
+            backend: "SQLite",
+            source: StoreError::Corrupt {
+                what: "a state",
+                key: None,
+                source: None,
+            },
+        };
+        let said = unreadable.to_string();
+        assert!(said.contains("something other than idem"), "{said}");
+        assert!(!said.contains("2^53"), "{said}");
     }
 
     #[test]

@@ -44,14 +44,14 @@
 //! The IAM actions each user of the table needs, on the table itself
 //! (`arn:aws:dynamodb:REGION:ACCOUNT:table/TABLE`); the store uses no index and no stream.
 //! A refused action is `StoreError::Misconfigured` naming the operation, with DynamoDB's
-//! own words.
+//! own words, and nothing is written.
 //!
 //! | who | actions | what for |
 //! |---|---|---|
-//! | a service running work ([`DynamoDbStore`] as a `Store`) | `dynamodb:UpdateItem`, `dynamodb:GetItem`, `dynamodb:DeleteItem` | every claim and write is an `UpdateItem`; `GetItem` reads a record (`get`, claims that read first, and a refused write that DynamoDB answered without the item); `DeleteItem` only when a claim finds an expired record at the last fencing token, which it deletes before it starts the key again at token 1 |
-//! | a purger (`purge_expired`, `idem purge`) | `dynamodb:Scan`, `dynamodb:DeleteItem` | a scan of the prefix, then a conditional delete per expired item |
+//! | a service running work ([`DynamoDbStore`] as a `Store`) | `dynamodb:UpdateItem`, `dynamodb:GetItem`, `dynamodb:DeleteItem` | every claim and write is an `UpdateItem`; `GetItem` reads a record (`get`, claims that read first, and a refused write that DynamoDB answered without the item); `DeleteItem` only when a claim finds an absent record (retention over, no live lease) at the last fencing token, which it deletes before it starts the key again at token 1 |
+//! | a purger (`purge_expired`: `idem purge`, or `idem proxy` with a purge interval) | `dynamodb:Scan`, `dynamodb:DeleteItem` | a scan of the prefix, then a conditional delete per absent item |
 //! | an operator (`Admin`: `idem stats`, `list`, `inspect`, `release`, `delete`) | `dynamodb:Scan`, `dynamodb:GetItem`, `dynamodb:UpdateItem`, `dynamodb:DeleteItem` | listing and counting scan, and a listing reads each record of its page whole; `inspect` reads; `release` updates; `delete` deletes |
-//! | whoever creates the table ([`create_table`], `idem migrate`) | `dynamodb:CreateTable`, `dynamodb:DescribeTable`, `dynamodb:UpdateTimeToLive` | creates it, waits until it is active, turns TTL on |
+//! | whoever creates the table ([`create_table`], `idem migrate`) | `dynamodb:CreateTable`, `dynamodb:DescribeTable`, `dynamodb:UpdateTimeToLive` | creates it, waits until it is active, turns TTL on; grant all three before the first run: a table created without its TTL is left so by later runs |
 //!
 //! A service's policy, for a table named `idem`:
 //!
@@ -66,9 +66,10 @@
 //! }
 //! ```
 //!
-//! Without `dynamodb:DeleteItem` a service works until a key's token reaches the last one
-//! (2^53 − 1, which takeovers alone never reach in practice); that key's next claim is then
-//! refused as misconfigured, and nothing is written.
+//! Without `dynamodb:DeleteItem` a service works as before except for a key whose token
+//! reached the last one (2^53 - 1, which claims never reach in practice): once that record
+//! is absent, every claim of the key is refused as misconfigured, writing nothing, until
+//! DynamoDB's TTL deletes the item.
 //!
 //! ## Limits
 //!

@@ -69,15 +69,7 @@ async fn replays_and_in_flight_answers_wait_for_no_row_lock() {
         panic!("a fresh claim")
     };
     for name in ["done", "working"] {
-        let mut holder = store.pool().begin().await.unwrap();
-        let locked = sqlx::query(AssertSqlSafe(format!(
-            "SELECT 1 FROM \"{table}\" WHERE scope = 'locks' AND key = $1 FOR UPDATE"
-        )))
-        .bind(name)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
-        assert_eq!(locked.rows_affected(), 1, "{name}: the row is locked");
+        let (holder, _) = common::lock_row(&store, &table, "locks", name).await;
         let answer =
             tokio::time::timeout(PATIENCE, store.claim(&request("locks", name, HOUR))).await;
         holder.rollback().await.unwrap();

@@ -4,6 +4,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 
 use idem_core::connect::Location;
+use idem_core::raw::MAX_TOKEN;
 use idem_core::{Key, State, Timestamp, admin::ReleaseKeyOutcome};
 
 use super::Store;
@@ -24,6 +25,10 @@ pub(super) async fn release(
     let now = Timestamp::now();
     if record.state != State::InProgress {
         return Err(refused(record.state, record.token));
+    }
+    // Refused before asking: no release can pass the last token, whatever the answer.
+    if record.token >= MAX_TOKEN {
+        return Err(at_last_token(record.lease_is_live(now)));
     }
     let owner = if record.lease_is_live(now) {
         "Its lease is live: the owner may still be working; it will be fenced (its writes refused)."
@@ -86,6 +91,9 @@ pub(super) async fn delete(
         State::Failed => {
             "It FAILED: retries now get the stored failure. After deletion the next request with this key runs the work again."
         }
+        _ if record.token >= MAX_TOKEN => {
+            "It is IN PROGRESS at the last fencing token, which no release can pass: its owner, if still working, will be fenced, and the next request with this key runs the work again from the start, at token 1 (checkpoints are deleted too)."
+        }
         _ if record.lease_is_live(now) => {
             "It is IN PROGRESS with a live lease: its owner will be fenced, and the next request with this key runs the work again from the start (checkpoints are deleted too). `idem release` keeps the checkpoints."
         }
@@ -123,6 +131,21 @@ fn refused(state: State, token: u64) -> Failure {
             } else {
                 "result"
             }
+        ),
+    }
+}
+
+/// The refusal of a release at the last token: no next token could fence the owner.
+fn at_last_token(lease_is_live: bool) -> Failure {
+    let now = match lease_is_live {
+        true => {
+            "Its lease is live: its owner may still finish it, and retries are told it is in flight."
+        }
+        false => "Its lease has ended: retries are refused as corrupt, and nothing runs the work.",
+    };
+    Failure::Refused {
+        what: format!(
+            "refused: the record's token is the last one ({MAX_TOKEN}), past which no release can fence its owner, so nothing changed. {now} Once no worker runs it, `idem delete` it (its checkpoints go with it): the next request with this key starts it again at token 1."
         ),
     }
 }

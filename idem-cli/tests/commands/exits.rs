@@ -76,6 +76,81 @@ fn inspect_shows_a_record_that_does_not_decode_as_stored() {
     assert_eq!(value["stored"]["state"], "'paused'");
 }
 
+/// A record at the last fencing token: `idem release` refuses it before asking (no release
+/// can pass that token), with exit 4, and changes nothing; `idem inspect` shows it.
+#[test]
+fn release_refuses_a_record_at_the_last_token_before_asking() {
+    use idem_core::Store;
+    use idem_core::store::{ClaimOutcome, ClaimRequest};
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("idem-cli-{}.db", Namespace::fresh().as_str()));
+    let _ = std::fs::remove_file(&path);
+    let store = SqliteStore::open(&path).expect("create the schema");
+    let key = Key::new("acct_9/charge", "at-the-limit").unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    let request = ClaimRequest::new(key, idem_core::Fingerprint::of_bytes("a"), hour, hour);
+    let claimed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(store.claim(&request))
+        .unwrap();
+    assert!(
+        matches!(claimed, ClaimOutcome::Claimed { .. }),
+        "{claimed:?}"
+    );
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let max = i64::try_from(idem_core::raw::MAX_TOKEN).unwrap();
+    conn.execute("UPDATE idem_records SET token = ?1", [max])
+        .unwrap();
+    let url = format!("sqlite://{}", path.display());
+    for confirmed in [&["--yes"][..], &[]] {
+        let mut args = vec!["release", "acct_9/charge", "at-the-limit", "--store", &url];
+        args.extend_from_slice(confirmed);
+        let refused = bare(&args);
+        assert_eq!(refused.code, 4, "{confirmed:?}: {refused:?}");
+        assert!(
+            refused.stderr.contains("the last one") && refused.stderr.contains("idem delete"),
+            "{refused:?}"
+        );
+        assert!(
+            refused.stderr.contains("its owner may still finish it"),
+            "{refused:?}"
+        );
+        let asked =
+            refused.stdout.contains("Release it?") || refused.stderr.contains("Release it?");
+        assert!(!asked, "refused before asking: {refused:?}");
+    }
+    let token: i64 = conn
+        .query_row("SELECT token FROM idem_records", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(token, max, "nothing changed");
+    let shown = bare(&["inspect", "acct_9/charge", "at-the-limit", "--store", &url]);
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert!(shown.stdout.contains(&max.to_string()), "{shown:?}");
+    // What an operator does instead, once no worker runs it: the key is free again.
+    let deleted = bare(&[
+        "delete",
+        "acct_9/charge",
+        "at-the-limit",
+        "--yes",
+        "--store",
+        &url,
+    ]);
+    assert_eq!(deleted.code, 0, "{deleted:?}");
+    assert!(
+        deleted
+            .stdout
+            .contains(&format!("deleted: the record (in_progress, token {max})")),
+        "{deleted:?}"
+    );
+    let left: i64 = conn
+        .query_row("SELECT count(*) FROM idem_records", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(left, 0, "deleted");
+}
+
 #[test]
 fn a_missing_sqlite_file_is_not_created_except_by_migrate() {
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))

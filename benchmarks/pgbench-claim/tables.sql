@@ -22,6 +22,6 @@ CREATE INDEX ON td (created_at, scope, key);
 CREATE INDEX ON ta (lease_until) WHERE state = 'in_progress';
 CREATE INDEX ON tb (lease_until) WHERE state = 'in_progress';
 CREATE INDEX ON tc (lease_until) WHERE state = 'in_progress';
--- The benchmark's raw loop's table (idem-bench's RawPostgres), for fresh_raw.pgb.
+-- The benchmark's raw loop's table (idem-bench's RawPostgres), for fresh_traw.pgb.
 DROP TABLE IF EXISTS traw;
 CREATE TABLE traw (k text PRIMARY KEY, state text NOT NULL, response bytea);

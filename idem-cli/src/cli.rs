@@ -21,7 +21,8 @@ Exit codes:
   1  the store failed in a way a retry may fix (unreachable, busy, throttled)
   2  bad usage: an unknown flag, a bad URL, scope or key
   3  no such record
-  4  refused: the record is completed or failed, or at the last fencing token (release), nothing changed
+  4  refused (release): the record is completed or failed, or at the last
+     fencing token; nothing changed
   5  not confirmed: answered no, or no terminal to ask and no --yes
   6  the store failed in a way a retry will not fix (a missing table, bad
      credentials, a corrupt record): fix the setup first";

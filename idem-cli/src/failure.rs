@@ -43,7 +43,7 @@ pub(crate) enum Failure {
     /// The store could not be opened: unreachable (retryable) or refused (setup).
     #[error(transparent)]
     Open(OpenError),
-    #[error("the {backend} store failed: {source}{}", hint(source))]
+    #[error("the {backend} store failed: {source}{}", hint(backend, source))]
     Store {
         backend: &'static str,
         #[source]
@@ -62,17 +62,20 @@ pub(crate) enum Failure {
     Proxy(#[source] idem_proxy::ProxyError),
 }
 
-/// What to try next for a store error.
-fn hint(error: &StoreError) -> &'static str {
+/// What to try next for a store error from `backend` (as `Location::backend` names it).
+fn hint(backend: &str, error: &StoreError) -> &'static str {
     match error {
+        StoreError::Misconfigured { .. } if backend == "DynamoDB" => {
+            "; if the table does not exist yet, run `idem migrate`; otherwise check the URL, --prefix, the credentials and the IAM policy (idem-dynamodb's docs list the actions each command needs)"
+        }
         StoreError::Misconfigured { .. } => {
-            "; if the table or schema does not exist yet, run `idem migrate`; otherwise check the URL, --table, --prefix and the credentials (on DynamoDB, the IAM policy: idem-dynamodb's docs list the actions each command needs)"
+            "; if the table or schema does not exist yet, run `idem migrate`; otherwise check the URL, --table, --prefix and the credentials"
         }
         StoreError::Corrupt {
             source: Some(source),
             ..
         } if source.is::<TokenAtLimit>() => {
-            "; its fencing token is the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and once no worker runs it, `idem delete` it (the next request starts it again at token 1)"
+            "; its fencing token is the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and once no worker runs it, `idem delete` it (the next request runs the work from the start, at token 1; if its steps show the effect happened, reconcile first)"
         }
         StoreError::Corrupt { .. } => {
             "; the record was written by something other than idem, or by a newer version: `idem inspect` it, and `idem delete` it if it cannot be read"
@@ -165,6 +168,16 @@ mod tests {
         };
         assert!(missing.to_string().contains("idem migrate"), "{missing}");
         assert_eq!(missing.exit_code(), ExitCode::from(code::SETUP));
+        assert!(!missing.to_string().contains("IAM"), "{missing}");
+        // On DynamoDB a refused action is misconfigured too: the policy is named.
+        let denied = Failure::Store {
+            backend: "DynamoDB",
+            source: StoreError::Misconfigured {
+                operation: Operation::Claim,
+                source: "AccessDeniedException".into(),
+            },
+        };
+        assert!(denied.to_string().contains("IAM policy"), "{denied}");
         let down = Failure::Store {
             backend: "Redis",
             source: StoreError::Unavailable {
@@ -183,6 +196,7 @@ mod tests {
         assert!(said.contains("a token at its limit"), "{said}");
         assert!(said.contains("the last one (2^53 - 1)"), "{said}");
         assert!(said.contains("once no worker runs it"), "{said}");
+        assert!(said.contains("reconcile first"), "{said}");
         assert!(!said.contains("something other than idem"), "{said}");
         assert_eq!(at_limit.exit_code(), ExitCode::from(code::SETUP));
         // Any other corrupt record keeps the hint for a record idem cannot read.

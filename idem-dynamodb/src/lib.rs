@@ -66,10 +66,11 @@
 //! }
 //! ```
 //!
-//! Without `dynamodb:DeleteItem` a service works as before except for a key whose token
+//! Without `dynamodb:DeleteItem` a service works normally except for a key whose token
 //! reached the last one (2^53 - 1, which claims never reach in practice): once that record
 //! is absent, every claim of the key is refused as misconfigured, writing nothing, until
-//! DynamoDB's TTL deletes the item.
+//! the item is deleted by a purger, by `idem delete`, or by DynamoDB's TTL (which can lag
+//! by days).
 //!
 //! ## Limits
 //!

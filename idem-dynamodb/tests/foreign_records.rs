@@ -227,7 +227,7 @@ async fn an_item_at_the_last_token_is_read_but_never_taken_over() {
 /// that finds it deletes it first (conditionally, as a purge does) and then writes a fresh
 /// item, so a delete can meet another claimant's fresh item or its delete. Exactly one
 /// claim takes the key, at token 1; every other is answered in flight by that new owner's
-/// lease; the item is the winner's. Several keys a path, for more interleavings; a pass
+/// lease; the item is the winner's. Four keys per claim path, for more interleavings; a pass
 /// shows none of them gave two owners, not that none could (an unconditional delete gave
 /// two or three owners in each of three runs, tried).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,22 +268,36 @@ async fn claims_racing_for_an_absent_item_at_the_last_token_take_it_once() {
         while let Some(joined) = claims.join_next().await {
             match joined.unwrap() {
                 Ok(ClaimOutcome::Claimed { lease, resumed, .. }) => {
-                    assert!(!resumed, "reads_first {reads_first}: a new lifetime");
+                    assert!(
+                        !resumed,
+                        "reads_first {reads_first}, key {round}: a new lifetime"
+                    );
                     winners.push(lease);
                 }
                 Ok(ClaimOutcome::InFlight { .. }) => in_flight += 1,
-                other => panic!("reads_first {reads_first}: {other:?}"),
+                other => panic!("reads_first {reads_first}, key {round}: {other:?}"),
             }
         }
-        assert_eq!(winners.len(), 1, "reads_first {reads_first}: one owner");
-        assert_eq!(in_flight, CLAIMANTS - 1, "reads_first {reads_first}");
+        assert_eq!(
+            winners.len(),
+            1,
+            "reads_first {reads_first}, key {round}: one owner"
+        );
+        assert_eq!(
+            in_flight,
+            CLAIMANTS - 1,
+            "reads_first {reads_first}, key {round}"
+        );
         let winner = &winners[0];
-        assert_eq!(winner.token, 1, "reads_first {reads_first}: from token 1");
+        assert_eq!(
+            winner.token, 1,
+            "reads_first {reads_first}, key {round}: from token 1"
+        );
         let stored = store.get(&key).await.unwrap().expect("the new record");
         assert_eq!(
             (stored.token, stored.attempt),
             (1, winner.attempt),
-            "reads_first {reads_first}: the item is the winner's"
+            "reads_first {reads_first}, key {round}: the item is the winner's"
         );
     }
 }

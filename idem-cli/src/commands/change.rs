@@ -27,7 +27,10 @@ pub(super) async fn release(
         return Err(refused(record.state, record.token));
     }
     // Refused before asking: no release can pass the last token, whatever the answer.
+    // The record is shown first: its steps tell whether deleting it is safe.
     if record.token >= MAX_TOKEN {
+        write!(out, "{}", details(&record, None, now))?;
+        out.flush()?;
         return Err(at_last_token(record.lease_is_live(now)));
     }
     let owner = if record.lease_is_live(now) {
@@ -138,14 +141,14 @@ fn refused(state: State, token: u64) -> Failure {
 /// The refusal of a release at the last token: no next token could fence the owner.
 fn at_last_token(lease_is_live: bool) -> Failure {
     let now = match lease_is_live {
-        true => {
-            "Its lease is live: its owner may still finish it, and retries are told it is in flight."
+        true => "Its lease is live: retries are told it is in flight.",
+        false => {
+            "Its lease has ended: retries are refused as corrupt until its retention ends, when the next request starts it again at token 1."
         }
-        false => "Its lease has ended: retries are refused as corrupt, and nothing runs the work.",
     };
     Failure::Refused {
         what: format!(
-            "refused: the record's token is the last one ({MAX_TOKEN}), past which no release can fence its owner, so nothing changed. {now} Once no worker runs it, `idem delete` it (its checkpoints go with it): the next request with this key starts it again at token 1."
+            "refused: the record's token is the last one ({MAX_TOKEN}), past which no release can fence its owner, so nothing changed. {now} Its owner, if still running, can still complete it. Once no worker runs it, `idem delete` it: the next request starts it again at token 1, running the work from the start (its checkpoints go with it); if its steps show the effect happened, reconcile first (RUNBOOK.md, stuck records)."
         ),
     }
 }

@@ -76,8 +76,9 @@ fn inspect_shows_a_record_that_does_not_decode_as_stored() {
     assert_eq!(value["stored"]["state"], "'paused'");
 }
 
-/// A record at the last fencing token: `idem release` refuses it before asking (no release
-/// can pass that token), with exit 4, and changes nothing; `idem inspect` shows it.
+/// A record at the last fencing token, its lease live and then ended: `idem release` shows
+/// it and refuses it before asking (no release can pass that token), with exit 4, and
+/// changes nothing; `idem delete` frees the key.
 #[test]
 fn release_refuses_a_record_at_the_last_token_before_asking() {
     use idem_core::Store;
@@ -105,22 +106,36 @@ fn release_refuses_a_record_at_the_last_token_before_asking() {
     conn.execute("UPDATE idem_records SET token = ?1", [max])
         .unwrap();
     let url = format!("sqlite://{}", path.display());
-    for confirmed in [&["--yes"][..], &[]] {
-        let mut args = vec!["release", "acct_9/charge", "at-the-limit", "--store", &url];
-        args.extend_from_slice(confirmed);
-        let refused = bare(&args);
-        assert_eq!(refused.code, 4, "{confirmed:?}: {refused:?}");
-        assert!(
-            refused.stderr.contains("the last one") && refused.stderr.contains("idem delete"),
-            "{refused:?}"
-        );
-        assert!(
-            refused.stderr.contains("its owner may still finish it"),
-            "{refused:?}"
-        );
-        let asked =
-            refused.stdout.contains("Release it?") || refused.stderr.contains("Release it?");
-        assert!(!asked, "refused before asking: {refused:?}");
+    for lease in ["live", "ended"] {
+        if lease == "ended" {
+            // Its lease ended long ago; its retention runs on.
+            conn.execute("UPDATE idem_records SET lease_until = 1", [])
+                .unwrap();
+        }
+        for confirmed in [&["--yes"][..], &[]] {
+            let mut args = vec!["release", "acct_9/charge", "at-the-limit", "--store", &url];
+            args.extend_from_slice(confirmed);
+            let refused = bare(&args);
+            assert_eq!(refused.code, 4, "{lease} {confirmed:?}: {refused:?}");
+            let said = &refused.stderr;
+            assert!(
+                said.contains("the last one") && said.contains("idem delete"),
+                "{refused:?}"
+            );
+            assert!(said.contains("can still complete it"), "{refused:?}");
+            let now = match lease {
+                "live" => "told it is in flight",
+                _ => "refused as corrupt until its retention ends",
+            };
+            assert!(said.contains(now), "{lease}: {refused:?}");
+            // The record is shown, its steps with it, so that the operator can decide.
+            assert!(
+                refused.stdout.contains(&format!("token        {max}")),
+                "{refused:?}"
+            );
+            let asked = refused.stdout.contains("Release it?") || said.contains("Release it?");
+            assert!(!asked, "refused before asking: {refused:?}");
+        }
     }
     let token: i64 = conn
         .query_row("SELECT token FROM idem_records", [], |row| row.get(0))

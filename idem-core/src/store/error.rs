@@ -111,11 +111,13 @@ pub enum StoreError {
     /// gives "a token at its limit"). Not retryable.
     #[error("a stored record{} is corrupt ({what}); inspect it (`idem inspect`) or delete it", key.map(|key| format!(" of key #{key}")).unwrap_or_default())]
     Corrupt {
-        /// Which field was unreadable.
+        /// What was wrong: the field that was unreadable, or the token at its limit.
         what: &'static str,
         /// The record's key, as the short hash logs carry, when the store knows it.
         key: Option<crate::key::ShortHash>,
-        /// The decoding error, when there is one.
+        /// The decoding error, when there is one; at the last token, a
+        /// [`TokenAtLimit`](crate::machine::TokenAtLimit), which tells that case apart
+        /// (`source.is::<TokenAtLimit>()`) without reading `what`.
         #[source]
         source: Option<BoxError>,
     },

@@ -75,7 +75,7 @@ fn hint(backend: &str, error: &StoreError) -> &'static str {
             source: Some(source),
             ..
         } if source.is::<TokenAtLimit>() => {
-            "; its fencing token is the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and once no worker runs it, `idem delete` it (the next request runs the work from the start, at token 1; if its steps show the effect happened, reconcile first)"
+            "; its fencing token is the last one (2^53 - 1), past which no takeover or release can fence its owner: `idem inspect` it, and once no worker runs it, `idem delete` it (the next request runs the work from the start, at token 1; if its steps show the effect happened, reconcile with the provider instead)"
         }
         StoreError::Corrupt { .. } => {
             "; the record was written by something other than idem, or by a newer version: `idem inspect` it, and `idem delete` it if it cannot be read"
@@ -196,7 +196,10 @@ mod tests {
         assert!(said.contains("a token at its limit"), "{said}");
         assert!(said.contains("the last one (2^53 - 1)"), "{said}");
         assert!(said.contains("once no worker runs it"), "{said}");
-        assert!(said.contains("reconcile first"), "{said}");
+        assert!(
+            said.contains("reconcile with the provider instead"),
+            "{said}"
+        );
         assert!(!said.contains("something other than idem"), "{said}");
         assert_eq!(at_limit.exit_code(), ExitCode::from(code::SETUP));
         // Any other corrupt record keeps the hint for a record idem cannot read.

@@ -148,7 +148,7 @@ fn at_last_token(lease_is_live: bool) -> Failure {
     };
     Failure::Refused {
         what: format!(
-            "refused: the record's token is the last one ({MAX_TOKEN}), past which no release can fence its owner, so nothing changed. {now} Its owner, if still running, can still complete it. Once no worker runs it, `idem delete` it: the next request starts it again at token 1, running the work from the start (its checkpoints go with it); if its steps show the effect happened, reconcile first (RUNBOOK.md, stuck records)."
+            "refused: the record's token is the last one ({MAX_TOKEN}), past which no release can fence its owner, so nothing changed. {now} Its owner, if still running, can still complete it. Once no worker runs it, `idem delete` it: the next request starts it again at token 1, running the work from the start (its checkpoints go with it). If its steps show the effect happened, do not delete it: reconcile with the provider (RUNBOOK.md, stuck records)."
         ),
     }
 }

@@ -117,7 +117,7 @@ pub enum StoreError {
         key: Option<crate::key::ShortHash>,
         /// The decoding error, when there is one; at the last token, a
         /// [`TokenAtLimit`](crate::machine::TokenAtLimit), which tells that case apart
-        /// (`source.is::<TokenAtLimit>()`) without reading `what`.
+        /// without reading `what` (`Some(source)` with `source.is::<TokenAtLimit>()`).
         #[source]
         source: Option<BoxError>,
     },

@@ -28,15 +28,16 @@ fi
 # The time limits per test are in .config/nextest.toml. Arguments go to both commands,
 # so give ones both take (`-p idem-core`, a test name).
 #
-# Two tests a core: most of the suite's time is spent waiting on servers, leases and
+# More tests than cores: most of the suite's time is spent waiting on servers, leases and
 # other processes, so with one a core (nextest's default) the cores sat half idle. On a
 # 2-core machine the nextest run took 786 s with two at a time, its test processes busy
 # 0.6 of a core on average, and 493 s with four (1.0), every test passing in both
-# (`NEXTEST_TEST_THREADS=N cargo nextest run --workspace`). NEXTEST_TEST_THREADS set
-# beforehand wins.
+# (`NEXTEST_TEST_THREADS=N cargo nextest run --workspace`). Up to four more than the
+# cores (nproc counts those this process may use), since every test shares the same few
+# servers; NEXTEST_TEST_THREADS set beforehand, or --test-threads, wins.
 if cargo nextest --version >/dev/null 2>&1; then
-  cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
-  export NEXTEST_TEST_THREADS=${NEXTEST_TEST_THREADS:-$((cores * 2))}
+  cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
+  export NEXTEST_TEST_THREADS=${NEXTEST_TEST_THREADS:-$((cores + (cores < 4 ? cores : 4)))}
   cargo nextest run --workspace --locked "$@"
   cargo test --workspace --locked --doc "$@"
 else

@@ -7,7 +7,7 @@
 //! ```sh
 //! eval "$(scripts/services.sh start)"
 //! cargo run --release -p idem-bench -- --json target/bench.json
-//! cargo run --release -p idem-bench -- --quick   # a smoke run, as CI does
+//! cargo run --release -p idem-bench -- --quick   # a smoke run (CI's, from a debug build)
 //! cargo build --release -p idem-cli -p idem-bench
 //! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
 //! cargo run --release -p idem-bench -- --codec --backends memory,sqlite,postgres
@@ -147,7 +147,8 @@ struct Args {
     #[arg(long)]
     churn_without_purge: bool,
     /// The `idem` binary for the purge and reverse proxy measurements (default: the one
-    /// built beside this benchmark, `cargo build --release -p idem-cli`).
+    /// built beside this benchmark, `cargo build --release -p idem-cli` for a release
+    /// build).
     #[arg(long, value_name = "PATH")]
     idem: Option<PathBuf>,
     /// An earlier build of `idem` whose operator commands the scaling run times too, for a

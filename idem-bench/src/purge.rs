@@ -47,18 +47,23 @@ struct PurgeTarget {
     env: Vec<(&'static str, &'static str)>,
 }
 
-/// The `idem` binary built beside this one (`cargo build --release -p idem-cli`).
+/// The `idem` binary built beside this one (`cargo build --release -p idem-cli` beside a
+/// release build, without `--release` beside a debug one).
 pub(crate) fn sibling_idem() -> Result<PathBuf, BoxError> {
     let path = std::env::current_exe()?.with_file_name("idem");
     if path.exists() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "no `idem` binary at {}: build it first with `cargo build --release -p idem-cli`, or pass --idem PATH",
-            path.display()
-        )
-        .into())
+        return Ok(path);
     }
+    let build = if cfg!(debug_assertions) {
+        "cargo build -p idem-cli"
+    } else {
+        "cargo build --release -p idem-cli"
+    };
+    Err(format!(
+        "no `idem` binary at {}: build it first with `{build}`, or pass --idem PATH",
+        path.display()
+    )
+    .into())
 }
 
 async fn target(name: &str, dir: &Path) -> Result<Option<PurgeTarget>, BoxError> {

@@ -34,7 +34,8 @@ fi
 # 0.6 of a core on average, and 493 s with four (1.0), every test passing in both
 # (`NEXTEST_TEST_THREADS=N cargo nextest run --workspace`). Up to four more than the
 # cores (nproc counts those this process may use), since every test shares the same few
-# servers; NEXTEST_TEST_THREADS set beforehand, or --test-threads, wins.
+# servers; NEXTEST_TEST_THREADS set beforehand wins (not --test-threads, which
+# `cargo test --doc` below would refuse).
 if cargo nextest --version >/dev/null 2>&1; then
   cores=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)
   export NEXTEST_TEST_THREADS=${NEXTEST_TEST_THREADS:-$((cores + (cores < 4 ? cores : 4)))}

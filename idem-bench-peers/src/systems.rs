@@ -1,5 +1,5 @@
 //! The systems compared: idem, the `idempotent` crate, and the raw loop both are held to.
-//! Each runs trivial work once per key (a 36-byte JSON receipt) or returns what is stored.
+//! Each runs trivial work once per key (a 35-byte JSON receipt) or returns what is stored.
 
 use std::future::Future;
 use std::pin::Pin;

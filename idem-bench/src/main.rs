@@ -7,7 +7,7 @@
 //! ```sh
 //! eval "$(scripts/services.sh start)"
 //! cargo run --release -p idem-bench -- --json target/bench.json
-//! cargo run --release -p idem-bench -- --quick   # a smoke run (CI's, from a debug build)
+//! cargo run --release -p idem-bench -- --quick   # a smoke run (CI: a debug build)
 //! cargo build --release -p idem-cli -p idem-bench
 //! target/release/idem-bench --purge 100000 --backends sqlite,postgres,redis,dynamodb
 //! cargo run --release -p idem-bench -- --codec --backends memory,sqlite,postgres

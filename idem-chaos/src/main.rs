@@ -2,7 +2,7 @@
 //!
 //! ```sh
 //! eval "$(scripts/services.sh start postgres-durable redis-durable dynamodb-durable)"
-//! cargo run --release -p idem-chaos -- --quick            # the bounded run (CI's, debug)
+//! cargo run --release -p idem-chaos -- --quick            # the bounded run (CI: a debug build)
 //! cargo run --release -p idem-chaos -- --long --seed 7    # the long run, replayable by seed
 //!
 //! # idem-testkit's fault explorer: every single fault on memory and SQLite, sampled
